@@ -1,0 +1,1 @@
+//! Switchyard proxy-wasm filter.

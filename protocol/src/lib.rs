@@ -1,0 +1,34 @@
+//! The contract every Switchyard part shares.
+//!
+//! Switchyard routes OpenAI-style requests behind Envoy: a proxy-wasm filter asks the control
+//! plane for a [`route::Verdict`], the control plane keeps a view of every worker's KV cache
+//! built from [`kv`] events, [`worker`] heartbeats and load reports that travel over NATS on
+//! the [`subjects`] named here. Everything in this crate builds for native targets and for
+//! `wasm32-wasip1` (the filter), so it depends on serde and xxhash only; prompt tokenization
+//! lives behind the `tokenizer` feature.
+//!
+//! # Layout
+//! - [`hash`]: token ids -> block hashes (the scheme NVIDIA Dynamo's router uses).
+//! - [`route`]: the route request the filter sends and the verdict it gets back.
+//! - [`worker`]: worker identity, registration/heartbeat, load reports.
+//! - [`kv`]: KV cache events and resync requests.
+//! - [`lifecycle`]: the filter's per-request lifecycle reports.
+//! - [`subjects`]: NATS subject names.
+//! - `tokenize` (feature `tokenizer`): chat template rendering and tokenization.
+#![deny(missing_docs)]
+
+pub mod hash;
+pub mod kv;
+pub mod lifecycle;
+pub mod route;
+pub mod subjects;
+pub mod worker;
+
+/// Version of the wire messages in this crate. Every message carries it as `v`; a receiver
+/// rejects messages from a newer major version it cannot understand.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// Default for serde: messages without `v` are version 1.
+fn default_version() -> u32 {
+    PROTOCOL_VERSION
+}

@@ -1,0 +1,124 @@
+//! Worker identity, registration/heartbeat and load reports.
+//!
+//! A worker announces itself with a [`WorkerHeartbeat`] on [`crate::subjects::HEARTBEAT`] at a
+//! fixed interval (default [`DEFAULT_HEARTBEAT_INTERVAL_MS`]). Each heartbeat carries the
+//! worker's full [`WorkerInfo`], so a control plane that starts (or restarts) after the
+//! workers learns the whole pool within one interval; a worker that misses
+//! [`DEFAULT_HEARTBEAT_MISSES`] intervals is expired. The first heartbeat of a worker process
+//! is also its registration: `instance_id` changes on every restart, which tells the control
+//! plane that the worker's KV cache is cold again.
+
+use serde::{Deserialize, Serialize};
+
+/// Default interval between heartbeats.
+pub const DEFAULT_HEARTBEAT_INTERVAL_MS: u64 = 1_000;
+/// Heartbeats a worker may miss before the control plane expires it.
+pub const DEFAULT_HEARTBEAT_MISSES: u32 = 3;
+
+/// Stable name of a worker, unique in the deployment (e.g. `decode-0`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct WorkerId(pub String);
+
+impl std::fmt::Display for WorkerId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// What a worker does, as vLLM's NixlConnector roles behave.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WorkerRole {
+    /// Computes KV caches for other workers (answers `max_tokens: 1` requests carrying
+    /// `kv_transfer_params.do_remote_decode`).
+    Prefill,
+    /// Decodes; runs the prefill locally unless handed `kv_transfer_params` to pull.
+    Decode,
+    /// Aggregated: prefill and decode on the same worker, no prefill pool.
+    Agg,
+}
+
+impl WorkerRole {
+    /// Lower-case name, as in the wire format and metric labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WorkerRole::Prefill => "prefill",
+            WorkerRole::Decode => "decode",
+            WorkerRole::Agg => "agg",
+        }
+    }
+
+    /// Whether requests may be sent to this worker to be decoded.
+    pub fn serves_decode(self) -> bool {
+        matches!(self, WorkerRole::Decode | WorkerRole::Agg)
+    }
+}
+
+impl std::str::FromStr for WorkerRole {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "prefill" => Ok(WorkerRole::Prefill),
+            "decode" => Ok(WorkerRole::Decode),
+            "agg" => Ok(WorkerRole::Agg),
+            other => Err(format!(
+                "unknown worker role {other:?} (expected prefill, decode or agg)"
+            )),
+        }
+    }
+}
+
+/// Everything the control plane needs to know to route to a worker.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WorkerInfo {
+    /// Stable worker name.
+    pub worker_id: WorkerId,
+    /// Changes on every process start: a new instance has a cold cache.
+    pub instance_id: u64,
+    /// The worker's role.
+    pub role: WorkerRole,
+    /// `host:port` of the worker's OpenAI HTTP API; this is also the Envoy endpoint address
+    /// that `x-gateway-destination-endpoint` names.
+    pub address: String,
+    /// Model name served (as in `/v1/models`).
+    pub model: String,
+    /// KV block size in tokens.
+    pub block_size: u32,
+    /// KV cache capacity in blocks; 0 when the worker does not report one.
+    pub kv_capacity_blocks: u64,
+}
+
+/// Periodic liveness message; doubles as registration (see module docs).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WorkerHeartbeat {
+    /// Protocol version.
+    #[serde(default = "crate::default_version")]
+    pub v: u32,
+    /// The worker's full description.
+    pub worker: WorkerInfo,
+    /// Interval the worker promises between heartbeats, so the control plane can expire it
+    /// after missing a few.
+    pub interval_ms: u64,
+}
+
+/// The worker's own view of its load, published every interval on [`crate::subjects::LOAD`].
+/// It corrects the control plane's predictions made from routing decisions.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LoadReport {
+    /// Protocol version.
+    #[serde(default = "crate::default_version")]
+    pub v: u32,
+    /// Which worker.
+    pub worker_id: WorkerId,
+    /// Requests being computed (prefill or decode).
+    pub running: u32,
+    /// Requests queued, not yet scheduled.
+    pub waiting: u32,
+    /// KV blocks in use by running requests.
+    pub kv_used_blocks: u64,
+    /// KV capacity in blocks.
+    pub kv_total_blocks: u64,
+    /// Prompt tokens still to be prefilled (queued and partially prefilled requests).
+    pub queued_prefill_tokens: u64,
+}

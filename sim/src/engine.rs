@@ -1,0 +1,1 @@
+//! Engine core (placeholder; see module owner).

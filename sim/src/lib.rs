@@ -1,0 +1,17 @@
+//! Switchyard's simulated workers and load generator.
+//!
+//! Nobody needs GPUs to run, test or benchmark Switchyard: a simulated worker is a real HTTP
+//! server that behaves like a vLLM worker (OpenAI API, prefix caching, KV events, the
+//! `kv_transfer_params` handoff) with iteration times from a GB200 performance model
+//! (`docs/sim-model.md`). **Everything here is simulated: no model runs, generated text is
+//! filler, and KV "transfers" only wait the modelled time.**
+//!
+//! # Layout
+//! - [`engine`]: the pure, clock-driven engine core (batching, paged KV cache, timing model).
+//! - [`vtime`]: a discrete-event driver that advances engine cores in virtual time.
+//! - [`worker`]: the real-time worker (HTTP API, NATS publishing, the KV handoff).
+#![deny(missing_docs)]
+
+pub mod engine;
+pub mod vtime;
+pub mod worker;

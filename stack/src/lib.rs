@@ -1,0 +1,1 @@
+//! Local stack launcher and process supervision.
