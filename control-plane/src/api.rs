@@ -1,1 +1,194 @@
-//! api (placeholder).
+//! The REST API (warp): route verdicts, lifecycle reports, workers, runtime config, Envoy EDS,
+//! metrics and health.
+//!
+//! | method | path | what |
+//! |---|---|---|
+//! | POST | `/v1/route` | client's OpenAI body verbatim → [`Verdict`](switchyard_protocol::route::Verdict) |
+//! | POST | `/v1/lifecycle` | [`LifecycleBatch`](switchyard_protocol::lifecycle::LifecycleBatch) from the filter |
+//! | GET | `/v1/workers` | live workers |
+//! | GET, PUT | `/v1/config` | conditional-disaggregation policy |
+//! | POST | `/v3/discovery:endpoints` | Envoy REST EDS (see [`crate::eds`]) |
+//! | GET | `/metrics` | Prometheus / OpenMetrics text |
+//! | GET | `/healthz` | liveness (200 while HTTP serves, NATS state included) |
+//!
+//! Every error is an [`ApiError`] `{code, message}` with a status callers can act on, and is
+//! counted by code. Handlers never panic on input.
+
+pub mod admin;
+pub mod route;
+
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
+
+use prometheus_client::registry::Registry;
+use tokio::sync::Semaphore;
+use warp::http::StatusCode;
+use warp::reply::Response;
+use warp::{Filter, Reply};
+
+use switchyard_protocol::route::ApiError;
+
+use crate::metrics::Metrics;
+use crate::service::tokenizer::{PromptTokenizer, SegmentCacheStats};
+use crate::service::ServiceHandle;
+
+/// Largest body accepted by the small JSON endpoints (lifecycle, config, EDS).
+pub const MAX_SMALL_BODY_BYTES: usize = 1024 * 1024;
+
+/// What every handler shares. Cheap to clone.
+#[derive(Clone)]
+pub struct ApiState {
+    /// The router owner.
+    pub service: ServiceHandle,
+    /// Prompt tokenizer (called on blocking threads).
+    pub tokenizer: Arc<dyn PromptTokenizer>,
+    /// Bounds concurrent tokenizations (`--route-tokenize-threads`).
+    pub tokenize_permits: Arc<Semaphore>,
+    /// Metric handles.
+    pub metrics: Metrics,
+    /// Registry rendered by `/metrics`.
+    pub registry: Arc<Registry>,
+    /// NATS client, for health and the `nats_connected` gauge.
+    pub nats: async_nats::Client,
+    /// `--max-route-body-bytes`.
+    pub max_route_body_bytes: usize,
+    /// Makes ids for route requests that arrive without `x-request-id`.
+    pub request_ids: Arc<route::RequestIds>,
+    /// Tokenizer cache counters already folded into the metrics.
+    pub cache_stats_seen: Arc<Mutex<SegmentCacheStats>>,
+}
+
+/// A JSON error reply, counted under its code by the caller.
+pub fn error_reply(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
+    let body = ApiError {
+        code: code.to_string(),
+        message: message.into(),
+    };
+    warp::reply::with_status(warp::reply::json(&body), status).into_response()
+}
+
+fn with_state(state: ApiState) -> impl Filter<Extract = (ApiState,), Error = Infallible> + Clone {
+    warp::any().map(move || state.clone())
+}
+
+/// All routes, with unmatched paths and methods answered as [`ApiError`] JSON.
+pub fn routes(state: ApiState) -> impl Filter<Extract = (Response,), Error = Infallible> + Clone {
+    let route = warp::path!("v1" / "route")
+        .and(warp::post())
+        .and(warp::header::headers_cloned())
+        .and(warp::body::stream())
+        .and(with_state(state.clone()))
+        .then(route::handle);
+    let lifecycle = warp::path!("v1" / "lifecycle")
+        .and(warp::post())
+        .and(warp::body::stream())
+        .and(with_state(state.clone()))
+        .then(admin::lifecycle);
+    let workers = warp::path!("v1" / "workers")
+        .and(warp::get())
+        .and(with_state(state.clone()))
+        .then(admin::workers);
+    let get_config = warp::path!("v1" / "config")
+        .and(warp::get())
+        .and(with_state(state.clone()))
+        .then(admin::get_config);
+    let put_config = warp::path!("v1" / "config")
+        .and(warp::put())
+        .and(warp::body::stream())
+        .and(with_state(state.clone()))
+        .then(admin::put_config);
+    let eds = warp::path!("v3" / "discovery:endpoints")
+        .and(warp::post())
+        .and(warp::body::stream())
+        .and(with_state(state.clone()))
+        .then(admin::eds);
+    let metrics = warp::path!("metrics")
+        .and(warp::get())
+        .and(with_state(state.clone()))
+        .then(admin::metrics);
+    let health = warp::path!("healthz")
+        .and(warp::get())
+        .and(with_state(state))
+        .then(admin::health);
+    route
+        .or(lifecycle)
+        .unify()
+        .or(workers)
+        .unify()
+        .or(get_config)
+        .unify()
+        .or(put_config)
+        .unify()
+        .or(eds)
+        .unify()
+        .or(metrics)
+        .unify()
+        .or(health)
+        .unify()
+        .recover(unmatched)
+        .unify()
+}
+
+async fn unmatched(rejection: warp::Rejection) -> Result<Response, Infallible> {
+    let reply = if rejection.is_not_found() {
+        error_reply(StatusCode::NOT_FOUND, "not_found", "no such endpoint")
+    } else if rejection.find::<warp::reject::MethodNotAllowed>().is_some() {
+        error_reply(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+            "method not allowed on this endpoint",
+        )
+    } else {
+        error_reply(
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+            format!("{rejection:?}"),
+        )
+    };
+    Ok(reply)
+}
+
+/// Reads a request body, refusing more than `limit` bytes (413) whatever the declared
+/// length, so a chunked upload cannot grow without bound.
+///
+/// # Errors
+/// `Err(reply)` with 413 `body_too_large` or 400 `body_read`.
+pub async fn read_body<S, B>(body: S, limit: usize) -> Result<Vec<u8>, (&'static str, Response)>
+where
+    S: futures::Stream<Item = Result<B, warp::Error>> + Send,
+    B: warp::Buf,
+{
+    use futures::StreamExt;
+    let mut body = std::pin::pin!(body);
+    let mut buf = Vec::new();
+    while let Some(chunk) = body.next().await {
+        let mut chunk = match chunk {
+            Ok(c) => c,
+            Err(e) => {
+                let code = "body_read";
+                return Err((
+                    code,
+                    error_reply(StatusCode::BAD_REQUEST, code, e.to_string()),
+                ));
+            }
+        };
+        if buf.len() + chunk.remaining() > limit {
+            let code = "body_too_large";
+            return Err((
+                code,
+                error_reply(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    code,
+                    format!("request body exceeds {limit} bytes"),
+                ),
+            ));
+        }
+        while chunk.has_remaining() {
+            let part = chunk.chunk();
+            buf.extend_from_slice(part);
+            let n = part.len();
+            chunk.advance(n);
+        }
+    }
+    Ok(buf)
+}

@@ -1,1 +1,291 @@
-//! consumers (placeholder).
+//! NATS subscriptions: decode worker messages and forward them to the router owner.
+//!
+//! One task reads heartbeats, load reports and KV events from a merged stream, so each
+//! worker's KV batches reach the router in the order NATS delivered them. A message that
+//! does not decode is counted (`switchyard_bad_messages_total{kind}`) and logged, never fatal.
+//!
+//! Resync requests: a worker seen for the first time, a restarted worker (new instance, cold
+//! cache) and a gap in a worker's KV batch sequence all mean our view of its cache may be
+//! wrong, so we publish a [`ResyncRequest`] on its resync subject. A per-worker-instance rate
+//! limit keeps a burst of gapped batches (or a flapping worker) from turning into a burst of
+//! full dumps.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use futures::StreamExt;
+use tokio::time::Instant;
+
+use switchyard_protocol::kv::{KvEventBatch, ResyncRequest};
+use switchyard_protocol::worker::{LoadReport, WorkerHeartbeat, WorkerId};
+use switchyard_protocol::{subjects, PROTOCOL_VERSION};
+
+use crate::metrics::{variant_label, Metrics};
+use crate::router::{KvApplyOutcome, WorkerChange};
+use crate::service::ServiceHandle;
+
+/// Shortest time between two resync requests to the same worker.
+pub const RESYNC_MIN_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Which message family a subscription carries (also the `kind` metric label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Heartbeat,
+    Load,
+    KvEvents,
+}
+
+impl Kind {
+    fn as_str(self) -> &'static str {
+        match self {
+            Kind::Heartbeat => "heartbeat",
+            Kind::Load => "load",
+            Kind::KvEvents => "kv_events",
+        }
+    }
+}
+
+/// Per-worker rate limit for resync requests.
+#[derive(Debug, Default)]
+pub struct ResyncLimiter {
+    /// Worker -> (instance asked, when).
+    last_sent: HashMap<WorkerId, (u64, Instant)>,
+}
+
+impl ResyncLimiter {
+    /// Whether a resync to `instance` of `worker` may go out at `now`; records it if so.
+    /// The first request to a new instance always passes (its cache is another process's);
+    /// repeats to the same instance wait [`RESYNC_MIN_INTERVAL`], so neither a burst of gapped
+    /// batches nor a worker flapping between live and expired becomes a burst of dumps.
+    pub fn allow(&mut self, worker: &WorkerId, instance: u64, now: Instant) -> bool {
+        match self.last_sent.get(worker) {
+            Some((asked, last))
+                if *asked == instance && now.duration_since(*last) < RESYNC_MIN_INTERVAL =>
+            {
+                false
+            }
+            _ => {
+                self.last_sent.insert(worker.clone(), (instance, now));
+                true
+            }
+        }
+    }
+}
+
+/// Subscribes (retrying until NATS accepts) and forwards messages until the router task
+/// stops. Returns only then.
+pub async fn run(client: async_nats::Client, service: ServiceHandle, metrics: Metrics) {
+    let mut subs = Vec::new();
+    for (kind, subject) in [
+        (Kind::Heartbeat, subjects::HEARTBEAT),
+        (Kind::Load, subjects::LOAD),
+        (Kind::KvEvents, subjects::KV_EVENTS_ALL),
+    ] {
+        let sub = subscribe_with_retry(&client, subject).await;
+        subs.push(sub.map(move |m| (kind, m)).boxed());
+    }
+    tracing::info!("subscribed to worker heartbeats, load reports and KV events (active once NATS is connected)");
+    let mut messages = futures::stream::select_all(subs);
+    let mut consumer = Consumer {
+        client,
+        service,
+        metrics,
+        limiter: ResyncLimiter::default(),
+    };
+    while let Some((kind, message)) = messages.next().await {
+        if consumer
+            .handle(kind, message.subject.as_str(), &message.payload)
+            .await
+            .is_err()
+        {
+            break;
+        }
+    }
+    tracing::debug!("NATS consumer stopped");
+}
+
+async fn subscribe_with_retry(
+    client: &async_nats::Client,
+    subject: &'static str,
+) -> async_nats::Subscriber {
+    let mut delay = Duration::from_millis(100);
+    loop {
+        match client.subscribe(subject).await {
+            Ok(sub) => return sub,
+            Err(e) => {
+                tracing::warn!(subject, error = %e, "NATS subscribe failed; retrying");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(5));
+            }
+        }
+    }
+}
+
+struct Consumer {
+    client: async_nats::Client,
+    service: ServiceHandle,
+    metrics: Metrics,
+    limiter: ResyncLimiter,
+}
+
+/// Decodes a message, rejecting newer protocol versions than this build understands.
+fn decode<T: serde::de::DeserializeOwned>(
+    payload: &[u8],
+    version: impl Fn(&T) -> u32,
+) -> Result<T, String> {
+    let msg: T = serde_json::from_slice(payload).map_err(|e| e.to_string())?;
+    let v = version(&msg);
+    if v > PROTOCOL_VERSION {
+        return Err(format!(
+            "protocol version {v} is newer than supported {PROTOCOL_VERSION}"
+        ));
+    }
+    Ok(msg)
+}
+
+impl Consumer {
+    /// Handles one message. `Err` only when the router task is gone (shutdown).
+    async fn handle(
+        &mut self,
+        kind: Kind,
+        subject: &str,
+        payload: &[u8],
+    ) -> Result<(), crate::service::ServiceStopped> {
+        match kind {
+            Kind::Heartbeat => match decode::<WorkerHeartbeat>(payload, |m| m.v) {
+                Ok(hb) => {
+                    let worker = hb.worker.worker_id.clone();
+                    let instance = hb.worker.instance_id;
+                    match self.service.heartbeat(hb).await? {
+                        WorkerChange::New => {
+                            tracing::info!(worker = %worker, "worker registered");
+                            self.resync(&worker, instance, "new_worker").await;
+                        }
+                        WorkerChange::Restarted => {
+                            tracing::info!(worker = %worker, "worker restarted (new instance)");
+                            self.resync(&worker, instance, "restarted").await;
+                        }
+                        WorkerChange::Refreshed => {}
+                        WorkerChange::Rejected => {
+                            self.metrics.workers_rejected.inc();
+                            tracing::warn!(worker = %worker, "heartbeat refused: invalid block size or too many workers");
+                        }
+                    }
+                }
+                Err(e) => self.bad(kind, subject, &e),
+            },
+            Kind::Load => match decode::<LoadReport>(payload, |m| m.v) {
+                Ok(report) => self.service.load(report).await?,
+                Err(e) => self.bad(kind, subject, &e),
+            },
+            Kind::KvEvents => match decode::<KvEventBatch>(payload, |m| m.v) {
+                Ok(batch) if subject != subjects::kv_events(&batch.worker_id) => {
+                    let e = format!(
+                        "batch names worker {} on another worker's subject",
+                        batch.worker_id
+                    );
+                    self.bad(kind, subject, &e);
+                }
+                Ok(batch) => {
+                    let worker = batch.worker_id.clone();
+                    let instance = batch.instance_id;
+                    match self.service.kv_batch(batch).await? {
+                        Ok(KvApplyOutcome::Applied) => {
+                            self.metrics.kv_batches_applied.inc();
+                        }
+                        Ok(KvApplyOutcome::NeedsResync) => {
+                            self.metrics.kv_batches_applied.inc();
+                            self.resync(&worker, instance, "gap").await;
+                        }
+                        Err(e) => {
+                            self.metrics.kv_rejected(&variant_label(&e));
+                            tracing::debug!(worker = %worker, error = %e, "KV batch rejected");
+                        }
+                    }
+                }
+                Err(e) => self.bad(kind, subject, &e),
+            },
+        }
+        Ok(())
+    }
+
+    fn bad(&self, kind: Kind, subject: &str, error: &str) {
+        self.metrics.bad_message(kind.as_str());
+        tracing::warn!(
+            subject,
+            kind = kind.as_str(),
+            error,
+            "dropped malformed NATS message"
+        );
+    }
+
+    async fn resync(&mut self, worker: &WorkerId, instance: u64, reason: &str) {
+        if !self.limiter.allow(worker, instance, Instant::now()) {
+            self.metrics.resync_suppressed.inc();
+            return;
+        }
+        let request = ResyncRequest {
+            v: PROTOCOL_VERSION,
+            worker_id: worker.clone(),
+            reason: reason.to_string(),
+        };
+        let payload = match serde_json::to_vec(&request) {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot encode a resync request");
+                return;
+            }
+        };
+        match self
+            .client
+            .publish(subjects::kv_resync(worker), payload.into())
+            .await
+        {
+            Ok(()) => {
+                self.metrics.resync_sent(reason);
+                tracing::info!(worker = %worker, reason, "asked worker for a KV resync");
+            }
+            Err(e) => tracing::warn!(worker = %worker, error = %e, "cannot publish resync request"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resyncs_are_rate_limited_per_worker_instance() {
+        let mut limiter = ResyncLimiter::default();
+        let a = WorkerId("a".into());
+        let b = WorkerId("b".into());
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        assert!(limiter.allow(&a, 1, t0));
+        assert!(
+            !limiter.allow(&a, 1, t0 + ms(10)),
+            "same instance, too soon"
+        );
+        assert!(
+            limiter.allow(&b, 1, t0 + ms(10)),
+            "other workers are independent"
+        );
+        assert!(
+            limiter.allow(&a, 2, t0 + ms(20)),
+            "a restarted instance always passes"
+        );
+        assert!(!limiter.allow(&a, 2, t0 + ms(30)));
+        assert!(limiter.allow(&a, 2, t0 + ms(20) + RESYNC_MIN_INTERVAL));
+    }
+
+    #[test]
+    fn newer_protocol_versions_are_rejected() {
+        let err = decode::<LoadReport>(
+            br#"{"v":99,"worker_id":"d","running":0,"waiting":0,"kv_used_blocks":0,"kv_total_blocks":0,"queued_prefill_tokens":0}"#,
+            |m| m.v,
+        )
+        .unwrap_err();
+        assert!(err.contains("99"), "{err}");
+        assert!(decode::<LoadReport>(b"{", |m| m.v).is_err());
+    }
+}

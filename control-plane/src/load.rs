@@ -1,1 +1,326 @@
-//! load (placeholder).
+//! Predicted and reported load per worker.
+//!
+//! Workers report their load every interval ([`LoadReport`]), but a burst of requests routed
+//! between two reports would all see the same stale numbers and pile onto one worker. So the
+//! router also *predicts* load from its own decisions:
+//!
+//! - **prefill tokens**: when a request is routed, the worker that prefills it (the decode
+//!   worker on bypass/agg, the prefill worker on disagg) gets the tokens it must compute;
+//!   they are freed by the request's `first_token` lifecycle report (prefill done).
+//! - **active KV blocks**: the request's prompt blocks become active on its decode worker (and,
+//!   until `first_token`, on its prefill worker); freed by `done`. Blocks shared by concurrent
+//!   requests are counted once: each worker keeps a reference count per sequence hash, and a
+//!   block adds to the load only on its first reference. A partial last block is never
+//!   shared and counts on its own.
+//!
+//! **Reports correct predictions** this way: a report *replaces the baseline*, and the
+//! prediction is `baseline + changes since the report` (tokens and distinct blocks added
+//! minus those freed after it), never below zero. Without a report the baseline is zero.
+//!
+//! **Lost reports**: a request's prefill tokens are freed after `prefill_timeout_ms` without
+//! `first_token`, and the whole request after `request_timeout_ms` without `done`
+//! ([`LoadTracker::expire`]), so predictions never leak.
+
+use std::collections::{HashMap, VecDeque};
+
+use switchyard_protocol::hash::SequenceHash;
+use switchyard_protocol::worker::LoadReport;
+
+use crate::config::LoadConfig;
+use crate::index::table::U64Table;
+use crate::index::WorkerSlot;
+
+#[cfg(test)]
+mod tests;
+
+/// One worker's share of a routed request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Leg {
+    /// The worker.
+    pub slot: WorkerSlot,
+    /// Prompt tokens it must prefill for this request.
+    pub prefill_tokens: u64,
+    /// The request's full prompt blocks, as sequence hashes in this worker's block size.
+    pub blocks: Vec<SequenceHash>,
+    /// Extra unshareable blocks (the partial last block: 0 or 1).
+    pub tail_blocks: u64,
+}
+
+/// What a routing decision puts on workers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RoutedLoad {
+    /// The decode worker's leg (on bypass/agg it also prefills).
+    pub decode: Leg,
+    /// The prefill worker's leg, on disagg; its blocks are held until `first_token`.
+    pub prefill: Option<Leg>,
+}
+
+/// A worker's load as the router predicts it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+pub struct WorkerLoad {
+    /// Prompt tokens queued or being prefilled.
+    pub prefill_tokens: u64,
+    /// Active KV blocks (distinct).
+    pub active_blocks: u64,
+    /// KV capacity in blocks (last report, else registration; 0: unknown).
+    pub kv_capacity_blocks: u64,
+    /// Requests decoding (or about to) on this worker that have not reported `done`.
+    pub in_flight: u32,
+    /// Whether a load report from this worker has arrived.
+    pub reported: bool,
+}
+
+#[derive(Debug, Default)]
+struct WorkerState {
+    report: Option<LoadReport>,
+    registered_capacity: u64,
+    /// Changes since the last report (or since registration).
+    prefill_delta: i64,
+    blocks_delta: i64,
+    /// Active sequence hash -> number of active requests referencing it.
+    refs: U64Table<u32>,
+    in_flight: u32,
+}
+
+impl WorkerState {
+    fn add_blocks(&mut self, leg: &Leg) {
+        for h in &leg.blocks {
+            let n = self.refs.get(h.0).unwrap_or(0);
+            self.refs.insert(h.0, n + 1);
+            if n == 0 {
+                self.blocks_delta += 1;
+            }
+        }
+        self.blocks_delta += leg.tail_blocks as i64;
+    }
+
+    fn release_blocks(&mut self, leg: &Leg) {
+        for h in &leg.blocks {
+            match self.refs.get(h.0) {
+                Some(n) if n > 1 => {
+                    self.refs.insert(h.0, n - 1);
+                }
+                Some(_) => {
+                    self.refs.remove(h.0);
+                    self.blocks_delta -= 1;
+                }
+                None => {}
+            }
+        }
+        self.blocks_delta -= leg.tail_blocks as i64;
+    }
+}
+
+#[derive(Debug)]
+struct Active {
+    ticket: u64,
+    load: RoutedLoad,
+    prefill_pending: bool,
+}
+
+/// Load of every worker, and the requests it is predicted from. See the module docs.
+#[derive(Debug, Default)]
+pub struct LoadTracker {
+    workers: Vec<Option<WorkerState>>,
+    requests: HashMap<String, Active>,
+    /// (routed at, ticket, request id), in routing order, for expiry.
+    order: VecDeque<(u64, u64, String)>,
+    /// Same, for prefill expiry (entries leave when prefill is done or expired).
+    prefill_order: VecDeque<(u64, u64, String)>,
+    next_ticket: u64,
+}
+
+fn clamp(base: u64, delta: i64) -> u64 {
+    (base as i128 + delta as i128).clamp(0, u64::MAX as i128) as u64
+}
+
+impl LoadTracker {
+    /// No workers, no requests.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Starts tracking `slot` with zero load.
+    pub fn add_worker(&mut self, slot: WorkerSlot, kv_capacity_blocks: u64) {
+        let i = usize::from(slot.0);
+        if self.workers.len() <= i {
+            self.workers.resize_with(i + 1, || None);
+        }
+        self.workers[i] = Some(WorkerState {
+            registered_capacity: kv_capacity_blocks,
+            ..WorkerState::default()
+        });
+    }
+
+    /// Updates the capacity a worker registered (heartbeats repeat it).
+    pub fn set_registered_capacity(&mut self, slot: WorkerSlot, kv_capacity_blocks: u64) {
+        if let Some(w) = self.worker_mut(slot) {
+            w.registered_capacity = kv_capacity_blocks;
+        }
+    }
+
+    /// Forgets `slot`; requests routed to it stop counting anywhere.
+    pub fn remove_worker(&mut self, slot: WorkerSlot) {
+        let gone: Vec<String> = self
+            .requests
+            .iter()
+            .filter(|(_, a)| {
+                a.load.decode.slot == slot
+                    || a.load.prefill.as_ref().is_some_and(|p| p.slot == slot)
+            })
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in gone {
+            self.on_done(&id);
+        }
+        if let Some(w) = self.workers.get_mut(usize::from(slot.0)) {
+            *w = None;
+        }
+    }
+
+    fn worker_mut(&mut self, slot: WorkerSlot) -> Option<&mut WorkerState> {
+        self.workers.get_mut(usize::from(slot.0))?.as_mut()
+    }
+
+    /// Records a routing decision. A request id routed again replaces its earlier load.
+    pub fn on_route(&mut self, request_id: &str, load: RoutedLoad, now_ms: u64) {
+        self.on_done(request_id);
+        let legs = std::iter::once(&load.decode).chain(load.prefill.as_ref());
+        for leg in legs {
+            if let Some(w) = self
+                .workers
+                .get_mut(usize::from(leg.slot.0))
+                .and_then(Option::as_mut)
+            {
+                w.prefill_delta += leg.prefill_tokens as i64;
+                w.add_blocks(leg);
+            }
+        }
+        if let Some(w) = self.worker_mut(load.decode.slot) {
+            w.in_flight += 1;
+        }
+        self.next_ticket += 1;
+        let ticket = self.next_ticket;
+        self.order
+            .push_back((now_ms, ticket, request_id.to_string()));
+        self.prefill_order
+            .push_back((now_ms, ticket, request_id.to_string()));
+        self.requests.insert(
+            request_id.to_string(),
+            Active {
+                ticket,
+                load,
+                prefill_pending: true,
+            },
+        );
+    }
+
+    /// Prefill done: frees the request's prefill tokens and its prefill worker's blocks.
+    /// Unknown ids (expired, or routed by a previous process) are ignored.
+    pub fn on_first_token(&mut self, request_id: &str) {
+        let Some(active) = self.requests.get_mut(request_id) else {
+            return;
+        };
+        if !std::mem::replace(&mut active.prefill_pending, false) {
+            return;
+        }
+        let load = active.load.clone();
+        self.release_prefill(&load);
+    }
+
+    fn release_prefill(&mut self, load: &RoutedLoad) {
+        if let Some(w) = self.worker_mut(load.decode.slot) {
+            w.prefill_delta -= load.decode.prefill_tokens as i64;
+        }
+        if let Some(p) = &load.prefill {
+            if let Some(w) = self.worker_mut(p.slot) {
+                w.prefill_delta -= p.prefill_tokens as i64;
+                w.release_blocks(p);
+            }
+        }
+    }
+
+    /// Request finished: frees everything it still holds. Unknown ids are ignored.
+    pub fn on_done(&mut self, request_id: &str) {
+        let Some(active) = self.requests.remove(request_id) else {
+            return;
+        };
+        if active.prefill_pending {
+            self.release_prefill(&active.load);
+        }
+        if let Some(w) = self.worker_mut(active.load.decode.slot) {
+            w.release_blocks(&active.load.decode);
+            w.in_flight = w.in_flight.saturating_sub(1);
+        }
+    }
+
+    /// A worker's own report: the new baseline (see the module docs).
+    pub fn on_report(&mut self, slot: WorkerSlot, report: &LoadReport) {
+        if let Some(w) = self.worker_mut(slot) {
+            w.report = Some(report.clone());
+            w.prefill_delta = 0;
+            w.blocks_delta = 0;
+        }
+    }
+
+    /// Frees load of requests whose lifecycle reports are overdue.
+    pub fn expire(&mut self, now_ms: u64, cfg: &LoadConfig) {
+        while let Some((at, ticket, id)) = self.prefill_order.front() {
+            if now_ms.saturating_sub(*at) < cfg.prefill_timeout_ms {
+                break;
+            }
+            let (ticket, id) = (*ticket, id.clone());
+            self.prefill_order.pop_front();
+            if self.requests.get(&id).is_some_and(|a| a.ticket == ticket) {
+                self.on_first_token(&id);
+            }
+        }
+        while let Some((at, ticket, id)) = self.order.front() {
+            if now_ms.saturating_sub(*at) < cfg.request_timeout_ms {
+                break;
+            }
+            let (ticket, id) = (*ticket, id.clone());
+            self.order.pop_front();
+            if self.requests.get(&id).is_some_and(|a| a.ticket == ticket) {
+                self.on_done(&id);
+            }
+        }
+        // Done requests leave stale entries behind; drop them when they dominate, so the
+        // queues stay proportional to the live requests.
+        let live = self.requests.len();
+        if self.order.len() > 2 * live + 1024 {
+            let requests = &self.requests;
+            let alive =
+                |(_, t, id): &(u64, u64, String)| requests.get(id).is_some_and(|a| a.ticket == *t);
+            self.order.retain(alive);
+            self.prefill_order
+                .retain(|e| alive(e) && requests.get(&e.2).is_some_and(|a| a.prefill_pending));
+        }
+    }
+
+    /// Predicted load of `slot` (all zero for an unknown slot).
+    pub fn load(&self, slot: WorkerSlot) -> WorkerLoad {
+        let Some(Some(w)) = self.workers.get(usize::from(slot.0)) else {
+            return WorkerLoad::default();
+        };
+        let (queued, used, total) = w.report.as_ref().map_or((0, 0, 0), |r| {
+            (r.queued_prefill_tokens, r.kv_used_blocks, r.kv_total_blocks)
+        });
+        WorkerLoad {
+            prefill_tokens: clamp(queued, w.prefill_delta),
+            active_blocks: clamp(used, w.blocks_delta),
+            kv_capacity_blocks: if total > 0 {
+                total
+            } else {
+                w.registered_capacity
+            },
+            in_flight: w.in_flight,
+            reported: w.report.is_some(),
+        }
+    }
+
+    /// Requests currently tracked.
+    pub fn active_requests(&self) -> usize {
+        self.requests.len()
+    }
+}

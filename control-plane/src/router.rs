@@ -1,19 +1,41 @@
 //! The routing brain as one synchronous value: workers, KV index, load, policy.
 //!
 //! `Router` is pure: no I/O, no clock, no global randomness. Time arrives as `now_ms`
-//! (milliseconds on any monotonic clock the caller owns) so the same code runs behind the
-//! HTTP service (one task owns it) and inside the virtual-time simulator.
+//! (milliseconds on any monotonic clock the caller owns) and tie-breaking randomness comes
+//! from an RNG seeded at construction, so the same code runs behind the HTTP service (one
+//! task owns it) and inside the virtual-time simulator, and a seed replays a run exactly.
 //!
-//! SEAM: the signatures below are what the service (`service`, `api`, `consumers`) and the
-//! simulator call. The internals are a placeholder (least in-flight among live decode
-//! workers) to be replaced by the KV index, load tracking, selection and policies.
+//! - [`Router::upsert_worker`] / [`Router::expire_workers`] / [`Router::remove_worker`]:
+//!   the worker registry (`router/workers.rs`).
+//! - [`Router::apply_kv_batch`]: KV events into the [`crate::index`], with per-worker
+//!   sequence numbers and resync (`router/kv_events.rs`).
+//! - [`Router::apply_load_report`] / [`Router::apply_lifecycle`]: load corrections
+//!   ([`crate::load`]).
+//! - [`Router::route`]: tokens → verdict (`router/route.rs`).
+//!
+//! Counting: the router counts *blocks* (stored, removed, unknown removals; see
+//! [`Router::kv_counters`]); the caller counts *batches* and errors from the results of
+//! `apply_kv_batch`, and verdicts by their `reason` (all listed in [`REASONS`]).
+
+mod kv_events;
+mod route;
+mod workers;
+
+#[cfg(test)]
+mod tests;
 
 use std::collections::BTreeMap;
 
-use switchyard_protocol::kv::KvEventBatch;
+use rand::rngs::SmallRng;
+use rand::SeedableRng;
 use switchyard_protocol::lifecycle::LifecycleEvent;
-use switchyard_protocol::route::{Endpoint, RouteMode, Verdict};
 use switchyard_protocol::worker::{LoadReport, WorkerId, WorkerInfo};
+
+use crate::config::{ConfigError, RouterConfig};
+use crate::index::{IndexStats, KvIndex, OverlapScores, WorkerSlot};
+use crate::load::{LoadTracker, WorkerLoad};
+
+pub use crate::policy::REASONS;
 
 /// What changed when a heartbeat arrived.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,7 +47,14 @@ pub enum WorkerChange {
     Restarted,
     /// Known and alive: liveness refreshed.
     Refreshed,
+    /// Not registered: its block size is invalid (0 or above
+    /// [`switchyard_protocol::hash::BlockSize::MAX`]), or the router already tracks
+    /// [`MAX_WORKERS`] workers. Count it and log it; the worker is not routed to.
+    Rejected,
 }
+
+/// Most workers one router tracks (the KV index stores 15-bit worker slots).
+pub const MAX_WORKERS: usize = crate::index::MAX_SLOT as usize + 1;
 
 /// What applying a KV event batch asks of the caller.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,149 +109,122 @@ pub struct WorkerView {
     pub info: WorkerInfo,
     /// Last heartbeat, on the caller's clock.
     pub last_seen_ms: u64,
-    /// Requests routed to it and not yet done.
+    /// Requests routed to it (to decode) and not yet done.
     pub in_flight: u32,
+}
+
+/// A worker's predicted load and cache size, for metrics and `GET /v1/workers`.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct WorkerStats {
+    /// Which worker.
+    pub worker_id: WorkerId,
+    /// Its role (a metric label).
+    pub role: switchyard_protocol::worker::WorkerRole,
+    /// Predicted load (see [`crate::load`]).
+    pub load: WorkerLoad,
+    /// Distinct KV blocks the index holds for it.
+    pub cached_blocks: u64,
+}
+
+/// Cumulative KV block counters, for metrics (batches are counted by the caller).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+pub struct KvCounters {
+    /// Blocks newly recorded.
+    pub blocks_stored: u64,
+    /// Blocks dropped by `removed` events.
+    pub blocks_removed: u64,
+    /// Removals naming blocks the index did not know.
+    pub unknown_removals: u64,
+    /// `cleared` events applied (including resync dumps).
+    pub clears: u64,
 }
 
 struct WorkerState {
     info: WorkerInfo,
+    slot: WorkerSlot,
     last_seen_ms: u64,
     expires_after_ms: u64,
-    in_flight: u32,
+    /// Sequence number of the last applied KV batch of this instance; `None` until one is.
+    last_kv_seq: Option<u64>,
 }
 
 /// The routing state machine.
-#[derive(Default)]
 pub struct Router {
+    config: RouterConfig,
+    rng: SmallRng,
     workers: BTreeMap<WorkerId, WorkerState>,
-    /// request id -> decode worker, to free in-flight counts on lifecycle reports.
-    routed: BTreeMap<String, WorkerId>,
+    /// Slot -> worker id.
+    slots: Vec<Option<WorkerId>>,
+    free_slots: Vec<u16>,
+    /// Sum of registered workers' KV capacities (capped each), reserved in the index.
+    reserved_blocks: usize,
+    index: KvIndex,
+    load: LoadTracker,
+    scores: OverlapScores,
+    kv_counters: KvCounters,
+}
+
+impl Default for Router {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl Router {
-    /// An empty router.
+    /// An empty router with the default config and RNG seed 0.
     pub fn new() -> Self {
-        Self::default()
+        Self::with_config(RouterConfig::default(), 0)
     }
 
-    /// Registers or refreshes a worker from a heartbeat. `expires_after_ms` is how long the
-    /// worker stays live without another heartbeat.
-    pub fn upsert_worker(
-        &mut self,
-        info: &WorkerInfo,
-        expires_after_ms: u64,
-        now_ms: u64,
-    ) -> WorkerChange {
-        match self.workers.get_mut(&info.worker_id) {
-            Some(state) if state.info.instance_id == info.instance_id => {
-                state.info = info.clone();
-                state.last_seen_ms = now_ms;
-                state.expires_after_ms = expires_after_ms;
-                WorkerChange::Refreshed
-            }
-            existing => {
-                let change = if existing.is_some() {
-                    WorkerChange::Restarted
-                } else {
-                    WorkerChange::New
-                };
-                self.workers.insert(
-                    info.worker_id.clone(),
-                    WorkerState {
-                        info: info.clone(),
-                        last_seen_ms: now_ms,
-                        expires_after_ms,
-                        in_flight: 0,
-                    },
-                );
-                change
-            }
+    /// An empty router. `seed` drives tie-breaking and temperature sampling, so a run is
+    /// reproducible. `config` is used as given; call [`RouterConfig::validate`] first if it
+    /// did not come from [`RouterConfig::from_json`].
+    pub fn with_config(config: RouterConfig, seed: u64) -> Self {
+        Router {
+            config,
+            rng: SmallRng::seed_from_u64(seed),
+            workers: BTreeMap::new(),
+            slots: Vec::new(),
+            free_slots: Vec::new(),
+            reserved_blocks: 0,
+            index: KvIndex::new(),
+            load: LoadTracker::new(),
+            scores: OverlapScores::default(),
+            kv_counters: KvCounters::default(),
         }
     }
 
-    /// Drops workers whose heartbeats stopped; returns who expired.
-    pub fn expire_workers(&mut self, now_ms: u64) -> Vec<WorkerId> {
-        let expired: Vec<WorkerId> = self
-            .workers
-            .iter()
-            .filter(|(_, w)| now_ms.saturating_sub(w.last_seen_ms) > w.expires_after_ms)
-            .map(|(id, _)| id.clone())
-            .collect();
-        for id in &expired {
-            self.remove_worker(id);
-        }
-        expired
+    /// The current config.
+    pub fn config(&self) -> &RouterConfig {
+        &self.config
     }
 
-    /// Forgets a worker and everything known about it.
-    pub fn remove_worker(&mut self, id: &WorkerId) {
-        self.workers.remove(id);
-        self.routed.retain(|_, w| w != id);
-    }
-
-    /// Applies one batch of KV events from a worker.
+    /// Replaces the config (takes effect from the next call).
     ///
     /// # Errors
-    /// See [`KvEventError`]; nothing is applied on error.
-    pub fn apply_kv_batch(
-        &mut self,
-        batch: &KvEventBatch,
-        _now_ms: u64,
-    ) -> Result<KvApplyOutcome, KvEventError> {
-        if !self.workers.contains_key(&batch.worker_id) {
-            return Err(KvEventError::UnknownWorker(batch.worker_id.clone()));
-        }
-        Ok(KvApplyOutcome::Applied)
+    /// [`ConfigError`] naming an out-of-range field; the old config stays.
+    pub fn set_config(&mut self, config: RouterConfig) -> Result<(), ConfigError> {
+        config.validate()?;
+        self.config = config;
+        Ok(())
     }
 
-    /// Folds a worker's own load report into its predicted load.
-    pub fn apply_load_report(&mut self, _report: &LoadReport, _now_ms: u64) {}
-
-    /// Frees predicted load on lifecycle milestones.
-    pub fn apply_lifecycle(&mut self, event: &LifecycleEvent, _now_ms: u64) {
-        if let LifecycleEvent::Done { request_id, .. } = event {
-            if let Some(worker) = self.routed.remove(request_id) {
-                if let Some(w) = self.workers.get_mut(&worker) {
-                    w.in_flight = w.in_flight.saturating_sub(1);
-                }
-            }
+    /// Folds a worker's own load report into its predicted load (it becomes the new
+    /// baseline). Reports from unknown workers are ignored.
+    pub fn apply_load_report(&mut self, report: &LoadReport, _now_ms: u64) {
+        if let Some(w) = self.workers.get(&report.worker_id) {
+            self.load.on_report(w.slot, report);
         }
     }
 
-    /// Decides where and how to serve a request whose prompt is `tokens`.
-    ///
-    /// # Errors
-    /// [`RouteError::NoDecodeWorkers`] when no live worker can decode.
-    pub fn route(
-        &mut self,
-        request_id: &str,
-        tokens: &[u32],
-        _now_ms: u64,
-    ) -> Result<Verdict, RouteError> {
-        let (id, state) = self
-            .workers
-            .iter_mut()
-            .filter(|(_, w)| w.info.role.serves_decode())
-            .min_by_key(|(id, w)| (w.in_flight, (*id).clone()))
-            .ok_or(RouteError::NoDecodeWorkers)?;
-        state.in_flight += 1;
-        let decode = Endpoint {
-            worker_id: id.clone(),
-            address: state.info.address.clone(),
-        };
-        self.routed.insert(request_id.to_string(), id.clone());
-        let isl = u32::try_from(tokens.len()).unwrap_or(u32::MAX);
-        Ok(Verdict {
-            v: switchyard_protocol::PROTOCOL_VERSION,
-            request_id: request_id.to_string(),
-            mode: RouteMode::Agg,
-            decode,
-            prefill: None,
-            isl,
-            cached_tokens: 0,
-            eff_isl: isl,
-            reason: "agg:least_in_flight".to_string(),
-        })
+    /// Frees predicted load on lifecycle milestones: `first_token` frees prefill tokens,
+    /// `done` frees the request's KV blocks. Unknown request ids are ignored.
+    pub fn apply_lifecycle(&mut self, event: &LifecycleEvent, now_ms: u64) {
+        match event {
+            LifecycleEvent::FirstToken { request_id } => self.load.on_first_token(request_id),
+            LifecycleEvent::Done { request_id, .. } => self.load.on_done(request_id),
+        }
+        self.load.expire(now_ms, &self.config.load);
     }
 
     /// Live workers, for the API and EDS.
@@ -232,8 +234,36 @@ impl Router {
             .map(|w| WorkerView {
                 info: w.info.clone(),
                 last_seen_ms: w.last_seen_ms,
-                in_flight: w.in_flight,
+                in_flight: self.load.load(w.slot).in_flight,
             })
             .collect()
+    }
+
+    /// Per-worker predicted load and cached blocks, for metrics.
+    pub fn worker_stats(&self) -> Vec<WorkerStats> {
+        self.workers
+            .values()
+            .map(|w| WorkerStats {
+                worker_id: w.info.worker_id.clone(),
+                role: w.info.role,
+                load: self.load.load(w.slot),
+                cached_blocks: self.index.blocks_of(w.slot) as u64,
+            })
+            .collect()
+    }
+
+    /// Size of the KV index.
+    pub fn index_stats(&self) -> IndexStats {
+        self.index.stats()
+    }
+
+    /// Cumulative KV block counters.
+    pub fn kv_counters(&self) -> KvCounters {
+        self.kv_counters
+    }
+
+    /// Requests whose load is currently tracked (routed, not done, not expired).
+    pub fn tracked_requests(&self) -> usize {
+        self.load.active_requests()
     }
 }

@@ -1,1 +1,395 @@
-//! service (placeholder).
+//! The task that owns the [`Router`]; everyone else sends it a [`Command`].
+//!
+//! One owner means no locks around the router and a total order of events (a heartbeat, then
+//! the KV events it unlocked, then a route call see each other's effects in that order). The
+//! owner only does index math: tokenization, JSON and HTTP happen on the callers' tasks, so a
+//! 32k-token prompt being tokenized never delays another request's verdict.
+//!
+//! Time: the owner reads tokio's clock (so tests can pause it) and hands the router
+//! milliseconds since the service started.
+
+pub mod run;
+pub mod tokenizer;
+
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+
+use switchyard_protocol::kv::KvEventBatch;
+use switchyard_protocol::lifecycle::LifecycleBatch;
+use switchyard_protocol::route::Verdict;
+use switchyard_protocol::worker::{LoadReport, WorkerHeartbeat, WorkerRole};
+
+use crate::config::{ConfigError, RouterConfig};
+use crate::load::WorkerLoad;
+use crate::metrics::{Metrics, RoleLabels};
+use crate::router::{
+    KvApplyOutcome, KvCounters, KvEventError, RouteError, Router, WorkerChange, WorkerView,
+};
+
+pub use run::{run, run_with_tokenizer, RunError};
+
+/// How often the owner looks for workers whose heartbeats stopped.
+pub const EXPIRY_TICK: Duration = Duration::from_millis(200);
+
+/// Heartbeat intervals below this are treated as this, so a worker announcing 0 ms does not
+/// expire between two of its own heartbeats.
+pub const MIN_HEARTBEAT_INTERVAL_MS: u64 = 100;
+
+/// Commands queued to the owner task before callers wait.
+const COMMAND_QUEUE: usize = 4_096;
+
+/// One request to the router owner. Each carries its own reply channel.
+#[derive(Debug)]
+pub enum Command {
+    /// A worker heartbeat (registration or refresh).
+    Heartbeat {
+        /// The message as received.
+        heartbeat: WorkerHeartbeat,
+        /// What changed.
+        reply: oneshot::Sender<WorkerChange>,
+    },
+    /// A batch of KV events from one worker.
+    KvBatch {
+        /// The batch as received.
+        batch: KvEventBatch,
+        /// Applied, needs a resync, or rejected.
+        reply: oneshot::Sender<Result<KvApplyOutcome, KvEventError>>,
+    },
+    /// A worker's load report (no reply: nothing for the sender to act on).
+    Load {
+        /// The report as received.
+        report: LoadReport,
+    },
+    /// Lifecycle milestones from the filter.
+    Lifecycle {
+        /// The batch as received.
+        batch: LifecycleBatch,
+    },
+    /// Decide where a tokenized prompt goes.
+    Route {
+        /// Request id to echo and track.
+        request_id: String,
+        /// Prompt token ids.
+        tokens: Vec<u32>,
+        /// The verdict, or why there is none.
+        reply: oneshot::Sender<Result<Verdict, RouteError>>,
+    },
+    /// Snapshot of live workers.
+    Workers {
+        /// The workers, ordered by id.
+        reply: oneshot::Sender<Vec<WorkerEntry>>,
+    },
+    /// The current router config.
+    Config {
+        /// The config.
+        reply: oneshot::Sender<RouterConfig>,
+    },
+    /// Applies a JSON merge patch to the router config (absent fields keep their value).
+    PatchConfig {
+        /// The patch as received.
+        patch: serde_json::Value,
+        /// The new config, or the field that was refused (config unchanged).
+        reply: oneshot::Sender<Result<RouterConfig, ConfigError>>,
+    },
+}
+
+/// A live worker with its predicted load and cache size, as `GET /v1/workers` shows it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct WorkerEntry {
+    /// Registration and liveness.
+    #[serde(flatten)]
+    pub view: WorkerView,
+    /// Predicted load (absent if the router has none for it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub load: Option<WorkerLoad>,
+    /// KV blocks the index holds for it.
+    pub cached_blocks: u64,
+}
+
+/// The owner task has stopped (shutdown in progress); callers answer 503.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the router task has stopped")]
+pub struct ServiceStopped;
+
+/// Cheap, cloneable sender side of the owner task.
+#[derive(Debug, Clone)]
+pub struct ServiceHandle {
+    tx: mpsc::Sender<Command>,
+}
+
+impl ServiceHandle {
+    async fn call<T>(
+        &self,
+        make: impl FnOnce(oneshot::Sender<T>) -> Command,
+    ) -> Result<T, ServiceStopped> {
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send(make(reply))
+            .await
+            .map_err(|_| ServiceStopped)?;
+        rx.await.map_err(|_| ServiceStopped)
+    }
+
+    /// Registers or refreshes a worker.
+    ///
+    /// # Errors
+    /// [`ServiceStopped`] during shutdown.
+    pub async fn heartbeat(
+        &self,
+        heartbeat: WorkerHeartbeat,
+    ) -> Result<WorkerChange, ServiceStopped> {
+        self.call(|reply| Command::Heartbeat { heartbeat, reply })
+            .await
+    }
+
+    /// Applies a KV event batch.
+    ///
+    /// # Errors
+    /// [`ServiceStopped`] during shutdown.
+    pub async fn kv_batch(
+        &self,
+        batch: KvEventBatch,
+    ) -> Result<Result<KvApplyOutcome, KvEventError>, ServiceStopped> {
+        self.call(|reply| Command::KvBatch { batch, reply }).await
+    }
+
+    /// Folds in a load report.
+    ///
+    /// # Errors
+    /// [`ServiceStopped`] during shutdown.
+    pub async fn load(&self, report: LoadReport) -> Result<(), ServiceStopped> {
+        self.tx
+            .send(Command::Load { report })
+            .await
+            .map_err(|_| ServiceStopped)
+    }
+
+    /// Applies lifecycle milestones.
+    ///
+    /// # Errors
+    /// [`ServiceStopped`] during shutdown.
+    pub async fn lifecycle(&self, batch: LifecycleBatch) -> Result<(), ServiceStopped> {
+        self.tx
+            .send(Command::Lifecycle { batch })
+            .await
+            .map_err(|_| ServiceStopped)
+    }
+
+    /// Routes a tokenized prompt.
+    ///
+    /// # Errors
+    /// [`ServiceStopped`] during shutdown.
+    pub async fn route(
+        &self,
+        request_id: String,
+        tokens: Vec<u32>,
+    ) -> Result<Result<Verdict, RouteError>, ServiceStopped> {
+        self.call(|reply| Command::Route {
+            request_id,
+            tokens,
+            reply,
+        })
+        .await
+    }
+
+    /// Live workers.
+    ///
+    /// # Errors
+    /// [`ServiceStopped`] during shutdown.
+    pub async fn workers(&self) -> Result<Vec<WorkerEntry>, ServiceStopped> {
+        self.call(|reply| Command::Workers { reply }).await
+    }
+
+    /// The current router config.
+    ///
+    /// # Errors
+    /// [`ServiceStopped`] during shutdown.
+    pub async fn config(&self) -> Result<RouterConfig, ServiceStopped> {
+        self.call(|reply| Command::Config { reply }).await
+    }
+
+    /// Patches the router config.
+    ///
+    /// # Errors
+    /// [`ServiceStopped`] during shutdown.
+    pub async fn patch_config(
+        &self,
+        patch: serde_json::Value,
+    ) -> Result<Result<RouterConfig, ConfigError>, ServiceStopped> {
+        self.call(|reply| Command::PatchConfig { patch, reply })
+            .await
+    }
+}
+
+/// The owner's state: the router plus what it needs to timestamp and count.
+struct Owner {
+    router: Router,
+    metrics: Metrics,
+    heartbeat_misses: u32,
+    started: Instant,
+    /// Router KV counters already folded into the metrics.
+    kv_seen: KvCounters,
+}
+
+impl Owner {
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    fn handle(&mut self, command: Command) {
+        let now_ms = self.now_ms();
+        match command {
+            Command::Heartbeat { heartbeat, reply } => {
+                let interval = heartbeat.interval_ms.max(MIN_HEARTBEAT_INTERVAL_MS);
+                let expires = interval.saturating_mul(u64::from(self.heartbeat_misses));
+                let change = self
+                    .router
+                    .upsert_worker(&heartbeat.worker, expires, now_ms);
+                if matches!(change, WorkerChange::New | WorkerChange::Restarted) {
+                    self.update_worker_gauges();
+                }
+                let _ = reply.send(change);
+            }
+            Command::KvBatch { batch, reply } => {
+                let _ = reply.send(self.router.apply_kv_batch(&batch, now_ms));
+            }
+            Command::Load { report } => self.router.apply_load_report(&report, now_ms),
+            Command::Lifecycle { batch } => {
+                for event in &batch.events {
+                    self.router.apply_lifecycle(event, now_ms);
+                }
+            }
+            Command::Route {
+                request_id,
+                tokens,
+                reply,
+            } => {
+                let _ = reply.send(self.router.route(&request_id, &tokens, now_ms));
+            }
+            Command::Workers { reply } => {
+                let _ = reply.send(self.worker_entries());
+            }
+            Command::Config { reply } => {
+                let _ = reply.send(self.router.config().clone());
+            }
+            Command::PatchConfig { patch, reply } => {
+                let result = self
+                    .router
+                    .config()
+                    .apply_json_patch(&patch)
+                    .and_then(|next| {
+                        self.router.set_config(next)?;
+                        Ok(self.router.config().clone())
+                    });
+                if let Ok(config) = &result {
+                    tracing::info!(config = %serde_json::to_string(config).unwrap_or_default(), "router config changed");
+                }
+                let _ = reply.send(result);
+            }
+        }
+    }
+
+    /// Periodic housekeeping: expire silent workers, refresh the index gauges.
+    fn tick(&mut self) {
+        self.expire();
+        // The router's block counters are cumulative; fold in what changed since last tick.
+        let kv = self.router.kv_counters();
+        let seen = std::mem::replace(&mut self.kv_seen, kv);
+        self.metrics
+            .kv_blocks_stored
+            .inc_by(kv.blocks_stored.saturating_sub(seen.blocks_stored));
+        self.metrics
+            .kv_blocks_removed
+            .inc_by(kv.blocks_removed.saturating_sub(seen.blocks_removed));
+        self.metrics
+            .kv_unknown_removals
+            .inc_by(kv.unknown_removals.saturating_sub(seen.unknown_removals));
+        self.metrics
+            .kv_clears
+            .inc_by(kv.clears.saturating_sub(seen.clears));
+        let stats = self.router.index_stats();
+        let gauge = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        self.metrics.index_blocks.set(gauge(stats.pairs));
+        self.metrics.index_hashes.set(gauge(stats.distinct_hashes));
+        self.metrics.index_bytes.set(gauge(stats.approx_bytes));
+    }
+
+    fn expire(&mut self) {
+        let expired = self.router.expire_workers(self.now_ms());
+        if !expired.is_empty() {
+            for id in &expired {
+                tracing::info!(worker = %id, "worker expired (heartbeats stopped)");
+            }
+            self.metrics.workers_expired.inc_by(expired.len() as u64);
+            self.update_worker_gauges();
+        }
+    }
+
+    fn worker_entries(&self) -> Vec<WorkerEntry> {
+        let mut stats: std::collections::HashMap<_, _> = self
+            .router
+            .worker_stats()
+            .into_iter()
+            .map(|s| (s.worker_id.clone(), s))
+            .collect();
+        self.router
+            .workers()
+            .into_iter()
+            .map(|view| {
+                let stats = stats.remove(&view.info.worker_id);
+                WorkerEntry {
+                    load: stats.as_ref().map(|s| s.load),
+                    cached_blocks: stats.map(|s| s.cached_blocks).unwrap_or(0),
+                    view,
+                }
+            })
+            .collect()
+    }
+
+    fn update_worker_gauges(&self) {
+        let workers = self.router.workers();
+        for role in [WorkerRole::Prefill, WorkerRole::Decode, WorkerRole::Agg] {
+            let live = workers.iter().filter(|w| w.info.role == role).count();
+            self.metrics
+                .live_workers
+                .get_or_create(&RoleLabels {
+                    role: role.as_str().to_string(),
+                })
+                .set(i64::try_from(live).unwrap_or(i64::MAX));
+        }
+    }
+}
+
+/// Starts the owner task. It runs until every [`ServiceHandle`] is dropped.
+pub fn spawn(
+    router: Router,
+    metrics: Metrics,
+    heartbeat_misses: u32,
+) -> (ServiceHandle, tokio::task::JoinHandle<()>) {
+    let (tx, mut rx) = mpsc::channel(COMMAND_QUEUE);
+    let mut owner = Owner {
+        router,
+        metrics,
+        heartbeat_misses,
+        started: Instant::now(),
+        kv_seen: KvCounters::default(),
+    };
+    owner.update_worker_gauges();
+    let task = tokio::spawn(async move {
+        let mut tick = tokio::time::interval(EXPIRY_TICK);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                command = rx.recv() => match command {
+                    Some(command) => owner.handle(command),
+                    None => break,
+                },
+                _ = tick.tick() => owner.tick(),
+            }
+        }
+        tracing::debug!("router task stopped");
+    });
+    (ServiceHandle { tx }, task)
+}

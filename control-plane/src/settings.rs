@@ -1,1 +1,236 @@
-//! settings (placeholder).
+//! Command-line flags of `switchyard-control-plane`, each with an environment fallback so the
+//! same binary runs from a shell, a container spec or the local stack without wrappers.
+//!
+//! Parsing is separate from use: [`Settings`] is plain data that `main.rs` fills from the
+//! command line and tests fill by hand (see [`Settings::for_tests`]).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Parser, ValueEnum};
+
+use crate::config::{ConfigError, RouterConfig};
+
+/// Default largest `POST /v1/route` body. Long agentic prompts (250k tokens of text plus tool
+/// schemas) are a few MiB; anything far beyond that is a client error, not a prompt.
+pub const DEFAULT_MAX_ROUTE_BODY_BYTES: usize = 16 * 1024 * 1024;
+
+/// How the deployment serves requests, which decides what the router may answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ServingMode {
+    /// Aggregated workers only: every verdict is `agg`.
+    Agg,
+    /// Always disaggregate when a prefill worker is live.
+    Disagg,
+    /// Decide per request (bypass or disaggregate) by policy.
+    Conditional,
+}
+
+impl ServingMode {
+    /// Lower-case name, as on the command line and in metric labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ServingMode::Agg => "agg",
+            ServingMode::Disagg => "disagg",
+            ServingMode::Conditional => "conditional",
+        }
+    }
+}
+
+/// Log line format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line, for log shippers.
+    Json,
+}
+
+/// Everything the control plane is configured with at start.
+#[derive(Debug, Clone, Parser)]
+#[command(
+    name = "switchyard-control-plane",
+    version,
+    about = "Switchyard control plane: KV-aware routing and conditional disaggregation verdicts for Envoy."
+)]
+pub struct Settings {
+    /// Address of the HTTP API (route, lifecycle, workers, config, EDS, metrics).
+    #[arg(long, env = "SWITCHYARD_LISTEN", default_value = "127.0.0.1:8090")]
+    pub listen: SocketAddr,
+
+    /// NATS server the workers publish heartbeats, load reports and KV events to.
+    #[arg(
+        long,
+        env = "SWITCHYARD_NATS_URL",
+        default_value = "nats://127.0.0.1:4222"
+    )]
+    pub nats_url: String,
+
+    /// Directory with the served model's `tokenizer.json` and `tokenizer_config.json`
+    /// (chat template). Defaults to the workspace's `.cache/models/qwen3` when it exists.
+    #[arg(long, env = "SWITCHYARD_MODEL_DIR")]
+    pub model_dir: Option<PathBuf>,
+
+    /// agg, disagg or conditional.
+    #[arg(
+        long,
+        env = "SWITCHYARD_SERVING_MODE",
+        value_enum,
+        default_value = "conditional"
+    )]
+    pub serving_mode: ServingMode,
+
+    /// Conditional-disaggregation policy as JSON, e.g.
+    /// `{"policy":"isl_bounding","eff_isl_threshold":2048}`; changeable later with
+    /// `PUT /v1/config`.
+    #[arg(long, env = "SWITCHYARD_CONDITIONAL_DISAGG_CONFIG")]
+    pub conditional_disagg_config: Option<String>,
+
+    /// Heartbeat intervals a worker may miss before it is expired.
+    #[arg(long, env = "SWITCHYARD_HEARTBEAT_MISSES", default_value_t = switchyard_protocol::worker::DEFAULT_HEARTBEAT_MISSES,
+          value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub heartbeat_misses: u32,
+
+    /// Route requests tokenized at once (each on a blocking thread), so long prompts run in
+    /// parallel without starving the async runtime.
+    #[arg(long, env = "SWITCHYARD_ROUTE_TOKENIZE_THREADS", default_value_t = 2,
+          value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub route_tokenize_threads: u32,
+
+    /// Largest accepted `POST /v1/route` body in bytes (larger ones get 413).
+    #[arg(long, env = "SWITCHYARD_MAX_ROUTE_BODY_BYTES", default_value_t = DEFAULT_MAX_ROUTE_BODY_BYTES)]
+    pub max_route_body_bytes: usize,
+
+    /// Seconds in-flight HTTP requests get to finish after SIGTERM / Ctrl-C.
+    #[arg(long, env = "SWITCHYARD_SHUTDOWN_GRACE_SECS", default_value_t = 10)]
+    pub shutdown_grace_secs: u64,
+
+    /// Seed of the router's tie-breaking randomness (same seed and inputs, same verdicts).
+    #[arg(long, env = "SWITCHYARD_SEED", default_value_t = 0)]
+    pub seed: u64,
+
+    /// text or json.
+    #[arg(
+        long,
+        env = "SWITCHYARD_LOG_FORMAT",
+        value_enum,
+        default_value = "text"
+    )]
+    pub log_format: LogFormat,
+}
+
+impl From<ServingMode> for crate::config::ServingMode {
+    fn from(mode: ServingMode) -> Self {
+        match mode {
+            ServingMode::Agg => crate::config::ServingMode::Agg,
+            ServingMode::Disagg => crate::config::ServingMode::Disagg,
+            ServingMode::Conditional => crate::config::ServingMode::Conditional,
+        }
+    }
+}
+
+impl Settings {
+    /// The router's start-up config: defaults, then `--serving-mode`, then the
+    /// `--conditional-disagg-config` JSON as a patch (so a `serving_mode` key in the JSON
+    /// wins over the flag).
+    ///
+    /// # Errors
+    /// [`ConfigError`] naming the offending field (`conditional_disagg_config` itself when
+    /// the text is not JSON).
+    pub fn router_config(&self) -> Result<RouterConfig, ConfigError> {
+        let mut config = RouterConfig {
+            serving_mode: self.serving_mode.into(),
+            ..RouterConfig::default()
+        };
+        if let Some(text) = &self.conditional_disagg_config {
+            let json: serde_json::Value = serde_json::from_str(text).map_err(|e| ConfigError {
+                field: "conditional_disagg_config".into(),
+                message: format!("not valid JSON: {e}"),
+            })?;
+            config = config.apply_json_patch(&json)?;
+        }
+        Ok(config)
+    }
+
+    /// Defaults as if started with no flags and no environment, for tests that then set
+    /// the fields they care about.
+    pub fn for_tests() -> Self {
+        Settings::parse_from(["switchyard-control-plane"])
+    }
+
+    /// How long a worker stays live after a heartbeat that promised `interval_ms`.
+    pub fn expires_after_ms(&self, interval_ms: u64) -> u64 {
+        interval_ms.saturating_mul(u64::from(self.heartbeat_misses))
+    }
+
+    /// Grace period for draining HTTP requests at shutdown.
+    pub fn shutdown_grace(&self) -> Duration {
+        Duration::from_secs(self.shutdown_grace_secs)
+    }
+
+    /// `--model-dir`, or the workspace's tokenizer directory that `scripts/setup.sh` fills.
+    pub fn model_dir_or_default(&self) -> PathBuf {
+        self.model_dir.clone().unwrap_or_else(|| {
+            PathBuf::from(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../.cache/models/qwen3"
+            ))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_match_the_documented_ones() {
+        let s = Settings::try_parse_from(["x"]).expect("defaults parse");
+        assert_eq!(s.listen.to_string(), "127.0.0.1:8090");
+        assert_eq!(s.nats_url, "nats://127.0.0.1:4222");
+        assert_eq!(s.serving_mode, ServingMode::Conditional);
+        assert_eq!(s.heartbeat_misses, 3);
+        assert_eq!(s.expires_after_ms(1_000), 3_000);
+    }
+
+    #[test]
+    fn bad_values_are_rejected_with_the_flag_named() {
+        let err = Settings::try_parse_from(["x", "--serving-mode", "turbo"]).unwrap_err();
+        assert!(err.to_string().contains("--serving-mode"), "{err}");
+        let err = Settings::try_parse_from(["x", "--heartbeat-misses", "0"]).unwrap_err();
+        assert!(err.to_string().contains("--heartbeat-misses"), "{err}");
+        let err = Settings::try_parse_from(["x", "--listen", "not-an-addr"]).unwrap_err();
+        assert!(err.to_string().contains("--listen"), "{err}");
+    }
+
+    #[test]
+    fn router_config_takes_the_flag_then_the_json() {
+        let s = Settings::try_parse_from([
+            "x",
+            "--serving-mode",
+            "agg",
+            "--conditional-disagg-config",
+            r#"{"eff_isl_threshold": 512}"#,
+        ])
+        .unwrap();
+        let c = s.router_config().unwrap();
+        assert_eq!(c.serving_mode, crate::config::ServingMode::Agg);
+        assert_eq!(c.conditional.eff_isl_threshold, 512);
+
+        let mut s = Settings::try_parse_from(["x"]).unwrap();
+        s.conditional_disagg_config = Some("{not json".into());
+        assert_eq!(
+            s.router_config().unwrap_err().field,
+            "conditional_disagg_config"
+        );
+        s.conditional_disagg_config = Some(r#"{"eff_isl_ratio_threshold": 3}"#.into());
+        assert_eq!(
+            s.router_config().unwrap_err().field,
+            "eff_isl_ratio_threshold"
+        );
+        s.conditional_disagg_config = Some(r#"{"bogus": 1}"#.into());
+        assert_eq!(s.router_config().unwrap_err().field, "bogus");
+    }
+}

@@ -14,7 +14,8 @@
 //! - [`kv`]: KV cache events and resync requests.
 //! - [`lifecycle`]: the filter's per-request lifecycle reports.
 //! - [`subjects`]: NATS subject names.
-//! - `tokenize` (feature `tokenizer`): chat template rendering and tokenization.
+//! - `tokenize` (feature `tokenizer`): prompt -> token ids as vLLM computes them (chat
+//!   template rendering, HF tokenizer, segment cache).
 #![deny(missing_docs)]
 
 pub mod hash;
@@ -22,6 +23,8 @@ pub mod kv;
 pub mod lifecycle;
 pub mod route;
 pub mod subjects;
+#[cfg(feature = "tokenizer")]
+pub mod tokenize;
 pub mod worker;
 
 /// Version of the wire messages in this crate. Every message carries it as `v`; a receiver

@@ -10,8 +10,14 @@
 //! - [`engine`]: the pure, clock-driven engine core (batching, paged KV cache, timing model).
 //! - [`vtime`]: a discrete-event driver that advances engine cores in virtual time.
 //! - [`worker`]: the real-time worker (HTTP API, NATS publishing, the KV handoff).
+//! - [`replay`]: virtual-time replay of a workload through engine cores with the control
+//!   plane's own routing code in the loop (the three serving modes, threshold sweeps).
+//! - [`loadgen`]: workloads (Mooncake traces, synthetic agentic sessions), the streaming
+//!   client that replays them against any OpenAI endpoint, and the report.
 #![deny(missing_docs)]
 
 pub mod engine;
+pub mod loadgen;
+pub mod replay;
 pub mod vtime;
 pub mod worker;

@@ -1,1 +1,37 @@
-//! Local stack launcher and process supervision.
+//! Brings a whole local Switchyard up on 127.0.0.1 and takes it down again.
+//!
+//! [`StackBuilder::start`] starts nats-server, the control plane, the simulated workers (one
+//! process, several `--worker`s) and Envoy with the Switchyard filter, each on a free port,
+//! and returns once a request through Envoy can reach every worker (Envoy's EDS lists them
+//! all as healthy). Every process's output goes to a log file in the run directory. The
+//! returned [`Stack`] stops every process by PID when dropped, also when a test panics. It is
+//! the parent of every process, so it must stay alive as long as they should run (Envoy
+//! started by a script that exits gets SIGTERM).
+//!
+//! # Layout
+//! - [`stack`]: the builder, serving modes, worker specs.
+//! - [`running`]: the [`Stack`]: start order, readiness, accessors, stopping.
+//! - [`envoy`]: bootstrap rendering and the admin `/clusters` reader (pure).
+//! - [`process`]: one supervised child (log file, signals, stop on drop).
+//! - [`readiness`]: bounded polling.
+//! - [`paths`]: where binaries are, and the commands that build them.
+//! - [`ports`]: free 127.0.0.1 ports.
+//! - [`cleanup`]: stopping every child on SIGINT/SIGTERM (opt-in, for test processes).
+#![deny(missing_docs)]
+
+pub mod cleanup;
+pub mod envoy;
+pub mod error;
+pub mod paths;
+pub mod ports;
+pub mod process;
+pub mod readiness;
+pub mod running;
+pub mod stack;
+
+pub use cleanup::stop_children_on_signal;
+pub use error::StackError;
+pub use paths::{Artifacts, Profile};
+pub use process::Signal;
+pub use running::Stack;
+pub use stack::{http_client, Component, ServingMode, StackBuilder, WorkerSpec};

@@ -1,0 +1,173 @@
+//! The small endpoints: lifecycle, workers, config, EDS, metrics, health.
+
+use warp::http::StatusCode;
+use warp::reply::Response;
+use warp::Reply;
+
+use switchyard_protocol::lifecycle::LifecycleBatch;
+use switchyard_protocol::PROTOCOL_VERSION;
+
+use super::{error_reply, read_body, ApiState, MAX_SMALL_BODY_BYTES};
+use crate::eds::{self, DiscoveryRequest};
+
+fn unavailable(state: &ApiState) -> Response {
+    state.metrics.bad_request("unavailable");
+    error_reply(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "unavailable",
+        "the control plane is shutting down",
+    )
+}
+
+/// Reads and parses a small JSON body, counting and answering failures.
+async fn json_body<T, S, B>(body: S, state: &ApiState) -> Result<T, Response>
+where
+    T: serde::de::DeserializeOwned,
+    S: futures::Stream<Item = Result<B, warp::Error>> + Send,
+    B: warp::Buf,
+{
+    let bytes = match read_body(body, MAX_SMALL_BODY_BYTES).await {
+        Ok(b) => b,
+        Err((code, reply)) => {
+            state.metrics.bad_request(code);
+            return Err(reply);
+        }
+    };
+    serde_json::from_slice(&bytes).map_err(|e| {
+        state.metrics.bad_request("invalid_json");
+        error_reply(StatusCode::BAD_REQUEST, "invalid_json", e.to_string())
+    })
+}
+
+/// `POST /v1/lifecycle`.
+pub async fn lifecycle<S, B>(body: S, state: ApiState) -> Response
+where
+    S: futures::Stream<Item = Result<B, warp::Error>> + Send,
+    B: warp::Buf,
+{
+    let batch: LifecycleBatch = match json_body(body, &state).await {
+        Ok(b) => b,
+        Err(reply) => return reply,
+    };
+    if batch.v > PROTOCOL_VERSION {
+        state.metrics.bad_request("unsupported_version");
+        return error_reply(
+            StatusCode::BAD_REQUEST,
+            "unsupported_version",
+            format!("v: {} is newer than supported {PROTOCOL_VERSION}", batch.v),
+        );
+    }
+    let accepted = batch.events.len();
+    match state.service.lifecycle(batch).await {
+        Ok(()) => warp::reply::json(&serde_json::json!({ "accepted": accepted })).into_response(),
+        Err(_) => unavailable(&state),
+    }
+}
+
+/// `GET /v1/workers`.
+pub async fn workers(state: ApiState) -> Response {
+    match state.service.workers().await {
+        Ok(workers) => {
+            warp::reply::json(&serde_json::json!({ "workers": workers })).into_response()
+        }
+        Err(_) => unavailable(&state),
+    }
+}
+
+/// `GET /v1/config`.
+pub async fn get_config(state: ApiState) -> Response {
+    match state.service.config().await {
+        Ok(config) => warp::reply::json(&config).into_response(),
+        Err(_) => unavailable(&state),
+    }
+}
+
+/// `PUT /v1/config`: a JSON merge patch over the current config (absent fields keep their
+/// value, `null` resets an optional one); answers the whole new config, or 400
+/// `invalid_config` naming the field (config unchanged).
+pub async fn put_config<S, B>(body: S, state: ApiState) -> Response
+where
+    S: futures::Stream<Item = Result<B, warp::Error>> + Send,
+    B: warp::Buf,
+{
+    let patch: serde_json::Value = match json_body(body, &state).await {
+        Ok(c) => c,
+        Err(reply) => return reply,
+    };
+    match state.service.patch_config(patch).await {
+        Ok(Ok(config)) => warp::reply::json(&config).into_response(),
+        Ok(Err(e)) => {
+            state.metrics.bad_request("invalid_config");
+            error_reply(StatusCode::BAD_REQUEST, "invalid_config", e.to_string())
+        }
+        Err(_) => unavailable(&state),
+    }
+}
+
+/// `POST /v3/discovery:endpoints` (Envoy REST EDS).
+pub async fn eds<S, B>(body: S, state: ApiState) -> Response
+where
+    S: futures::Stream<Item = Result<B, warp::Error>> + Send,
+    B: warp::Buf,
+{
+    let request: DiscoveryRequest = match json_body(body, &state).await {
+        Ok(r) => r,
+        Err(reply) => return reply,
+    };
+    if let Some(detail) = &request.error_detail {
+        tracing::warn!(%detail, version = %request.version_info, "Envoy rejected an EDS response");
+    }
+    let workers = match state.service.workers().await {
+        Ok(w) => w,
+        Err(_) => return unavailable(&state),
+    };
+    let views: Vec<_> = workers.into_iter().map(|w| w.view).collect();
+    let (response, unusable) = eds::respond(&request, &views);
+    if !unusable.is_empty() {
+        tracing::warn!(?unusable, "workers left out of EDS: address is not ip:port");
+    }
+    warp::reply::json(&response).into_response()
+}
+
+/// `GET /metrics`.
+pub async fn metrics(state: ApiState) -> Response {
+    // Fold the tokenizer's cumulative cache counters into our counters.
+    let stats = state.tokenizer.cache_stats();
+    if let Ok(mut seen) = state.cache_stats_seen.lock() {
+        state
+            .metrics
+            .tokenizer_cache_hits
+            .inc_by(stats.hits.saturating_sub(seen.hits));
+        state
+            .metrics
+            .tokenizer_cache_misses
+            .inc_by(stats.misses.saturating_sub(seen.misses));
+        *seen = stats;
+    }
+    let connected = matches!(
+        state.nats.connection_state(),
+        async_nats::connection::State::Connected
+    );
+    state.metrics.nats_connected.set(i64::from(connected));
+    let mut text = String::new();
+    if let Err(e) = prometheus_client::encoding::text::encode(&mut text, &state.registry) {
+        return error_reply(StatusCode::INTERNAL_SERVER_ERROR, "metrics", e.to_string());
+    }
+    warp::reply::with_header(
+        text,
+        "content-type",
+        "application/openmetrics-text; version=1.0.0; charset=utf-8",
+    )
+    .into_response()
+}
+
+/// `GET /healthz`: 200 whenever HTTP serves; NATS state is informational (routing keeps
+/// working on the last known state while NATS is away).
+pub async fn health(state: ApiState) -> Response {
+    let nats = match state.nats.connection_state() {
+        async_nats::connection::State::Connected => "connected",
+        async_nats::connection::State::Pending => "connecting",
+        async_nats::connection::State::Disconnected => "disconnected",
+    };
+    warp::reply::json(&serde_json::json!({ "status": "ok", "nats": nats })).into_response()
+}

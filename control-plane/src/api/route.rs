@@ -1,0 +1,250 @@
+//! `POST /v1/route`: the client's OpenAI body in, a [`Verdict`] out.
+//!
+//! Steps: API kind from `x-switchyard-api`, request id from `x-request-id` (made up when
+//! missing), body read with a size limit, JSON parsed with key order kept (chat templates
+//! render the client's key order), prompt tokenized on a blocking thread (bounded by
+//! `--route-tokenize-threads`), then the router owner decides. Each failure is a typed
+//! [`RouteFailure`] with its own status and code.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use tokio::time::Instant;
+use warp::http::{HeaderMap, StatusCode};
+use warp::reply::Response;
+use warp::Reply;
+
+use switchyard_protocol::route::{ApiKind, Verdict, API_HEADER, REQUEST_ID_HEADER};
+
+use super::{error_reply, read_body, ApiState};
+use crate::metrics::DecisionLabels;
+use crate::router::RouteError;
+use crate::service::tokenizer::TokenizeFailure;
+
+/// Longest accepted `x-request-id`; ids travel in headers and logs.
+pub const MAX_REQUEST_ID_LEN: usize = 256;
+
+/// Why a route request got no verdict.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum RouteFailure {
+    /// `x-switchyard-api` missing or not `chat` / `completions`.
+    #[error("header {API_HEADER} must be \"chat\" or \"completions\", got {0}")]
+    UnknownApi(String),
+    /// `x-request-id` unusable.
+    #[error("header {REQUEST_ID_HEADER}: {0}")]
+    BadRequestId(String),
+    /// The body is not JSON.
+    #[error("body is not valid JSON: {0}")]
+    InvalidJson(String),
+    /// The body is JSON but not a valid request for its API.
+    #[error("{field}: {message}")]
+    InvalidRequest {
+        /// The offending field.
+        field: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// The tokenizer failed on a valid body.
+    #[error("tokenizer failed: {0}")]
+    Tokenizer(String),
+    /// No live worker can decode.
+    #[error("no live decode workers")]
+    NoWorkers,
+    /// Shutting down.
+    #[error("the control plane is shutting down")]
+    Unavailable,
+}
+
+impl RouteFailure {
+    /// HTTP status and stable error code.
+    pub fn status_and_code(&self) -> (StatusCode, &'static str) {
+        match self {
+            RouteFailure::UnknownApi(_) => (StatusCode::BAD_REQUEST, "unknown_api"),
+            RouteFailure::BadRequestId(_) => (StatusCode::BAD_REQUEST, "invalid_request"),
+            RouteFailure::InvalidJson(_) => (StatusCode::BAD_REQUEST, "invalid_json"),
+            RouteFailure::InvalidRequest { .. } => (StatusCode::BAD_REQUEST, "invalid_request"),
+            RouteFailure::Tokenizer(_) => (StatusCode::INTERNAL_SERVER_ERROR, "tokenizer"),
+            RouteFailure::NoWorkers => (StatusCode::SERVICE_UNAVAILABLE, "no_workers"),
+            RouteFailure::Unavailable => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
+        }
+    }
+}
+
+/// Makes request ids unique within this process and, through the start time in the prefix,
+/// across restarts.
+#[derive(Debug)]
+pub struct RequestIds {
+    prefix: String,
+    next: AtomicU64,
+}
+
+impl RequestIds {
+    /// Ids `sy-<prefix>-<n>`.
+    pub fn new(prefix: impl Into<String>) -> Self {
+        RequestIds {
+            prefix: prefix.into(),
+            next: AtomicU64::new(1),
+        }
+    }
+
+    /// The next id.
+    pub fn next_id(&self) -> String {
+        let n = self.next.fetch_add(1, Ordering::Relaxed);
+        format!("sy-{}-{n}", self.prefix)
+    }
+}
+
+fn api_kind(headers: &HeaderMap) -> Result<ApiKind, RouteFailure> {
+    let value = headers
+        .get(API_HEADER)
+        .ok_or_else(|| RouteFailure::UnknownApi("nothing".into()))?;
+    let text = value
+        .to_str()
+        .map_err(|_| RouteFailure::UnknownApi("a non-ASCII value".into()))?;
+    ApiKind::parse(text.trim()).ok_or_else(|| RouteFailure::UnknownApi(format!("{text:?}")))
+}
+
+fn request_id(headers: &HeaderMap, ids: &RequestIds) -> Result<String, RouteFailure> {
+    match headers.get(REQUEST_ID_HEADER) {
+        None => Ok(ids.next_id()),
+        Some(v) => {
+            let text = v
+                .to_str()
+                .map_err(|_| RouteFailure::BadRequestId("not ASCII".into()))?;
+            if text.is_empty() {
+                Ok(ids.next_id())
+            } else if text.len() > MAX_REQUEST_ID_LEN {
+                Err(RouteFailure::BadRequestId(format!(
+                    "longer than {MAX_REQUEST_ID_LEN} characters"
+                )))
+            } else {
+                Ok(text.to_string())
+            }
+        }
+    }
+}
+
+/// Tokenizes `body` on a blocking thread once a permit is free.
+async fn tokenize(
+    state: &ApiState,
+    api: ApiKind,
+    body: serde_json::Value,
+) -> Result<Vec<u32>, RouteFailure> {
+    let permit = Arc::clone(&state.tokenize_permits)
+        .acquire_owned()
+        .await
+        .map_err(|_| RouteFailure::Unavailable)?;
+    let tokenizer = Arc::clone(&state.tokenizer);
+    let joined = tokio::task::spawn_blocking(move || {
+        let _permit = permit;
+        tokenizer.tokenize(api, &body)
+    })
+    .await;
+    match joined {
+        Ok(Ok(tokens)) => Ok(tokens),
+        Ok(Err(TokenizeFailure::InvalidRequest { field, message })) => {
+            Err(RouteFailure::InvalidRequest { field, message })
+        }
+        Ok(Err(TokenizeFailure::Internal(message))) => Err(RouteFailure::Tokenizer(message)),
+        Err(join) => Err(RouteFailure::Tokenizer(format!(
+            "tokenizer task failed: {join}"
+        ))),
+    }
+}
+
+async fn decide<S, B>(
+    headers: &HeaderMap,
+    body: S,
+    state: &ApiState,
+) -> Result<Verdict, (&'static str, Response)>
+where
+    S: futures::Stream<Item = Result<B, warp::Error>> + Send,
+    B: warp::Buf,
+{
+    let fail = |f: RouteFailure| {
+        let (status, code) = f.status_and_code();
+        (code, error_reply(status, code, f.to_string()))
+    };
+    let api = api_kind(headers).map_err(fail)?;
+    let request_id = request_id(headers, &state.request_ids).map_err(fail)?;
+    let bytes = read_body(body, state.max_route_body_bytes).await?;
+    let json: serde_json::Value = serde_json::from_slice(&bytes)
+        .map_err(|e| fail(RouteFailure::InvalidJson(e.to_string())))?;
+    if !json.is_object() {
+        return Err(fail(RouteFailure::InvalidRequest {
+            field: "body".into(),
+            message: "must be a JSON object".into(),
+        }));
+    }
+    let tokens = tokenize(state, api, json).await.map_err(fail)?;
+    match state.service.route(request_id, tokens).await {
+        Ok(Ok(verdict)) => Ok(verdict),
+        Ok(Err(RouteError::NoDecodeWorkers)) => Err(fail(RouteFailure::NoWorkers)),
+        Err(_) => Err(fail(RouteFailure::Unavailable)),
+    }
+}
+
+/// The handler.
+pub async fn handle<S, B>(headers: HeaderMap, body: S, state: ApiState) -> Response
+where
+    S: futures::Stream<Item = Result<B, warp::Error>> + Send,
+    B: warp::Buf,
+{
+    let started = Instant::now();
+    let result = decide(&headers, body, &state).await;
+    let m = &state.metrics;
+    m.route_latency_seconds
+        .observe(started.elapsed().as_secs_f64());
+    match result {
+        Ok(verdict) => {
+            m.decisions
+                .get_or_create(&DecisionLabels {
+                    mode: verdict.mode.as_str().to_string(),
+                    reason: verdict.reason.clone(),
+                })
+                .inc();
+            m.eff_isl_tokens.observe(f64::from(verdict.eff_isl));
+            if verdict.isl > 0 {
+                m.cached_fraction.observe(
+                    f64::from(verdict.cached_tokens.min(verdict.isl)) / f64::from(verdict.isl),
+                );
+            }
+            warp::reply::json(&verdict).into_response()
+        }
+        Err((code, reply)) => {
+            m.bad_request(code);
+            tracing::debug!(code, "route request refused");
+            reply
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn api_header_is_required_and_checked() {
+        let mut h = HeaderMap::new();
+        assert!(matches!(api_kind(&h), Err(RouteFailure::UnknownApi(_))));
+        h.insert(API_HEADER, "embeddings".parse().unwrap());
+        let err = api_kind(&h).unwrap_err();
+        assert!(err.to_string().contains("embeddings"));
+        assert_eq!(err.status_and_code().1, "unknown_api");
+        h.insert(API_HEADER, "chat".parse().unwrap());
+        assert_eq!(api_kind(&h).unwrap(), ApiKind::Chat);
+    }
+
+    #[test]
+    fn request_ids_are_kept_or_made_up() {
+        let ids = RequestIds::new("t");
+        let mut h = HeaderMap::new();
+        let a = request_id(&h, &ids).unwrap();
+        let b = request_id(&h, &ids).unwrap();
+        assert_ne!(a, b);
+        h.insert(REQUEST_ID_HEADER, "abc".parse().unwrap());
+        assert_eq!(request_id(&h, &ids).unwrap(), "abc");
+        h.insert(REQUEST_ID_HEADER, "x".repeat(300).parse().unwrap());
+        assert!(request_id(&h, &ids).is_err());
+    }
+}

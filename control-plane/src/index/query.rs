@@ -1,0 +1,204 @@
+//! The prefix query: walk the prompt's hashes, intersecting the set of candidate workers
+//! with each block's holders; a worker's match ends where it drops out.
+//!
+//! Two things keep it fast. Records of a stored chain are contiguous (see
+//! [`super::records`]), so the walk first checks whether the record after the current one is
+//! the prompt's next block (a sequential read) and only probes the hash table when the prompt
+//! leaves the chain: a 512-block prompt against millions of stored blocks is then a few
+//! lookups and a scan, not 512 trips to memory. And the candidate set is kept inline while
+//! it has at most two workers (the common case past a shared system prompt: a conversation
+//! lives on one worker), so a step is two compares; larger sets are bitsets ANDed word by
+//! word.
+
+use std::hint::black_box;
+
+use switchyard_protocol::hash::SequenceHash;
+
+use super::worker_set::{slots_of, PackedSet, SetView};
+use super::{KvIndex, OverlapScores, WorkerSlot};
+
+/// The live candidates: inline while there are at most two, else the bitset in
+/// `OverlapScores::candidates`.
+#[derive(Clone, Copy)]
+enum Cand {
+    Small([u16; 2], usize),
+    Bits,
+}
+
+impl KvIndex {
+    /// For each worker holding the prompt's first block, the number of leading blocks of
+    /// `hashes` it holds, into `out` (cleared first).
+    pub fn find_matches(&self, hashes: &[SequenceHash], out: &mut OverlapScores) {
+        out.matches.clear();
+        let records = &self.records.all;
+        let Some(mut at) = hashes.first().and_then(|h| self.holders.get(h.0)) else {
+            return;
+        };
+        let mut cand = match records[at as usize].set.view() {
+            SetView::Inline(a, None) => Cand::Small([a, 0], 1),
+            SetView::Inline(a, Some(b)) => Cand::Small([a, b], 2),
+            SetView::Arena(n) => {
+                out.candidates.clear();
+                out.candidates.extend_from_slice(self.sets.get(n));
+                Cand::Bits
+            }
+        };
+        let mut depth = 1u32;
+        let mut rest = &hashes[1..];
+        while let Some((h, tail)) = rest.split_first() {
+            if let Cand::Small([w, _], 1) = cand {
+                // One candidate left (a conversation on its worker): follow its chain in a
+                // tight loop while the next record is the next block and still held by it.
+                let ahead = &records[(at as usize + 1).min(records.len())..];
+                let ahead = &ahead[..ahead.len().min(rest.len())];
+                // Start loading every cache line of the chain at once; the compare loop below
+                // then mostly hits lines already in flight (5 records per 64-byte line).
+                black_box(ahead.iter().step_by(5).fold(0, |acc, r| acc ^ r.set.0));
+                let mut skipped = 0;
+                for (r, h) in ahead.iter().zip(rest) {
+                    if r.hash() != h.0 || !r.is_live() || !self.holds(r.set.view(), w) {
+                        break;
+                    }
+                    skipped += 1;
+                }
+                if skipped > 0 {
+                    at += skipped as u32;
+                    depth += skipped as u32;
+                    rest = &rest[skipped..];
+                    continue;
+                }
+            }
+            if let Cand::Bits = cand {
+                // Many candidates (a shared system prompt): skip ahead while the chain goes on
+                // and nobody drops out (every candidate bit is in the block's holder set).
+                let mut skipped = 0;
+                for (r, h) in records[at as usize + 1..].iter().zip(rest) {
+                    if r.hash() != h.0 || !r.is_live() {
+                        break;
+                    }
+                    let SetView::Arena(n) = r.set.view() else { break };
+                    let keeps_all = out
+                        .candidates
+                        .iter()
+                        .zip(self.sets.get(n))
+                        .all(|(c, s)| c & !s == 0);
+                    if !keeps_all {
+                        break;
+                    }
+                    skipped += 1;
+                }
+                if skipped > 0 {
+                    at += skipped as u32;
+                    depth += skipped as u32;
+                    rest = &rest[skipped..];
+                    continue;
+                }
+            }
+            // Still on the stored chain? (A dead record has hash 0 and never holds a set.)
+            let next = records
+                .get(at as usize + 1)
+                .filter(|r| r.hash() == h.0 && r.is_live());
+            at = match next {
+                Some(_) => at + 1,
+                None => match self.holders.get(h.0) {
+                    Some(i) => i,
+                    None => break,
+                },
+            };
+            match self.step(cand, records[at as usize].set, depth, out) {
+                Some(c) => cand = c,
+                // Every candidate dropped out (and was recorded) at this block.
+                None => return,
+            }
+            depth += 1;
+            rest = tail;
+        }
+        // The remaining candidates matched `depth` blocks.
+        push_all(cand, depth, out);
+    }
+
+    /// Intersects `cand` with `set`; workers that drop out are recorded with `depth`.
+    /// `None` when no candidate is left.
+    #[inline]
+    fn step(&self, cand: Cand, set: PackedSet, depth: u32, out: &mut OverlapScores) -> Option<Cand> {
+        let view = set.view();
+        match cand {
+            Cand::Small(members, len) => {
+                let mut kept = [0u16; 2];
+                let mut n = 0;
+                for &w in &members[..len] {
+                    if self.holds(view, w) {
+                        kept[n] = w;
+                        n += 1;
+                    } else {
+                        out.matches.push((WorkerSlot(w), depth));
+                    }
+                }
+                (n > 0).then_some(Cand::Small(kept, n))
+            }
+            Cand::Bits => match view {
+                SetView::Inline(a, b) => {
+                    let bits = &out.candidates;
+                    let mut kept = [0u16; 2];
+                    let mut n = 0;
+                    for w in std::iter::once(a).chain(b) {
+                        if has_bit(bits, w) {
+                            kept[n] = w;
+                            n += 1;
+                        }
+                    }
+                    for w in slots_of(bits) {
+                        if !kept[..n].contains(&w) {
+                            out.matches.push((WorkerSlot(w), depth));
+                        }
+                    }
+                    (n > 0).then_some(Cand::Small(kept, n))
+                }
+                SetView::Arena(i) => {
+                    let mut any = 0;
+                    for (word, (c, s)) in out.candidates.iter_mut().zip(self.sets.get(i)).enumerate() {
+                        let mut dropped = *c & !s;
+                        *c &= s;
+                        any |= *c;
+                        while dropped != 0 {
+                            let bit = dropped.trailing_zeros() as u16;
+                            dropped &= dropped - 1;
+                            out.matches.push((WorkerSlot(word as u16 * 64 + bit), depth));
+                        }
+                    }
+                    (any != 0).then_some(Cand::Bits)
+                }
+            },
+        }
+    }
+
+    #[inline]
+    fn holds(&self, view: SetView, w: u16) -> bool {
+        match view {
+            SetView::Inline(a, b) => a == w || b == Some(w),
+            SetView::Arena(i) => has_bit(self.sets.get(i), w),
+        }
+    }
+}
+
+fn push_all(cand: Cand, depth: u32, out: &mut OverlapScores) {
+    match cand {
+        Cand::Small(members, len) => {
+            for &w in &members[..len] {
+                out.matches.push((WorkerSlot(w), depth));
+            }
+        }
+        Cand::Bits => {
+            for w in slots_of(&out.candidates) {
+                out.matches.push((WorkerSlot(w), depth));
+            }
+        }
+    }
+}
+
+#[inline]
+fn has_bit(words: &[u64], slot: u16) -> bool {
+    words
+        .get(usize::from(slot) / 64)
+        .is_some_and(|w| w & (1 << (slot % 64)) != 0)
+}

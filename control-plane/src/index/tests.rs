@@ -1,0 +1,239 @@
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::*;
+
+fn blocks(hashes: &[u64], first_id: u64) -> Vec<StoredBlock> {
+    hashes
+        .iter()
+        .enumerate()
+        .map(|(i, &h)| StoredBlock {
+            seq_hash: SequenceHash(h),
+            block_id: EngineBlockId(first_id + i as u64),
+        })
+        .collect()
+}
+
+fn query(index: &KvIndex, hashes: &[u64]) -> BTreeMap<u16, u32> {
+    let hashes: Vec<SequenceHash> = hashes.iter().map(|&h| SequenceHash(h)).collect();
+    let mut out = OverlapScores::default();
+    index.find_matches(&hashes, &mut out);
+    out.matches.iter().map(|(s, n)| (s.0, *n)).collect()
+}
+
+fn index_with(workers: u16) -> KvIndex {
+    let mut index = KvIndex::new();
+    for w in 0..workers {
+        index.add_worker(WorkerSlot(w));
+    }
+    index
+}
+
+#[test]
+fn longest_prefix_per_worker() {
+    let mut index = index_with(3);
+    index.store(WorkerSlot(0), &blocks(&[1, 2, 3, 4], 100));
+    index.store(WorkerSlot(1), &blocks(&[1, 2], 200));
+    index.store(WorkerSlot(2), &blocks(&[9], 300));
+    assert_eq!(
+        query(&index, &[1, 2, 3, 4, 5]),
+        BTreeMap::from([(0, 4), (1, 2)])
+    );
+    assert_eq!(query(&index, &[1, 7, 3]), BTreeMap::from([(0, 1), (1, 1)]));
+    assert!(
+        query(&index, &[5, 1, 2]).is_empty(),
+        "first block missing: no match"
+    );
+    assert!(query(&index, &[]).is_empty());
+}
+
+#[test]
+fn a_gap_ends_the_match_even_if_later_blocks_are_cached() {
+    let mut index = index_with(1);
+    index.store(WorkerSlot(0), &blocks(&[1, 2, 3, 4], 0));
+    index.remove(WorkerSlot(0), &[EngineBlockId(1)]); // hash 2
+    assert_eq!(query(&index, &[1, 2, 3, 4]), BTreeMap::from([(0, 1)]));
+}
+
+#[test]
+fn many_holders_use_the_arena_and_match_exactly() {
+    let mut index = index_with(130);
+    let shared = [10, 11, 12];
+    for w in 0..130u16 {
+        index.store(WorkerSlot(w), &blocks(&shared, 0));
+        if w % 3 == 0 {
+            index.store(WorkerSlot(w), &blocks(&[13], 3));
+        }
+    }
+    assert_eq!(index.holders_of(SequenceHash(10)), 130);
+    let got = query(&index, &[10, 11, 12, 13]);
+    assert_eq!(got.len(), 130);
+    for (w, n) in got {
+        assert_eq!(n, if w % 3 == 0 { 4 } else { 3 }, "worker {w}");
+    }
+    assert_eq!(index.stats().pairs, 130 * 3 + 44);
+}
+
+#[test]
+fn removal_by_engine_id_only_touches_that_worker() {
+    let mut index = index_with(2);
+    index.store(WorkerSlot(0), &blocks(&[1, 2], 0));
+    index.store(WorkerSlot(1), &blocks(&[1, 2], 0)); // same engine ids, other worker
+    let counts = index.remove(WorkerSlot(0), &[EngineBlockId(0), EngineBlockId(77)]);
+    assert_eq!(counts.removed, 1);
+    assert_eq!(counts.unknown_removals, 1);
+    assert_eq!(query(&index, &[1, 2]), BTreeMap::from([(1, 2)]));
+}
+
+#[test]
+fn a_hash_stored_twice_survives_one_removal() {
+    let mut index = index_with(1);
+    index.store(WorkerSlot(0), &blocks(&[1], 0));
+    index.store(WorkerSlot(0), &blocks(&[1], 5));
+    assert_eq!(index.stats().pairs, 1);
+    index.remove(WorkerSlot(0), &[EngineBlockId(0)]);
+    assert_eq!(query(&index, &[1]), BTreeMap::from([(0, 1)]));
+    index.remove(WorkerSlot(0), &[EngineBlockId(5)]);
+    assert!(query(&index, &[1]).is_empty());
+    assert_eq!(index.stats().distinct_hashes, 0);
+}
+
+#[test]
+fn clear_and_remove_worker_drop_everything_of_that_worker() {
+    let mut index = index_with(2);
+    index.store(WorkerSlot(0), &blocks(&[1, 2, 3], 0));
+    index.store(WorkerSlot(1), &blocks(&[1, 2], 0));
+    index.clear_worker(WorkerSlot(0));
+    assert_eq!(query(&index, &[1, 2, 3]), BTreeMap::from([(1, 2)]));
+    assert!(index.has_worker(WorkerSlot(0)));
+    index.remove_worker(WorkerSlot(1));
+    assert!(!index.has_worker(WorkerSlot(1)));
+    assert_eq!(index.stats().pairs, 0);
+    assert_eq!(index.stats().distinct_hashes, 0);
+    // Events for an untracked worker are ignored.
+    assert_eq!(index.store(WorkerSlot(1), &blocks(&[1], 0)).stored, 0);
+}
+
+#[test]
+fn an_engine_id_reused_for_new_content_replaces_the_old_block() {
+    let mut index = index_with(1);
+    index.store(WorkerSlot(0), &blocks(&[1], 0));
+    index.store(WorkerSlot(0), &blocks(&[2], 0));
+    assert!(query(&index, &[1]).is_empty());
+    assert_eq!(query(&index, &[2]), BTreeMap::from([(0, 1)]));
+    assert_eq!(index.stats().pairs, 1);
+}
+
+#[test]
+fn compaction_keeps_every_match() {
+    let mut index = index_with(2);
+    let chain: Vec<u64> = (1..=3000).collect();
+    index.store(WorkerSlot(0), &blocks(&chain, 0));
+    index.store(WorkerSlot(1), &blocks(&chain[..100], 0));
+    // Evict the tail of worker 0's chain: 2000 dead records, more than a quarter.
+    let ids: Vec<EngineBlockId> = (1000..3000).map(EngineBlockId).collect();
+    index.remove(WorkerSlot(0), &ids);
+    assert_eq!(query(&index, &chain), BTreeMap::from([(0, 1000), (1, 100)]));
+    assert_eq!(index.stats().pairs, 1100);
+    // Engine ids still resolve after indices moved.
+    index.remove(WorkerSlot(0), &[EngineBlockId(500)]);
+    assert_eq!(query(&index, &chain), BTreeMap::from([(0, 500), (1, 100)]));
+    index.store(WorkerSlot(0), &blocks(&chain[500..501], 500));
+    assert_eq!(query(&index, &chain[..1000]), BTreeMap::from([(0, 1000), (1, 100)]));
+}
+
+/// A naive model: per worker, engine id -> hash.
+#[derive(Default)]
+struct Model {
+    workers: BTreeMap<u16, BTreeMap<u64, u64>>,
+}
+
+impl Model {
+    fn holds(&self, w: u16, h: u64) -> bool {
+        self.workers[&w].values().any(|&x| x == h)
+    }
+    fn query(&self, hashes: &[u64]) -> BTreeMap<u16, u32> {
+        let mut out = BTreeMap::new();
+        for &w in self.workers.keys() {
+            let n = hashes.iter().take_while(|&&h| self.holds(w, h)).count() as u32;
+            if n > 0 {
+                out.insert(w, n);
+            }
+        }
+        out
+    }
+    fn pairs(&self) -> u64 {
+        self.workers
+            .values()
+            .map(|m| m.values().collect::<BTreeSet<_>>().len() as u64)
+            .sum()
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Store(u16, Vec<(u64, u64)>),
+    Remove(u16, Vec<u64>),
+    Clear(u16),
+    Query(Vec<u64>),
+}
+
+fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+    use proptest::prelude::*;
+    // Few workers (some above 64 to cross a bitset word), few hashes and ids, so that
+    // sharing, duplicates and removals collide often.
+    let worker = prop_oneof![0u16..4, 64u16..67];
+    prop_oneof![
+        4 => (worker.clone(), proptest::collection::vec((0u64..12, 0u64..16), 1..6))
+            .prop_map(|(w, b)| Op::Store(w, b)),
+        2 => (worker.clone(), proptest::collection::vec(0u64..16, 1..4))
+            .prop_map(|(w, ids)| Op::Remove(w, ids)),
+        1 => worker.prop_map(Op::Clear),
+        3 => proptest::collection::vec(0u64..12, 0..6).prop_map(Op::Query),
+    ]
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2000))]
+    #[test]
+    fn agrees_with_a_naive_model(ops in proptest::collection::vec(op(), 1..120)) {
+        let mut index = KvIndex::new();
+        let mut model = Model::default();
+        for w in [0u16, 1, 2, 3, 64, 65, 66] {
+            index.add_worker(WorkerSlot(w));
+            model.workers.insert(w, BTreeMap::new());
+        }
+        for op in ops {
+            match op {
+                Op::Store(w, b) => {
+                    let stored: Vec<StoredBlock> = b.iter().map(|&(h, id)| StoredBlock {
+                        seq_hash: SequenceHash(h),
+                        block_id: EngineBlockId(id),
+                    }).collect();
+                    index.store(WorkerSlot(w), &stored);
+                    let m = model.workers.get_mut(&w).unwrap();
+                    for (h, id) in b {
+                        m.insert(id, h);
+                    }
+                }
+                Op::Remove(w, ids) => {
+                    let ids: Vec<EngineBlockId> = ids.into_iter().map(EngineBlockId).collect();
+                    index.remove(WorkerSlot(w), &ids);
+                    let m = model.workers.get_mut(&w).unwrap();
+                    for id in ids {
+                        m.remove(&id.0);
+                    }
+                }
+                Op::Clear(w) => {
+                    index.clear_worker(WorkerSlot(w));
+                    model.workers.get_mut(&w).unwrap().clear();
+                }
+                Op::Query(q) => proptest::prop_assert_eq!(query(&index, &q), model.query(&q)),
+            }
+            proptest::prop_assert_eq!(index.stats().pairs, model.pairs());
+        }
+        for w in [0u16, 1, 2, 3, 64, 65, 66] {
+            index.remove_worker(WorkerSlot(w));
+        }
+        proptest::prop_assert_eq!(index.stats().distinct_hashes, 0);
+    }
+}

@@ -1,0 +1,228 @@
+use super::*;
+use switchyard_protocol::worker::WorkerId;
+
+const D: WorkerSlot = WorkerSlot(0);
+const P: WorkerSlot = WorkerSlot(1);
+
+fn hashes(range: std::ops::Range<u64>) -> Vec<SequenceHash> {
+    range.map(SequenceHash).collect()
+}
+
+fn bypass(blocks: std::ops::Range<u64>, tokens: u64) -> RoutedLoad {
+    RoutedLoad {
+        decode: Leg {
+            slot: D,
+            prefill_tokens: tokens,
+            blocks: hashes(blocks),
+            tail_blocks: 1,
+        },
+        prefill: None,
+    }
+}
+
+fn tracker() -> LoadTracker {
+    let mut t = LoadTracker::new();
+    t.add_worker(D, 1000);
+    t.add_worker(P, 0);
+    t
+}
+
+fn report(queued: u64, used: u64, total: u64) -> LoadReport {
+    LoadReport {
+        v: 1,
+        worker_id: WorkerId("d".into()),
+        running: 0,
+        waiting: 0,
+        kv_used_blocks: used,
+        kv_total_blocks: total,
+        queued_prefill_tokens: queued,
+    }
+}
+
+#[test]
+fn shared_blocks_count_once_and_first_token_frees_prefill() {
+    let mut t = tracker();
+    t.on_route("a", bypass(0..10, 640), 0);
+    t.on_route("b", bypass(0..12, 100), 0); // shares 10 blocks with a
+    let l = t.load(D);
+    assert_eq!(l.prefill_tokens, 740);
+    assert_eq!(
+        l.active_blocks,
+        12 + 2,
+        "12 distinct blocks + 2 partial tails"
+    );
+    assert_eq!(l.in_flight, 2);
+    assert_eq!(l.kv_capacity_blocks, 1000);
+    t.on_first_token("a");
+    t.on_first_token("a"); // duplicate report: no double free
+    assert_eq!(t.load(D).prefill_tokens, 100);
+    t.on_done("b");
+    assert_eq!(t.load(D).active_blocks, 10 + 1);
+    t.on_done("a");
+    assert_eq!(
+        t.load(D),
+        WorkerLoad {
+            kv_capacity_blocks: 1000,
+            ..WorkerLoad::default()
+        }
+    );
+    assert_eq!(t.active_requests(), 0);
+}
+
+#[test]
+fn disagg_puts_prefill_on_the_prefill_worker_until_first_token() {
+    let mut t = tracker();
+    let load = RoutedLoad {
+        decode: Leg {
+            slot: D,
+            prefill_tokens: 0,
+            blocks: hashes(0..4),
+            tail_blocks: 0,
+        },
+        prefill: Some(Leg {
+            slot: P,
+            prefill_tokens: 256,
+            blocks: hashes(0..4),
+            tail_blocks: 0,
+        }),
+    };
+    t.on_route("r", load, 0);
+    assert_eq!(t.load(P).prefill_tokens, 256);
+    assert_eq!(t.load(P).active_blocks, 4);
+    assert_eq!(t.load(P).in_flight, 0);
+    assert_eq!(t.load(D).prefill_tokens, 0);
+    assert_eq!(t.load(D).active_blocks, 4);
+    t.on_first_token("r");
+    assert_eq!(t.load(P).prefill_tokens, 0);
+    assert_eq!(t.load(P).active_blocks, 0);
+    assert_eq!(t.load(D).active_blocks, 4);
+}
+
+#[test]
+fn a_report_replaces_the_baseline_and_later_changes_add_on_top() {
+    let mut t = tracker();
+    t.on_route("old", bypass(0..10, 500), 0);
+    t.on_report(D, &report(2000, 300, 4000));
+    let l = t.load(D);
+    assert_eq!(
+        (l.prefill_tokens, l.active_blocks, l.kv_capacity_blocks),
+        (2000, 300, 4000)
+    );
+    assert!(l.reported);
+    t.on_route("new", bypass(5..20, 100), 1); // 10 new distinct blocks + tail
+    assert_eq!(t.load(D).prefill_tokens, 2100);
+    assert_eq!(t.load(D).active_blocks, 311);
+    t.on_first_token("old");
+    assert_eq!(
+        t.load(D).prefill_tokens,
+        1600,
+        "freed after the report: subtracted"
+    );
+    t.on_done("old");
+    t.on_done("new");
+    assert_eq!(t.load(D).active_blocks, 300 - 22 + 11);
+    // Never below zero.
+    t.on_report(D, &report(0, 0, 4000));
+    t.on_route("x", bypass(0..3, 10), 2);
+    t.on_report(D, &report(0, 0, 4000));
+    t.on_done("x");
+    assert_eq!(t.load(D).active_blocks, 0);
+}
+
+#[test]
+fn lost_reports_expire() {
+    let cfg = LoadConfig {
+        prefill_timeout_ms: 100,
+        request_timeout_ms: 1000,
+    };
+    let mut t = tracker();
+    t.on_route("a", bypass(0..4, 300), 0);
+    t.on_route("b", bypass(10..14, 200), 50);
+    t.expire(99, &cfg);
+    assert_eq!(t.load(D).prefill_tokens, 500);
+    t.expire(100, &cfg);
+    assert_eq!(t.load(D).prefill_tokens, 200);
+    t.expire(150, &cfg);
+    assert_eq!(t.load(D).prefill_tokens, 0);
+    assert_eq!(t.load(D).active_blocks, 10);
+    t.expire(1000, &cfg);
+    assert_eq!(t.active_requests(), 1);
+    t.expire(1050, &cfg);
+    assert_eq!(t.active_requests(), 0);
+    assert_eq!(t.load(D).active_blocks, 0);
+}
+
+#[test]
+fn rerouting_an_id_replaces_it_and_stale_expiry_entries_do_not_free_the_new_one() {
+    let cfg = LoadConfig {
+        prefill_timeout_ms: 100,
+        request_timeout_ms: 1000,
+    };
+    let mut t = tracker();
+    t.on_route("a", bypass(0..4, 300), 0);
+    t.on_route("a", bypass(0..4, 50), 90);
+    assert_eq!(t.load(D).prefill_tokens, 50);
+    assert_eq!(t.load(D).in_flight, 1);
+    t.expire(120, &cfg); // the first routing's entry is stale
+    assert_eq!(t.load(D).prefill_tokens, 50);
+    t.expire(190, &cfg);
+    assert_eq!(t.load(D).prefill_tokens, 0);
+}
+
+#[test]
+fn removing_a_worker_drops_requests_that_touch_it() {
+    let mut t = tracker();
+    let load = RoutedLoad {
+        decode: Leg {
+            slot: D,
+            prefill_tokens: 0,
+            blocks: hashes(0..4),
+            tail_blocks: 0,
+        },
+        prefill: Some(Leg {
+            slot: P,
+            prefill_tokens: 256,
+            blocks: hashes(0..4),
+            tail_blocks: 0,
+        }),
+    };
+    t.on_route("r", load, 0);
+    t.remove_worker(P);
+    assert_eq!(t.active_requests(), 0);
+    assert_eq!(t.load(D).active_blocks, 0);
+    assert_eq!(t.load(P), WorkerLoad::default());
+}
+
+proptest::proptest! {
+    #[test]
+    fn every_request_finished_leaves_no_load(
+        reqs in proptest::collection::vec((0u64..20, 1u64..20, 0u64..5000, proptest::bool::ANY), 1..40)
+    ) {
+        let mut t = tracker();
+        for (i, (start, len, tokens, disagg)) in reqs.iter().enumerate() {
+            let blocks = hashes(*start..start + len);
+            let load = if *disagg {
+                RoutedLoad {
+                    decode: Leg { slot: D, prefill_tokens: 0, blocks: blocks.clone(), tail_blocks: 1 },
+                    prefill: Some(Leg { slot: P, prefill_tokens: *tokens, blocks, tail_blocks: 1 }),
+                }
+            } else {
+                RoutedLoad {
+                    decode: Leg { slot: D, prefill_tokens: *tokens, blocks, tail_blocks: 0 },
+                    prefill: None,
+                }
+            };
+            t.on_route(&i.to_string(), load, i as u64);
+        }
+        for i in 0..reqs.len() {
+            if i % 2 == 0 {
+                t.on_first_token(&i.to_string());
+            }
+            t.on_done(&i.to_string());
+        }
+        proptest::prop_assert_eq!(t.load(D).active_blocks, 0);
+        proptest::prop_assert_eq!(t.load(D).prefill_tokens, 0);
+        proptest::prop_assert_eq!(t.load(P).active_blocks, 0);
+        proptest::prop_assert_eq!(t.load(P).prefill_tokens, 0);
+    }
+}

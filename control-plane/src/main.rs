@@ -1,0 +1,186 @@
+//! `switchyard-control-plane`: parses flags, sets up logging, binds, connects to NATS and
+//! calls [`switchyard_control_plane::service::run`]. Exits 64 (EX_USAGE) on bad flags or
+//! config, 1 on other start-up failures.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Parser;
+
+use switchyard_control_plane::service::{self, RunError};
+use switchyard_control_plane::settings::{LogFormat, Settings};
+
+/// EX_USAGE from sysexits.h: the command was used incorrectly.
+const EXIT_USAGE: u8 = 64;
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,async_nats=warn"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.event_format(JsonLines).init(),
+    }
+}
+
+/// One JSON object per log line: `ts` (Unix seconds), `level`, `target`, then the event's
+/// fields (`message` included). Written here because tracing-subscriber's own JSON output
+/// needs an extra feature and crate.
+struct JsonLines;
+
+struct JsonFields<'a>(&'a mut serde_json::Map<String, serde_json::Value>);
+
+impl tracing::field::Visit for JsonFields<'_> {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        self.0
+            .insert(field.name().to_string(), format!("{value:?}").into());
+    }
+    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+        self.0.insert(field.name().to_string(), value.into());
+    }
+    fn record_i64(&mut self, field: &tracing::field::Field, value: i64) {
+        self.0.insert(field.name().to_string(), value.into());
+    }
+    fn record_u64(&mut self, field: &tracing::field::Field, value: u64) {
+        self.0.insert(field.name().to_string(), value.into());
+    }
+    fn record_bool(&mut self, field: &tracing::field::Field, value: bool) {
+        self.0.insert(field.name().to_string(), value.into());
+    }
+    fn record_f64(&mut self, field: &tracing::field::Field, value: f64) {
+        self.0.insert(field.name().to_string(), value.into());
+    }
+}
+
+impl<S, N> tracing_subscriber::fmt::FormatEvent<S, N> for JsonLines
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+    N: for<'a> tracing_subscriber::fmt::FormatFields<'a> + 'static,
+{
+    fn format_event(
+        &self,
+        _ctx: &tracing_subscriber::fmt::FmtContext<'_, S, N>,
+        mut writer: tracing_subscriber::fmt::format::Writer<'_>,
+        event: &tracing::Event<'_>,
+    ) -> std::fmt::Result {
+        // Log timestamps are wall-clock by definition.
+        #[allow(clippy::disallowed_methods)]
+        let ts = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs_f64())
+            .unwrap_or(0.0);
+        let meta = event.metadata();
+        let mut line = serde_json::Map::new();
+        line.insert("ts".into(), ts.into());
+        line.insert("level".into(), meta.level().as_str().into());
+        line.insert("target".into(), meta.target().into());
+        event.record(&mut JsonFields(&mut line));
+        writeln!(writer, "{}", serde_json::Value::Object(line))
+    }
+}
+
+/// NATS connection changes, in our words (async-nats logs them too, at its own levels).
+fn log_nats_event(event: async_nats::Event) {
+    match event {
+        async_nats::Event::Connected => tracing::info!("connected to NATS"),
+        async_nats::Event::Disconnected => {
+            tracing::warn!("NATS connection lost; reconnecting (routing continues on known state)")
+        }
+        async_nats::Event::ClientError(e) => {
+            tracing::warn!(error = %e, "NATS unreachable; retrying (HTTP keeps serving)")
+        }
+        other => tracing::info!(event = %other, "NATS"),
+    }
+}
+
+/// Resolves on Ctrl-C or SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        if let Err(e) = tokio::signal::ctrl_c().await {
+            tracing::error!(error = %e, "cannot listen for Ctrl-C");
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {},
+        () = term => {},
+    }
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let settings = match Settings::try_parse() {
+        Ok(s) => s,
+        Err(e) => {
+            let usage = e.use_stderr();
+            let _ = e.print();
+            return if usage {
+                ExitCode::from(EXIT_USAGE)
+            } else {
+                ExitCode::SUCCESS // --help, --version
+            };
+        }
+    };
+    init_logging(settings.log_format);
+    // Fail fast on bad config, before binding or connecting anything.
+    if let Err(e) = settings.router_config() {
+        eprintln!("error: invalid --conditional-disagg-config: {e}");
+        return ExitCode::from(EXIT_USAGE);
+    }
+
+    let listener = match tokio::net::TcpListener::bind(settings.listen).await {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::error!(addr = %settings.listen, error = %e, "cannot bind");
+            return ExitCode::FAILURE;
+        }
+    };
+    // Connect in the background and keep retrying: the route API must serve (and the
+    // filter fail open on stale state at worst) while NATS is unreachable.
+    let nats = match async_nats::ConnectOptions::new()
+        .name("switchyard-control-plane")
+        .retry_on_initial_connect()
+        .max_reconnects(None)
+        .reconnect_delay_callback(|attempt| {
+            Duration::from_millis(100u64.saturating_mul(1 << attempt.min(6)))
+        })
+        .event_callback(|event| async move { log_nats_event(event) })
+        .connect(settings.nats_url.as_str())
+        .await
+    {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: --nats-url {}: {e}", settings.nats_url);
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    match service::run(settings, listener, nats, shutdown_signal()).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e @ RunError::Config(_)) => {
+            eprintln!("error: {e}");
+            ExitCode::from(EXIT_USAGE)
+        }
+        Err(e @ RunError::Tokenizer(_)) => {
+            eprintln!("error: {e}");
+            ExitCode::from(EXIT_USAGE)
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,65 @@
+//! The decode-busy guard (`decode_busy_threshold`): a bypass puts the whole prefill on the
+//! decode worker, stalling every stream it decodes, and its KV blocks must fit. So no bypass
+//! when the decode worker's projected active KV blocks (its active blocks plus this
+//! request's, see [`crate::load`]) would exceed `decode_busy_threshold × capacity`
+//! (strictly: exactly at the limit still bypasses), and none when the worker reports no
+//! capacity (0), since then nothing bounds it. The guard is off when the threshold is unset.
+
+use super::{Decision, PolicyInput, DISAGG_DECODE_BUSY, DISAGG_DECODE_CAPACITY_UNKNOWN};
+use crate::config::ConditionalDisaggConfig;
+
+/// The disagg decision that vetoes a bypass, if the guard fires.
+pub fn veto(input: &PolicyInput, cfg: &ConditionalDisaggConfig) -> Option<Decision> {
+    let threshold = cfg.decode_busy_threshold?;
+    if input.decode_capacity_blocks == 0 {
+        return Some(Decision::Disagg(DISAGG_DECODE_CAPACITY_UNKNOWN));
+    }
+    let used = input.decode_projected_blocks as f64 / input.decode_capacity_blocks as f64;
+    (used > threshold).then_some(Decision::Disagg(DISAGG_DECODE_BUSY))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::tests::input;
+
+    fn veto_at(projected: u64, capacity: u64, threshold: Option<f64>) -> Option<Decision> {
+        let cfg = ConditionalDisaggConfig {
+            decode_busy_threshold: threshold,
+            ..ConditionalDisaggConfig::default()
+        };
+        let mut i = input(100, 0);
+        i.decode_projected_blocks = projected;
+        i.decode_capacity_blocks = capacity;
+        veto(&i, &cfg)
+    }
+
+    #[test]
+    fn capacity_fraction_boundary() {
+        assert_eq!(veto_at(899, 1000, Some(0.9)), None);
+        assert_eq!(veto_at(900, 1000, Some(0.9)), None);
+        assert_eq!(
+            veto_at(901, 1000, Some(0.9)),
+            Some(Decision::Disagg(DISAGG_DECODE_BUSY))
+        );
+    }
+
+    #[test]
+    fn unknown_capacity_vetoes_only_when_the_guard_is_on() {
+        assert_eq!(
+            veto_at(0, 0, Some(0.9)),
+            Some(Decision::Disagg(DISAGG_DECODE_CAPACITY_UNKNOWN))
+        );
+        assert_eq!(veto_at(10_000, 0, None), None);
+        assert_eq!(veto_at(10_000, 1, None), None);
+    }
+
+    #[test]
+    fn zero_threshold_allows_only_an_idle_worker() {
+        assert_eq!(veto_at(0, 1000, Some(0.0)), None);
+        assert_eq!(
+            veto_at(1, 1000, Some(0.0)),
+            Some(Decision::Disagg(DISAGG_DECODE_BUSY))
+        );
+    }
+}

@@ -1,0 +1,86 @@
+//! Applying KV event batches: ordering by per-worker sequence numbers, resync, validation.
+//!
+//! Rules (the worker side is described in `switchyard_protocol::kv`):
+//! - unknown worker → [`KvEventError::UnknownWorker`]; a `stored` event whose block size
+//!   differs from the registration → [`KvEventError::BlockSizeMismatch`]; a sequence number
+//!   at or below the last applied one → [`KvEventError::Stale`]. Nothing is applied then.
+//! - a batch from another process instance than the registered one → nothing applied,
+//!   [`KvApplyOutcome::NeedsResync`] (the heartbeat announcing a restart may not have
+//!   arrived yet; the resync dump will carry the truth).
+//! - a resync batch starting with `cleared` rebuilds the worker's state whatever its
+//!   sequence number → `Applied`.
+//! - otherwise the batch is applied; if its number is not the next one (or it is the first
+//!   batch seen and not number 1) → `NeedsResync`: stored blocks are facts worth keeping, but
+//!   removals in the gap were missed. Later batches continue from this number, so one gap
+//!   asks for one resync.
+
+use switchyard_protocol::kv::{KvEvent, KvEventBatch};
+
+use super::{KvApplyOutcome, KvEventError, Router};
+
+impl Router {
+    /// Applies one batch of KV events from a worker (see the module docs for the rules).
+    ///
+    /// # Errors
+    /// See [`KvEventError`]; nothing is applied on error.
+    pub fn apply_kv_batch(
+        &mut self,
+        batch: &KvEventBatch,
+        _now_ms: u64,
+    ) -> Result<KvApplyOutcome, KvEventError> {
+        let Some(worker) = self.workers.get_mut(&batch.worker_id) else {
+            return Err(KvEventError::UnknownWorker(batch.worker_id.clone()));
+        };
+        if batch.instance_id != worker.info.instance_id {
+            return Ok(KvApplyOutcome::NeedsResync);
+        }
+        for event in &batch.events {
+            if let KvEvent::Stored { block_size, .. } = event {
+                if *block_size != worker.info.block_size {
+                    return Err(KvEventError::BlockSizeMismatch {
+                        worker: batch.worker_id.clone(),
+                        got: *block_size,
+                        registered: worker.info.block_size,
+                    });
+                }
+            }
+        }
+        let rebuild = batch.resync && matches!(batch.events.first(), Some(KvEvent::Cleared));
+        let in_order = match worker.last_kv_seq {
+            Some(applied) if batch.seq <= applied => {
+                return Err(KvEventError::Stale {
+                    worker: batch.worker_id.clone(),
+                    seq: batch.seq,
+                    applied,
+                });
+            }
+            Some(applied) => batch.seq == applied + 1,
+            None => batch.seq == 1,
+        };
+        worker.last_kv_seq = Some(batch.seq);
+        let slot = worker.slot;
+        for event in &batch.events {
+            match event {
+                KvEvent::Stored { blocks, .. } => {
+                    let c = self.index.store(slot, blocks);
+                    self.kv_counters.blocks_stored += c.stored;
+                    self.kv_counters.blocks_removed += c.removed;
+                }
+                KvEvent::Removed { block_ids } => {
+                    let c = self.index.remove(slot, block_ids);
+                    self.kv_counters.blocks_removed += c.removed;
+                    self.kv_counters.unknown_removals += c.unknown_removals;
+                }
+                KvEvent::Cleared => {
+                    self.index.clear_worker(slot);
+                    self.kv_counters.clears += 1;
+                }
+            }
+        }
+        Ok(if in_order || rebuild {
+            KvApplyOutcome::Applied
+        } else {
+            KvApplyOutcome::NeedsResync
+        })
+    }
+}

@@ -1,0 +1,183 @@
+//! Tokens → verdict: hash the prompt per block size, match the KV index, pick the decode
+//! (and prefill) worker by cost, let the serving mode and policy decide, record the load.
+
+use switchyard_protocol::hash::{sequence_hashes, BlockSize, HashSeed, SequenceHash};
+use switchyard_protocol::route::{Endpoint, RouteMode, Verdict};
+use switchyard_protocol::worker::WorkerRole;
+
+use super::{RouteError, Router};
+use crate::config::ServingMode;
+use crate::index::WorkerSlot;
+use crate::load::{Leg, RoutedLoad, WorkerLoad};
+use crate::policy::{self, Decision, PolicyInput};
+use crate::select::{self, DecodeInputs, PrefillInputs};
+
+/// One live worker considered for this request.
+struct Candidate {
+    slot: WorkerSlot,
+    block_size: u32,
+    /// Index into the per-block-size hash lists.
+    hashes: usize,
+    overlap_blocks: u32,
+    load: WorkerLoad,
+    endpoint: Endpoint,
+}
+
+impl Router {
+    /// Decides where and how to serve a request whose prompt is `tokens`.
+    ///
+    /// # Errors
+    /// [`RouteError::NoDecodeWorkers`] when no live worker can decode.
+    pub fn route(
+        &mut self,
+        request_id: &str,
+        tokens: &[u32],
+        now_ms: u64,
+    ) -> Result<Verdict, RouteError> {
+        self.load.expire(now_ms, &self.config.load);
+        let mode = self.config.serving_mode;
+        let mut by_size: Vec<(u32, Vec<SequenceHash>)> = Vec::new();
+        let mut decode = Vec::new();
+        let mut prefill = Vec::new();
+        for w in self.workers.values().filter(|w| w.is_live(now_ms)) {
+            let is_prefill = w.info.role == WorkerRole::Prefill;
+            if !(w.info.role.serves_decode() || (is_prefill && mode != ServingMode::Agg)) {
+                continue;
+            }
+            let bs = w.info.block_size;
+            let hashes = match by_size.iter().position(|(s, _)| *s == bs) {
+                Some(i) => i,
+                None => {
+                    // Registration validated the block size; an invalid one hashes nothing.
+                    let h = BlockSize::try_new(bs)
+                        .map(|b| sequence_hashes(tokens, b, HashSeed::default()))
+                        .unwrap_or_default();
+                    by_size.push((bs, h));
+                    by_size.len() - 1
+                }
+            };
+            let c = Candidate {
+                slot: w.slot,
+                block_size: bs,
+                hashes,
+                overlap_blocks: 0,
+                load: self.load.load(w.slot),
+                endpoint: Endpoint {
+                    worker_id: w.info.worker_id.clone(),
+                    address: w.info.address.clone(),
+                },
+            };
+            if is_prefill {
+                prefill.push(c);
+            } else {
+                decode.push(c);
+            }
+        }
+        if decode.is_empty() {
+            return Err(RouteError::NoDecodeWorkers);
+        }
+        for (i, (_, hashes)) in by_size.iter().enumerate() {
+            self.index.find_matches(hashes, &mut self.scores);
+            for c in decode.iter_mut().chain(prefill.iter_mut()) {
+                if c.hashes == i {
+                    c.overlap_blocks = self.scores.blocks_for(c.slot);
+                }
+            }
+        }
+
+        let isl = u32::try_from(tokens.len()).unwrap_or(u32::MAX);
+        let weights = &self.config.selection;
+        let costs: Vec<f64> = decode
+            .iter()
+            .map(|c| {
+                select::decode_cost(
+                    &DecodeInputs {
+                        block_size: c.block_size,
+                        overlap_blocks: c.overlap_blocks,
+                        request_blocks: request_blocks(isl, c.block_size),
+                        load: c.load,
+                    },
+                    weights,
+                )
+            })
+            .collect();
+        let d = select::pick(&costs, weights.temperature, &mut self.rng).unwrap_or(0);
+        let d = &decode[d];
+        let cached = cached_tokens(d, isl);
+        let eff_isl = isl - cached;
+
+        let chosen_prefill = if mode == ServingMode::Agg {
+            None
+        } else {
+            let costs: Vec<f64> = prefill
+                .iter()
+                .map(|c| {
+                    select::prefill_cost(
+                        &PrefillInputs {
+                            block_size: c.block_size,
+                            overlap_blocks: c.overlap_blocks,
+                            load: c.load,
+                        },
+                        weights,
+                    )
+                })
+                .collect();
+            select::pick(&costs, weights.temperature, &mut self.rng).map(|i| &prefill[i])
+        };
+
+        let decode_request_blocks = request_blocks(isl, d.block_size);
+        let (route_mode, reason, p) = match (mode, chosen_prefill) {
+            (ServingMode::Agg, _) => (RouteMode::Agg, policy::AGG_SERVING_MODE, None),
+            (_, None) => (RouteMode::Agg, policy::AGG_NO_PREFILL_WORKERS, None),
+            (ServingMode::Disagg, Some(p)) => (RouteMode::Disagg, policy::DISAGG_ALWAYS, Some(p)),
+            (ServingMode::Conditional, Some(p)) => {
+                let input = PolicyInput {
+                    isl,
+                    eff_isl,
+                    prefill_queued_tokens: p.load.prefill_tokens,
+                    decode_projected_blocks: d.load.active_blocks + decode_request_blocks,
+                    decode_capacity_blocks: d.load.kv_capacity_blocks,
+                };
+                match policy::decide(&input, &self.config.conditional) {
+                    Decision::Bypass(r) => (RouteMode::Bypass, r, None),
+                    Decision::Disagg(r) => (RouteMode::Disagg, r, Some(p)),
+                }
+            }
+        };
+
+        let leg = |c: &Candidate, prefill_tokens: u64| Leg {
+            slot: c.slot,
+            prefill_tokens,
+            blocks: by_size[c.hashes].1.clone(),
+            tail_blocks: u64::from(isl % c.block_size.max(1) != 0),
+        };
+        let routed = RoutedLoad {
+            decode: leg(d, if p.is_some() { 0 } else { u64::from(eff_isl) }),
+            prefill: p.map(|p| leg(p, u64::from(isl - cached_tokens(p, isl)))),
+        };
+        let verdict = Verdict {
+            v: switchyard_protocol::PROTOCOL_VERSION,
+            request_id: request_id.to_string(),
+            mode: route_mode,
+            decode: d.endpoint.clone(),
+            prefill: p.map(|p| p.endpoint.clone()),
+            isl,
+            cached_tokens: cached,
+            eff_isl,
+            reason: reason.to_string(),
+        };
+        self.load.on_route(request_id, routed, now_ms);
+        Ok(verdict)
+    }
+}
+
+/// Blocks a prompt of `isl` tokens occupies (the partial last block included).
+fn request_blocks(isl: u32, block_size: u32) -> u64 {
+    u64::from(isl).div_ceil(u64::from(block_size.max(1)))
+}
+
+/// Cached leading tokens on a worker, capped at the prompt length.
+fn cached_tokens(c: &Candidate, isl: u32) -> u32 {
+    let tokens = u64::from(c.overlap_blocks) * u64::from(c.block_size);
+    u32::try_from(tokens.min(u64::from(isl))).unwrap_or(isl)
+}

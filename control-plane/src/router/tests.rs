@@ -1,0 +1,472 @@
+use proptest::prelude::*;
+use switchyard_protocol::hash::{sequence_hashes, BlockSize, HashSeed};
+use switchyard_protocol::kv::{EngineBlockId, KvEvent, KvEventBatch, StoredBlock};
+use switchyard_protocol::lifecycle::LifecycleEvent;
+use switchyard_protocol::route::RouteMode;
+use switchyard_protocol::worker::{LoadReport, WorkerId, WorkerInfo, WorkerRole};
+
+use super::*;
+use crate::config::ServingMode;
+
+const BS: u32 = 16;
+
+fn info(id: &str, role: WorkerRole) -> WorkerInfo {
+    WorkerInfo {
+        worker_id: WorkerId(id.into()),
+        instance_id: 1,
+        role,
+        address: format!("{id}:8000"),
+        model: "m".into(),
+        block_size: BS,
+        kv_capacity_blocks: 10_000,
+    }
+}
+
+fn router_with(workers: &[(&str, WorkerRole)]) -> Router {
+    let mut r = Router::with_config(RouterConfig::default(), 7);
+    for (id, role) in workers {
+        assert_eq!(
+            r.upsert_worker(&info(id, *role), 3_000, 0),
+            WorkerChange::New
+        );
+    }
+    r
+}
+
+fn pool() -> Router {
+    router_with(&[
+        ("decode-0", WorkerRole::Decode),
+        ("decode-1", WorkerRole::Decode),
+        ("prefill-0", WorkerRole::Prefill),
+    ])
+}
+
+/// A prompt of `n` tokens, distinct per `salt`.
+fn prompt(salt: u32, n: usize) -> Vec<u32> {
+    (0..n as u32)
+        .map(|i| salt.wrapping_mul(1_000_003).wrapping_add(i * 7 + 3))
+        .collect()
+}
+
+/// The batch a worker publishes after caching `tokens`.
+fn stored(worker: &str, seq: u64, tokens: &[u32]) -> KvEventBatch {
+    let hashes = sequence_hashes(tokens, BlockSize::try_new(BS).unwrap(), HashSeed::default());
+    batch(
+        worker,
+        seq,
+        vec![KvEvent::Stored {
+            parent: None,
+            blocks: hashes
+                .iter()
+                .enumerate()
+                .map(|(i, &seq_hash)| StoredBlock {
+                    seq_hash,
+                    block_id: EngineBlockId(seq * 100_000 + i as u64),
+                })
+                .collect(),
+            block_size: BS,
+        }],
+    )
+}
+
+fn batch(worker: &str, seq: u64, events: Vec<KvEvent>) -> KvEventBatch {
+    KvEventBatch {
+        v: 1,
+        worker_id: WorkerId(worker.into()),
+        instance_id: 1,
+        seq,
+        resync: false,
+        events,
+    }
+}
+
+fn done(id: &str) -> LifecycleEvent {
+    LifecycleEvent::Done {
+        request_id: id.into(),
+        prompt_tokens: None,
+        completion_tokens: None,
+        ok: true,
+    }
+}
+
+#[test]
+fn second_turn_returns_to_the_cache_holder_and_bypasses() {
+    let mut r = pool();
+    let turn1 = prompt(1, 4096);
+    let v1 = r.route("t1", &turn1, 10).unwrap();
+    assert_eq!(
+        v1.mode,
+        RouteMode::Disagg,
+        "cold 4096 tokens: {}",
+        v1.reason
+    );
+    assert_eq!(v1.reason, "disagg:eff_isl_above_threshold");
+    assert_eq!(v1.cached_tokens, 0);
+    let holder = v1.decode.worker_id.0.clone();
+    assert_eq!(
+        r.apply_kv_batch(&stored(&holder, 1, &turn1), 20),
+        Ok(KvApplyOutcome::Applied)
+    );
+    r.apply_lifecycle(&done("t1"), 30);
+
+    let mut turn2 = turn1.clone();
+    turn2.extend(prompt(2, 200));
+    let v2 = r.route("t2", &turn2, 40).unwrap();
+    assert_eq!(v2.decode.worker_id.0, holder);
+    assert_eq!(v2.mode, RouteMode::Bypass);
+    assert_eq!(v2.reason, "bypass:isl_bounding");
+    assert_eq!(v2.prefill, None);
+    assert_eq!((v2.isl, v2.cached_tokens, v2.eff_isl), (4296, 4096, 200));
+}
+
+#[test]
+fn the_cache_holder_wins_even_when_the_other_worker_is_idle() {
+    let mut r = pool();
+    let base = prompt(1, 1600);
+    r.apply_kv_batch(&stored("decode-1", 1, &base), 0).unwrap();
+    // Some load on decode-1 that its cache (100 blocks) outweighs.
+    r.route("busy", &prompt(9, 640), 0).unwrap();
+    let v = r.route("x", &base, 1).unwrap();
+    assert_eq!(v.decode.worker_id.0, "decode-1");
+    assert_eq!(v.cached_tokens, 1600);
+}
+
+#[test]
+fn predicted_load_spreads_cold_requests() {
+    let mut r = router_with(&[
+        ("decode-0", WorkerRole::Decode),
+        ("decode-1", WorkerRole::Decode),
+    ]);
+    let a = r.route("a", &prompt(1, 3000), 0).unwrap();
+    let b = r.route("b", &prompt(2, 3000), 0).unwrap();
+    assert_ne!(a.decode.worker_id, b.decode.worker_id);
+    assert_eq!(r.tracked_requests(), 2);
+    r.apply_lifecycle(
+        &LifecycleEvent::FirstToken {
+            request_id: "a".into(),
+        },
+        1,
+    );
+    r.apply_lifecycle(&done("a"), 2);
+    r.apply_lifecycle(&done("b"), 2);
+    assert_eq!(r.tracked_requests(), 0);
+    assert!(r
+        .worker_stats()
+        .iter()
+        .all(|w| w.load.active_blocks == 0 && w.load.in_flight == 0));
+}
+
+#[test]
+fn a_busy_decode_worker_gets_no_bypass() {
+    let mut r = router_with(&[
+        ("decode-0", WorkerRole::Decode),
+        ("prefill-0", WorkerRole::Prefill),
+    ]);
+    let mut cfg = r.config().clone();
+    cfg.conditional.decode_busy_threshold = Some(0.8);
+    r.set_config(cfg).unwrap();
+    let turn1 = prompt(1, 1024);
+    r.apply_kv_batch(&stored("decode-0", 1, &turn1), 0).unwrap();
+    let mut turn2 = turn1.clone();
+    turn2.extend(prompt(2, 100));
+    // Idle: bypass.
+    assert_eq!(
+        r.route("a", &turn2, 1).unwrap().reason,
+        "bypass:isl_bounding"
+    );
+    r.apply_lifecycle(&done("a"), 2);
+    // The worker reports 7,950 of 10,000 blocks in use: +71 blocks would exceed 80 %.
+    let report = LoadReport {
+        v: 1,
+        worker_id: WorkerId("decode-0".into()),
+        running: 40,
+        waiting: 0,
+        kv_used_blocks: 7_950,
+        kv_total_blocks: 10_000,
+        queued_prefill_tokens: 0,
+    };
+    r.apply_load_report(&report, 3);
+    let v = r.route("b", &turn2, 4).unwrap();
+    assert_eq!(v.mode, RouteMode::Disagg);
+    assert_eq!(v.reason, "disagg:decode_busy");
+    assert_eq!(v.prefill.unwrap().worker_id.0, "prefill-0");
+}
+
+#[test]
+fn a_decode_worker_without_capacity_gets_no_bypass_under_the_guard() {
+    let mut r = Router::with_config(
+        RouterConfig::from_json(&serde_json::json!({"decode_busy_threshold": 0.9})).unwrap(),
+        1,
+    );
+    let mut d = info("decode-0", WorkerRole::Decode);
+    d.kv_capacity_blocks = 0;
+    r.upsert_worker(&d, 3_000, 0);
+    r.upsert_worker(&info("prefill-0", WorkerRole::Prefill), 3_000, 0);
+    let v = r.route("a", &prompt(1, 10), 0).unwrap();
+    // isl 10 has no full block: eff_isl 10, ratio 1.0 → isl_bounding says disagg anyway.
+    assert_eq!(v.reason, "disagg:eff_isl_ratio_above_threshold");
+    let turn = prompt(2, 320);
+    r.apply_kv_batch(&stored("decode-0", 1, &turn), 0).unwrap();
+    let v = r.route("b", &turn, 1).unwrap();
+    assert_eq!(v.reason, "disagg:decode_capacity_unknown");
+}
+
+#[test]
+fn serving_modes_and_fallbacks() {
+    let mut r = pool();
+    let long = prompt(1, 5000);
+    r.set_config(RouterConfig {
+        serving_mode: ServingMode::Agg,
+        ..RouterConfig::default()
+    })
+    .unwrap();
+    let v = r.route("a", &long, 0).unwrap();
+    assert_eq!(
+        (v.mode, v.reason.as_str(), v.prefill.is_none()),
+        (RouteMode::Agg, "agg:serving_mode", true)
+    );
+    assert_ne!(v.decode.worker_id.0, "prefill-0");
+
+    r.set_config(RouterConfig {
+        serving_mode: ServingMode::Disagg,
+        ..RouterConfig::default()
+    })
+    .unwrap();
+    let short = prompt(2, 64);
+    let v = r.route("b", &short, 0).unwrap();
+    assert_eq!(
+        (v.mode, v.reason.as_str()),
+        (RouteMode::Disagg, "disagg:always")
+    );
+    assert_eq!(v.prefill.unwrap().worker_id.0, "prefill-0");
+
+    r.remove_worker(&WorkerId("prefill-0".into()));
+    for mode in [ServingMode::Disagg, ServingMode::Conditional] {
+        r.set_config(RouterConfig {
+            serving_mode: mode,
+            ..RouterConfig::default()
+        })
+        .unwrap();
+        let v = r.route("c", &long, 0).unwrap();
+        assert_eq!(
+            (v.mode, v.reason.as_str()),
+            (RouteMode::Agg, "agg:no_prefill_workers")
+        );
+    }
+}
+
+#[test]
+fn no_decode_workers_is_an_error_and_expired_workers_are_not_routed_to() {
+    let mut r = router_with(&[("prefill-0", WorkerRole::Prefill)]);
+    assert_eq!(
+        r.route("a", &prompt(1, 100), 0),
+        Err(RouteError::NoDecodeWorkers)
+    );
+    r.upsert_worker(&info("agg-0", WorkerRole::Agg), 1_000, 0);
+    assert!(r.route("b", &prompt(1, 100), 1_000).is_ok());
+    assert_eq!(
+        r.route("c", &prompt(1, 100), 1_001),
+        Err(RouteError::NoDecodeWorkers)
+    );
+    assert_eq!(r.expire_workers(5_000).len(), 2);
+    assert!(r.workers().is_empty());
+}
+
+#[test]
+fn every_verdict_reason_is_registered() {
+    let mut r = pool();
+    for (i, n) in [0usize, 15, 16, 100, 2047, 2048, 9000]
+        .into_iter()
+        .enumerate()
+    {
+        let v = r.route(&i.to_string(), &prompt(i as u32, n), 0).unwrap();
+        assert!(REASONS.contains(&v.reason.as_str()), "{}", v.reason);
+        assert!(v.reason.starts_with(v.mode.as_str()));
+        assert_eq!(v.prefill.is_some(), v.mode == RouteMode::Disagg);
+        assert_eq!(v.eff_isl, v.isl - v.cached_tokens);
+    }
+}
+
+#[test]
+fn same_seed_same_verdicts() {
+    let run = || {
+        let mut r = router_with(&[
+            ("a", WorkerRole::Decode),
+            ("b", WorkerRole::Decode),
+            ("c", WorkerRole::Decode),
+        ]);
+        (0..30)
+            .map(|i| {
+                let v = r.route(&i.to_string(), &prompt(i, 500), i.into()).unwrap();
+                r.apply_lifecycle(&done(&i.to_string()), i.into());
+                v.decode.worker_id.0
+            })
+            .collect::<Vec<_>>()
+    };
+    let first = run();
+    assert_eq!(first, run());
+    assert!(
+        first.iter().any(|w| w != &first[0]),
+        "ties spread: {first:?}"
+    );
+}
+
+#[test]
+fn kv_batch_ordering_rules() {
+    let mut r = pool();
+    let t = prompt(1, 64);
+    assert_eq!(
+        r.apply_kv_batch(&stored("ghost", 1, &t), 0),
+        Err(KvEventError::UnknownWorker(WorkerId("ghost".into())))
+    );
+    let mut wrong = stored("decode-0", 1, &t);
+    if let KvEvent::Stored { block_size, .. } = &mut wrong.events[0] {
+        *block_size = 64;
+    }
+    assert!(matches!(
+        r.apply_kv_batch(&wrong, 0),
+        Err(KvEventError::BlockSizeMismatch {
+            got: 64,
+            registered: 16,
+            ..
+        })
+    ));
+    assert_eq!(r.index_stats().pairs, 0, "nothing applied on error");
+
+    assert_eq!(
+        r.apply_kv_batch(&stored("decode-0", 1, &t), 0),
+        Ok(KvApplyOutcome::Applied)
+    );
+    assert_eq!(
+        r.apply_kv_batch(&stored("decode-0", 2, &t), 0),
+        Ok(KvApplyOutcome::Applied)
+    );
+    assert!(matches!(
+        r.apply_kv_batch(&stored("decode-0", 2, &t), 0),
+        Err(KvEventError::Stale {
+            seq: 2,
+            applied: 2,
+            ..
+        })
+    ));
+    assert_eq!(
+        r.apply_kv_batch(&stored("decode-0", 5, &t), 0),
+        Ok(KvApplyOutcome::NeedsResync)
+    );
+    assert_eq!(
+        r.apply_kv_batch(&stored("decode-0", 6, &t), 0),
+        Ok(KvApplyOutcome::Applied),
+        "one gap, one resync"
+    );
+    // First batch seen mid-stream: applied, but resync asked.
+    assert_eq!(
+        r.apply_kv_batch(&stored("decode-1", 40, &t), 0),
+        Ok(KvApplyOutcome::NeedsResync)
+    );
+    // Another instance's batch: not applied.
+    let mut other = stored("decode-1", 41, &prompt(3, 64));
+    other.instance_id = 2;
+    assert_eq!(r.apply_kv_batch(&other, 0), Ok(KvApplyOutcome::NeedsResync));
+    assert_eq!(
+        r.worker_stats()
+            .iter()
+            .find(|w| w.worker_id.0 == "decode-1")
+            .unwrap()
+            .cached_blocks,
+        4
+    );
+}
+
+#[test]
+fn a_resync_dump_rebuilds_the_worker() {
+    let mut r = pool();
+    r.apply_kv_batch(&stored("decode-0", 1, &prompt(1, 64)), 0)
+        .unwrap();
+    let mut dump = stored("decode-0", 10, &prompt(2, 32));
+    dump.resync = true;
+    dump.events.insert(0, KvEvent::Cleared);
+    assert_eq!(r.apply_kv_batch(&dump, 0), Ok(KvApplyOutcome::Applied));
+    let mut next = stored("decode-0", 11, &prompt(3, 16));
+    next.resync = true;
+    assert_eq!(r.apply_kv_batch(&next, 0), Ok(KvApplyOutcome::Applied));
+    assert_eq!(
+        r.index_stats().pairs,
+        3,
+        "old blocks gone, dump's 2 + 1 kept"
+    );
+    assert_eq!(r.kv_counters().clears, 1);
+}
+
+#[test]
+fn a_restart_forgets_the_cache_and_removal_events_apply() {
+    let mut r = pool();
+    let t = prompt(1, 64);
+    r.apply_kv_batch(&stored("decode-0", 1, &t), 0).unwrap();
+    let removed = batch(
+        "decode-0",
+        2,
+        vec![KvEvent::Removed {
+            block_ids: vec![EngineBlockId(100_000 + 3), EngineBlockId(1)],
+        }],
+    );
+    assert_eq!(r.apply_kv_batch(&removed, 0), Ok(KvApplyOutcome::Applied));
+    assert_eq!(r.kv_counters().blocks_removed, 1);
+    assert_eq!(r.kv_counters().unknown_removals, 1);
+    assert_eq!(r.index_stats().pairs, 3);
+    let mut restarted = info("decode-0", WorkerRole::Decode);
+    restarted.instance_id = 2;
+    assert_eq!(
+        r.upsert_worker(&restarted, 3_000, 1),
+        WorkerChange::Restarted
+    );
+    assert_eq!(r.index_stats().pairs, 0);
+    assert_eq!(
+        r.upsert_worker(&restarted, 3_000, 2),
+        WorkerChange::Refreshed
+    );
+    let mut bad = info("x", WorkerRole::Decode);
+    bad.block_size = 0;
+    assert_eq!(r.upsert_worker(&bad, 3_000, 2), WorkerChange::Rejected);
+}
+
+fn any_event() -> impl Strategy<Value = KvEvent> {
+    prop_oneof![
+        3 => (proptest::option::of(0u64..50), proptest::collection::vec((0u64..50, 0u64..50), 0..8), prop_oneof![Just(16u32), 0u32..70])
+            .prop_map(|(parent, b, block_size)| KvEvent::Stored {
+                parent: parent.map(SequenceHash),
+                blocks: b.into_iter().map(|(h, id)| StoredBlock { seq_hash: SequenceHash(h), block_id: EngineBlockId(id) }).collect(),
+                block_size,
+            }),
+        2 => proptest::collection::vec(0u64..50, 0..8)
+            .prop_map(|ids| KvEvent::Removed { block_ids: ids.into_iter().map(EngineBlockId).collect() }),
+        1 => Just(KvEvent::Cleared),
+    ]
+}
+
+use switchyard_protocol::hash::SequenceHash;
+
+proptest! {
+    #[test]
+    fn arbitrary_batches_never_panic_and_routing_still_works(
+        batches in proptest::collection::vec(
+            (0usize..4, 0u64..3, prop_oneof![0u64..6, Just(u64::MAX)], proptest::bool::ANY, proptest::collection::vec(any_event(), 0..5)),
+            0..40,
+        )
+    ) {
+        let mut r = pool();
+        let names = ["decode-0", "decode-1", "prefill-0", "ghost"];
+        for (w, instance, seq, resync, events) in batches {
+            let b = KvEventBatch { v: 1, worker_id: WorkerId(names[w].into()), instance_id: instance, seq, resync, events };
+            let _ = r.apply_kv_batch(&b, 0);
+        }
+        let stats = r.index_stats();
+        let per_worker: u64 = r.worker_stats().iter().map(|w| w.cached_blocks).sum();
+        prop_assert_eq!(stats.pairs, per_worker);
+        let v = r.route("x", &prompt(1, 300), 0).unwrap();
+        prop_assert!(REASONS.contains(&v.reason.as_str()));
+        for id in names {
+            r.remove_worker(&WorkerId(id.into()));
+        }
+        prop_assert_eq!(r.index_stats().pairs, 0);
+    }
+}

@@ -1,0 +1,117 @@
+//! The worker registry: heartbeats register, refresh and restart workers; silence expires
+//! them. Each worker gets a dense slot for the KV index and load tracker.
+
+use switchyard_protocol::hash::BlockSize;
+use switchyard_protocol::worker::{WorkerId, WorkerInfo};
+
+use super::{Router, WorkerChange, WorkerState, MAX_WORKERS};
+use crate::index::WorkerSlot;
+
+impl Router {
+    /// Registers or refreshes a worker from a heartbeat. `expires_after_ms` is how long the
+    /// worker stays live without another heartbeat.
+    pub fn upsert_worker(
+        &mut self,
+        info: &WorkerInfo,
+        expires_after_ms: u64,
+        now_ms: u64,
+    ) -> WorkerChange {
+        if BlockSize::try_new(info.block_size).is_err() {
+            return WorkerChange::Rejected;
+        }
+        if let Some(state) = self.workers.get_mut(&info.worker_id) {
+            let restarted = state.info.instance_id != info.instance_id;
+            let resized = state.info.block_size != info.block_size;
+            state.info = info.clone();
+            state.last_seen_ms = now_ms;
+            state.expires_after_ms = expires_after_ms;
+            let slot = state.slot;
+            if restarted || resized {
+                // A cold cache (or hashes in another block size): forget it all.
+                state.last_kv_seq = None;
+                self.index.add_worker_with_capacity(slot, engine_table_size(info));
+                self.load.remove_worker(slot);
+                self.load.add_worker(slot, info.kv_capacity_blocks);
+                return WorkerChange::Restarted;
+            }
+            self.load
+                .set_registered_capacity(slot, info.kv_capacity_blocks);
+            return WorkerChange::Refreshed;
+        }
+        let Some(slot) = self.allocate_slot(&info.worker_id) else {
+            return WorkerChange::Rejected;
+        };
+        self.index.add_worker_with_capacity(slot, engine_table_size(info));
+        // Size the hash table for the cluster's total KV capacity, so that it never rehashes
+        // on the event path (a rehash of millions of blocks would stall routing).
+        self.reserved_blocks += engine_table_size(info);
+        self.index.reserve_total(self.reserved_blocks);
+        self.load.add_worker(slot, info.kv_capacity_blocks);
+        self.workers.insert(
+            info.worker_id.clone(),
+            WorkerState {
+                info: info.clone(),
+                slot,
+                last_seen_ms: now_ms,
+                expires_after_ms,
+                last_kv_seq: None,
+            },
+        );
+        WorkerChange::New
+    }
+
+    fn allocate_slot(&mut self, id: &WorkerId) -> Option<WorkerSlot> {
+        let slot = match self.free_slots.pop() {
+            Some(s) => s,
+            None if self.slots.len() < MAX_WORKERS => {
+                self.slots.push(None);
+                (self.slots.len() - 1) as u16
+            }
+            None => return None,
+        };
+        self.slots[usize::from(slot)] = Some(id.clone());
+        Some(WorkerSlot(slot))
+    }
+
+    /// Drops workers whose heartbeats stopped; returns who expired.
+    pub fn expire_workers(&mut self, now_ms: u64) -> Vec<WorkerId> {
+        let expired: Vec<WorkerId> = self
+            .workers
+            .iter()
+            .filter(|(_, w)| !w.is_live(now_ms))
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in &expired {
+            self.remove_worker(id);
+        }
+        expired
+    }
+
+    /// Forgets a worker and everything known about it (cached blocks, predicted load).
+    pub fn remove_worker(&mut self, id: &WorkerId) {
+        let Some(state) = self.workers.remove(id) else {
+            return;
+        };
+        self.index.remove_worker(state.slot);
+        self.reserved_blocks = self
+            .reserved_blocks
+            .saturating_sub(engine_table_size(&state.info));
+        self.load.remove_worker(state.slot);
+        self.slots[usize::from(state.slot.0)] = None;
+        self.free_slots.push(state.slot.0);
+    }
+}
+
+/// Blocks to size a worker's engine-id table for: its KV capacity, capped so that a bogus
+/// heartbeat cannot make the router allocate gigabytes (the table still grows past it).
+fn engine_table_size(info: &WorkerInfo) -> usize {
+    const CAP: u64 = 1 << 20;
+    info.kv_capacity_blocks.min(CAP) as usize
+}
+
+impl WorkerState {
+    /// Whether the worker's last heartbeat is recent enough to route to it.
+    pub(super) fn is_live(&self, now_ms: u64) -> bool {
+        now_ms.saturating_sub(self.last_seen_ms) <= self.expires_after_ms
+    }
+}

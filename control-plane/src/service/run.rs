@@ -1,0 +1,142 @@
+//! Wiring: router owner, NATS consumer and HTTP server, started together and stopped
+//! together. `main.rs` only parses flags, binds, connects and calls [`run`]; tests call it
+//! in-process on `127.0.0.1:0`.
+
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+
+use prometheus_client::registry::Registry;
+use tokio::net::TcpListener;
+use tokio::sync::{oneshot, Semaphore};
+
+use crate::api::{self, route::RequestIds, ApiState};
+use crate::consumers;
+use crate::metrics::Metrics;
+use crate::router::Router;
+use crate::service::tokenizer::{
+    load_model_tokenizer, PromptTokenizer, SegmentCacheStats, TokenizerLoadError,
+};
+use crate::settings::Settings;
+
+/// Why the service could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// The tokenizer (model directory) could not be loaded.
+    #[error(transparent)]
+    Tokenizer(#[from] TokenizerLoadError),
+    /// `--conditional-disagg-config` is invalid.
+    #[error("invalid --conditional-disagg-config: {0}")]
+    Config(String),
+    /// The listener has no local address.
+    #[error("listener: {0}")]
+    Listener(#[from] std::io::Error),
+}
+
+/// Loads the tokenizer from `--model-dir`, then serves until `shutdown` resolves (see
+/// [`run_with_tokenizer`]).
+///
+/// # Errors
+/// [`RunError`] when start-up fails; serving itself does not fail.
+pub async fn run(
+    settings: Settings,
+    listener: TcpListener,
+    nats: async_nats::Client,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), RunError> {
+    let dir = settings.model_dir_or_default();
+    let tokenizer = tokio::task::spawn_blocking(move || load_model_tokenizer(&dir))
+        .await
+        .map_err(|e| {
+            RunError::Tokenizer(TokenizerLoadError {
+                dir: "?".into(),
+                message: e.to_string(),
+            })
+        })??;
+    run_with_tokenizer(settings, tokenizer, listener, nats, shutdown).await
+}
+
+/// A process-unique prefix for made-up request ids: the start time.
+fn request_id_prefix() -> String {
+    // Wall clock on purpose: ids must differ across restarts, which a monotonic clock
+    // cannot promise. Read once at start.
+    #[allow(clippy::disallowed_methods)]
+    let now = std::time::SystemTime::now();
+    let nanos = now
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    format!("{:x}", nanos & u128::from(u64::MAX))
+}
+
+/// Serves the API on `listener` and consumes worker messages from `nats` until `shutdown`
+/// resolves; then stops accepting, gives in-flight requests `--shutdown-grace-secs` to
+/// finish, and stops the consumer and the router owner.
+///
+/// `nats` may still be connecting (`retry_on_initial_connect`): HTTP serves regardless and
+/// the consumer subscribes once NATS is reachable.
+///
+/// # Errors
+/// [`RunError`] when start-up fails.
+pub async fn run_with_tokenizer(
+    settings: Settings,
+    tokenizer: Arc<dyn PromptTokenizer>,
+    listener: TcpListener,
+    nats: async_nats::Client,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), RunError> {
+    let mut registry = Registry::default();
+    let metrics = Metrics::register(&mut registry);
+    let config = settings
+        .router_config()
+        .map_err(|e| RunError::Config(e.to_string()))?;
+    let router = Router::with_config(config, settings.seed);
+    let (service, owner) = super::spawn(router, metrics.clone(), settings.heartbeat_misses);
+    let consumer = tokio::spawn(consumers::run(
+        nats.clone(),
+        service.clone(),
+        metrics.clone(),
+    ));
+
+    let permits = usize::try_from(settings.route_tokenize_threads)
+        .unwrap_or(1)
+        .max(1);
+    let state = ApiState {
+        service,
+        tokenizer,
+        tokenize_permits: Arc::new(Semaphore::new(permits)),
+        metrics,
+        registry: Arc::new(registry),
+        nats,
+        max_route_body_bytes: settings.max_route_body_bytes,
+        request_ids: Arc::new(RequestIds::new(request_id_prefix())),
+        cache_stats_seen: Arc::new(Mutex::new(SegmentCacheStats::default())),
+    };
+
+    let addr = listener.local_addr()?;
+    tracing::info!("listening on {addr}");
+    let (stop_tx, stop_rx) = oneshot::channel::<()>();
+    let server = warp::serve(api::routes(state))
+        .incoming(listener)
+        .graceful(async move {
+            let _ = stop_rx.await;
+        })
+        .run();
+    let mut server = Box::pin(server);
+    tokio::select! {
+        () = &mut server => tracing::warn!("HTTP server stopped by itself"),
+        () = shutdown => {
+            tracing::info!(grace_secs = settings.shutdown_grace_secs, "shutting down: draining HTTP requests");
+            let _ = stop_tx.send(());
+            if tokio::time::timeout(settings.shutdown_grace(), &mut server).await.is_err() {
+                tracing::warn!("grace period over; dropping unfinished requests");
+            }
+        }
+    }
+    drop(server);
+    consumer.abort();
+    let _ = consumer.await;
+    // The last ServiceHandle went with the server and the consumer: the owner ends.
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(1), owner).await;
+    tracing::info!("stopped");
+    Ok(())
+}

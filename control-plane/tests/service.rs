@@ -1,0 +1,249 @@
+//! The service end to end over real HTTP and a real nats-server: worker registration and
+//! expiry, routing to live decode workers, malformed messages, bad route bodies, resync
+//! requests, EDS and start-up without NATS.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use futures::StreamExt;
+use serde_json::json;
+use switchyard_control_plane::settings::Settings;
+use switchyard_protocol::kv::ResyncRequest;
+use switchyard_protocol::route::{ApiError, RouteMode, Verdict};
+use switchyard_protocol::subjects;
+use switchyard_protocol::worker::WorkerRole;
+
+const WAIT: Duration = Duration::from_secs(10);
+
+fn chat(text: &str) -> String {
+    json!({"model": "qwen3", "messages": [{"role": "user", "content": text}]}).to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heartbeats_register_a_worker_that_expires_when_they_stop() {
+    let nats_server = NatsServer::start();
+    let svc = Service::start(Settings::for_tests(), tokenizer(), &nats_server.url).await;
+    let nats = client(&nats_server.url).await;
+    let decode = worker("decode-0", WorkerRole::Decode, 9001, 1);
+
+    register(&svc, &nats, &decode, 300).await;
+    let m = svc.metrics().await;
+    assert_eq!(
+        metric_value(&m, "switchyard_live_workers{role=\"decode\"}"),
+        1.0,
+        "{m}"
+    );
+
+    // No more heartbeats: expired after 3 missed 300 ms intervals.
+    eventually(WAIT, "decode-0 expired", || async {
+        svc.worker_ids().await.is_empty()
+    })
+    .await;
+    let m = svc.metrics().await;
+    assert_eq!(
+        metric_value(&m, "switchyard_workers_expired_total"),
+        1.0,
+        "{m}"
+    );
+    assert_eq!(
+        metric_value(&m, "switchyard_live_workers{role=\"decode\"}"),
+        0.0,
+        "{m}"
+    );
+    svc.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn route_picks_a_live_decode_worker_and_503s_without_one() {
+    let nats_server = NatsServer::start();
+    let svc = Service::start(Settings::for_tests(), tokenizer(), &nats_server.url).await;
+    let nats = client(&nats_server.url).await;
+
+    let resp = route(&svc.base, "chat", Some("r-0"), chat("hello")).await;
+    assert_eq!(resp.status(), 503);
+    let err: ApiError = resp.json().await.unwrap();
+    assert_eq!(err.code, "no_workers");
+
+    let prefill = worker("prefill-0", WorkerRole::Prefill, 9100, 1);
+    let decode = worker("decode-0", WorkerRole::Decode, 9001, 1);
+    register(&svc, &nats, &prefill, 60_000).await;
+    register(&svc, &nats, &decode, 60_000).await;
+
+    let resp = route(&svc.base, "chat", Some("r-1"), chat("hello there")).await;
+    assert_eq!(resp.status(), 200);
+    let verdict: Verdict = resp.json().await.unwrap();
+    assert_eq!(verdict.request_id, "r-1");
+    assert_eq!(verdict.decode.worker_id.0, "decode-0");
+    assert_eq!(verdict.decode.address, "127.0.0.1:9001");
+    assert!(verdict.isl > 0, "the prompt was tokenized: {verdict:?}");
+    if verdict.mode == RouteMode::Disagg {
+        assert_eq!(verdict.prefill.as_ref().unwrap().worker_id.0, "prefill-0");
+    }
+
+    // Without x-request-id one is made up; completions work too.
+    let body = json!({"model": "qwen3", "prompt": "Once upon a time"}).to_string();
+    let resp = route(&svc.base, "completions", None, body).await;
+    assert_eq!(resp.status(), 200);
+    let verdict: Verdict = resp.json().await.unwrap();
+    assert!(
+        verdict.request_id.starts_with("sy-"),
+        "{}",
+        verdict.request_id
+    );
+
+    let m = svc.metrics().await;
+    assert_eq!(
+        metric_value(
+            &m,
+            "switchyard_route_bad_requests_total{code=\"no_workers\"}"
+        ),
+        1.0,
+        "{m}"
+    );
+    assert!(m.contains("switchyard_route_decisions_total{mode="), "{m}");
+    assert!(
+        metric_value(&m, "switchyard_route_latency_seconds_count") >= 3.0,
+        "{m}"
+    );
+    svc.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_nats_messages_are_counted_and_harmless() {
+    let nats_server = NatsServer::start();
+    let svc = Service::start(Settings::for_tests(), tokenizer(), &nats_server.url).await;
+    let nats = client(&nats_server.url).await;
+    // Let the consumer subscribe before publishing (core NATS does not buffer).
+    let probe = worker("probe", WorkerRole::Decode, 9009, 1);
+    register(&svc, &nats, &probe, 60_000).await;
+
+    for (subject, payload) in [
+        (subjects::HEARTBEAT.to_string(), "not json".to_string()),
+        (
+            subjects::HEARTBEAT.to_string(),
+            json!({"v": 1, "worker": {"worker_id": 5}}).to_string(),
+        ),
+        (subjects::LOAD.to_string(), "{".to_string()),
+        (
+            subjects::kv_events(&probe.worker_id),
+            json!({"events": "x"}).to_string(),
+        ),
+        // A batch claiming another worker's identity on this worker's subject.
+        (
+            subjects::kv_events(&probe.worker_id),
+            json!({"worker_id": "other", "instance_id": 1, "seq": 1, "events": []}).to_string(),
+        ),
+    ] {
+        nats.publish(subject, payload.into()).await.unwrap();
+    }
+    // Well-formed but refused: a block size of 0 cannot cut prompts into blocks.
+    let mut broken = worker("broken", WorkerRole::Decode, 9010, 1);
+    broken.block_size = 0;
+    heartbeat(&nats, &broken, 60_000).await;
+    nats.flush().await.unwrap();
+
+    eventually(WAIT, "bad messages counted", || async {
+        let m = svc.metrics().await;
+        metric_value(&m, "switchyard_bad_messages_total{kind=\"heartbeat\"}") == 2.0
+            && metric_value(&m, "switchyard_bad_messages_total{kind=\"load\"}") == 1.0
+            && metric_value(&m, "switchyard_bad_messages_total{kind=\"kv_events\"}") == 2.0
+            && metric_value(&m, "switchyard_workers_rejected_total") == 1.0
+    })
+    .await;
+    assert!(!svc.worker_ids().await.contains(&"broken".to_string()));
+
+    // Still alive: a new worker registers and routing works.
+    register(
+        &svc,
+        &nats,
+        &worker("decode-1", WorkerRole::Decode, 9002, 1),
+        60_000,
+    )
+    .await;
+    assert_eq!(
+        route(&svc.base, "chat", None, chat("still there?"))
+            .await
+            .status(),
+        200
+    );
+    svc.stop().await;
+}
+
+async fn next(resyncs: &mut async_nats::Subscriber) -> ResyncRequest {
+    let msg = tokio::time::timeout(WAIT, resyncs.next())
+        .await
+        .expect("a resync request")
+        .unwrap();
+    serde_json::from_slice(&msg.payload).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_and_restarted_workers_are_asked_for_a_kv_resync() {
+    let nats_server = NatsServer::start();
+    let svc = Service::start(Settings::for_tests(), tokenizer(), &nats_server.url).await;
+    let nats = client(&nats_server.url).await;
+    let decode = worker("decode-7", WorkerRole::Decode, 9007, 1);
+    let mut resyncs = nats
+        .subscribe(subjects::kv_resync(&decode.worker_id))
+        .await
+        .unwrap();
+    nats.flush().await.unwrap();
+
+    register(&svc, &nats, &decode, 60_000).await;
+    let req = next(&mut resyncs).await;
+    assert_eq!(req.worker_id, decode.worker_id);
+    assert_eq!(req.reason, "new_worker");
+
+    // Refreshes ask for nothing; a new instance (restart) does.
+    heartbeat(&nats, &decode, 60_000).await;
+    let restarted = worker("decode-7", WorkerRole::Decode, 9007, 2);
+    heartbeat(&nats, &restarted, 60_000).await;
+    let req = next(&mut resyncs).await;
+    assert_eq!(req.reason, "restarted");
+
+    // Counted right after publishing, so the test may see the message first.
+    eventually(WAIT, "resyncs counted", || async {
+        let m = svc.metrics().await;
+        metric_value(
+            &m,
+            "switchyard_resync_requests_total{reason=\"new_worker\"}",
+        ) == 1.0
+            && metric_value(&m, "switchyard_resync_requests_total{reason=\"restarted\"}") == 1.0
+    })
+    .await;
+    svc.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_serves_while_nats_is_down_and_catches_up_when_it_comes() {
+    let port = free_port();
+    let url = format!("nats://127.0.0.1:{port}");
+    let svc = Service::start(Settings::for_tests(), tokenizer(), &url).await;
+
+    let health = svc.get_json("/healthz").await;
+    assert_eq!(health["status"], "ok");
+    assert_ne!(health["nats"], "connected");
+    let resp = route(&svc.base, "chat", None, chat("anyone?")).await;
+    assert_eq!(resp.status(), 503, "no workers known yet, answered at once");
+
+    let nats_server = NatsServer::start_on(port);
+    let nats = client(&nats_server.url).await;
+    let decode = worker("decode-0", WorkerRole::Decode, 9001, 1);
+    eventually(
+        Duration::from_secs(30),
+        "registered after NATS came up",
+        || async {
+            heartbeat(&nats, &decode, 60_000).await;
+            !svc.worker_ids().await.is_empty()
+        },
+    )
+    .await;
+    assert_eq!(svc.get_json("/healthz").await["nats"], "connected");
+    assert_eq!(
+        route(&svc.base, "chat", None, chat("now?")).await.status(),
+        200
+    );
+    svc.stop().await;
+}

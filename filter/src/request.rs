@@ -1,0 +1,125 @@
+//! Request-side decisions: which requests are routed, which client headers are stripped, and
+//! the request id shared by the route call and the upstream request.
+
+use switchyard_protocol::route::{ApiKind, DESTINATION_HEADER};
+
+/// Prefix of every Switchyard header. Clients must not be able to forge them: they steer
+/// routing (`x-switchyard-api`) or would be mistaken for the gateway's own annotations.
+pub const SWITCHYARD_HEADER_PREFIX: &str = "x-switchyard-";
+
+/// Longest client-supplied `x-request-id` the filter keeps; longer ones are replaced, so a
+/// client cannot blow up the route call's headers or the control plane's logs.
+pub const MAX_REQUEST_ID_LEN: usize = 128;
+
+/// The API of a request the filter routes: `POST` to one of the OpenAI paths. Everything else
+/// (GET /v1/models, health checks, ...) passes untouched.
+pub fn routable_api(method: Option<&str>, path: Option<&str>) -> Option<ApiKind> {
+    if !method?.eq_ignore_ascii_case("POST") {
+        return None;
+    }
+    ApiKind::from_path(path?)
+}
+
+/// Whether a client request header must be removed before anything else sees it: the
+/// override-host destination (else any client could pick any upstream, an SSRF-like hole) and
+/// every `x-switchyard-*` header. Header names from Envoy are lower-case already; compare
+/// case-insensitively anyway.
+pub fn is_client_routing_header(name: &str) -> bool {
+    name.eq_ignore_ascii_case(DESTINATION_HEADER)
+        || name
+            .get(..SWITCHYARD_HEADER_PREFIX.len())
+            .is_some_and(|p| p.eq_ignore_ascii_case(SWITCHYARD_HEADER_PREFIX))
+}
+
+/// The names among `headers` to strip, deduplicated (a repeated header is removed once).
+pub fn headers_to_strip<'a, I>(headers: I) -> Vec<String>
+where
+    I: IntoIterator<Item = &'a str>,
+{
+    let mut names: Vec<String> = Vec::new();
+    for name in headers {
+        if is_client_routing_header(name) && !names.iter().any(|n| n.eq_ignore_ascii_case(name)) {
+            names.push(name.to_ascii_lowercase());
+        }
+    }
+    names
+}
+
+/// Whether a client-supplied request id is safe to forward as a header value and log label.
+pub fn is_usable_request_id(id: &str) -> bool {
+    !id.is_empty() && id.len() <= MAX_REQUEST_ID_LEN && id.bytes().all(|b| b.is_ascii_graphic())
+}
+
+/// The request id to use: the client's (Envoy usually generates one before filters run) if
+/// usable, else one made from the VM-unique context id and the time in nanoseconds. The bool
+/// is true when the id is new and must be set on the upstream request too.
+pub fn choose_request_id(
+    existing: Option<&str>,
+    context_id: u32,
+    now_nanos: u128,
+) -> (String, bool) {
+    match existing {
+        Some(id) if is_usable_request_id(id) => (id.to_string(), false),
+        _ => (format!("switchyard-{now_nanos:x}-{context_id:x}"), true),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_posts_to_openai_paths_are_routed() {
+        let chat = Some("/v1/chat/completions");
+        assert_eq!(routable_api(Some("POST"), chat), Some(ApiKind::Chat));
+        assert_eq!(
+            routable_api(Some("post"), Some("/v1/completions?x=1")),
+            Some(ApiKind::Completions)
+        );
+        assert_eq!(routable_api(Some("GET"), chat), None);
+        assert_eq!(routable_api(Some("POST"), Some("/v1/models")), None);
+        assert_eq!(routable_api(None, chat), None);
+        assert_eq!(routable_api(Some("POST"), None), None);
+    }
+
+    #[test]
+    fn destination_and_switchyard_headers_are_stripped_others_kept() {
+        let headers = [
+            ":path",
+            "x-gateway-destination-endpoint",
+            "X-Switchyard-Api",
+            "x-switchyard-route",
+            "x-switchyard-api",
+            "x-request-id",
+            "x-switchyar",
+            "content-type",
+        ];
+        assert_eq!(
+            headers_to_strip(headers),
+            vec![
+                "x-gateway-destination-endpoint",
+                "x-switchyard-api",
+                "x-switchyard-route"
+            ]
+        );
+    }
+
+    #[test]
+    fn client_request_id_is_kept_when_usable_else_generated() {
+        assert_eq!(
+            choose_request_id(Some("abc-1"), 7, 99),
+            ("abc-1".to_string(), false)
+        );
+        let (generated, new) = choose_request_id(None, 7, 0xff);
+        assert!(new);
+        assert_eq!(generated, "switchyard-ff-7");
+        assert!(choose_request_id(Some("has space"), 1, 1).1);
+        assert!(choose_request_id(Some(""), 1, 1).1);
+        assert!(choose_request_id(Some(&"a".repeat(MAX_REQUEST_ID_LEN + 1)), 1, 1).1);
+        // Two contexts at the same instant get different ids.
+        assert_ne!(
+            choose_request_id(None, 1, 5).0,
+            choose_request_id(None, 2, 5).0
+        );
+    }
+}

@@ -1,0 +1,268 @@
+//! The control plane's answer to a route call, turned into what the filter does.
+//!
+//! Pure: the http context reads `:status` and the body through hostcalls and hands them
+//! here. A failed `dispatch_http_call` still calls back, with a synthetic `:status` from
+//! Envoy's own router (503 when the control plane is unreachable, 504 on timeout) and a
+//! plain-text body, so the status is checked, not only the presence of headers. A 5xx that
+//! carries the control plane's own [`ApiError`] JSON is the control plane speaking (e.g.
+//! `no_workers`), not an outage, and is reported as `bad_status_<code>`.
+
+use std::fmt;
+
+use switchyard_protocol::route::{ApiError, RouteMode, Verdict};
+
+/// Why a request failed open (went to Envoy's fallback load balancer).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FailOpenReason {
+    /// The control plane could not be reached (connection refused/reset, no healthy host, or
+    /// a call-back without any `:status`).
+    ControlPlaneUnavailable,
+    /// The route call did not answer within `route_timeout_ms`.
+    Timeout,
+    /// The control plane answered with this non-200 status.
+    BadStatus(u16),
+    /// A 200 whose body is not a usable verdict (bad JSON, unusable address).
+    BadVerdict,
+    /// `dispatch_http_call` itself was refused (e.g. the cluster is not configured).
+    DispatchFailed,
+    /// A routed API request arrived without a body: nothing to route on.
+    EmptyBody,
+}
+
+impl FailOpenReason {
+    /// Every stat key, in a fixed order (the root context defines one counter per key).
+    pub const STAT_KEYS: [&'static str; 6] = [
+        "control_plane_unavailable",
+        "timeout",
+        "bad_status",
+        "bad_verdict",
+        "dispatch_failed",
+        "empty_body",
+    ];
+
+    /// The stat key: like the header reason, but without the status code, so the number of
+    /// counters stays fixed.
+    pub fn stat_key(self) -> &'static str {
+        match self {
+            FailOpenReason::ControlPlaneUnavailable => Self::STAT_KEYS[0],
+            FailOpenReason::Timeout => Self::STAT_KEYS[1],
+            FailOpenReason::BadStatus(_) => Self::STAT_KEYS[2],
+            FailOpenReason::BadVerdict => Self::STAT_KEYS[3],
+            FailOpenReason::DispatchFailed => Self::STAT_KEYS[4],
+            FailOpenReason::EmptyBody => Self::STAT_KEYS[5],
+        }
+    }
+}
+
+impl fmt::Display for FailOpenReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FailOpenReason::BadStatus(code) => write!(f, "bad_status_{code}"),
+            other => f.write_str(other.stat_key()),
+        }
+    }
+}
+
+/// What the filter does with a routed request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RouteOutcome {
+    /// Send it to `destination` (the verdict's decode worker).
+    Routed {
+        /// The verdict's mode. `disagg` is, for now, served like `bypass` (the prefill leg
+        /// comes later); the header still says `disagg`.
+        mode: RouteMode,
+        /// `host:port` for `x-gateway-destination-endpoint`.
+        destination: String,
+    },
+    /// Leave the destination unset: Envoy's fallback load balancer picks a worker.
+    FailOpen(FailOpenReason),
+}
+
+impl RouteOutcome {
+    /// Value of the `x-switchyard-route` response header.
+    pub fn route_header_value(&self) -> String {
+        match self {
+            RouteOutcome::Routed { mode, .. } => mode.as_str().to_string(),
+            RouteOutcome::FailOpen(reason) => format!("fail-open;reason={reason}"),
+        }
+    }
+
+    /// The destination, if routed.
+    pub fn destination(&self) -> Option<&str> {
+        match self {
+            RouteOutcome::Routed { destination, .. } => Some(destination),
+            RouteOutcome::FailOpen(_) => None,
+        }
+    }
+}
+
+/// Turns a route call's `:status` and body into an outcome. Never panics.
+pub fn classify_route_response(status: Option<&str>, body: &[u8]) -> RouteOutcome {
+    let Some(code) = status.and_then(|s| s.trim().parse::<u16>().ok()) else {
+        return RouteOutcome::FailOpen(FailOpenReason::ControlPlaneUnavailable);
+    };
+    if code == 200 {
+        return match serde_json::from_slice::<Verdict>(body) {
+            Ok(verdict) if is_valid_endpoint_address(&verdict.decode.address) => {
+                RouteOutcome::Routed {
+                    mode: verdict.mode,
+                    destination: verdict.decode.address,
+                }
+            }
+            _ => RouteOutcome::FailOpen(FailOpenReason::BadVerdict),
+        };
+    }
+    let from_control_plane = serde_json::from_slice::<ApiError>(body).is_ok();
+    let reason = match code {
+        503 if !from_control_plane => FailOpenReason::ControlPlaneUnavailable,
+        504 if !from_control_plane => FailOpenReason::Timeout,
+        _ => FailOpenReason::BadStatus(code),
+    };
+    RouteOutcome::FailOpen(reason)
+}
+
+/// Whether `address` is a `host:port` Envoy's override-host policy can match and that is safe
+/// as a header value: a non-empty host of address characters, a port in 1..=65535. IPv6 hosts
+/// come bracketed (`[::1]:8000`).
+pub fn is_valid_endpoint_address(address: &str) -> bool {
+    let Some((host, port)) = address.rsplit_once(':') else {
+        return false;
+    };
+    let port_ok = !port.is_empty()
+        && port.len() <= 5
+        && port.bytes().all(|b| b.is_ascii_digit())
+        && port.parse::<u16>().is_ok_and(|p| p != 0);
+    let host_ok = !host.is_empty()
+        && host.len() <= 253
+        && host
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b':' | b'[' | b']'));
+    port_ok && host_ok
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn verdict_json(mode: &str, address: &str) -> Vec<u8> {
+        serde_json::json!({
+            "request_id": "r1", "mode": mode,
+            "decode": {"worker_id": "decode-1", "address": address},
+            "isl": 100, "cached_tokens": 0, "eff_isl": 100, "reason": "bypass:isl_bounding"
+        })
+        .to_string()
+        .into_bytes()
+    }
+
+    #[test]
+    fn a_200_verdict_routes_to_its_decode_worker() {
+        let outcome =
+            classify_route_response(Some("200"), &verdict_json("bypass", "127.0.0.1:9001"));
+        assert_eq!(outcome.destination(), Some("127.0.0.1:9001"));
+        assert_eq!(outcome.route_header_value(), "bypass");
+    }
+
+    #[test]
+    fn disagg_routes_to_decode_for_now_and_says_so() {
+        let outcome = classify_route_response(Some("200"), &verdict_json("disagg", "10.0.0.2:80"));
+        assert_eq!(
+            outcome,
+            RouteOutcome::Routed {
+                mode: RouteMode::Disagg,
+                destination: "10.0.0.2:80".into()
+            }
+        );
+        assert_eq!(outcome.route_header_value(), "disagg");
+    }
+
+    #[test]
+    fn synthetic_statuses_map_to_outage_reasons() {
+        let envoy_503 = b"upstream connect error or disconnect/reset before headers";
+        let cases = [
+            (None, &b""[..], "fail-open;reason=control_plane_unavailable"),
+            (
+                Some("503"),
+                &envoy_503[..],
+                "fail-open;reason=control_plane_unavailable",
+            ),
+            (
+                Some("504"),
+                &b"upstream request timeout"[..],
+                "fail-open;reason=timeout",
+            ),
+            (
+                Some("abc"),
+                &b""[..],
+                "fail-open;reason=control_plane_unavailable",
+            ),
+        ];
+        for (status, body, expected) in cases {
+            assert_eq!(
+                classify_route_response(status, body).route_header_value(),
+                expected
+            );
+        }
+    }
+
+    #[test]
+    fn control_plane_errors_are_bad_status_with_the_code() {
+        let api_error = br#"{"code":"no_workers","message":"no decode worker is live"}"#;
+        let outcome = classify_route_response(Some("503"), api_error);
+        assert_eq!(
+            outcome,
+            RouteOutcome::FailOpen(FailOpenReason::BadStatus(503))
+        );
+        assert_eq!(
+            outcome.route_header_value(),
+            "fail-open;reason=bad_status_503"
+        );
+        let outcome = classify_route_response(Some("400"), b"");
+        assert_eq!(
+            outcome.route_header_value(),
+            "fail-open;reason=bad_status_400"
+        );
+    }
+
+    #[test]
+    fn unusable_verdicts_fail_open() {
+        for body in [
+            &b"not json"[..],
+            br#"{"mode":"bypass"}"#,
+            &verdict_json("teleport", "127.0.0.1:1"),
+            &verdict_json("bypass", ""),
+            &verdict_json("bypass", "127.0.0.1"),
+            &verdict_json("bypass", "127.0.0.1:0"),
+            &verdict_json("bypass", "127.0.0.1:99999"),
+            &verdict_json("bypass", "evil\r\nx: y:80"),
+        ] {
+            assert_eq!(
+                classify_route_response(Some("200"), body),
+                RouteOutcome::FailOpen(FailOpenReason::BadVerdict)
+            );
+        }
+    }
+
+    #[test]
+    fn addresses() {
+        assert!(is_valid_endpoint_address("127.0.0.1:8000"));
+        assert!(is_valid_endpoint_address("[::1]:8000"));
+        assert!(is_valid_endpoint_address("worker-0.svc:80"));
+        assert!(!is_valid_endpoint_address(":80"));
+        assert!(!is_valid_endpoint_address("host:"));
+        assert!(!is_valid_endpoint_address("host:+80"));
+    }
+
+    #[test]
+    fn stat_keys_are_distinct_and_cover_every_reason() {
+        let reasons = [
+            FailOpenReason::ControlPlaneUnavailable,
+            FailOpenReason::Timeout,
+            FailOpenReason::BadStatus(500),
+            FailOpenReason::BadVerdict,
+            FailOpenReason::DispatchFailed,
+            FailOpenReason::EmptyBody,
+        ];
+        let keys: Vec<_> = reasons.iter().map(|r| r.stat_key()).collect();
+        assert_eq!(keys, FailOpenReason::STAT_KEYS);
+    }
+}

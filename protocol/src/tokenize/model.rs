@@ -1,0 +1,136 @@
+//! Reading a Hugging Face model folder: `tokenizer.json`, `tokenizer_config.json` and the chat
+//! template (in the config, as a list of named templates, or in `chat_template.jinja`).
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value as Json;
+use tokenizers::Tokenizer;
+
+use super::error::TokenizeError;
+
+/// Special-token names transformers passes to every chat template (its `special_tokens_map`).
+const SPECIAL_TOKEN_NAMES: [&str; 7] = [
+    "bos_token",
+    "eos_token",
+    "unk_token",
+    "sep_token",
+    "pad_token",
+    "cls_token",
+    "mask_token",
+];
+
+/// What a model folder provides for tokenization.
+pub(crate) struct ModelFiles {
+    /// The HF tokenizer, with truncation and padding off (transformers' call defaults).
+    pub tokenizer: Tokenizer,
+    /// The chat template; `None` for models without one (completions only).
+    pub chat_template: Option<String>,
+    /// The template transformers picks instead when the request has `tools`, if the model names
+    /// one `tool_use`.
+    pub tool_use_template: Option<String>,
+    /// `bos_token`, `eos_token`, ... as set in the config.
+    pub special_tokens: Vec<(&'static str, String)>,
+}
+
+/// Loads the folder.
+///
+/// # Errors
+/// [`TokenizeError::ModelDir`] naming the file that is missing or malformed.
+pub(crate) fn load(dir: &Path) -> Result<ModelFiles, TokenizeError> {
+    let dir_err = |path: PathBuf, message: String| TokenizeError::ModelDir { path, message };
+    if !dir.is_dir() {
+        return Err(dir_err(
+            dir.to_path_buf(),
+            "not a directory (run scripts/setup.sh to fetch the model files, or set SWITCHYARD_MODEL_DIR)".into(),
+        ));
+    }
+    let tokenizer_path = dir.join("tokenizer.json");
+    let mut tokenizer = Tokenizer::from_file(&tokenizer_path)
+        .map_err(|e| dir_err(tokenizer_path.clone(), e.to_string()))?;
+    tokenizer
+        .with_truncation(None)
+        .map_err(|e| dir_err(tokenizer_path.clone(), e.to_string()))?;
+    tokenizer.with_padding(None);
+
+    let config_path = dir.join("tokenizer_config.json");
+    let config: Json = if config_path.exists() {
+        let text = std::fs::read_to_string(&config_path)
+            .map_err(|e| dir_err(config_path.clone(), e.to_string()))?;
+        serde_json::from_str(&text)
+            .map_err(|e| dir_err(config_path.clone(), format!("invalid JSON: {e}")))?
+    } else {
+        Json::Object(Default::default())
+    };
+
+    let special_tokens = SPECIAL_TOKEN_NAMES
+        .iter()
+        .filter_map(|name| token_content(config.get(*name)?).map(|t| (*name, t)))
+        .collect();
+
+    let (mut chat_template, tool_use_template) = match config.get("chat_template") {
+        None | Some(Json::Null) => (None, None),
+        Some(Json::String(t)) => (Some(t.clone()), None),
+        Some(Json::Array(named)) => {
+            let find = |wanted: &str| {
+                named.iter().find_map(|t| {
+                    (t.get("name")?.as_str()? == wanted)
+                        .then(|| t.get("template")?.as_str().map(str::to_owned))?
+                })
+            };
+            (find("default"), find("tool_use"))
+        }
+        Some(_) => {
+            return Err(dir_err(
+                config_path,
+                "`chat_template` must be a string or a list of {name, template}".into(),
+            ))
+        }
+    };
+    // transformers saves templates to their own file nowadays; it wins over the config's.
+    let jinja_path = dir.join("chat_template.jinja");
+    if jinja_path.exists() {
+        chat_template = Some(
+            std::fs::read_to_string(&jinja_path).map_err(|e| dir_err(jinja_path, e.to_string()))?,
+        );
+    }
+    Ok(ModelFiles {
+        tokenizer,
+        chat_template,
+        tool_use_template,
+        special_tokens,
+    })
+}
+
+/// A special token in the config: a string or an `AddedToken` object `{content: ...}`.
+fn token_content(value: &Json) -> Option<String> {
+    match value {
+        Json::String(s) => Some(s.clone()),
+        Json::Object(map) => map.get("content")?.as_str().map(str::to_owned),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn special_tokens_may_be_strings_or_objects() {
+        assert_eq!(token_content(&json!("<s>")).as_deref(), Some("<s>"));
+        assert_eq!(
+            token_content(&json!({"__type": "AddedToken", "content": "</s>", "lstrip": false}))
+                .as_deref(),
+            Some("</s>")
+        );
+        assert_eq!(token_content(&json!(null)), None);
+    }
+
+    #[test]
+    fn missing_dir_points_to_setup() {
+        let err = load(Path::new("/nonexistent/model"))
+            .err()
+            .expect("must fail");
+        assert!(err.to_string().contains("scripts/setup.sh"), "{err}");
+    }
+}

@@ -1,0 +1,306 @@
+//! Splitting text on added tokens, and the cache of each segment's token ids.
+//!
+//! HF tokenizers first cuts the input at every added token (`<|im_start|>`, `<think>`, ...)
+//! and tokenizes the text between them independently. A rendered chat is mostly such
+//! segments, one or two per message, and in multi-turn or agentic traffic all but the newest
+//! few were already seen in the previous turn. Caching ids per segment means a request only
+//! runs the tokenizer over its new messages.
+//!
+//! The split is exact only for added tokens matched on the raw text (`normalized: false`) with
+//! no `lstrip` / `rstrip` / `single_word` (every token of Qwen, Llama 3, Mistral...). If a
+//! tokenizer has others, [`AddedTokenSplitter::new`] disables splitting and each whole text is
+//! one segment: still correct, just no incremental saving.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+
+use tokenizers::AddedToken;
+
+/// One piece of a text cut at added tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Piece<'a> {
+    /// Ordinary text between added tokens (never empty).
+    Text(&'a str),
+    /// An added token, by id.
+    Added(u32),
+}
+
+/// Finds added tokens in text, leftmost-longest like HF's matcher.
+#[derive(Debug)]
+pub(crate) struct AddedTokenSplitter {
+    /// Candidate tokens by first byte, longest first.
+    by_first_byte: HashMap<u8, Vec<(Box<str>, u32)>>,
+    /// Fast reject of positions no token can start at.
+    first_bytes: [bool; 256],
+}
+
+impl Default for AddedTokenSplitter {
+    fn default() -> Self {
+        AddedTokenSplitter {
+            by_first_byte: HashMap::new(),
+            first_bytes: [false; 256],
+        }
+    }
+}
+
+impl AddedTokenSplitter {
+    /// A splitter for the tokenizer's added tokens (`id -> token`).
+    pub(crate) fn new<'a>(added: impl IntoIterator<Item = (u32, &'a AddedToken)>) -> Self {
+        let added: Vec<(u32, &AddedToken)> = added.into_iter().collect();
+        let raw: Vec<&(u32, &AddedToken)> = added.iter().filter(|(_, t)| !t.normalized).collect();
+        if raw
+            .iter()
+            .any(|(_, t)| t.lstrip || t.rstrip || t.single_word)
+        {
+            return AddedTokenSplitter::default();
+        }
+        let mut splitter = AddedTokenSplitter::default();
+        for (id, token) in raw {
+            let Some(&first) = token.content.as_bytes().first() else {
+                continue;
+            };
+            splitter.first_bytes[first as usize] = true;
+            splitter
+                .by_first_byte
+                .entry(first)
+                .or_default()
+                .push((token.content.as_str().into(), *id));
+        }
+        for candidates in splitter.by_first_byte.values_mut() {
+            candidates.sort_by(|a, b| b.0.len().cmp(&a.0.len()).then_with(|| a.0.cmp(&b.0)));
+        }
+        splitter
+    }
+
+    /// Whether the splitter knows any token (false: every text is one segment).
+    pub(crate) fn is_active(&self) -> bool {
+        !self.by_first_byte.is_empty()
+    }
+
+    /// Calls `emit` for each piece of `text` in order.
+    pub(crate) fn split<'t, E>(
+        &self,
+        text: &'t str,
+        mut emit: impl FnMut(Piece<'t>) -> Result<(), E>,
+    ) -> Result<(), E> {
+        let bytes = text.as_bytes();
+        let mut segment_start = 0;
+        let mut i = 0;
+        while i < bytes.len() {
+            if self.first_bytes[bytes[i] as usize] {
+                if let Some((len, id)) = self.match_at(&bytes[i..]) {
+                    if segment_start < i {
+                        emit(Piece::Text(&text[segment_start..i]))?;
+                    }
+                    emit(Piece::Added(id))?;
+                    i += len;
+                    segment_start = i;
+                    continue;
+                }
+            }
+            i += 1;
+        }
+        if segment_start < bytes.len() {
+            emit(Piece::Text(&text[segment_start..]))?;
+        }
+        Ok(())
+    }
+
+    fn match_at(&self, rest: &[u8]) -> Option<(usize, u32)> {
+        self.by_first_byte
+            .get(&rest[0])?
+            .iter()
+            .find(|(token, _)| rest.starts_with(token.as_bytes()))
+            .map(|(token, id)| (token.len(), *id))
+    }
+}
+
+/// Counters of the segment cache.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SegmentCacheStats {
+    /// Segments served from the cache.
+    pub hits: u64,
+    /// Segments that had to be tokenized.
+    pub misses: u64,
+    /// Segments cached now.
+    pub entries: usize,
+    /// Approximate bytes held (segment text + ids + bookkeeping).
+    pub bytes: usize,
+}
+
+/// Per-entry bookkeeping beyond the text and ids (map slots, Arcs, LRU index).
+const ENTRY_OVERHEAD: usize = 96;
+
+/// A byte-bounded LRU map from segment text to its token ids.
+///
+/// One `Mutex`: it is held only for a lookup or an insert, never while tokenizing.
+#[derive(Debug)]
+pub(crate) struct SegmentCache {
+    capacity_bytes: usize,
+    inner: Mutex<Lru>,
+}
+
+#[derive(Debug, Default)]
+struct Lru {
+    map: HashMap<Arc<str>, Entry>,
+    /// Last-use tick -> key; the first entry is the least recently used.
+    order: BTreeMap<u64, Arc<str>>,
+    tick: u64,
+    bytes: usize,
+    hits: u64,
+    misses: u64,
+}
+
+#[derive(Debug)]
+struct Entry {
+    ids: Arc<[u32]>,
+    tick: u64,
+}
+
+fn entry_bytes(text: &str, ids: &[u32]) -> usize {
+    text.len() + std::mem::size_of_val(ids) + ENTRY_OVERHEAD
+}
+
+impl SegmentCache {
+    /// A cache holding at most about `capacity_bytes` (0 disables caching).
+    pub(crate) fn new(capacity_bytes: usize) -> Self {
+        SegmentCache {
+            capacity_bytes,
+            inner: Mutex::new(Lru::default()),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Lru> {
+        // A panic elsewhere while holding the lock cannot leave the map inconsistent in a way
+        // that matters (worst case a stale byte count), so keep serving.
+        self.inner
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The ids of `text` if cached (and marks it recently used).
+    pub(crate) fn get(&self, text: &str) -> Option<Arc<[u32]>> {
+        let mut lru = self.lock();
+        lru.tick += 1;
+        let tick = lru.tick;
+        let Lru { map, order, .. } = &mut *lru;
+        match map.get_mut(text) {
+            Some(entry) => {
+                if let Some(key) = order.remove(&entry.tick) {
+                    order.insert(tick, key);
+                }
+                entry.tick = tick;
+                let ids = entry.ids.clone();
+                lru.hits += 1;
+                Some(ids)
+            }
+            None => {
+                lru.misses += 1;
+                None
+            }
+        }
+    }
+
+    /// Caches `ids` for `text`, evicting least recently used entries to stay in budget.
+    /// Entries larger than the whole budget are not cached.
+    pub(crate) fn insert(&self, text: &str, ids: Arc<[u32]>) {
+        let size = entry_bytes(text, &ids);
+        if size > self.capacity_bytes {
+            return;
+        }
+        let mut lru = self.lock();
+        if lru.map.contains_key(text) {
+            return; // another thread tokenized the same segment meanwhile
+        }
+        while lru.bytes + size > self.capacity_bytes {
+            let Some((_, key)) = lru.order.pop_first() else {
+                break;
+            };
+            if let Some(old) = lru.map.remove(&key) {
+                lru.bytes -= entry_bytes(&key, &old.ids);
+            }
+        }
+        lru.tick += 1;
+        let tick = lru.tick;
+        let key: Arc<str> = Arc::from(text);
+        lru.order.insert(tick, key.clone());
+        lru.map.insert(key, Entry { ids, tick });
+        lru.bytes += size;
+    }
+
+    /// Current counters.
+    pub(crate) fn stats(&self) -> SegmentCacheStats {
+        let lru = self.lock();
+        SegmentCacheStats {
+            hits: lru.hits,
+            misses: lru.misses,
+            entries: lru.map.len(),
+            bytes: lru.bytes,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pieces<'t>(splitter: &AddedTokenSplitter, text: &'t str) -> Vec<Piece<'t>> {
+        let mut out = Vec::new();
+        splitter
+            .split(text, |p| {
+                out.push(p);
+                Ok::<(), ()>(())
+            })
+            .unwrap();
+        out
+    }
+
+    #[test]
+    fn splits_leftmost_longest() {
+        let tokens = [
+            AddedToken::from("<a>", true),
+            AddedToken::from("<a>b", true),
+            AddedToken::from("é!", false).normalized(false),
+        ];
+        let splitter =
+            AddedTokenSplitter::new(tokens.iter().enumerate().map(|(i, t)| (i as u32, t)));
+        assert_eq!(
+            pieces(&splitter, "x<a>b<a>é!<"),
+            [
+                Piece::Text("x"),
+                Piece::Added(1),
+                Piece::Added(0),
+                Piece::Added(2),
+                Piece::Text("<")
+            ]
+        );
+        assert_eq!(pieces(&splitter, ""), []);
+    }
+
+    #[test]
+    fn tokens_that_strip_whitespace_disable_splitting() {
+        let tokens = [AddedToken::from("<a>", true).lstrip(true)];
+        let splitter = AddedTokenSplitter::new(tokens.iter().map(|t| (0, t)));
+        assert!(!splitter.is_active());
+        assert_eq!(pieces(&splitter, "x <a>"), [Piece::Text("x <a>")]);
+    }
+
+    #[test]
+    fn evicts_least_recently_used_within_budget() {
+        let one = entry_bytes("aaaa", &[1, 2]);
+        let cache = SegmentCache::new(2 * one);
+        cache.insert("aaaa", Arc::from(vec![1, 2]));
+        cache.insert("bbbb", Arc::from(vec![3, 4]));
+        assert!(cache.get("aaaa").is_some()); // "bbbb" is now the oldest
+        cache.insert("cccc", Arc::from(vec![5, 6]));
+        assert!(cache.get("bbbb").is_none());
+        assert_eq!(cache.get("cccc").as_deref(), Some(&[5, 6][..]));
+        let stats = cache.stats();
+        assert_eq!(
+            (stats.entries, stats.bytes, stats.hits, stats.misses),
+            (2, 2 * one, 2, 1)
+        );
+        cache.insert(&"z".repeat(3 * one), Arc::from(vec![7]));
+        assert_eq!(cache.stats().entries, 2, "oversized entries are not cached");
+    }
+}

@@ -1,0 +1,146 @@
+//! The segment cache never changes a token: cached (segmented) tokenization gives the ids one
+//! whole-text call to the HF tokenizer gives, for random texts and random multi-turn chats,
+//! including unicode, whitespace runs and text that spells out special tokens.
+#![cfg(feature = "tokenizer")]
+
+use std::sync::OnceLock;
+
+use proptest::prelude::*;
+use serde_json::{json, Value};
+use switchyard_protocol::route::ApiKind;
+use switchyard_protocol::tokenize::{default_model_dir, ModelTokenizer};
+
+fn load(cache_bytes: usize) -> ModelTokenizer {
+    let dir = default_model_dir();
+    assert!(
+        dir.join("tokenizer.json").is_file(),
+        "Qwen3 model files missing in {}: run scripts/setup.sh (or set SWITCHYARD_MODEL_DIR)",
+        dir.display()
+    );
+    ModelTokenizer::from_dir_with_cache_bytes(&dir, cache_bytes).expect("load model dir")
+}
+
+/// Shared across cases so later cases hit segments cached by earlier ones.
+fn roomy() -> &'static ModelTokenizer {
+    static TOK: OnceLock<ModelTokenizer> = OnceLock::new();
+    TOK.get_or_init(|| load(64 << 20))
+}
+
+/// A 4 KiB cache: constant eviction, to show evictions cannot corrupt results.
+fn cramped() -> &'static ModelTokenizer {
+    static TOK: OnceLock<ModelTokenizer> = OnceLock::new();
+    TOK.get_or_init(|| load(4 << 10))
+}
+
+const FRAGMENTS: &[&str] = &[
+    "hello",
+    " world",
+    "The",
+    " quick",
+    "'s",
+    "'ll",
+    "don't",
+    "12345",
+    "3.14",
+    " ",
+    "  ",
+    "   ",
+    "\n",
+    "\n\n",
+    "\r\n",
+    "\t",
+    " \n ",
+    "ü",
+    "数据",
+    "😀",
+    "e\u{301}",
+    "\u{200b}",
+    "Ωmega",
+    "naïve",
+    "<|im_end|>",
+    "<|im_start|>",
+    "<think>",
+    "</think>",
+    "<tool_call>",
+    "</tool_call>",
+    "<|endoftext|>",
+    "<tool_response>",
+    "<|im_",
+    "<|",
+    "|>",
+    "<",
+    ">",
+    "im_end",
+    "{\"a\": 1}",
+    "```rust\n",
+    "fn main() {}",
+    "!!!",
+    "...",
+    "-",
+    "__init__",
+];
+
+fn text() -> impl Strategy<Value = String> {
+    prop_oneof![
+        3 => prop::collection::vec(prop::sample::select(FRAGMENTS), 0..16).prop_map(|f| f.concat()),
+        1 => "\\PC{0,40}",
+        1 => "[ \\t\\r\\n]{0,8}[a-z<|>_]{0,12}[ \\t\\r\\n]{0,8}",
+    ]
+}
+
+fn conversation() -> impl Strategy<Value = Vec<(String, String)>> {
+    let role = prop::sample::select(vec!["user", "assistant", "user", "system", "tool"]);
+    prop::collection::vec((role, text()), 1..8)
+        .prop_map(|msgs| msgs.into_iter().map(|(r, t)| (r.to_string(), t)).collect())
+}
+
+fn chat_body(messages: &[(String, String)], thinking: bool) -> Value {
+    let messages: Vec<Value> = messages
+        .iter()
+        .map(|(role, content)| json!({"role": role, "content": content}))
+        .collect();
+    json!({"messages": messages, "chat_template_kwargs": {"enable_thinking": thinking}})
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    #[test]
+    fn cached_encode_equals_whole_text_encode(text in text()) {
+        let want = roomy().encode_uncached(&text, false).unwrap();
+        prop_assert_eq!(&roomy().encode(&text).unwrap(), &want, "cold");
+        prop_assert_eq!(&roomy().encode(&text).unwrap(), &want, "cached");
+        prop_assert_eq!(&cramped().encode(&text).unwrap(), &want, "under eviction");
+        prop_assert_eq!(
+            roomy().tokenize_request(ApiKind::Completions, &json!({"prompt": text})).unwrap(),
+            roomy().encode_uncached(&text, true).unwrap()
+        );
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+
+    #[test]
+    fn cached_chat_tokens_equal_whole_prompt_tokens(
+        turns in conversation(),
+        next in text(),
+        thinking in any::<bool>(),
+    ) {
+        for tok in [roomy(), cramped()] {
+            let body = chat_body(&turns, thinking);
+            let rendered = tok.render_chat(&body).unwrap();
+            let want = tok.encode_uncached(&rendered, false).unwrap();
+            prop_assert_eq!(&tok.tokenize_request(ApiKind::Chat, &body).unwrap(), &want);
+
+            // The next turn reuses the cached segments of this one.
+            let mut grown = turns.clone();
+            grown.push(("assistant".into(), "ok".into()));
+            grown.push(("user".into(), next.clone()));
+            let body = chat_body(&grown, thinking);
+            let rendered = tok.render_chat(&body).unwrap();
+            let want = tok.encode_uncached(&rendered, false).unwrap();
+            prop_assert_eq!(tok.tokenize_request(ApiKind::Chat, &body).unwrap(), want);
+        }
+    }
+}

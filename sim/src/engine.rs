@@ -1,1 +1,0 @@
-//! Engine core (placeholder; see module owner).

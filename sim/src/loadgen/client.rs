@@ -1,0 +1,353 @@
+//! The streaming HTTP client that replays a workload.
+//!
+//! Each planned request gets a task that waits for its arrival time (scaled), its
+//! dependencies and think time, then for a concurrency slot, and sends the request with
+//! `stream: true`. TTFT, E2E and token counts come from the SSE stream; route and worker from
+//! the response headers. Every request sent yields a [`RequestRecord`], failures included;
+//! requests that cannot be sent before the duration cap are counted as not sent.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use indicatif::{ProgressBar, ProgressStyle};
+use tokio::sync::{watch, Semaphore};
+use tokio::time::Instant;
+
+use super::prompts::{BodyBuilder, PromptFraming};
+use super::record::RequestRecord;
+use super::sse::{clip, interpret, SseParser};
+use super::{PlannedRequest, Workload};
+
+/// Response header naming the worker that served the request.
+pub const WORKER_HEADER: &str = "x-switchyard-worker";
+
+/// How to replay.
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// Base URL, e.g. `http://127.0.0.1:8080` (the API path is appended).
+    pub endpoint: String,
+    /// Multiplies arrival and think times: 0.5 replays twice as fast, 0 sends at once.
+    pub time_scale: f64,
+    /// Requests in flight at most (`None`: unlimited).
+    pub max_concurrency: Option<usize>,
+    /// No request is sent after this long; requests in flight get `drain` more to finish.
+    pub max_duration: Option<Duration>,
+    /// Grace period for in-flight requests after `max_duration`.
+    pub drain: Duration,
+    /// Per-request limit, send to end of stream (`None`: none).
+    pub request_timeout: Option<Duration>,
+    /// Bearer token, if the endpoint wants one.
+    pub api_key: Option<String>,
+    /// Prefix of the `x-request-id` of every request (`<tag>-<id>`).
+    pub run_tag: String,
+    /// Fixed tokens around the content, to record the expected prompt tokens.
+    pub framing: PromptFraming,
+    /// Draw a progress bar on stderr (only shown on a terminal).
+    pub progress: bool,
+}
+
+/// Errors that stop a replay before it starts.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The endpoint is not an `http://` URL.
+    #[error("endpoint must be an http:// URL (TLS is not built in), got {0:?}")]
+    InvalidEndpoint(String),
+    /// The HTTP client could not be built.
+    #[error("cannot build the HTTP client: {0}")]
+    Build(String),
+    /// `time_scale` is negative or not a number.
+    #[error("time scale must be a finite number >= 0, got {0}")]
+    InvalidTimeScale(f64),
+}
+
+/// What a replay produced.
+#[derive(Debug, Clone, Default)]
+pub struct ReplayOutcome {
+    /// One record per request sent, in id order.
+    pub records: Vec<RequestRecord>,
+    /// Planned requests never sent.
+    pub not_sent: usize,
+}
+
+/// Shared state of one replay.
+struct Shared {
+    http: reqwest::Client,
+    url: String,
+    config: ClientConfig,
+    builder: BodyBuilder,
+    workload: Workload,
+    start: Instant,
+    deadline: Option<Instant>,
+    slots: Option<Semaphore>,
+}
+
+/// Replays `workload` with `builder`'s request bodies.
+///
+/// # Errors
+/// [`ClientError`] for a bad endpoint, time scale or HTTP client setup; request failures are
+/// recorded, not returned.
+pub async fn replay(
+    workload: Workload,
+    builder: BodyBuilder,
+    config: ClientConfig,
+) -> Result<ReplayOutcome, ClientError> {
+    if !config.endpoint.starts_with("http://") {
+        return Err(ClientError::InvalidEndpoint(config.endpoint));
+    }
+    if !(config.time_scale >= 0.0 && config.time_scale.is_finite()) {
+        return Err(ClientError::InvalidTimeScale(config.time_scale));
+    }
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(1024)
+        .build()
+        .map_err(|e| ClientError::Build(e.to_string()))?;
+    let url = format!(
+        "{}{}",
+        config.endpoint.trim_end_matches('/'),
+        builder.path()
+    );
+    let start = Instant::now();
+    let n = workload.requests.len();
+    let progress = progress_bar(n as u64, config.progress);
+    let shared = Arc::new(Shared {
+        http,
+        url,
+        deadline: config.max_duration.map(|d| start + d),
+        slots: config.max_concurrency.map(|c| Semaphore::new(c.max(1))),
+        config,
+        builder,
+        workload,
+        start,
+    });
+    let (done_tx, done_rx): (Vec<_>, Vec<_>) = (0..n).map(|_| watch::channel(false)).unzip();
+    let mut tasks = Vec::with_capacity(n);
+    for (id, done) in done_tx.into_iter().enumerate() {
+        let deps: Vec<_> = shared.workload.requests[id]
+            .after
+            .iter()
+            .map(|&d| done_rx[d].clone())
+            .collect();
+        let shared = Arc::clone(&shared);
+        let progress = progress.clone();
+        tasks.push(tokio::spawn(async move {
+            let record = run_one(&shared, id, deps).await;
+            // Dependents wait for `true`; a dropped sender tells them this never ran.
+            if record.is_some() {
+                let _ = done.send(true);
+            }
+            progress.inc(1);
+            record
+        }));
+    }
+    let mut outcome = ReplayOutcome::default();
+    for task in tasks {
+        match task.await {
+            Ok(Some(record)) => outcome.records.push(record),
+            Ok(None) => outcome.not_sent += 1,
+            Err(e) => {
+                tracing::error!("request task failed: {e}");
+                outcome.not_sent += 1;
+            }
+        }
+    }
+    progress.finish_and_clear();
+    Ok(outcome)
+}
+
+fn progress_bar(len: u64, enabled: bool) -> ProgressBar {
+    use std::io::IsTerminal;
+    if !enabled || !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(len);
+    if let Ok(style) = ProgressStyle::with_template(
+        "{elapsed_precise} [{wide_bar}] {pos}/{len} requests ({per_sec}, eta {eta})",
+    ) {
+        bar.set_style(style);
+    }
+    bar
+}
+
+fn ms_since(start: Instant, t: Instant) -> f64 {
+    t.saturating_duration_since(start).as_secs_f64() * 1000.0
+}
+
+/// Waits until the request may go, sends it and measures it; `None` if it was never sent.
+async fn run_one(
+    shared: &Shared,
+    id: usize,
+    deps: Vec<watch::Receiver<bool>>,
+) -> Option<RequestRecord> {
+    let planned = &shared.workload.requests[id];
+    let scale = shared.config.time_scale;
+    let scaled = |ms: u64| Duration::from_secs_f64(ms as f64 * scale / 1000.0);
+    let deadline_passed = || async {
+        match shared.deadline {
+            Some(d) => tokio::time::sleep_until(d).await,
+            None => std::future::pending().await,
+        }
+    };
+    let wait = async {
+        for mut dep in deps {
+            // Err: the dependency was never sent, so neither is this request.
+            dep.wait_for(|done| *done).await.ok()?;
+        }
+        if !planned.after.is_empty() {
+            tokio::time::sleep(scaled(planned.think_ms)).await;
+        }
+        tokio::time::sleep_until(shared.start + scaled(planned.arrival_ms)).await;
+        let ready = Instant::now();
+        let permit = match &shared.slots {
+            Some(s) => Some(s.acquire().await.ok()?),
+            None => None,
+        };
+        Some((ready, permit))
+    };
+    let (ready, _permit) = tokio::select! {
+        r = wait => r?,
+        () = deadline_passed() => return None,
+    };
+    let sent = Instant::now();
+    let mut record = RequestRecord {
+        id,
+        session: planned.session,
+        turn: planned.turn,
+        agent: planned.agent,
+        ready_ms: ms_since(shared.start, ready),
+        sent_ms: ms_since(shared.start, sent),
+        planned_isl: planned.isl(),
+        expected_prompt_tokens: shared.config.framing.prompt_tokens(planned.isl()),
+        planned_osl: planned.osl,
+        ..RequestRecord::default()
+    };
+    let limit = request_limit(shared, sent);
+    let exchange = exchange(shared, planned, sent, &mut record);
+    let result = match limit {
+        Some(limit) => tokio::time::timeout(limit, exchange)
+            .await
+            .unwrap_or_else(|_| Err(format!("timeout: no end of stream after {limit:?}"))),
+        None => exchange.await,
+    };
+    if let Err(e) = result {
+        record.error = Some(e);
+        if record.e2e_ms.is_none() {
+            record.e2e_ms = Some(ms_since(sent, Instant::now()));
+        }
+    }
+    Some(record)
+}
+
+/// The tighter of the per-request timeout and the end of the drain period.
+fn request_limit(shared: &Shared, sent: Instant) -> Option<Duration> {
+    let drain_end = shared
+        .deadline
+        .map(|d| (d + shared.config.drain).saturating_duration_since(sent));
+    match (shared.config.request_timeout, drain_end) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// One HTTP exchange; fills `record` as it goes.
+async fn exchange(
+    shared: &Shared,
+    planned: &PlannedRequest,
+    sent: Instant,
+    record: &mut RequestRecord,
+) -> Result<(), String> {
+    let mut request = shared
+        .http
+        .post(&shared.url)
+        .header(
+            "x-request-id",
+            format!("{}-{}", shared.config.run_tag, planned.id),
+        )
+        .json(&shared.builder.body(planned));
+    if let Some(key) = &shared.config.api_key {
+        request = request.bearer_auth(key);
+    }
+    let response = request.send().await.map_err(describe)?;
+    let header = |name: &str| {
+        response
+            .headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+    };
+    record.route = header(switchyard_protocol::route::ROUTE_HEADER);
+    record.worker = header(WORKER_HEADER);
+    let status = response.status();
+    record.status = Some(status.as_u16());
+    if !status.is_success() {
+        let body = response.text().await.unwrap_or_default();
+        return Err(format!("http {}: {}", status.as_u16(), clip(body.trim())));
+    }
+    let mut parser = SseParser::default();
+    let mut stream = response.bytes_stream();
+    let mut finished = false;
+    let mut stream_error = None;
+    'read: loop {
+        let chunk = match stream.next().await {
+            Some(Ok(bytes)) => bytes,
+            Some(Err(e)) => {
+                stream_error = Some(format!("stream: {}", describe(e)));
+                break;
+            }
+            None => break,
+        };
+        let now = Instant::now();
+        for data in parser.push(&chunk) {
+            let event = interpret(&data);
+            if event.content {
+                record.content_chunks += 1;
+                record.ttft_ms.get_or_insert(ms_since(sent, now));
+            }
+            if let Some(u) = event.usage {
+                record.prompt_tokens = u.prompt_tokens.or(record.prompt_tokens);
+                record.completion_tokens = u.completion_tokens.or(record.completion_tokens);
+                record.cached_tokens = u.cached_tokens.or(record.cached_tokens);
+            }
+            finished |= event.finish_reason.is_some();
+            if let Some(e) = event.error {
+                stream_error = Some(format!("stream: {e}"));
+                break 'read;
+            }
+            if event.done {
+                finished = true;
+                break 'read;
+            }
+        }
+    }
+    record.e2e_ms = Some(ms_since(sent, Instant::now()));
+    if let Some(e) = stream_error {
+        return Err(e);
+    }
+    if !finished {
+        return Err("stream: ended without [DONE] or a finish_reason".into());
+    }
+    if record.ttft_ms.is_none() {
+        return Err("stream: no generated text".into());
+    }
+    Ok(())
+}
+
+/// A reqwest error with its causes, prefixed by its kind.
+fn describe(e: reqwest::Error) -> String {
+    let kind = if e.is_connect() {
+        "connect"
+    } else if e.is_timeout() {
+        "timeout"
+    } else if e.is_body() || e.is_decode() {
+        "stream"
+    } else {
+        "request"
+    };
+    let mut text = format!("{kind}: {e}");
+    let mut source = std::error::Error::source(&e);
+    while let Some(s) = source {
+        text.push_str(&format!(": {s}"));
+        source = s.source();
+    }
+    text
+}

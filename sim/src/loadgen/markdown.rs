@@ -1,0 +1,175 @@
+//! Markdown rendering of run reports and of comparisons across runs.
+
+use std::fmt::Write as _;
+
+use super::report::RunReport;
+use super::stats::Summary;
+
+/// `x` with `digits` decimals, or `–` when missing or not finite.
+fn num(x: Option<f64>, digits: usize) -> String {
+    match x {
+        Some(v) if v.is_finite() => format!("{v:.digits$}"),
+        _ => "–".to_string(),
+    }
+}
+
+fn pct(x: Option<f64>) -> String {
+    x.map_or_else(|| "–".to_string(), |v| format!("{:.1} %", v * 100.0))
+}
+
+fn summary_row(out: &mut String, name: &str, s: &Summary, digits: usize) {
+    let _ = writeln!(
+        out,
+        "| {name} | {} | {} | {} | {} | {} |",
+        num(s.p50, digits),
+        num(s.p90, digits),
+        num(s.p99, digits),
+        num(s.mean, digits),
+        s.count
+    );
+}
+
+/// The report of one run as markdown.
+pub fn run_markdown(r: &RunReport) -> String {
+    let m = &r.meta;
+    let mut out = String::new();
+    let _ = writeln!(out, "# Load test: {}\n", m.label);
+    let _ = writeln!(
+        out,
+        "- workload `{}`, seed {}, time scale {}, {} planned requests, offered {} req/s",
+        m.workload,
+        m.seed,
+        m.time_scale,
+        m.planned_requests,
+        num(m.offered_rps, 2)
+    );
+    let _ = writeln!(
+        out,
+        "- endpoint `{}`, mode {}, {} GPUs",
+        m.endpoint,
+        m.mode.as_deref().unwrap_or("–"),
+        m.gpus
+    );
+    if m.time_factor() != 1.0 {
+        let _ = writeln!(
+            out,
+            "- simulated workers ran {}x faster than the modelled hardware; all times and rates \
+             below are in modelled time (measured × {})",
+            m.time_factor(),
+            m.time_factor()
+        );
+    }
+    let c = &r.requests;
+    let _ = writeln!(
+        out,
+        "- requests: {} sent, {} ok, {} failed, {} not sent; window {:.1} s\n",
+        c.sent, c.ok, c.failed, c.not_sent, r.window_s
+    );
+    out.push_str("| metric | p50 | p90 | p99 | mean | n |\n|---|---|---|---|---|---|\n");
+    summary_row(&mut out, "TTFT (ms)", &r.ttft_ms, 1);
+    summary_row(&mut out, "ITL (ms)", &r.itl_ms, 2);
+    summary_row(&mut out, "E2E (ms)", &r.e2e_ms, 1);
+    let i = &r.interactivity;
+    let _ = writeln!(
+        out,
+        "| interactivity (tok/s/user) | {} | {} | {} | | |\n",
+        num(i.p50, 1),
+        num(i.p90, 1),
+        num(i.p99, 1)
+    );
+    let t = &r.throughput;
+    out.push_str("| throughput | value |\n|---|---|\n");
+    let rows = [
+        ("requests/s", t.requests_per_s),
+        ("input tokens/s", t.input_tokens_per_s),
+        ("output tokens/s", t.output_tokens_per_s),
+        ("input+output tokens/s/GPU", t.total_tokens_per_s_per_gpu),
+        ("output tokens/s/GPU", t.output_tokens_per_s_per_gpu),
+        (
+            "goodput (requests/s meeting SLOs)",
+            r.goodput.requests_per_s,
+        ),
+    ];
+    for (name, v) in rows {
+        let _ = writeln!(out, "| {name} | {v:.2} |");
+    }
+    let g = &r.goodput;
+    let _ = writeln!(
+        out,
+        "\nSLOs: TTFT ≤ {} ms, ITL ≤ {} ms; {} of sent requests met them.\n",
+        num(g.slo.ttft_ms, 0),
+        num(g.slo.itl_ms, 0),
+        pct(Some(g.share))
+    );
+    let tok = &r.tokens;
+    let _ = writeln!(
+        out,
+        "Tokens: {} planned content, {} expected by the server, {} reported ({} cached, {}); \
+         {} prompt and {} output count mismatches.\n",
+        tok.planned_input,
+        tok.expected_prompt,
+        tok.reported_prompt,
+        tok.reported_cached,
+        pct(tok.cached_share),
+        tok.prompt_count_mismatches,
+        tok.output_count_mismatches
+    );
+    let _ = writeln!(
+        out,
+        "Routes (bypass share {}):\n",
+        pct(r.routes.bypass_share)
+    );
+    out.push_str("| route | requests |\n|---|---|\n");
+    for (k, v) in r.routes.modes.iter().chain(&r.routes.reasons) {
+        let _ = writeln!(out, "| {k} | {v} |");
+    }
+    if !r.workers.is_empty() {
+        out.push_str("\n| worker | requests |\n|---|---|\n");
+        for (k, v) in &r.workers {
+            let _ = writeln!(out, "| {k} | {v} |");
+        }
+    }
+    if !r.errors.is_empty() {
+        out.push_str("\n| error | requests |\n|---|---|\n");
+        for (k, v) in &r.errors {
+            let _ = writeln!(out, "| {k} | {v} |");
+        }
+    }
+    out
+}
+
+/// A comparison table, one row per run, sorted by mode then offered load.
+pub fn comparison_markdown(runs: &[RunReport]) -> String {
+    let mut sorted: Vec<&RunReport> = runs.iter().collect();
+    sorted.sort_by(|a, b| {
+        (a.meta.mode.as_deref(), a.meta.offered_rps.unwrap_or(0.0))
+            .partial_cmp(&(b.meta.mode.as_deref(), b.meta.offered_rps.unwrap_or(0.0)))
+            .unwrap_or(std::cmp::Ordering::Equal)
+    });
+    let mut out = String::from(
+        "| run | mode | offered req/s | ok/sent | TTFT p50 / p99 (ms) | ITL p50 / p99 (ms) \
+         | tok/s/user p50 | tok/s/GPU (in+out) | out tok/s/GPU | goodput req/s | bypass |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|\n",
+    );
+    for r in sorted {
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {}/{} | {} / {} | {} / {} | {} | {:.1} | {:.1} | {:.2} | {} |",
+            r.meta.label,
+            r.meta.mode.as_deref().unwrap_or("–"),
+            num(r.meta.offered_rps, 2),
+            r.requests.ok,
+            r.requests.sent,
+            num(r.ttft_ms.p50, 0),
+            num(r.ttft_ms.p99, 0),
+            num(r.itl_ms.p50, 1),
+            num(r.itl_ms.p99, 1),
+            num(r.interactivity.p50, 1),
+            r.throughput.total_tokens_per_s_per_gpu,
+            r.throughput.output_tokens_per_s_per_gpu,
+            r.goodput.requests_per_s,
+            pct(r.routes.bypass_share),
+        );
+    }
+    out
+}

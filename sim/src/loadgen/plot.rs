@@ -1,0 +1,135 @@
+//! Interactivity versus throughput per GPU, one series per serving mode (SVG).
+//!
+//! The usual way to compare serving setups: each run at one offered load is a point
+//! (x = median interactivity in tokens/s/user, y = tokens/s per GPU); a mode's points across
+//! loads trace its trade-off curve, and a curve further up and to the right is better.
+
+use std::collections::BTreeMap;
+
+use plotters::prelude::*;
+
+use super::report::RunReport;
+
+/// Which throughput goes on the y axis.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ThroughputKind {
+    /// Input + output tokens/s per GPU.
+    Total,
+    /// Output tokens/s per GPU.
+    Output,
+}
+
+/// Errors drawing a plot.
+#[derive(Debug, thiserror::Error)]
+pub enum PlotError {
+    /// No run has both an interactivity and a throughput value.
+    #[error("no run has an ITL measurement to plot")]
+    NoPoints,
+    /// The drawing backend failed.
+    #[error("drawing failed: {0}")]
+    Drawing(String),
+}
+
+/// Series colours, cycled by mode.
+const COLOURS: [RGBColor; 5] = [
+    RGBColor(31, 119, 180),
+    RGBColor(214, 39, 40),
+    RGBColor(44, 160, 44),
+    RGBColor(148, 103, 189),
+    RGBColor(255, 127, 14),
+];
+
+/// (x, y) points per mode (runs without a mode are grouped under their label), sorted by x.
+pub fn points_by_mode(
+    runs: &[RunReport],
+    kind: ThroughputKind,
+) -> BTreeMap<String, Vec<(f64, f64)>> {
+    let mut series: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
+    for r in runs {
+        let Some(x) = r.interactivity.p50.filter(|x| x.is_finite()) else {
+            continue;
+        };
+        let y = match kind {
+            ThroughputKind::Total => r.throughput.total_tokens_per_s_per_gpu,
+            ThroughputKind::Output => r.throughput.output_tokens_per_s_per_gpu,
+        };
+        let name = r.meta.mode.clone().unwrap_or_else(|| r.meta.label.clone());
+        series.entry(name).or_default().push((x, y));
+    }
+    for points in series.values_mut() {
+        points.sort_by(|a, b| a.0.total_cmp(&b.0));
+    }
+    series
+}
+
+/// Renders the plot as an SVG document.
+///
+/// # Errors
+/// [`PlotError::NoPoints`] if no run can be placed, [`PlotError::Drawing`] on backend errors.
+pub fn interactivity_vs_throughput_svg(
+    runs: &[RunReport],
+    kind: ThroughputKind,
+) -> Result<String, PlotError> {
+    let series = points_by_mode(runs, kind);
+    let all: Vec<(f64, f64)> = series.values().flatten().copied().collect();
+    if all.is_empty() {
+        return Err(PlotError::NoPoints);
+    }
+    let x_max = all.iter().map(|p| p.0).fold(0.0, f64::max) * 1.1 + 1e-9;
+    let y_max = all.iter().map(|p| p.1).fold(0.0, f64::max) * 1.1 + 1e-9;
+    let y_label = match kind {
+        ThroughputKind::Total => "input+output tokens/s per GPU",
+        ThroughputKind::Output => "output tokens/s per GPU",
+    };
+    let draw_err = |e: &dyn std::fmt::Display| PlotError::Drawing(e.to_string());
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (900, 600)).into_drawing_area();
+        root.fill(&WHITE).map_err(|e| draw_err(&e))?;
+        let mut chart = ChartBuilder::on(&root)
+            .caption(
+                "Throughput per GPU vs interactivity (p50)",
+                ("sans-serif", 22),
+            )
+            .margin(20)
+            .x_label_area_size(50)
+            .y_label_area_size(70)
+            .build_cartesian_2d(0.0..x_max, 0.0..y_max)
+            .map_err(|e| draw_err(&e))?;
+        chart
+            .configure_mesh()
+            .x_desc("interactivity, p50 (tokens/s/user)")
+            .y_desc(y_label)
+            .draw()
+            .map_err(|e| draw_err(&e))?;
+        for (i, (mode, points)) in series.iter().enumerate() {
+            let colour = COLOURS[i % COLOURS.len()];
+            chart
+                .draw_series(LineSeries::new(
+                    points.iter().copied(),
+                    colour.stroke_width(2),
+                ))
+                .map_err(|e| draw_err(&e))?
+                .label(mode.as_str())
+                .legend(move |(x, y)| {
+                    PathElement::new([(x, y), (x + 20, y)], colour.stroke_width(2))
+                });
+            chart
+                .draw_series(PointSeries::of_element(
+                    points.iter().copied(),
+                    4,
+                    colour.filled(),
+                    &|c, s, st| Circle::new(c, s, st),
+                ))
+                .map_err(|e| draw_err(&e))?;
+        }
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .draw()
+            .map_err(|e| draw_err(&e))?;
+        root.present().map_err(|e| draw_err(&e))?;
+    }
+    Ok(svg)
+}

@@ -1,0 +1,221 @@
+//! Mooncake traces: parsing and planning.
+//!
+//! A row is `{"timestamp": ms, "input_length": tokens, "output_length": tokens, "hash_ids":
+//! [...]}`; hash id `i` of a row stands for tokens `[i·B, (i+1)·B)` of its prompt (`B` = 512 in
+//! the published traces), the last block possibly partial. Two rows that share a hash id share
+//! that block's content. Planning maps hash ids one-to-one onto content blocks
+//! ([`super::prompts`]), so the synthesized prompts have exactly the trace's lengths and reuse.
+
+use std::collections::HashMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::prompts::{PromptSpec, Segment};
+use super::{PlannedRequest, Workload};
+
+/// Default tokens per hash id in the Mooncake traces.
+pub const MOONCAKE_BLOCK_TOKENS: u32 = 512;
+
+/// One trace row.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TraceRow {
+    /// Arrival in ms since the start of the trace.
+    pub timestamp: u64,
+    /// Prompt tokens.
+    pub input_length: u32,
+    /// Generated tokens.
+    pub output_length: u32,
+    /// One id per block of the prompt, in order.
+    pub hash_ids: Vec<u64>,
+}
+
+/// A line that could not be used, with why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct MalformedLine {
+    /// 1-based line number.
+    pub line: usize,
+    /// What is wrong with it.
+    pub reason: String,
+}
+
+/// The usable rows of a trace and the lines that were not.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct ParsedTrace {
+    /// Usable rows, in file order.
+    pub rows: Vec<TraceRow>,
+    /// Malformed lines (bad JSON, missing fields, lengths that contradict the hash ids).
+    pub malformed: Vec<MalformedLine>,
+}
+
+/// Errors that make a whole trace unusable.
+#[derive(Debug, thiserror::Error)]
+pub enum TraceError {
+    /// The file could not be read.
+    #[error("cannot read trace {path}: {source}")]
+    Read {
+        /// The path given.
+        path: String,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The block size is zero.
+    #[error("block size must be positive")]
+    ZeroBlockSize,
+}
+
+/// Parses trace text. Blank lines are skipped; every other unusable line is reported with its
+/// line number and reason, never silently dropped.
+///
+/// # Errors
+/// [`TraceError::ZeroBlockSize`] if `block_tokens` is 0.
+pub fn parse_trace(text: &str, block_tokens: u32) -> Result<ParsedTrace, TraceError> {
+    if block_tokens == 0 {
+        return Err(TraceError::ZeroBlockSize);
+    }
+    let mut parsed = ParsedTrace::default();
+    for (index, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let checked = serde_json::from_str::<TraceRow>(line)
+            .map_err(|e| e.to_string())
+            .and_then(|row| check_row(&row, block_tokens).map(|()| row));
+        match checked {
+            Ok(row) => parsed.rows.push(row),
+            Err(reason) => parsed.malformed.push(MalformedLine {
+                line: index + 1,
+                reason,
+            }),
+        }
+    }
+    Ok(parsed)
+}
+
+/// Reads and parses a trace file.
+///
+/// # Errors
+/// [`TraceError::Read`] if the file cannot be read.
+pub fn read_trace(path: &std::path::Path, block_tokens: u32) -> Result<ParsedTrace, TraceError> {
+    let text = std::fs::read_to_string(path).map_err(|source| TraceError::Read {
+        path: path.display().to_string(),
+        source,
+    })?;
+    parse_trace(&text, block_tokens)
+}
+
+/// A row is usable when its hash ids cover exactly its input length.
+fn check_row(row: &TraceRow, block_tokens: u32) -> Result<(), String> {
+    if row.input_length == 0 {
+        return Err("input_length is 0".into());
+    }
+    if row.output_length == 0 {
+        return Err("output_length is 0".into());
+    }
+    let blocks = row.input_length.div_ceil(block_tokens) as usize;
+    if blocks != row.hash_ids.len() {
+        return Err(format!(
+            "input_length {} needs {blocks} blocks of {block_tokens} tokens but hash_ids has {}",
+            row.input_length,
+            row.hash_ids.len()
+        ));
+    }
+    Ok(())
+}
+
+/// The prompt of a row: one segment per hash id, the last one partial.
+pub fn row_prompt(row: &TraceRow, block_tokens: u32) -> PromptSpec {
+    let mut remaining = row.input_length;
+    let segments = row
+        .hash_ids
+        .iter()
+        .map(|&block| {
+            let tokens = remaining.min(block_tokens);
+            remaining -= tokens;
+            Segment { block, tokens }
+        })
+        .collect();
+    PromptSpec { segments }
+}
+
+/// Plans a trace: one request per row at its timestamp, open loop (no dependencies).
+///
+/// The trace has no session ids; sessions are inferred for reporting only: a row that shares
+/// at least its first two blocks with an earlier row continues that row's session (the first
+/// block alone is a system prompt many conversations share), otherwise it starts one.
+pub fn plan_trace(trace: &ParsedTrace, block_tokens: u32, content_seed: u64) -> Workload {
+    let mut rows: Vec<&TraceRow> = trace.rows.iter().collect();
+    rows.sort_by_key(|r| r.timestamp); // stable: equal timestamps keep file order
+                                       // For each hash id, the session whose request last ended a shared prefix with it.
+    let mut session_of_block: HashMap<u64, u64> = HashMap::new();
+    let mut turns: HashMap<u64, u32> = HashMap::new();
+    let mut next_session = 0u64;
+    let mut requests = Vec::with_capacity(rows.len());
+    for (id, row) in rows.into_iter().enumerate() {
+        let shared = row
+            .hash_ids
+            .iter()
+            .take_while(|h| session_of_block.contains_key(h))
+            .count();
+        let session = if shared >= 2 {
+            session_of_block[&row.hash_ids[shared - 1]]
+        } else {
+            next_session += 1;
+            next_session - 1
+        };
+        for h in &row.hash_ids {
+            session_of_block.insert(*h, session);
+        }
+        let turn = turns.entry(session).or_insert(0);
+        requests.push(PlannedRequest {
+            id,
+            arrival_ms: row.timestamp,
+            session,
+            turn: *turn,
+            agent: 0,
+            after: Vec::new(),
+            think_ms: 0,
+            prompt: row_prompt(row, block_tokens),
+            osl: row.output_length,
+        });
+        *turn += 1;
+    }
+    Workload {
+        name: "mooncake".into(),
+        content_seed,
+        requests,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn row_prompt_has_the_input_length_and_a_partial_tail() {
+        let row = TraceRow {
+            timestamp: 0,
+            input_length: 1100,
+            output_length: 5,
+            hash_ids: vec![4, 5, 6],
+        };
+        let p = row_prompt(&row, 512);
+        assert_eq!(p.tokens(), 1100);
+        assert_eq!(
+            p.segments[2],
+            Segment {
+                block: 6,
+                tokens: 76
+            }
+        );
+    }
+
+    #[test]
+    fn sessions_follow_shared_prefixes() {
+        let text = r#"{"timestamp": 0, "input_length": 1024, "output_length": 3, "hash_ids": [0, 1]}
+{"timestamp": 5, "input_length": 1024, "output_length": 3, "hash_ids": [0, 2]}
+{"timestamp": 9, "input_length": 1500, "output_length": 3, "hash_ids": [0, 1, 3]}"#;
+        let w = plan_trace(&parse_trace(text, 512).unwrap(), 512, 0);
+        let s: Vec<_> = w.requests.iter().map(|r| (r.session, r.turn)).collect();
+        assert_eq!(s, vec![(0, 0), (1, 0), (0, 1)]);
+    }
+}

@@ -1,1 +1,0 @@
-//! Real-time worker (placeholder).

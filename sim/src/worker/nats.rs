@@ -1,0 +1,159 @@
+//! What a worker says on NATS: heartbeats (which double as registration), load reports, KV
+//! event batches, and resync dumps on request.
+//!
+//! NATS being down never stops a worker: the client connects in the background and keeps
+//! retrying, heartbeats and load reports are skipped while disconnected, and KV batches that
+//! cannot be handed over are counted as dropped (the control plane sees the sequence gap and
+//! asks for a resync once it hears from the worker again).
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use serde::Serialize;
+use switchyard_protocol::kv::{KvEventBatch, ResyncRequest};
+use switchyard_protocol::subjects;
+use switchyard_protocol::worker::WorkerHeartbeat;
+use switchyard_protocol::PROTOCOL_VERSION;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+use super::context::WorkerContext;
+
+/// Longest a single publish may wait for room in the client's outgoing buffer.
+const PUBLISH_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// A client that connects in the background and reconnects forever, so a worker started
+/// before its NATS server still joins once the server is up.
+///
+/// # Errors
+/// Only for an unparsable URL.
+pub async fn connect(url: &str) -> Result<async_nats::Client, async_nats::ConnectError> {
+    async_nats::ConnectOptions::new()
+        .name("switchyard-sim-worker")
+        .retry_on_initial_connect()
+        .max_reconnects(None)
+        .connection_timeout(Duration::from_secs(2))
+        // Retry quickly (the default backs off to 4 s): a worker should rejoin within about
+        // one heartbeat interval of the server coming back.
+        .reconnect_delay_callback(|attempts| {
+            Duration::from_millis((attempts as u64 * 100).min(1_000))
+        })
+        .connect(url)
+        .await
+}
+
+/// Starts the worker's NATS tasks: heartbeats, load reports, the KV event publisher (fed by
+/// `kv_batches`) and the resync listener.
+pub fn spawn_nats_tasks(
+    ctx: Arc<WorkerContext>,
+    client: async_nats::Client,
+    kv_batches: mpsc::Receiver<KvEventBatch>,
+    heartbeat_interval: Duration,
+    load_interval: Duration,
+) -> Vec<JoinHandle<()>> {
+    vec![
+        tokio::spawn(heartbeats(ctx.clone(), client.clone(), heartbeat_interval)),
+        tokio::spawn(load_reports(ctx.clone(), client.clone(), load_interval)),
+        tokio::spawn(kv_publisher(ctx.clone(), client.clone(), kv_batches)),
+        tokio::spawn(resync_listener(ctx, client)),
+    ]
+}
+
+fn connected(client: &async_nats::Client) -> bool {
+    client.connection_state() == async_nats::connection::State::Connected
+}
+
+async fn publish_json<T: Serialize>(
+    ctx: &WorkerContext,
+    client: &async_nats::Client,
+    subject: String,
+    message: &T,
+) -> bool {
+    let payload = match serde_json::to_vec(message) {
+        Ok(p) => p,
+        Err(_) => return false,
+    };
+    let sent = tokio::time::timeout(PUBLISH_TIMEOUT, client.publish(subject, payload.into())).await;
+    let ok = matches!(sent, Ok(Ok(())));
+    if !ok {
+        ctx.metrics
+            .nats_publish_errors
+            .fetch_add(1, Ordering::Relaxed);
+    }
+    ok
+}
+
+async fn heartbeats(ctx: Arc<WorkerContext>, client: async_nats::Client, interval: Duration) {
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let heartbeat = WorkerHeartbeat {
+        v: PROTOCOL_VERSION,
+        worker: ctx.info(),
+        interval_ms: u64::try_from(interval.as_millis()).unwrap_or(u64::MAX),
+    };
+    loop {
+        ticker.tick().await;
+        if connected(&client) {
+            publish_json(&ctx, &client, subjects::HEARTBEAT.to_owned(), &heartbeat).await;
+        }
+    }
+}
+
+async fn load_reports(ctx: Arc<WorkerContext>, client: async_nats::Client, interval: Duration) {
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticker.tick().await;
+        if connected(&client) {
+            let report = ctx.engine.load().to_load_report(ctx.id.clone());
+            publish_json(&ctx, &client, subjects::LOAD.to_owned(), &report).await;
+        }
+    }
+}
+
+async fn kv_publisher(
+    ctx: Arc<WorkerContext>,
+    client: async_nats::Client,
+    mut batches: mpsc::Receiver<KvEventBatch>,
+) {
+    let subject = subjects::kv_events(&ctx.id);
+    while let Some(batch) = batches.recv().await {
+        if publish_json(&ctx, &client, subject.clone(), &batch).await {
+            ctx.metrics.kv_event_batches.fetch_add(1, Ordering::Relaxed);
+        } else {
+            ctx.metrics
+                .kv_event_batches_dropped
+                .fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+async fn resync_listener(ctx: Arc<WorkerContext>, client: async_nats::Client) {
+    let subject = subjects::kv_resync(&ctx.id);
+    // Subscribing only queues a command; it is (re)sent whenever the client (re)connects.
+    let mut requests = loop {
+        match client.subscribe(subject.clone()).await {
+            Ok(s) => break s,
+            Err(e) => {
+                tracing::warn!(worker = %ctx.id, error = %e, "cannot subscribe to resync requests; retrying");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+    };
+    while let Some(message) = requests.next().await {
+        match serde_json::from_slice::<ResyncRequest>(&message.payload) {
+            Ok(req) if req.worker_id == ctx.id => {
+                tracing::info!(worker = %ctx.id, reason = %req.reason, "resync requested; dumping KV cache");
+                ctx.engine.request_resync();
+            }
+            Ok(req) => {
+                tracing::warn!(worker = %ctx.id, other = %req.worker_id, "resync request for another worker ignored");
+            }
+            Err(e) => {
+                tracing::warn!(worker = %ctx.id, error = %e, "malformed resync request ignored");
+            }
+        }
+    }
+}

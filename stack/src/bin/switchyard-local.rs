@@ -1,0 +1,166 @@
+//! `switchyard-local`: the whole Switchyard stack on this machine, in the foreground.
+//!
+//! Starts nats-server, the control plane, simulated workers (simulated: no GPU, a
+//! performance model) and Envoy with the filter, prints where to send requests, and stays
+//! the parent of every process until Ctrl-C or SIGTERM, then stops them all.
+
+use std::path::PathBuf;
+
+use anyhow::Context as _;
+use clap::{Parser, ValueEnum};
+use switchyard_stack::{Profile, ServingMode, StackBuilder};
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum Mode {
+    Agg,
+    Disagg,
+    Conditional,
+}
+
+/// Run the local Switchyard stack (Envoy + filter, control plane, NATS, simulated workers).
+#[derive(Debug, Parser)]
+#[command(version)]
+struct Args {
+    /// Simulated decode workers.
+    #[arg(long, default_value_t = 2)]
+    decode: usize,
+    /// Simulated prefill workers.
+    #[arg(long, default_value_t = 0)]
+    prefill: usize,
+    /// Simulated aggregated workers.
+    #[arg(long, default_value_t = 0)]
+    agg: usize,
+    /// The control plane's serving mode.
+    #[arg(long, value_enum, default_value_t = Mode::Conditional)]
+    serving_mode: Mode,
+    /// JSON policy config for conditional serving (`--conditional-disagg-config`).
+    #[arg(long)]
+    conditional_disagg_config: Option<String>,
+    /// Envoy listener port (default: a free one).
+    #[arg(long)]
+    port: Option<u16>,
+    /// Envoy admin port (default: a free one).
+    #[arg(long)]
+    admin_port: Option<u16>,
+    /// Control plane port (default: a free one).
+    #[arg(long)]
+    control_plane_port: Option<u16>,
+    /// nats-server port (default: a free one).
+    #[arg(long)]
+    nats_port: Option<u16>,
+    /// Run `target/release` binaries (build with `cargo build --workspace --bins --release`).
+    #[arg(long)]
+    release: bool,
+    /// Simulated workers' time scale (>1 runs the model faster than real time).
+    #[arg(long)]
+    time_scale: Option<f64>,
+    /// The filter's route call timeout in milliseconds.
+    #[arg(long, default_value_t = 200)]
+    route_timeout_ms: u64,
+    /// Directory for logs and generated config (default: a new one under the temp dir).
+    #[arg(long)]
+    run_dir: Option<PathBuf>,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .init();
+    let args = Args::parse();
+    let mut builder = StackBuilder::new()
+        .decode_workers(args.decode)
+        .prefill_workers(args.prefill)
+        .agg_workers(args.agg)
+        .serving_mode(match args.serving_mode {
+            Mode::Agg => ServingMode::Agg,
+            Mode::Disagg => ServingMode::Disagg,
+            Mode::Conditional => ServingMode::Conditional,
+        })
+        .profile(if args.release {
+            Profile::Release
+        } else {
+            Profile::Debug
+        })
+        .route_timeout_ms(args.route_timeout_ms);
+    if let Some(v) = args.conditional_disagg_config {
+        builder = builder.conditional_disagg_config(v);
+    }
+    if let Some(v) = args.port {
+        builder = builder.listen_port(v);
+    }
+    if let Some(v) = args.admin_port {
+        builder = builder.admin_port(v);
+    }
+    if let Some(v) = args.control_plane_port {
+        builder = builder.control_plane_port(v);
+    }
+    if let Some(v) = args.nats_port {
+        builder = builder.nats_port(v);
+    }
+    if let Some(v) = args.time_scale {
+        builder = builder.time_scale(v);
+    }
+    if let Some(v) = args.run_dir {
+        builder = builder.run_dir(v);
+    }
+
+    // Signals are watched from the start, so a Ctrl-C during start-up also stops what began.
+    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("installing the SIGTERM handler")?;
+    let stack = tokio::select! {
+        started = builder.start() => started.context("starting the stack")?,
+        _ = tokio::signal::ctrl_c() => anyhow::bail!("interrupted during start-up"),
+        _ = sigterm.recv() => anyhow::bail!("terminated during start-up"),
+    };
+
+    println!(
+        "Switchyard is up (simulated workers; logs in {}).",
+        stack.run_dir().display()
+    );
+    for worker in stack.workers() {
+        println!(
+            "  worker {:<10} {:<8} {}",
+            worker.id.0,
+            worker.role.as_str(),
+            worker.address
+        );
+    }
+    println!("  control plane  {}", stack.control_plane_url());
+    println!("  envoy admin    {}", stack.admin_url());
+    println!("  nats           {}", stack.nats_url());
+    println!();
+    println!("Send requests to {}, e.g.:", stack.gateway_url());
+    println!(
+        "  curl -sN -i {}/v1/chat/completions -H 'content-type: application/json' \\\n    -d '{{\"model\":\"qwen3\",\"messages\":[{{\"role\":\"user\",\"content\":\"Hello!\"}}],\"max_tokens\":16,\"stream\":true}}'",
+        stack.gateway_url()
+    );
+    println!("Ctrl-C stops everything.");
+
+    let mut stack = stack;
+    let mut health = tokio::time::interval(std::time::Duration::from_secs(1));
+    let outcome = loop {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => break Ok("Ctrl-C"),
+            _ = sigterm.recv() => break Ok("SIGTERM"),
+            _ = health.tick() => {
+                // A child that dies takes the stack down with it, loudly.
+                if let Err(e) = stack.check_running() {
+                    break Err(e);
+                }
+            }
+        }
+    };
+    stack.shutdown();
+    match outcome {
+        Ok(why) => {
+            println!("{why}: stopped everything");
+            Ok(())
+        }
+        Err(e) => {
+            Err(anyhow::Error::new(e).context("a process of the stack exited; stopped the rest"))
+        }
+    }
+}

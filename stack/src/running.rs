@@ -1,0 +1,356 @@
+//! Launching the stack's processes in order, and controlling them once running.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use switchyard_protocol::worker::WorkerRole;
+
+use crate::envoy::{self, EnvoySettings, DECODE_CLUSTER, PREFILL_CLUSTER};
+use crate::error::StackError;
+use crate::paths::Artifacts;
+use crate::process::{Signal, Supervised};
+use crate::readiness::{http_ok, tcp_open, wait_until};
+use crate::stack::{Component, StackBuilder, WorkerSpec};
+
+/// Largest body Envoy buffers per connection: long agentic prompts run to megabytes of JSON.
+pub const BUFFER_LIMIT_BYTES: u64 = 16 << 20;
+/// How often Envoy polls EDS in a local stack: fast, so new workers are usable at once.
+pub const EDS_REFRESH: Duration = Duration::from_millis(500);
+/// Grace each process gets on SIGTERM before SIGKILL.
+pub const STOP_GRACE: Duration = Duration::from_secs(3);
+
+/// The running stack. Dropping it stops every process (Envoy first, nats-server last).
+#[derive(Debug)]
+pub struct Stack {
+    pub(crate) processes: Vec<(Component, Supervised)>,
+    pub(crate) run_dir: PathBuf,
+    pub(crate) workers: Vec<WorkerSpec>,
+    pub(crate) nats_port: u16,
+    pub(crate) control_plane_port: u16,
+    pub(crate) listen_port: u16,
+    pub(crate) admin_port: u16,
+    pub(crate) client: reqwest::Client,
+    /// Remove `run_dir` on a drop that is not part of a panic.
+    pub(crate) remove_run_dir: bool,
+}
+
+/// Every supervised process must still run.
+fn all_running(processes: &mut [(Component, Supervised)]) -> Result<(), StackError> {
+    processes
+        .iter_mut()
+        .try_for_each(|(_, p)| p.check_running())
+}
+
+impl Stack {
+    fn spawn(
+        &mut self,
+        component: Component,
+        program: &Path,
+        args: Vec<String>,
+    ) -> Result<(), StackError> {
+        let log = self.run_dir.join(format!("{}.log", component.name()));
+        tracing::info!(component = component.name(), log = %log.display(), "starting");
+        let process = Supervised::spawn(component.name(), program, &args, log)?;
+        self.processes.push((component, process));
+        self.write_pids();
+        Ok(())
+    }
+
+    /// Lists the children's PIDs in the run directory, for cleanup after a SIGKILLed parent.
+    fn write_pids(&self) {
+        let lines: String = self
+            .processes
+            .iter()
+            .filter_map(|(c, p)| p.pid().map(|pid| format!("{pid} {}\n", c.name())))
+            .collect();
+        let _ = std::fs::write(self.run_dir.join("pids"), lines);
+    }
+
+    /// Starts the processes in dependency order, waiting for each to be ready.
+    pub(crate) async fn launch(
+        &mut self,
+        b: &StackBuilder,
+        artifacts: &Artifacts,
+    ) -> Result<(), StackError> {
+        let timeout = b.ready_timeout_value();
+        let nats_store = self.run_dir.join("nats-store");
+        let nats_args = vec![
+            "-js".into(),
+            "-a".into(),
+            "127.0.0.1".into(),
+            "-p".into(),
+            self.nats_port.to_string(),
+            "-sd".into(),
+            nats_store.to_string_lossy().into_owned(),
+        ];
+        self.spawn(Component::Nats, &artifacts.nats_server, nats_args)?;
+        let nats_addr = format!("127.0.0.1:{}", self.nats_port);
+        let run_dir = self.run_dir.clone();
+        wait_until(
+            "nats-server",
+            timeout,
+            &mut || all_running(&mut self.processes),
+            &run_dir,
+            || tcp_open(&nats_addr),
+        )
+        .await?;
+
+        let model_dir = artifacts.model_dir.to_string_lossy().into_owned();
+        let mut cp_args = vec![
+            "--listen".into(),
+            format!("127.0.0.1:{}", self.control_plane_port),
+            "--nats-url".into(),
+            self.nats_url(),
+            "--model-dir".into(),
+            model_dir.clone(),
+            "--serving-mode".into(),
+            b.serving_mode_value().as_str().into(),
+        ];
+        if let Some(config) = b.conditional_disagg_config_value() {
+            cp_args.extend([
+                "--conditional-disagg-config".to_string(),
+                config.to_string(),
+            ]);
+        }
+        self.spawn(Component::ControlPlane, &artifacts.control_plane, cp_args)?;
+        let healthz = format!("{}/healthz", self.control_plane_url());
+        let client = self.client.clone();
+        wait_until(
+            "control plane",
+            timeout,
+            &mut || all_running(&mut self.processes),
+            &run_dir,
+            || http_ok(&client, &healthz),
+        )
+        .await?;
+
+        let mut worker_args = vec![
+            "--nats-url".into(),
+            self.nats_url(),
+            "--model-dir".into(),
+            model_dir,
+        ];
+        for worker in &self.workers {
+            worker_args.extend(["--worker".to_string(), worker.flag()]);
+        }
+        if let Some(scale) = b.time_scale_value() {
+            worker_args.extend(["--time-scale".to_string(), scale.to_string()]);
+        }
+        self.spawn(Component::Workers, &artifacts.sim_worker, worker_args)?;
+        let health: Vec<String> = self
+            .workers
+            .iter()
+            .map(|w| format!("http://{}/health", w.address))
+            .collect();
+        wait_until(
+            "simulated workers",
+            timeout,
+            &mut || all_running(&mut self.processes),
+            &run_dir,
+            || {
+                let (client, health) = (client.clone(), health.clone());
+                async move {
+                    for url in &health {
+                        http_ok(&client, url).await?;
+                    }
+                    Ok(())
+                }
+            },
+        )
+        .await?;
+
+        let settings = EnvoySettings {
+            listen_port: self.listen_port,
+            admin_port: self.admin_port,
+            control_plane_port: self.control_plane_port,
+            wasm_path: artifacts.filter_wasm.clone(),
+            route_timeout_ms: b.route_timeout_value(),
+            buffer_limit_bytes: BUFFER_LIMIT_BYTES,
+            eds_refresh: EDS_REFRESH,
+        };
+        let yaml_path = self.run_dir.join("envoy.yaml");
+        std::fs::write(&yaml_path, envoy::render_bootstrap(&settings)?)
+            .map_err(StackError::io(format!("writing {}", yaml_path.display())))?;
+        let envoy_args = vec![
+            "-c".into(),
+            yaml_path.to_string_lossy().into_owned(),
+            // A unique base id per Envoy, so parallel stacks' shared memory never collides.
+            "--use-dynamic-base-id".into(),
+            "--concurrency".into(),
+            b.envoy_concurrency_value().to_string(),
+            "--log-level".into(),
+            "info".into(),
+        ];
+        self.spawn(Component::Envoy, &artifacts.envoy, envoy_args)?;
+        let ready = format!("{}/ready", self.admin_url());
+        wait_until(
+            "envoy",
+            timeout,
+            &mut || all_running(&mut self.processes),
+            &run_dir,
+            || http_ok(&client, &ready),
+        )
+        .await?;
+        self.wait_for_eds(timeout).await
+    }
+
+    /// Waits until Envoy's clusters list every worker as healthy (the control plane learned
+    /// them over NATS and served them over EDS).
+    ///
+    /// # Errors
+    /// [`StackError::NotReady`] naming what is still missing.
+    pub async fn wait_for_eds(&mut self, timeout: Duration) -> Result<(), StackError> {
+        let wanted = |pred: fn(WorkerRole) -> bool| -> Vec<String> {
+            let mut v: Vec<String> = self
+                .workers
+                .iter()
+                .filter(|w| pred(w.role))
+                .map(|w| w.address.clone())
+                .collect();
+            v.sort();
+            v
+        };
+        let decode = wanted(WorkerRole::serves_decode);
+        let prefill = wanted(|r| r == WorkerRole::Prefill);
+        let url = format!("{}/clusters", self.admin_url());
+        let client = self.client.clone();
+        let run_dir = self.run_dir.clone();
+        wait_until(
+            "envoy EDS",
+            timeout,
+            &mut || all_running(&mut self.processes),
+            &run_dir,
+            || {
+                let (client, url, decode, prefill) =
+                    (client.clone(), url.clone(), decode.clone(), prefill.clone());
+                async move {
+                    let page = client.get(&url).send().await.map_err(|e| e.to_string())?;
+                    let page = page.text().await.map_err(|e| e.to_string())?;
+                    for (cluster, want) in [(DECODE_CLUSTER, decode), (PREFILL_CLUSTER, prefill)] {
+                        let have = envoy::healthy_hosts(&page, cluster);
+                        let missing: Vec<&String> =
+                            want.iter().filter(|a| !have.contains(a)).collect();
+                        if !missing.is_empty() {
+                            return Err(format!("{cluster} lacks {missing:?} (has {have:?})"));
+                        }
+                    }
+                    Ok(())
+                }
+            },
+        )
+        .await
+    }
+
+    /// `http://127.0.0.1:PORT` of Envoy's listener: where clients send requests.
+    pub fn gateway_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.listen_port)
+    }
+
+    /// `http://127.0.0.1:PORT` of Envoy's admin interface.
+    pub fn admin_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.admin_port)
+    }
+
+    /// `http://127.0.0.1:PORT` of the control plane.
+    pub fn control_plane_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.control_plane_port)
+    }
+
+    /// `nats://127.0.0.1:PORT`.
+    pub fn nats_url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.nats_port)
+    }
+
+    /// The simulated workers.
+    pub fn workers(&self) -> &[WorkerSpec] {
+        &self.workers
+    }
+
+    /// Where the logs and generated configs are.
+    pub fn run_dir(&self) -> &Path {
+        &self.run_dir
+    }
+
+    fn process(&self, component: Component) -> Option<&Supervised> {
+        self.processes
+            .iter()
+            .find(|(c, _)| *c == component)
+            .map(|(_, p)| p)
+    }
+
+    /// PID of a component while it runs under the stack.
+    pub fn pid(&self, component: Component) -> Option<u32> {
+        self.process(component).and_then(Supervised::pid)
+    }
+
+    /// Log file of a component.
+    pub fn log_path(&self, component: Component) -> Option<&Path> {
+        self.process(component).map(Supervised::log_path)
+    }
+
+    /// Sends a signal to a component (e.g. [`Signal::Stop`] to freeze the control plane).
+    ///
+    /// # Errors
+    /// [`StackError::Io`] if `kill` fails.
+    pub fn signal(&self, component: Component, signal: Signal) -> Result<(), StackError> {
+        match self.process(component) {
+            Some(p) => p.signal(signal),
+            None => Ok(()),
+        }
+    }
+
+    /// Freezes a component (SIGSTOP) and waits until it is stopped: its sockets stay open but
+    /// nothing answers, like a hung service. [`Signal::Cont`] thaws it.
+    ///
+    /// # Errors
+    /// [`StackError::Io`] if it cannot be frozen.
+    pub fn freeze(&self, component: Component) -> Result<(), StackError> {
+        match self.process(component) {
+            Some(p) => p.freeze(Duration::from_secs(5)),
+            None => Ok(()),
+        }
+    }
+
+    /// Stops one component (SIGTERM, then SIGKILL after a grace period) and forgets it.
+    pub fn stop_component(&mut self, component: Component) {
+        if let Some(index) = self.processes.iter().position(|(c, _)| *c == component) {
+            let (_, mut process) = self.processes.remove(index);
+            process.stop(STOP_GRACE);
+            self.write_pids();
+        }
+    }
+
+    /// Ok while every process of the stack runs.
+    ///
+    /// # Errors
+    /// [`StackError::ExitedEarly`] for the first that has exited, with its log's end.
+    pub fn check_running(&mut self) -> Result<(), StackError> {
+        all_running(&mut self.processes)
+    }
+
+    /// Stops everything, Envoy first (no new requests), nats-server last.
+    pub fn shutdown(mut self) {
+        self.stop_all();
+    }
+
+    fn stop_all(&mut self) {
+        while let Some((_, mut process)) = self.processes.pop() {
+            process.stop(STOP_GRACE);
+        }
+        self.write_pids();
+    }
+}
+
+impl Drop for Stack {
+    fn drop(&mut self) {
+        self.stop_all();
+        if self.remove_run_dir && !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.run_dir);
+        } else {
+            eprintln!(
+                "switchyard stack stopped; logs kept in {}",
+                self.run_dir.display()
+            );
+        }
+    }
+}

@@ -1,0 +1,292 @@
+//! The walking skeleton end to end: a client request through real Envoy and the Switchyard
+//! filter reaches the worker the control plane chose, streams back chunk by chunk, survives a
+//! slow or dead control plane (fail open), and a client cannot pick the upstream itself.
+//!
+//! Needs `cargo build -p switchyard-filter --target wasm32-wasip1 --profile wasm && cargo
+//! build --workspace --bins` first (the tests build nothing).
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use switchyard_e2e::{
+    chat_body, client, envoy_stats, post_observed, post_raw_observed, start_stack,
+    worker_addresses, Component, Observed, Signal, DESTINATION_RESPONSE_HEADER, WORKER_HEADER,
+};
+use switchyard_protocol::route::{DESTINATION_HEADER, ROUTE_HEADER};
+use switchyard_stack::{Stack, StackBuilder};
+
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
+/// Requests sent while the control plane is gone.
+const FAIL_OPEN_REQUESTS: u64 = 12;
+const ROUTED_MODES: [&str; 3] = ["bypass", "disagg", "agg"];
+
+/// Waits (bounded) until the control plane lists every worker of the stack.
+async fn known_workers(stack: &Stack, http: &reqwest::Client) -> HashMap<String, String> {
+    let mut last = HashMap::new();
+    for _ in 0..100 {
+        match worker_addresses(http, &stack.control_plane_url()).await {
+            Ok(found) if stack.workers().iter().all(|w| found.contains_key(&w.id.0)) => {
+                return found
+            }
+            Ok(found) => last = found,
+            Err(e) => eprintln!("{e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("control plane never listed all workers; last saw {last:?}");
+}
+
+fn assert_complete_stream(response: &Observed) {
+    assert_eq!(response.status, 200, "body: {}", response.body());
+    let data = response.sse_data();
+    assert_eq!(
+        data.last().map(String::as_str),
+        Some("[DONE]"),
+        "stream must end with [DONE]: {data:?}"
+    );
+    assert!(
+        !response.header(WORKER_HEADER).is_empty(),
+        "worker header missing: {:?}",
+        response.headers
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn routes_to_the_chosen_worker_streams_and_ignores_a_forged_destination() {
+    let stack = start_stack(StackBuilder::new().decode_workers(2)).await;
+    let http = client();
+    let workers = known_workers(&stack, &http).await;
+    let url = format!("{}/v1/chat/completions", stack.gateway_url());
+    let prompt = "Explain in a few sentences why a KV cache makes multi-turn chat cheaper.";
+
+    // (a) The request lands on the worker the control plane named, and streams. The client's
+    // request id reaches the worker (the simulated worker names its completion after it).
+    let request_id = "e2e-skeleton-stream-1";
+    let response = post_observed(
+        &http,
+        &url,
+        &chat_body(prompt, 24, true),
+        &[("x-request-id", request_id)],
+        REQUEST_TIMEOUT,
+    )
+    .await
+    .expect("streamed request");
+    assert_complete_stream(&response);
+    let route = response.header(ROUTE_HEADER);
+    assert!(
+        ROUTED_MODES.contains(&route),
+        "expected a routed request, got {ROUTE_HEADER}: {route:?}"
+    );
+    let destination = response.header(DESTINATION_RESPONSE_HEADER).to_string();
+    let worker = response.header(WORKER_HEADER);
+    assert_eq!(
+        workers.get(worker),
+        Some(&destination),
+        "served by {worker} but the control plane chose {destination}; workers: {workers:?}"
+    );
+    let data = response.sse_data();
+    assert!(data.len() >= 4, "expected several SSE events, got {data:?}");
+    let arrivals = response.event_arrivals();
+    assert!(
+        arrivals.len() >= 3,
+        "SSE events arrived in {} network read(s): the response was buffered, not streamed",
+        arrivals.len()
+    );
+    assert!(
+        response.body().contains(&format!("chatcmpl-{request_id}")),
+        "the worker did not see the client's x-request-id: {}",
+        response.body()
+    );
+    assert!(
+        arrivals.last() > arrivals.first(),
+        "events must arrive at distinct times: {arrivals:?}"
+    );
+
+    // (c) A client-supplied destination naming a worker is stripped: each request lands where
+    // the control plane says, never where the client asked. The control plane never sees the
+    // forged header, so its choices do not depend on it; forging in the pattern A A B B ...
+    // differs from any sticky or alternating choice at least once.
+    let mut addresses: Vec<&String> = workers.values().collect();
+    addresses.sort();
+    let mut forged_differed = 0;
+    for attempt in 0..8 {
+        let forged = addresses[(attempt / 2) % addresses.len()].clone();
+        let headers = [
+            (DESTINATION_HEADER, forged.as_str()),
+            (ROUTE_HEADER, "forged"),
+            ("x-switchyard-api", "completions"),
+        ];
+        let response = post_observed(
+            &http,
+            &url,
+            &chat_body(prompt, 4, true),
+            &headers,
+            REQUEST_TIMEOUT,
+        )
+        .await
+        .expect("request with forged headers");
+        assert_complete_stream(&response);
+        let route = response.header(ROUTE_HEADER);
+        assert!(
+            ROUTED_MODES.contains(&route),
+            "attempt {attempt}: {ROUTE_HEADER} is {route:?}"
+        );
+        let destination = response.header(DESTINATION_RESPONSE_HEADER).to_string();
+        let worker = response.header(WORKER_HEADER);
+        assert_eq!(
+            workers.get(worker),
+            Some(&destination),
+            "attempt {attempt}: served by {worker}, control plane chose {destination}, client forged {forged}"
+        );
+        if destination != forged {
+            forged_differed += 1;
+        }
+    }
+    assert!(
+        forged_differed > 0,
+        "the control plane picked the forged worker every time; the test proved nothing"
+    );
+
+    // Requests the filter does not route pass untouched and unannotated.
+    let models = http
+        .get(format!("{}/v1/models", stack.gateway_url()))
+        .send()
+        .await
+        .expect("GET /v1/models through Envoy");
+    assert_eq!(models.status().as_u16(), 200);
+    assert!(
+        models.headers().get(ROUTE_HEADER).is_none(),
+        "{:?}",
+        models.headers()
+    );
+
+    let stats = envoy_stats(&http, &stack.admin_url())
+        .await
+        .expect("envoy stats");
+    let stripped = stats
+        .get("wasmcustom.switchyard.stripped_headers_total")
+        .copied()
+        .unwrap_or(0);
+    assert!(
+        stripped >= 24,
+        "3 forged headers x 8 requests must be stripped, stat says {stripped}"
+    );
+    assert_eq!(
+        stats.get("wasmcustom.switchyard.fail_open_total"),
+        Some(&0),
+        "nothing should fail open"
+    );
+
+    // A body the control plane rejects (400 invalid_json) fails open with that status: the
+    // request still reaches a worker, which gives the client its own answer.
+    let malformed = post_raw_observed(
+        &http,
+        &url,
+        b"{\"model\": \"qwen3\", ".to_vec(),
+        &[],
+        REQUEST_TIMEOUT,
+    )
+    .await
+    .expect("malformed request");
+    assert_eq!(
+        malformed.header(ROUTE_HEADER),
+        "fail-open;reason=bad_status_400"
+    );
+    assert!(
+        !malformed.header(WORKER_HEADER).is_empty(),
+        "a worker answered: {:?}",
+        malformed.headers
+    );
+    let stats = envoy_stats(&http, &stack.admin_url())
+        .await
+        .expect("envoy stats");
+    assert_eq!(
+        stats.get("wasmcustom.switchyard.fail_open.bad_status"),
+        Some(&1)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fails_open_when_the_control_plane_is_frozen_or_gone() {
+    let mut stack = start_stack(StackBuilder::new().decode_workers(2).route_timeout_ms(200)).await;
+    let http = client();
+    let known = known_workers(&stack, &http).await;
+    let url = format!("{}/v1/chat/completions", stack.gateway_url());
+    let body = chat_body("Say hello.", 8, true);
+
+    let baseline = post_observed(&http, &url, &body, &[], REQUEST_TIMEOUT)
+        .await
+        .expect("baseline");
+    assert_complete_stream(&baseline);
+    assert!(
+        ROUTED_MODES.contains(&baseline.header(ROUTE_HEADER)),
+        "baseline: {:?}",
+        baseline.headers
+    );
+
+    // Frozen: the kernel still accepts connections, nobody answers -> the route call times out.
+    stack
+        .freeze(Component::ControlPlane)
+        .expect("SIGSTOP the control plane");
+    let frozen = post_observed(&http, &url, &body, &[], REQUEST_TIMEOUT).await;
+    stack
+        .signal(Component::ControlPlane, Signal::Cont)
+        .expect("SIGCONT the control plane");
+    let frozen = frozen.expect("request while the control plane is frozen");
+    assert_complete_stream(&frozen);
+    assert_eq!(frozen.header(ROUTE_HEADER), "fail-open;reason=timeout");
+    assert_eq!(
+        frozen.header(DESTINATION_RESPONSE_HEADER),
+        "",
+        "a failed-open request names no destination"
+    );
+
+    // Gone: connections are refused -> Envoy's fallback load balancer serves every request.
+    // This is where stripping matters most: with no verdict to overwrite it, a forged
+    // destination that got through would pin every request to the forged worker.
+    stack.stop_component(Component::ControlPlane);
+    let (forged_id, forged_address) = known.iter().min().expect("a worker");
+    let forged = [(DESTINATION_HEADER, forged_address.as_str())];
+    let mut served_by = Vec::new();
+    for _ in 0..FAIL_OPEN_REQUESTS {
+        let response = post_observed(&http, &url, &body, &forged, REQUEST_TIMEOUT)
+            .await
+            .expect("request without control plane");
+        assert_complete_stream(&response);
+        assert_eq!(
+            response.header(ROUTE_HEADER),
+            "fail-open;reason=control_plane_unavailable"
+        );
+        served_by.push(response.header(WORKER_HEADER).to_string());
+    }
+    assert!(
+        served_by.iter().all(|w| known.contains_key(w)),
+        "served by unknown workers: {served_by:?}"
+    );
+    // The fallback picks between two idle workers at random: all 12 on the forged one has a
+    // chance of 1 in 4096 if the header is stripped, and is certain if it is not.
+    assert!(
+        served_by.iter().any(|w| w != forged_id),
+        "every request went to the forged destination {forged_address}: {served_by:?}"
+    );
+
+    let stats = envoy_stats(&http, &stack.admin_url())
+        .await
+        .expect("envoy stats");
+    let stat = |name: &str| {
+        stats
+            .get(&format!("wasmcustom.switchyard.{name}"))
+            .copied()
+            .unwrap_or(0)
+    };
+    assert!(
+        stat("fail_open_total") > FAIL_OPEN_REQUESTS,
+        "stats: fail_open_total={}",
+        stat("fail_open_total")
+    );
+    assert!(stat("fail_open.timeout") >= 1, "stats: {stats:?}");
+    assert!(
+        stat("fail_open.control_plane_unavailable") >= FAIL_OPEN_REQUESTS,
+        "stats: {stats:?}"
+    );
+}

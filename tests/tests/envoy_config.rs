@@ -1,0 +1,93 @@
+//! The Envoy configs are valid for the installed Envoy 1.40: the rendered bootstrap template
+//! and the standalone example both pass `envoy --mode validate`, which also loads the filter
+//! and runs its `on_configure` (a bad filter config fails validation).
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use switchyard_e2e::BUILD_COMMAND;
+use switchyard_stack::envoy::{render_bootstrap, EnvoySettings};
+use switchyard_stack::paths::workspace_root;
+use switchyard_stack::{Artifacts, Profile, StackError};
+
+fn artifacts() -> Artifacts {
+    match Artifacts::locate(Profile::Debug) {
+        Ok(a) => a,
+        Err(e @ StackError::MissingArtifact { .. }) => panic!("{e}\nRun first:\n  {BUILD_COMMAND}"),
+        Err(e) => panic!("{e}"),
+    }
+}
+
+fn validate(envoy: &Path, config: &Path, cwd: &Path) -> (bool, String) {
+    let output = Command::new(envoy)
+        .args(["--mode", "validate", "--use-dynamic-base-id", "-c"])
+        .arg(config)
+        .current_dir(cwd)
+        .output()
+        .expect("run envoy --mode validate");
+    let log = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    (output.status.success(), log)
+}
+
+fn settings(artifacts: &Artifacts, route_timeout_ms: u64) -> EnvoySettings {
+    EnvoySettings {
+        listen_port: 10000,
+        admin_port: 9901,
+        control_plane_port: 8080,
+        wasm_path: artifacts.filter_wasm.clone(),
+        route_timeout_ms,
+        buffer_limit_bytes: 16 << 20,
+        eds_refresh: Duration::from_secs(1),
+    }
+}
+
+fn temp_file(name: &str, text: &str) -> std::path::PathBuf {
+    let path = std::env::temp_dir().join(format!("switchyard-e2e-{}-{name}", std::process::id()));
+    std::fs::write(&path, text).expect("write temp config");
+    path
+}
+
+#[test]
+fn the_rendered_bootstrap_validates_and_loads_the_filter() {
+    let artifacts = artifacts();
+    let yaml = render_bootstrap(&settings(&artifacts, 200)).expect("render");
+    let path = temp_file("bootstrap.yaml", &yaml);
+    let (ok, log) = validate(&artifacts.envoy, &path, &workspace_root());
+    let _ = std::fs::remove_file(&path);
+    assert!(ok, "envoy rejected the rendered bootstrap:\n{log}");
+    assert!(
+        log.contains("switchyard filter configured"),
+        "the filter did not configure:\n{log}"
+    );
+}
+
+#[test]
+fn the_standalone_example_validates() {
+    let artifacts = artifacts();
+    let root = workspace_root();
+    let (ok, log) = validate(&artifacts.envoy, &root.join("envoy/envoy.yaml"), &root);
+    assert!(ok, "envoy rejected envoy/envoy.yaml:\n{log}");
+}
+
+#[test]
+fn a_bad_filter_config_fails_validation() {
+    let artifacts = artifacts();
+    // 0 ms is out of range: the filter's on_configure must refuse it, and Envoy with it.
+    let yaml = render_bootstrap(&settings(&artifacts, 0)).expect("render");
+    let path = temp_file("bad-bootstrap.yaml", &yaml);
+    let (ok, log) = validate(&artifacts.envoy, &path, &workspace_root());
+    let _ = std::fs::remove_file(&path);
+    assert!(
+        !ok,
+        "envoy accepted a filter config with route_timeout_ms 0:\n{log}"
+    );
+    assert!(
+        log.contains("route_timeout_ms"),
+        "the filter's error should name the key:\n{log}"
+    );
+}

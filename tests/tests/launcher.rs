@@ -1,0 +1,121 @@
+//! `switchyard-local` as a person uses it: start it, read where to send requests, send one,
+//! stop it with SIGTERM, and find every process it started gone.
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use switchyard_e2e::{chat_body, client, post_observed, BUILD_COMMAND};
+use switchyard_protocol::route::ROUTE_HEADER;
+use switchyard_stack::paths::target_dir;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+/// Stops the launcher if the test fails midway: SIGTERM (so it stops its own children),
+/// then SIGKILL after a bounded wait.
+struct Launcher(Child);
+
+impl Drop for Launcher {
+    fn drop(&mut self) {
+        let Some(pid) = self.0.id() else { return };
+        let _ = std::process::Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status();
+        for _ in 0..250 {
+            if matches!(self.0.try_wait(), Ok(Some(_))) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.0.start_kill();
+    }
+}
+
+fn alive(pid: u32) -> bool {
+    switchyard_stack::process::process_state(pid).is_some_and(|state| state != 'Z')
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn switchyard_local_serves_and_stops_everything_on_sigterm() {
+    let binary = target_dir(&|k| std::env::var(k).ok()).join("debug/switchyard-local");
+    assert!(
+        binary.exists(),
+        "{} missing; run first:\n  {BUILD_COMMAND}",
+        binary.display()
+    );
+    let child = Command::new(&binary)
+        .args(["--decode", "1"])
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start switchyard-local");
+    let mut launcher = Launcher(child);
+    let stdout = launcher.0.stdout.take().expect("piped stdout");
+    let mut lines = BufReader::new(stdout).lines();
+
+    // Read the banner: the run directory and the gateway URL, within a bounded time.
+    let mut run_dir: Option<PathBuf> = None;
+    let mut gateway: Option<String> = None;
+    let banner = async {
+        while let Ok(Some(line)) = lines.next_line().await {
+            if let Some(rest) = line.split("logs in ").nth(1) {
+                run_dir = Some(PathBuf::from(rest.trim_end_matches(").")));
+            }
+            if let Some(rest) = line.strip_prefix("Send requests to ") {
+                gateway = rest.split(',').next().map(str::to_string);
+                break;
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(90), banner)
+        .await
+        .expect("banner within 90 s");
+    let gateway = gateway.expect("the launcher printed where to send requests");
+    let run_dir = run_dir.expect("the launcher printed its run directory");
+
+    let response = post_observed(
+        &client(),
+        &format!("{gateway}/v1/chat/completions"),
+        &chat_body("Hello!", 8, true),
+        &[],
+        Duration::from_secs(60),
+    )
+    .await
+    .expect("request through the launched stack");
+    assert_eq!(response.status, 200, "{}", response.body());
+    assert!(
+        !response.header(ROUTE_HEADER).is_empty(),
+        "{:?}",
+        response.headers
+    );
+
+    let pids: Vec<u32> = std::fs::read_to_string(run_dir.join("pids"))
+        .expect("pids file")
+        .lines()
+        .filter_map(|line| line.split_whitespace().next()?.parse().ok())
+        .collect();
+    assert_eq!(
+        pids.len(),
+        4,
+        "nats, control plane, workers, envoy: {pids:?}"
+    );
+    assert!(pids.iter().all(|&pid| alive(pid)));
+
+    let pid = launcher.0.id().expect("launcher pid");
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status();
+    let status = tokio::time::timeout(Duration::from_secs(20), launcher.0.wait())
+        .await
+        .expect("the launcher exits within 20 s of SIGTERM")
+        .expect("wait for the launcher");
+    assert!(status.success(), "launcher exit status {status}");
+    let left: Vec<u32> = pids.into_iter().filter(|&pid| alive(pid)).collect();
+    assert!(
+        left.is_empty(),
+        "processes left running after the launcher stopped: {left:?}"
+    );
+    let _ = std::fs::remove_dir_all(&run_dir);
+}
