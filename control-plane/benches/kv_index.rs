@@ -169,12 +169,17 @@ fn main() {
         .iter()
         .filter(|(_, b)| b.len() == EVENT_BLOCKS && b[0].block_id.0 > SHARED_BLOCKS as u64)
         .collect();
-    cpu_time("steady_state_evict_and_store_64_blocks", 100_000, 2 * EVENT_BLOCKS, |i| {
-        let (slot, blocks) = private_events[(i * 7919) % private_events.len()];
-        let ids: Vec<EngineBlockId> = blocks.iter().map(|b| b.block_id).collect();
-        churn_index.remove(*slot, &ids);
-        churn_index.store(*slot, blocks);
-    });
+    cpu_time(
+        "steady_state_evict_and_store_64_blocks",
+        100_000,
+        2 * EVENT_BLOCKS,
+        |i| {
+            let (slot, blocks) = private_events[(i * 7919) % private_events.len()];
+            let ids: Vec<EngineBlockId> = blocks.iter().map(|b| b.block_id).collect();
+            churn_index.remove(*slot, &ids);
+            churn_index.store(*slot, blocks);
+        },
+    );
     drop(churn_index);
     let mut rng = Hashes(99);
     let misses: Vec<Vec<SequenceHash>> = (0..1024)

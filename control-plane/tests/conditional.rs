@@ -295,12 +295,19 @@ async fn a_gap_in_kv_batches_asks_the_worker_for_a_resync() {
         .unwrap();
     let req: switchyard_protocol::kv::ResyncRequest = serde_json::from_slice(&msg.payload).unwrap();
     assert_eq!(req.reason, "gap");
-    // A replayed batch is stale: rejected and counted, nothing else happens.
+    // A replayed batch is stale, and events from a worker that never sent a heartbeat have
+    // nowhere to go: both rejected and counted, nothing else happens.
     publish_stored(&nats, &decode, 3, &tokens).await;
+    let ghost = worker("ghost", WorkerRole::Decode, 9099, 1);
+    publish_stored(&nats, &ghost, 1, &tokens).await;
     eventually(WAIT, "stale batch counted", || async {
         let m = svc.metrics().await;
         metric_value(&m, "switchyard_kv_batches_rejected_total{reason=\"stale\"}") == 1.0
             && metric_value(&m, "switchyard_resync_requests_total{reason=\"gap\"}") == 1.0
+            && metric_value(
+                &m,
+                "switchyard_kv_batches_rejected_total{reason=\"unknown_worker\"}",
+            ) == 1.0
     })
     .await;
     svc.stop().await;

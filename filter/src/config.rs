@@ -19,6 +19,33 @@ pub const DEFAULT_CONTROL_PLANE_AUTHORITY: &str = "switchyard-control-plane";
 pub const DEFAULT_ROUTE_TIMEOUT_MS: u64 = 200;
 /// Upper bound for `route_timeout_ms`: a route call is on every request's critical path.
 pub const MAX_ROUTE_TIMEOUT_MS: u64 = 60_000;
+/// Default Envoy cluster of the prefill workers.
+pub const DEFAULT_PREFILL_CLUSTER: &str = "switchyard_prefill";
+/// Default budget of one prefill-leg attempt. A cold 128k-token prefill queued behind others
+/// takes seconds on real hardware; a minute bounds a hung prefill worker's cost (the request
+/// then falls back to local prefill) without cutting legitimate long prefills.
+pub const DEFAULT_PREFILL_TIMEOUT_MS: u64 = 60_000;
+/// Upper bound for `prefill_timeout_ms`.
+pub const MAX_PREFILL_TIMEOUT_MS: u64 = 600_000;
+/// Default retries of a prefill leg that got 502/503/504 (vLLM's proxies retry once).
+pub const DEFAULT_PREFILL_RETRIES: u32 = 1;
+/// Upper bound for `prefill_retries`: each retry is on the request's critical path.
+pub const MAX_PREFILL_RETRIES: u32 = 5;
+/// Default largest request body the filter accepts (16 MiB: a 250k-token agentic context is
+/// about 1 MB of text, a JSON-escaped one with tool schemas a few MB). Envoy's
+/// `per_connection_buffer_limit_bytes` must be at least this, or Envoy answers 413 first.
+pub const DEFAULT_MAX_BODY_BYTES: u64 = 16 << 20;
+/// Upper bound for `max_body_bytes` (what the control plane takes by default is 16 MiB too;
+/// anything near this is a configuration mistake).
+pub const MAX_MAX_BODY_BYTES: u64 = 256 << 20;
+/// Default lifecycle flush period: the control plane frees predicted load at most this late.
+pub const DEFAULT_LIFECYCLE_FLUSH_MS: u64 = 100;
+/// Default bound of the per-VM lifecycle queue; beyond it new events are dropped and counted.
+pub const DEFAULT_LIFECYCLE_QUEUE_MAX: usize = 8192;
+/// Default events per lifecycle POST.
+pub const DEFAULT_LIFECYCLE_BATCH_MAX: usize = 512;
+/// Default budget of one lifecycle POST.
+pub const DEFAULT_LIFECYCLE_TIMEOUT_MS: u64 = 1_000;
 
 /// Validated filter configuration, shared by all request contexts of a VM.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -30,6 +57,24 @@ pub struct Config {
     pub control_plane_authority: String,
     /// Timeout of one route call in milliseconds; on expiry the request fails open.
     pub route_timeout_ms: u64,
+    /// Envoy cluster of the prefill workers (the prefill leg of `disagg` verdicts).
+    pub prefill_cluster: String,
+    /// Timeout of one prefill-leg attempt in milliseconds.
+    pub prefill_timeout_ms: u64,
+    /// Retries of a prefill leg answered 502/503/504 (0..=5).
+    pub prefill_retries: u32,
+    /// Largest request body in bytes; larger ones get 413 from the filter.
+    pub max_body_bytes: u64,
+    /// Whether to report first-token/done to the control plane (`POST /v1/lifecycle`).
+    pub lifecycle_reports: bool,
+    /// Lifecycle flush period in milliseconds (the VM's tick period).
+    pub lifecycle_flush_ms: u64,
+    /// Most lifecycle events queued per VM; more are dropped and counted.
+    pub lifecycle_queue_max: usize,
+    /// Most events per lifecycle POST.
+    pub lifecycle_batch_max: usize,
+    /// Timeout of one lifecycle POST in milliseconds.
+    pub lifecycle_timeout_ms: u64,
 }
 
 impl Default for Config {
@@ -38,6 +83,15 @@ impl Default for Config {
             control_plane_cluster: DEFAULT_CONTROL_PLANE_CLUSTER.to_string(),
             control_plane_authority: DEFAULT_CONTROL_PLANE_AUTHORITY.to_string(),
             route_timeout_ms: DEFAULT_ROUTE_TIMEOUT_MS,
+            prefill_cluster: DEFAULT_PREFILL_CLUSTER.to_string(),
+            prefill_timeout_ms: DEFAULT_PREFILL_TIMEOUT_MS,
+            prefill_retries: DEFAULT_PREFILL_RETRIES,
+            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            lifecycle_reports: true,
+            lifecycle_flush_ms: DEFAULT_LIFECYCLE_FLUSH_MS,
+            lifecycle_queue_max: DEFAULT_LIFECYCLE_QUEUE_MAX,
+            lifecycle_batch_max: DEFAULT_LIFECYCLE_BATCH_MAX,
+            lifecycle_timeout_ms: DEFAULT_LIFECYCLE_TIMEOUT_MS,
         }
     }
 }
@@ -75,16 +129,71 @@ impl Config {
                 reason: "must not be empty".to_string(),
             });
         }
-        if self.route_timeout_ms == 0 || self.route_timeout_ms > MAX_ROUTE_TIMEOUT_MS {
+        if self.prefill_cluster.trim().is_empty() {
             return Err(ConfigError::InvalidValue {
-                key: "route_timeout_ms",
-                reason: format!(
-                    "{} is outside 1..={MAX_ROUTE_TIMEOUT_MS}",
-                    self.route_timeout_ms
-                ),
+                key: "prefill_cluster",
+                reason: "must name an Envoy cluster".to_string(),
             });
         }
+        let ranges: [(&'static str, u64, u64, u64); 8] = [
+            (
+                "route_timeout_ms",
+                self.route_timeout_ms,
+                1,
+                MAX_ROUTE_TIMEOUT_MS,
+            ),
+            (
+                "prefill_timeout_ms",
+                self.prefill_timeout_ms,
+                1,
+                MAX_PREFILL_TIMEOUT_MS,
+            ),
+            (
+                "prefill_retries",
+                self.prefill_retries.into(),
+                0,
+                MAX_PREFILL_RETRIES.into(),
+            ),
+            ("max_body_bytes", self.max_body_bytes, 1, MAX_MAX_BODY_BYTES),
+            ("lifecycle_flush_ms", self.lifecycle_flush_ms, 10, 60_000),
+            (
+                "lifecycle_queue_max",
+                self.lifecycle_queue_max as u64,
+                1,
+                1 << 20,
+            ),
+            (
+                "lifecycle_batch_max",
+                self.lifecycle_batch_max as u64,
+                1,
+                1 << 16,
+            ),
+            ("lifecycle_timeout_ms", self.lifecycle_timeout_ms, 1, 60_000),
+        ];
+        for (key, value, min, max) in ranges {
+            if value < min || value > max {
+                return Err(ConfigError::InvalidValue {
+                    key,
+                    reason: format!("{value} is outside {min}..={max}"),
+                });
+            }
+        }
         Ok(())
+    }
+
+    /// One prefill-leg attempt's timeout as a [`Duration`].
+    pub fn prefill_timeout(&self) -> Duration {
+        Duration::from_millis(self.prefill_timeout_ms)
+    }
+
+    /// The lifecycle flush period as a [`Duration`].
+    pub fn lifecycle_flush(&self) -> Duration {
+        Duration::from_millis(self.lifecycle_flush_ms)
+    }
+
+    /// One lifecycle POST's timeout as a [`Duration`].
+    pub fn lifecycle_timeout(&self) -> Duration {
+        Duration::from_millis(self.lifecycle_timeout_ms)
     }
 
     /// The route call timeout as a [`Duration`].
@@ -173,5 +282,33 @@ mod tests {
             Err(ConfigError::InvalidJson(_))
         ));
         assert!(Config::parse(Some(br#"{"route_timeout_ms":-1}"#)).is_err());
+        for bad in [
+            &br#"{"prefill_retries":6}"#[..],
+            br#"{"prefill_timeout_ms":0}"#,
+            br#"{"max_body_bytes":0}"#,
+            br#"{"lifecycle_flush_ms":1}"#,
+            br#"{"lifecycle_batch_max":0}"#,
+            br#"{"prefill_cluster":""}"#,
+        ] {
+            let err = Config::parse(Some(bad)).unwrap_err();
+            let key = std::str::from_utf8(bad).unwrap().split('"').nth(1).unwrap();
+            assert!(err.to_string().contains(key), "{err}");
+        }
+    }
+
+    #[test]
+    fn disaggregation_and_lifecycle_keys_parse() {
+        let config = Config::parse(Some(
+            br#"{"prefill_cluster":"pf","prefill_retries":0,"max_body_bytes":1024,"lifecycle_reports":false}"#,
+        ))
+        .expect("valid");
+        assert_eq!(config.prefill_cluster, "pf");
+        assert_eq!(config.prefill_retries, 0);
+        assert_eq!(config.max_body_bytes, 1024);
+        assert!(!config.lifecycle_reports);
+        assert_eq!(
+            config.prefill_timeout(),
+            Duration::from_millis(DEFAULT_PREFILL_TIMEOUT_MS)
+        );
     }
 }

@@ -1,25 +1,37 @@
 //! Switchyard's proxy-wasm HTTP filter.
 //!
-//! For every OpenAI chat/completions request the filter buffers the body, asks the control
-//! plane for a [`switchyard_protocol::route::Verdict`] (`POST /v1/route`, body verbatim) and
-//! names the chosen decode worker in `x-gateway-destination-endpoint`, which Envoy's
-//! `envoy.load_balancing_policies.override_host` policy honours. Any failure fails **open**:
-//! the header stays unset, Envoy's fallback load balancer picks a worker, and the reason is
-//! counted and reported in the `x-switchyard-route` response header.
+//! For every OpenAI chat/completions request the filter buffers the body, checks it is a
+//! request it can route, asks the control plane for a [`switchyard_protocol::route::Verdict`]
+//! (`POST /v1/route`, body verbatim) and names the chosen decode worker in
+//! `x-gateway-destination-endpoint`, which Envoy's `envoy.load_balancing_policies.override_host`
+//! policy honours. On a `disagg` verdict it first runs the prefill leg on the named prefill
+//! worker and hands its `kv_transfer_params` to the decode worker in the body. It reports
+//! first bytes and completion back to the control plane in batches. Any failure fails
+//! **open**: the request is served anyway (by Envoy's fallback load balancer, or by local
+//! prefill on the decode worker), and the reason is counted and shown in the
+//! `x-switchyard-route` response header.
 //!
 //! # Layout
 //! - [`config`]: the plugin configuration (JSON) and its validation.
 //! - [`request`]: which requests are routed, which client headers are stripped, request ids.
-//! - [`verdict`]: the control plane's answer -> a [`verdict::RouteOutcome`] (pure, no hostcalls).
+//! - [`body`]: the body check and the prefill/decode body rewrites.
+//! - [`verdict`]: the control plane's answer -> a [`verdict::RouteOutcome`].
+//! - [`prefill`]: the prefill leg's answer -> the next step (hand off, retry, fall back).
+//! - [`outcome`]: how a request was served (the `x-switchyard-route` value).
+//! - [`lifecycle`]: the bounded report queue and the `usage` scan of a response's tail.
 //! - [`metrics`]: names of the Envoy custom stats the filter keeps.
 //! - `root` / `http`: the proxy-wasm contexts (the only code that makes hostcalls).
 //!
 //! Everything but `root` and `http` is plain Rust, so native `cargo test` covers it.
 #![deny(missing_docs)]
 
+pub mod body;
 pub mod config;
 mod http;
+pub mod lifecycle;
 pub mod metrics;
+pub mod outcome;
+pub mod prefill;
 pub mod request;
 mod root;
 pub mod verdict;

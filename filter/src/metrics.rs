@@ -1,12 +1,13 @@
 //! Envoy custom stats the filter keeps.
 //!
-//! Envoy shows wasm-defined counters under the `wasmcustom.` prefix in its admin `/stats`
+//! Envoy shows wasm-defined stats under the `wasmcustom.` prefix in its admin `/stats`
 //! (e.g. `wasmcustom.switchyard.fail_open.timeout: 3`). One counter per reason and per mode
 //! keeps the set fixed and small; the status code of `bad_status_<code>` goes only into the
 //! response header and the log.
 
 use switchyard_protocol::route::RouteMode;
 
+use crate::outcome::FallbackReason;
 use crate::verdict::{FailOpenReason, RouteOutcome};
 
 /// Every request that failed open, whatever the reason.
@@ -15,6 +16,28 @@ pub const FAIL_OPEN_TOTAL: &str = "switchyard.fail_open_total";
 pub const ROUTE_CALLS_TOTAL: &str = "switchyard.route_calls_total";
 /// Client-supplied routing headers removed.
 pub const STRIPPED_HEADERS_TOTAL: &str = "switchyard.stripped_headers_total";
+/// Bodies passed through unrouted because they are not a routable request.
+pub const INVALID_BODY_TOTAL: &str = "switchyard.invalid_body_total";
+/// Bodies refused with 413.
+pub const OVERSIZED_BODY_TOTAL: &str = "switchyard.oversized_body_total";
+/// Client-supplied `kv_transfer_params` removed from a body.
+pub const CLIENT_KV_PARAMS_STRIPPED_TOTAL: &str = "switchyard.client_kv_params_stripped_total";
+/// Prefill-leg attempts dispatched (retries included).
+pub const PREFILL_ATTEMPTS_TOTAL: &str = "switchyard.prefill.attempts_total";
+/// Prefill-leg retries (502/503/504).
+pub const PREFILL_RETRIES_TOTAL: &str = "switchyard.prefill.retries_total";
+/// Prefill legs that failed (the request fell back to local prefill).
+pub const PREFILL_FAILURES_TOTAL: &str = "switchyard.prefill.failures_total";
+/// Prefill legs whose answer carried `kv_transfer_params` (handed to the decode worker).
+pub const PREFILL_HANDOFFS_TOTAL: &str = "switchyard.prefill.handoffs_total";
+/// Prefill legs answered 200 without `kv_transfer_params` (decode prefills locally).
+pub const PREFILL_NO_HANDOFF_TOTAL: &str = "switchyard.prefill.no_kv_params_total";
+/// Histogram of a whole prefill leg (all attempts), milliseconds.
+pub const PREFILL_LATENCY_MS: &str = "switchyard.prefill.latency_ms";
+/// Lifecycle events sent to the control plane (accepted with 2xx).
+pub const REPORTS_SENT_TOTAL: &str = "switchyard.lifecycle.reports_sent_total";
+/// Lifecycle events dropped: queue full, or the POST failed.
+pub const REPORTS_DROPPED_TOTAL: &str = "switchyard.lifecycle.reports_dropped_total";
 
 /// Modes in stat order.
 pub const MODES: [RouteMode; 3] = [RouteMode::Bypass, RouteMode::Disagg, RouteMode::Agg];
@@ -24,12 +47,17 @@ pub fn fail_open_stat_name(stat_key: &str) -> String {
     format!("switchyard.fail_open.{stat_key}")
 }
 
-/// Name of the per-mode routed counter.
+/// Name of the per-mode verdict counter.
 pub fn routed_stat_name(mode: RouteMode) -> String {
     format!("switchyard.routed.{}", mode.as_str())
 }
 
-/// Metric ids handed out by Envoy, indexed like [`FailOpenReason::STAT_KEYS`] and [`MODES`].
+/// Name of the per-reason fallback counter (mode label `fallback:<reason>`).
+pub fn fallback_stat_name(reason: FallbackReason) -> String {
+    format!("switchyard.fallback.{}", reason.as_str())
+}
+
+/// Metric ids handed out by Envoy. Id 0 means "not defined"; increments of it are skipped.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct StatIds {
     /// Id of [`FAIL_OPEN_TOTAL`].
@@ -38,14 +66,38 @@ pub struct StatIds {
     pub fail_open: Vec<u32>,
     /// Ids of the per-mode counters, in [`MODES`] order.
     pub routed: Vec<u32>,
+    /// Ids of the per-reason fallback counters, in [`FallbackReason::STAT_KEYS`] order.
+    pub fallback: Vec<u32>,
     /// Id of [`ROUTE_CALLS_TOTAL`].
     pub route_calls_total: u32,
     /// Id of [`STRIPPED_HEADERS_TOTAL`].
     pub stripped_headers_total: u32,
+    /// Id of [`INVALID_BODY_TOTAL`].
+    pub invalid_body_total: u32,
+    /// Id of [`OVERSIZED_BODY_TOTAL`].
+    pub oversized_body_total: u32,
+    /// Id of [`CLIENT_KV_PARAMS_STRIPPED_TOTAL`].
+    pub client_kv_params_stripped_total: u32,
+    /// Id of [`PREFILL_ATTEMPTS_TOTAL`].
+    pub prefill_attempts_total: u32,
+    /// Id of [`PREFILL_RETRIES_TOTAL`].
+    pub prefill_retries_total: u32,
+    /// Id of [`PREFILL_FAILURES_TOTAL`].
+    pub prefill_failures_total: u32,
+    /// Id of [`PREFILL_HANDOFFS_TOTAL`].
+    pub prefill_handoffs_total: u32,
+    /// Id of [`PREFILL_NO_HANDOFF_TOTAL`].
+    pub prefill_no_handoff_total: u32,
+    /// Id of the [`PREFILL_LATENCY_MS`] histogram.
+    pub prefill_latency_ms: u32,
+    /// Id of [`REPORTS_SENT_TOTAL`].
+    pub reports_sent_total: u32,
+    /// Id of [`REPORTS_DROPPED_TOTAL`].
+    pub reports_dropped_total: u32,
 }
 
 impl StatIds {
-    /// The counters to increment by one for an outcome.
+    /// The counters to increment by one for a verdict (or its absence).
     pub fn for_outcome(&self, outcome: &RouteOutcome) -> Vec<u32> {
         match outcome {
             RouteOutcome::Routed { mode, .. } => {
@@ -65,6 +117,16 @@ impl StatIds {
             }
         }
     }
+
+    /// The counter of a fallback reason (0 if undefined).
+    pub fn for_fallback(&self, reason: FallbackReason) -> u32 {
+        FallbackReason::STAT_KEYS
+            .iter()
+            .position(|k| *k == reason.as_str())
+            .and_then(|i| self.fallback.get(i))
+            .copied()
+            .unwrap_or(0)
+    }
 }
 
 #[cfg(test)]
@@ -76,8 +138,10 @@ mod tests {
             fail_open_total: 1,
             fail_open: (10..16).collect(),
             routed: vec![20, 21, 22],
+            fallback: vec![30, 31],
             route_calls_total: 2,
             stripped_headers_total: 3,
+            ..StatIds::default()
         }
     }
 
@@ -94,8 +158,19 @@ mod tests {
         let outcome = RouteOutcome::Routed {
             mode: RouteMode::Agg,
             destination: "a:1".into(),
+            prefill: None,
         };
         assert_eq!(ids().for_outcome(&outcome), vec![22]);
+    }
+
+    #[test]
+    fn fallbacks_count_their_reason() {
+        assert_eq!(ids().for_fallback(FallbackReason::PrefillFailed), 30);
+        assert_eq!(ids().for_fallback(FallbackReason::NoPrefillWorker), 31);
+        assert_eq!(
+            StatIds::default().for_fallback(FallbackReason::PrefillFailed),
+            0
+        );
     }
 
     #[test]
@@ -113,6 +188,10 @@ mod tests {
         assert_eq!(
             routed_stat_name(RouteMode::Bypass),
             "switchyard.routed.bypass"
+        );
+        assert_eq!(
+            fallback_stat_name(FallbackReason::PrefillFailed),
+            "switchyard.fallback.prefill_failed"
         );
     }
 }

@@ -1,25 +1,60 @@
-//! Root context: parses the configuration once, defines the stats, makes request contexts.
+//! Root context: parses the configuration once, defines the stats, makes request contexts, and
+//! sends the queued lifecycle reports from its timer.
 
+use std::cell::RefCell;
 use std::rc::Rc;
 
-use log::{error, info, warn};
+use log::{debug, error, info, warn};
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, ContextType, MetricType};
+use switchyard_protocol::lifecycle::{LifecycleEvent, LIFECYCLE_PATH};
 
 use crate::config::Config;
 use crate::http::SwitchyardRequest;
+use crate::lifecycle::LifecycleQueue;
 use crate::metrics::{self, StatIds};
+use crate::outcome::FallbackReason;
 use crate::request::headers_to_strip;
 use crate::verdict::FailOpenReason;
 
-/// What every request context of this VM shares (read-only).
+/// What every request context of this VM shares.
 #[derive(Debug)]
 pub(crate) struct Shared {
     /// The validated configuration.
     pub(crate) config: Config,
     /// Envoy metric ids.
     pub(crate) stats: StatIds,
+    /// Lifecycle events waiting for the root's timer (one queue per VM, i.e. per Envoy worker
+    /// thread; the VM is single-threaded, so a `RefCell` is all the sharing needs).
+    pub(crate) reports: Rc<RefCell<LifecycleQueue>>,
+}
+
+impl Shared {
+    /// Queues a lifecycle event, or counts it dropped when the queue is full or the queue is
+    /// busy (never blocks, never fails the request).
+    pub(crate) fn report(&self, event: LifecycleEvent) {
+        if !self.config.lifecycle_reports {
+            return;
+        }
+        let queued = match self.reports.try_borrow_mut() {
+            Ok(mut queue) => queue.push(event),
+            Err(_) => false,
+        };
+        if !queued {
+            increment(self.stats.reports_dropped_total, 1);
+        }
+    }
+}
+
+/// Increments a counter; a stat that cannot be incremented is not worth failing over.
+pub(crate) fn increment(id: u32, by: i64) {
+    if id == 0 {
+        return;
+    }
+    if let Err(status) = hostcalls::increment_metric(id, by) {
+        debug!("increment_metric({id}) failed: {status:?}");
+    }
 }
 
 /// The plugin's root context.
@@ -27,6 +62,11 @@ pub(crate) struct SwitchyardRoot {
     context_id: u32,
     /// `None` until `on_configure` succeeds; no request context is made before that.
     shared: Option<Rc<Shared>>,
+    /// Survives reconfiguration, so events queued by requests of the old config are sent.
+    reports: Rc<RefCell<LifecycleQueue>>,
+    /// The lifecycle POST in flight (token, events in it). One at a time: a slow control plane
+    /// then backs the queue up to its bound instead of piling calls onto Envoy.
+    in_flight: Option<(u32, usize)>,
 }
 
 impl SwitchyardRoot {
@@ -34,20 +74,74 @@ impl SwitchyardRoot {
         SwitchyardRoot {
             context_id,
             shared: None,
+            reports: Rc::new(RefCell::new(LifecycleQueue::new(
+                crate::config::DEFAULT_LIFECYCLE_QUEUE_MAX,
+            ))),
+            in_flight: None,
+        }
+    }
+
+    fn flush_reports(&mut self, shared: &Shared) {
+        if self.in_flight.is_some() {
+            return;
+        }
+        let Some(batch) = self
+            .reports
+            .try_borrow_mut()
+            .ok()
+            .and_then(|mut q| q.take_batch(shared.config.lifecycle_batch_max))
+        else {
+            return;
+        };
+        let count = batch.events.len();
+        let body = match serde_json::to_vec(&batch) {
+            Ok(body) => body,
+            Err(e) => {
+                warn!("#{} cannot serialise lifecycle batch: {e}", self.context_id);
+                increment(shared.stats.reports_dropped_total, count as i64);
+                return;
+            }
+        };
+        let config = &shared.config;
+        let headers = vec![
+            (":method", "POST"),
+            (":path", LIFECYCLE_PATH),
+            (":authority", config.control_plane_authority.as_str()),
+            ("content-type", "application/json"),
+        ];
+        match self.dispatch_http_call(
+            &config.control_plane_cluster,
+            headers,
+            Some(&body),
+            vec![],
+            config.lifecycle_timeout(),
+        ) {
+            Ok(token) => self.in_flight = Some((token, count)),
+            Err(status) => {
+                debug!(
+                    "#{} lifecycle dispatch refused: {status:?}",
+                    self.context_id
+                );
+                increment(shared.stats.reports_dropped_total, count as i64);
+            }
         }
     }
 }
 
-/// Defines a counter. `define_metric` is idempotent per name in Envoy, so a reconfigure
-/// gets the same ids; a failure leaves id 0, whose increments are ignored.
-fn define_counter(name: &str) -> u32 {
-    match hostcalls::define_metric(MetricType::Counter, name) {
+/// Defines a metric. `define_metric` is idempotent per name in Envoy, so a reconfigure gets
+/// the same ids; a failure leaves id 0, whose increments are skipped.
+fn define(kind: MetricType, name: &str) -> u32 {
+    match hostcalls::define_metric(kind, name) {
         Ok(id) => id,
         Err(status) => {
             warn!("cannot define metric {name}: {status:?}");
             0
         }
     }
+}
+
+fn define_counter(name: &str) -> u32 {
+    define(MetricType::Counter, name)
 }
 
 fn define_stats() -> StatIds {
@@ -61,12 +155,70 @@ fn define_stats() -> StatIds {
             .iter()
             .map(|m| define_counter(&metrics::routed_stat_name(*m)))
             .collect(),
+        fallback: [
+            FallbackReason::PrefillFailed,
+            FallbackReason::NoPrefillWorker,
+        ]
+        .iter()
+        .map(|r| define_counter(&metrics::fallback_stat_name(*r)))
+        .collect(),
         route_calls_total: define_counter(metrics::ROUTE_CALLS_TOTAL),
         stripped_headers_total: define_counter(metrics::STRIPPED_HEADERS_TOTAL),
+        invalid_body_total: define_counter(metrics::INVALID_BODY_TOTAL),
+        oversized_body_total: define_counter(metrics::OVERSIZED_BODY_TOTAL),
+        client_kv_params_stripped_total: define_counter(metrics::CLIENT_KV_PARAMS_STRIPPED_TOTAL),
+        prefill_attempts_total: define_counter(metrics::PREFILL_ATTEMPTS_TOTAL),
+        prefill_retries_total: define_counter(metrics::PREFILL_RETRIES_TOTAL),
+        prefill_failures_total: define_counter(metrics::PREFILL_FAILURES_TOTAL),
+        prefill_handoffs_total: define_counter(metrics::PREFILL_HANDOFFS_TOTAL),
+        prefill_no_handoff_total: define_counter(metrics::PREFILL_NO_HANDOFF_TOTAL),
+        prefill_latency_ms: define(MetricType::Histogram, metrics::PREFILL_LATENCY_MS),
+        reports_sent_total: define_counter(metrics::REPORTS_SENT_TOTAL),
+        reports_dropped_total: define_counter(metrics::REPORTS_DROPPED_TOTAL),
     }
 }
 
-impl Context for SwitchyardRoot {}
+impl Context for SwitchyardRoot {
+    fn on_http_call_response(
+        &mut self,
+        token_id: u32,
+        _num_headers: usize,
+        _body_size: usize,
+        _num_trailers: usize,
+    ) {
+        let Some((token, count)) = self.in_flight else {
+            return;
+        };
+        if token != token_id {
+            return;
+        }
+        self.in_flight = None;
+        let Some(shared) = self.shared.clone() else {
+            return;
+        };
+        let status = hostcalls::get_map_value(
+            proxy_wasm::types::MapType::HttpCallResponseHeaders,
+            ":status",
+        )
+        .ok()
+        .flatten();
+        let ok = status
+            .as_deref()
+            .and_then(|s| s.parse::<u16>().ok())
+            .is_some_and(|code| (200..300).contains(&code));
+        if ok {
+            increment(shared.stats.reports_sent_total, count as i64);
+            // Drain a backlog promptly instead of one batch per tick.
+            self.flush_reports(&shared);
+        } else {
+            debug!(
+                "#{} lifecycle batch of {count} dropped: status {status:?}",
+                self.context_id
+            );
+            increment(shared.stats.reports_dropped_total, count as i64);
+        }
+    }
+}
 
 impl RootContext for SwitchyardRoot {
     fn on_configure(&mut self, _plugin_configuration_size: usize) -> bool {
@@ -74,12 +226,28 @@ impl RootContext for SwitchyardRoot {
         match Config::parse(raw.as_deref()) {
             Ok(config) => {
                 info!(
-                    "#{} switchyard filter configured: cluster={} timeout={}ms",
-                    self.context_id, config.control_plane_cluster, config.route_timeout_ms
+                    "#{} switchyard filter configured: cluster={} timeout={}ms prefill_cluster={} lifecycle_reports={}",
+                    self.context_id,
+                    config.control_plane_cluster,
+                    config.route_timeout_ms,
+                    config.prefill_cluster,
+                    config.lifecycle_reports
                 );
+                if let Ok(mut queue) = self.reports.try_borrow_mut() {
+                    queue.set_max(config.lifecycle_queue_max);
+                }
+                if config.lifecycle_reports {
+                    if let Err(status) = hostcalls::set_tick_period(config.lifecycle_flush()) {
+                        warn!(
+                            "#{} cannot set the tick period: {status:?}",
+                            self.context_id
+                        );
+                    }
+                }
                 self.shared = Some(Rc::new(Shared {
                     config,
                     stats: define_stats(),
+                    reports: self.reports.clone(),
                 }));
                 true
             }
@@ -87,6 +255,12 @@ impl RootContext for SwitchyardRoot {
                 error!("#{} {e}", self.context_id);
                 false
             }
+        }
+    }
+
+    fn on_tick(&mut self) {
+        if let Some(shared) = self.shared.clone() {
+            self.flush_reports(&shared);
         }
     }
 

@@ -66,13 +66,15 @@ impl fmt::Display for FailOpenReason {
 /// What the filter does with a routed request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RouteOutcome {
-    /// Send it to `destination` (the verdict's decode worker).
+    /// Send it to `destination` (the verdict's decode worker), after the prefill leg on
+    /// `prefill` when the mode is `disagg`.
     Routed {
-        /// The verdict's mode. `disagg` is, for now, served like `bypass` (the prefill leg
-        /// comes later); the header still says `disagg`.
+        /// The verdict's mode.
         mode: RouteMode,
         /// `host:port` for `x-gateway-destination-endpoint`.
         destination: String,
+        /// The prefill worker's `host:port`, when the verdict names a usable one.
+        prefill: Option<String>,
     },
     /// Leave the destination unset: Envoy's fallback load balancer picks a worker.
     FailOpen(FailOpenReason),
@@ -107,6 +109,10 @@ pub fn classify_route_response(status: Option<&str>, body: &[u8]) -> RouteOutcom
                 RouteOutcome::Routed {
                     mode: verdict.mode,
                     destination: verdict.decode.address,
+                    prefill: verdict
+                        .prefill
+                        .map(|p| p.address)
+                        .filter(|a| is_valid_endpoint_address(a)),
                 }
             }
             _ => RouteOutcome::FailOpen(FailOpenReason::BadVerdict),
@@ -163,16 +169,26 @@ mod tests {
     }
 
     #[test]
-    fn disagg_routes_to_decode_for_now_and_says_so() {
-        let outcome = classify_route_response(Some("200"), &verdict_json("disagg", "10.0.0.2:80"));
+    fn disagg_names_its_prefill_worker_when_usable() {
+        let mut verdict: serde_json::Value =
+            serde_json::from_slice(&verdict_json("disagg", "10.0.0.2:80")).unwrap();
+        verdict["prefill"] = serde_json::json!({"worker_id": "p", "address": "10.0.0.3:81"});
+        let outcome = classify_route_response(Some("200"), verdict.to_string().as_bytes());
         assert_eq!(
             outcome,
             RouteOutcome::Routed {
                 mode: RouteMode::Disagg,
-                destination: "10.0.0.2:80".into()
+                destination: "10.0.0.2:80".into(),
+                prefill: Some("10.0.0.3:81".into()),
             }
         );
         assert_eq!(outcome.route_header_value(), "disagg");
+        verdict["prefill"]["address"] = "no port".into();
+        let outcome = classify_route_response(Some("200"), verdict.to_string().as_bytes());
+        assert!(
+            matches!(outcome, RouteOutcome::Routed { prefill: None, .. }),
+            "{outcome:?}"
+        );
     }
 
     #[test]

@@ -39,7 +39,7 @@ proptest! {
     ) {
         let outcome = classify_route_response(Some("200"), &verdict_body(&mode, &address, &extra));
         match outcome {
-            RouteOutcome::Routed { mode: routed_mode, destination } => {
+            RouteOutcome::Routed { mode: routed_mode, destination, .. } => {
                 prop_assert_eq!(destination, address);
                 prop_assert_eq!(routed_mode.as_str(), mode.as_str());
             }
@@ -70,5 +70,127 @@ proptest! {
     fn request_ids_are_always_header_safe(existing in proptest::option::of(".{0,200}"), ctx in any::<u32>(), now in any::<u128>()) {
         let (id, _) = choose_request_id(existing.as_deref(), ctx, now);
         prop_assert!(!id.is_empty() && id.bytes().all(|b| b.is_ascii_graphic()));
+    }
+}
+
+mod bodies {
+    use proptest::prelude::*;
+    use serde_json::Value;
+    use switchyard_filter::body::{inspect, kv_params_from_prefill_answer, RequestDoc};
+    use switchyard_filter::lifecycle::{usage_from_tail, Tail};
+    use switchyard_filter::prefill::{classify_prefill_answer, PrefillStep};
+    use switchyard_protocol::route::ApiKind;
+
+    /// JSON-ish bytes: fragments of request bodies glued at random, so the parser sees
+    /// near-valid input, not only noise.
+    fn jsonish() -> impl Strategy<Value = Vec<u8>> {
+        let fragment = prop_oneof![
+            Just("{".to_string()),
+            Just("}".to_string()),
+            Just("[".to_string()),
+            Just("]".to_string()),
+            Just(",".to_string()),
+            Just(":".to_string()),
+            Just("\"messages\"".to_string()),
+            Just("\"prompt\"".to_string()),
+            Just("\"kv_transfer_params\"".to_string()),
+            Just("\"usage\"".to_string()),
+            Just("\"max_tokens\"".to_string()),
+            Just("null".to_string()),
+            Just("1".to_string()),
+            "\"[a-z\\\\\"]{0,6}\"",
+            ".{0,4}",
+        ];
+        proptest::collection::vec(fragment, 0..40).prop_map(|parts| parts.concat().into_bytes())
+    }
+
+    /// A valid request object with arbitrary extra keys in arbitrary order.
+    fn request_object() -> impl Strategy<Value = Value> {
+        let extra = proptest::collection::vec(("[a-z_]{1,12}", any::<i64>()), 0..8);
+        (extra, any::<bool>(), proptest::option::of(0u32..100)).prop_map(
+            |(extra, stream, max_completion)| {
+                let mut map = serde_json::Map::new();
+                for (key, value) in extra {
+                    map.insert(key, Value::from(value));
+                }
+                map.insert(
+                    "messages".into(),
+                    serde_json::json!([{"role": "user", "content": "hi"}]),
+                );
+                map.insert("stream".into(), Value::Bool(stream));
+                if let Some(n) = max_completion {
+                    map.insert("max_completion_tokens".into(), Value::from(n));
+                }
+                Value::Object(map)
+            },
+        )
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+
+        #[test]
+        fn no_body_makes_the_body_logic_panic(body in prop_oneof![jsonish(), proptest::collection::vec(any::<u8>(), 0..256)]) {
+            let _ = inspect(ApiKind::Chat, &body);
+            let _ = inspect(ApiKind::Completions, &body);
+            let _ = kv_params_from_prefill_answer(&body);
+            let _ = usage_from_tail(&body);
+            let mut tail = Tail::default();
+            tail.push(&body);
+            let _ = usage_from_tail(tail.as_bytes());
+            for status in [Some("200"), Some("503"), None] {
+                let _ = classify_prefill_answer(status, &body, 0, 1);
+            }
+            if let Ok(doc) = RequestDoc::parse(&body) {
+                // Whatever parses as an object rewrites into JSON objects again.
+                let prefill: Value = serde_json::from_slice(&doc.prefill_body().unwrap()).unwrap();
+                prop_assert_eq!(&prefill["max_tokens"], &Value::from(1));
+                prop_assert_eq!(&prefill["stream"], &Value::Bool(false));
+                let decode = doc.decode_body(&serde_json::json!({"x": 1})).unwrap();
+                prop_assert!(serde_json::from_slice::<Value>(&decode).unwrap().is_object());
+            }
+        }
+
+        #[test]
+        fn rewrites_keep_every_other_key_in_order(request in request_object(), params in proptest::collection::btree_map("[a-z]{1,6}", any::<u32>(), 0..4)) {
+            let body = serde_json::to_vec(&request).unwrap();
+            prop_assert!(inspect(ApiKind::Chat, &body).is_ok());
+            let doc = RequestDoc::parse(&body).unwrap();
+            let original: Vec<String> = request.as_object().unwrap().keys().cloned().collect();
+
+            let prefill: Value = serde_json::from_slice(&doc.prefill_body().unwrap()).unwrap();
+            let prefill = prefill.as_object().unwrap();
+            let kept: Vec<&String> = prefill.keys().filter(|k| original.contains(k)).collect();
+            let expected: Vec<&String> = original.iter().filter(|k| *k != "stream_options").collect();
+            prop_assert_eq!(kept, expected, "client keys keep their order");
+            prop_assert_eq!(&prefill["max_tokens"], &Value::from(1));
+            if request.get("max_completion_tokens").is_some() {
+                prop_assert_eq!(&prefill["max_completion_tokens"], &Value::from(1));
+            }
+            prop_assert_eq!(&prefill["kv_transfer_params"]["do_remote_decode"], &Value::Bool(true));
+            for (key, value) in request.as_object().unwrap() {
+                if !["max_tokens", "max_completion_tokens", "stream", "kv_transfer_params"].contains(&key.as_str()) {
+                    prop_assert_eq!(&prefill[key], value, "{} unchanged", key);
+                }
+            }
+
+            let params = serde_json::to_value(&params).unwrap();
+            let answer = serde_json::json!({"id": "x", "kv_transfer_params": params});
+            let handed = kv_params_from_prefill_answer(answer.to_string().as_bytes()).unwrap();
+            prop_assert_eq!(&handed, &params);
+            let decode: Value = serde_json::from_slice(&doc.decode_body(&handed).unwrap()).unwrap();
+            let decode = decode.as_object().unwrap();
+            let mut without: serde_json::Map<String, Value> = decode.clone();
+            prop_assert_eq!(without.shift_remove("kv_transfer_params"), Some(params));
+            prop_assert_eq!(&Value::Object(without), &request, "the decode body is the client's plus the params");
+        }
+
+        #[test]
+        fn prefill_steps_respect_the_retry_bound(code in 100u16..600, done in 0u32..8, max in 0u32..6) {
+            let step = classify_prefill_answer(Some(&code.to_string()), b"{}", done, max);
+            if step == PrefillStep::Retry {
+                prop_assert!((502..=504).contains(&code) && done < max);
+            }
+        }
     }
 }

@@ -150,11 +150,19 @@ fn same_seed_same_results_and_closed_loop_sessions_complete() {
         let sent = a.records[r.id].sent_ms;
         for &d in &r.after {
             let done = a.records[d].done_ms().unwrap();
-            assert!(sent >= done, "request {} sent at {sent} before {d} ended {done}", r.id);
+            assert!(
+                sent >= done,
+                "request {} sent at {sent} before {d} ended {done}",
+                r.id
+            );
         }
     }
     // Agentic turns resend their context: most are bypassed.
-    let bypass = a.notes.iter().filter(|n| n.mode == RouteMode::Bypass).count();
+    let bypass = a
+        .notes
+        .iter()
+        .filter(|n| n.mode == RouteMode::Bypass)
+        .count();
     assert!(bypass * 2 > a.notes.len(), "{bypass} of {}", a.notes.len());
 }
 
@@ -168,18 +176,19 @@ fn bad_setups_are_rejected_with_clear_errors() {
         (ServingMode::Agg, 0, 0),
     ] {
         let err = run_mode(&workload, &source, StackSpec::new(mode, workers, prefill))
-            .err()
-            .expect("invalid setup");
+            .expect_err("invalid setup");
         assert!(err.to_string().contains("invalid replay setup"), "{err}");
     }
     let mut spec = StackSpec::new(ServingMode::Conditional, 2, 1);
     spec.router.conditional.eff_isl_ratio_threshold = 1.5;
-    let err = run_mode(&workload, &source, spec).err().expect("bad ratio");
+    let err = run_mode(&workload, &source, spec).expect_err("bad ratio");
     assert!(err.to_string().contains("eff_isl_ratio_threshold"), "{err}");
     let mut shuffled = workload.clone();
     shuffled.requests.swap(0, 1);
-    let err = run_mode(&shuffled, &source, StackSpec::new(ServingMode::Agg, 1, 0))
-        .err()
-        .expect("bad ids");
-    assert!(err.to_string().contains("ids must equal positions"), "{err}");
+    let err =
+        run_mode(&shuffled, &source, StackSpec::new(ServingMode::Agg, 1, 0)).expect_err("bad ids");
+    assert!(
+        err.to_string().contains("ids must equal positions"),
+        "{err}"
+    );
 }

@@ -14,6 +14,39 @@ pub const DECODE_CLUSTER: &str = "switchyard_decode";
 /// Envoy cluster of prefill workers.
 pub const PREFILL_CLUSTER: &str = "switchyard_prefill";
 
+/// The template's comment line where extra listeners go.
+const EXTRA_LISTENERS_MARKER: &str = "    # switchyard:extra-listeners\n";
+
+/// A listener routing to the decode cluster with no filter but the router.
+fn plain_listener(port: u16, buffer_limit_bytes: u64) -> String {
+    format!(
+        r#"    # Baseline without the Switchyard filter (filter-overhead bench).
+    - name: switchyard_plain
+      address:
+        socket_address: {{ address: 127.0.0.1, port_value: {port} }}
+      per_connection_buffer_limit_bytes: {buffer_limit_bytes}
+      filter_chains:
+        - filters:
+            - name: envoy.filters.network.http_connection_manager
+              typed_config:
+                "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+                stat_prefix: plain
+                route_config:
+                  name: plain
+                  virtual_hosts:
+                    - name: llm
+                      domains: ["*"]
+                      routes:
+                        - match: {{ prefix: "/" }}
+                          route: {{ cluster: switchyard_decode, timeout: 0s }}
+                http_filters:
+                  - name: envoy.filters.http.router
+                    typed_config:
+                      "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+"#
+    )
+}
+
 /// What the template needs.
 #[derive(Debug, Clone, PartialEq)]
 pub struct EnvoySettings {
@@ -31,16 +64,30 @@ pub struct EnvoySettings {
     pub buffer_limit_bytes: u64,
     /// How often Envoy polls the control plane's EDS.
     pub eds_refresh: Duration,
+    /// Filter configuration keys that win over the defaults of [`EnvoySettings::filter_config`].
+    pub filter_overrides: serde_json::Map<String, serde_json::Value>,
+    /// A second listener on this port routing to the decode cluster without the filter (the
+    /// overhead bench's baseline).
+    pub plain_listen_port: Option<u16>,
 }
 
 impl EnvoySettings {
-    /// The filter's JSON configuration.
+    /// The filter's JSON configuration: the clusters of the template, the route timeout, a
+    /// body limit equal to Envoy's buffer limit (so the filter answers 413 with a JSON error
+    /// before Envoy's plain-text one), then [`EnvoySettings::filter_overrides`].
     pub fn filter_config(&self) -> String {
-        serde_json::json!({
-            "control_plane_cluster": "switchyard_control_plane",
-            "route_timeout_ms": self.route_timeout_ms,
-        })
-        .to_string()
+        let mut config = serde_json::Map::new();
+        config.insert(
+            "control_plane_cluster".into(),
+            "switchyard_control_plane".into(),
+        );
+        config.insert("prefill_cluster".into(), PREFILL_CLUSTER.into());
+        config.insert("route_timeout_ms".into(), self.route_timeout_ms.into());
+        config.insert("max_body_bytes".into(), self.buffer_limit_bytes.into());
+        for (key, value) in &self.filter_overrides {
+            config.insert(key.clone(), value.clone());
+        }
+        serde_json::Value::Object(config).to_string()
     }
 }
 
@@ -73,6 +120,11 @@ pub fn render_bootstrap(settings: &EnvoySettings) -> Result<String, StackError> 
             "${EDS_REFRESH}",
             &format!("{}s", refresh_ms as f64 / 1000.0),
         );
+    let plain = match settings.plain_listen_port {
+        Some(port) => plain_listener(port, settings.buffer_limit_bytes),
+        None => String::new(),
+    };
+    let rendered = rendered.replace(EXTRA_LISTENERS_MARKER, &plain);
     let body_lines = rendered
         .lines()
         .filter(|l| !l.trim_start().starts_with('#'));
@@ -114,6 +166,8 @@ mod tests {
             route_timeout_ms: 150,
             buffer_limit_bytes: 16 << 20,
             eds_refresh: Duration::from_millis(500),
+            filter_overrides: serde_json::Map::new(),
+            plain_listen_port: None,
         }
     }
 
@@ -124,9 +178,27 @@ mod tests {
         assert!(yaml.contains("port_value: 9901"));
         assert!(yaml.contains("port_value: 8080"));
         assert!(yaml.contains("refresh_delay: 0.5s"));
-        assert!(yaml.contains(r#"value: '{"control_plane_cluster":"switchyard_control_plane","route_timeout_ms":150}'"#));
+        assert!(yaml.contains(r#"value: '{"control_plane_cluster":"switchyard_control_plane","prefill_cluster":"switchyard_prefill","route_timeout_ms":150,"max_body_bytes":16777216}'"#), "{yaml}");
+        assert!(!yaml.contains("switchyard_plain"));
         assert!(yaml.contains("filename: \"/tmp/switchyard_filter.wasm\""));
         assert!(yaml.contains("allow_on_headers_stop_iteration: true"));
+    }
+
+    #[test]
+    fn overrides_win_and_a_plain_listener_can_be_added() {
+        let mut with = settings();
+        with.filter_overrides
+            .insert("route_timeout_ms".into(), 7.into());
+        with.filter_overrides.insert("note".into(), "it's".into());
+        with.plain_listen_port = Some(10001);
+        let yaml = render_bootstrap(&with).expect("renders");
+        assert!(yaml.contains(r#""route_timeout_ms":7"#), "{yaml}");
+        assert!(
+            yaml.contains(r#""note":"it''s""#),
+            "single quotes doubled: {yaml}"
+        );
+        assert!(yaml.contains("name: switchyard_plain"));
+        assert!(yaml.contains("port_value: 10001"));
     }
 
     #[test]

@@ -20,6 +20,7 @@
 #![deny(missing_docs)]
 
 pub mod cleanup;
+pub mod compare;
 pub mod envoy;
 pub mod error;
 pub mod paths;

@@ -29,6 +29,8 @@ pub struct Stack {
     pub(crate) control_plane_port: u16,
     pub(crate) listen_port: u16,
     pub(crate) admin_port: u16,
+    /// The filter-less baseline listener, if asked for.
+    pub(crate) plain_listen_port: Option<u16>,
     pub(crate) client: reqwest::Client,
     /// Remove `run_dir` on a drop that is not part of a panic.
     pub(crate) remove_run_dir: bool,
@@ -124,19 +126,33 @@ impl Stack {
         )
         .await?;
 
-        let mut worker_args = vec![
-            "--nats-url".into(),
-            self.nats_url(),
-            "--model-dir".into(),
-            model_dir,
-        ];
-        for worker in &self.workers {
-            worker_args.extend(["--worker".to_string(), worker.flag()]);
+        // Prefill workers run in their own process, so the prefill pool can be killed alone.
+        let (prefill, serving): (Vec<WorkerSpec>, Vec<WorkerSpec>) = self
+            .workers
+            .iter()
+            .cloned()
+            .partition(|w| w.role == WorkerRole::Prefill);
+        for (component, workers) in [
+            (Component::Workers, serving),
+            (Component::PrefillWorkers, prefill),
+        ] {
+            if workers.is_empty() {
+                continue;
+            }
+            let mut worker_args = vec![
+                "--nats-url".into(),
+                self.nats_url(),
+                "--model-dir".into(),
+                model_dir.clone(),
+            ];
+            for worker in &workers {
+                worker_args.extend(["--worker".to_string(), worker.flag()]);
+            }
+            if let Some(scale) = b.time_scale_value() {
+                worker_args.extend(["--time-scale".to_string(), scale.to_string()]);
+            }
+            self.spawn(component, &artifacts.sim_worker, worker_args)?;
         }
-        if let Some(scale) = b.time_scale_value() {
-            worker_args.extend(["--time-scale".to_string(), scale.to_string()]);
-        }
-        self.spawn(Component::Workers, &artifacts.sim_worker, worker_args)?;
         let health: Vec<String> = self
             .workers
             .iter()
@@ -167,6 +183,8 @@ impl Stack {
             route_timeout_ms: b.route_timeout_value(),
             buffer_limit_bytes: BUFFER_LIMIT_BYTES,
             eds_refresh: EDS_REFRESH,
+            filter_overrides: b.filter_overrides_value().clone(),
+            plain_listen_port: self.plain_listen_port,
         };
         let yaml_path = self.run_dir.join("envoy.yaml");
         std::fs::write(&yaml_path, envoy::render_bootstrap(&settings)?)
@@ -244,6 +262,13 @@ impl Stack {
     /// `http://127.0.0.1:PORT` of Envoy's listener: where clients send requests.
     pub fn gateway_url(&self) -> String {
         format!("http://127.0.0.1:{}", self.listen_port)
+    }
+
+    /// `http://127.0.0.1:PORT` of the filter-less baseline listener, if the stack has one
+    /// ([`StackBuilder::plain_listener`]).
+    pub fn plain_gateway_url(&self) -> Option<String> {
+        self.plain_listen_port
+            .map(|port| format!("http://127.0.0.1:{port}"))
     }
 
     /// `http://127.0.0.1:PORT` of Envoy's admin interface.

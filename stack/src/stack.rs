@@ -42,8 +42,11 @@ pub enum Component {
     Nats,
     /// The control plane.
     ControlPlane,
-    /// The simulated workers (one process).
+    /// The simulated decode and agg workers (one process).
     Workers,
+    /// The simulated prefill workers (their own process, so a test can kill the prefill pool
+    /// alone); absent when the stack has none.
+    PrefillWorkers,
     /// Envoy.
     Envoy,
 }
@@ -55,6 +58,7 @@ impl Component {
             Component::Nats => "nats-server",
             Component::ControlPlane => "control-plane",
             Component::Workers => "sim-workers",
+            Component::PrefillWorkers => "sim-prefill-workers",
             Component::Envoy => "envoy",
         }
     }
@@ -98,6 +102,8 @@ pub struct StackBuilder {
     envoy_concurrency: u32,
     ready_timeout: Duration,
     keep_logs: bool,
+    filter_overrides: serde_json::Map<String, serde_json::Value>,
+    plain_listen_port: Option<u16>,
 }
 
 impl Default for StackBuilder {
@@ -120,6 +126,8 @@ impl Default for StackBuilder {
             envoy_concurrency: 2,
             ready_timeout: Duration::from_secs(60),
             keep_logs: true,
+            filter_overrides: serde_json::Map::new(),
+            plain_listen_port: None,
         }
     }
 }
@@ -176,6 +184,24 @@ impl StackBuilder {
         /// keeps its logs).
         keep_logs: bool => keep_logs);
 
+    /// Sets one key of the filter's JSON configuration (e.g. `max_body_bytes`,
+    /// `prefill_timeout_ms`); keys set here win over the stack's defaults. An unknown key makes
+    /// the filter, and so Envoy, refuse to start.
+    pub fn filter_setting(mut self, key: &str, value: impl Into<serde_json::Value>) -> Self {
+        self.filter_overrides.insert(key.to_string(), value.into());
+        self
+    }
+
+    /// Adds a second Envoy listener on `port` (0: a free one) that routes to the decode
+    /// cluster *without* the filter: the baseline of the filter-overhead bench.
+    pub fn plain_listener(mut self, port: u16) -> Self {
+        self.plain_listen_port = Some(port);
+        self
+    }
+
+    pub(crate) fn filter_overrides_value(&self) -> &serde_json::Map<String, serde_json::Value> {
+        &self.filter_overrides
+    }
     pub(crate) fn ready_timeout_value(&self) -> Duration {
         self.ready_timeout
     }
@@ -238,12 +264,15 @@ impl StackBuilder {
         std::fs::create_dir_all(&run_dir)
             .map_err(StackError::io(format!("creating {}", run_dir.display())))?;
 
-        let ports = free_ports(4 + worker_count)?;
+        let ports = free_ports(5 + worker_count)?;
         let nats_port = self.nats_port.unwrap_or(ports[0]);
         let cp_port = self.control_plane_port.unwrap_or(ports[1]);
         let listen_port = self.listen_port.unwrap_or(ports[2]);
         let admin_port = self.admin_port.unwrap_or(ports[3]);
-        let workers = self.workers(&ports[4..]);
+        let plain_listen_port = self
+            .plain_listen_port
+            .map(|p| if p == 0 { ports[4] } else { p });
+        let workers = self.workers(&ports[5..]);
         let mut stack = Stack {
             processes: Vec::new(),
             run_dir,
@@ -252,6 +281,7 @@ impl StackBuilder {
             control_plane_port: cp_port,
             listen_port,
             admin_port,
+            plain_listen_port,
             client: http_client(),
             remove_run_dir: !self.keep_logs,
         };

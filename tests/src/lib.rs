@@ -244,6 +244,36 @@ pub async fn envoy_stats(
     Ok(parse_stats(&text))
 }
 
+/// `GET http://<address>/metrics` of a worker (Prometheus text).
+///
+/// # Errors
+/// A message if the call fails.
+pub async fn worker_metrics(client: &reqwest::Client, address: &str) -> Result<String, String> {
+    let url = format!("http://{address}/metrics");
+    let response = client
+        .get(&url)
+        .send()
+        .await
+        .map_err(|e| format!("GET {url}: {e}"))?;
+    response.text().await.map_err(|e| format!("GET {url}: {e}"))
+}
+
+/// The sum of every sample of metric `name` (any labels) in Prometheus text; 0 when absent.
+pub fn prom_sum(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|line| !line.starts_with('#'))
+        .filter_map(|line| {
+            let rest = line.strip_prefix(name)?;
+            let value = match rest.strip_prefix('{') {
+                Some(labelled) => labelled.rsplit_once('}')?.1,
+                None if rest.starts_with(' ') => rest,
+                None => return None,
+            };
+            value.trim().parse::<f64>().ok()
+        })
+        .sum()
+}
+
 /// Parses Envoy's text `/stats` lines (`name: value`).
 pub fn parse_stats(text: &str) -> HashMap<String, u64> {
     text.lines()
@@ -274,6 +304,15 @@ mod tests {
         collect_workers(&json, &mut found);
         assert_eq!(found.len(), 2);
         assert_eq!(found["decode-1"], "127.0.0.1:2");
+    }
+
+    #[test]
+    fn prometheus_samples_are_summed_by_exact_name() {
+        let text =
+            "# HELP x_total help\nx_total{a=\"1\"} 2\nx_total{a=\"2\"} 3\nx_total_more 9\ny 1.5\n";
+        assert_eq!(prom_sum(text, "x_total"), 5.0);
+        assert_eq!(prom_sum(text, "y"), 1.5);
+        assert_eq!(prom_sum(text, "z"), 0.0);
     }
 
     #[test]

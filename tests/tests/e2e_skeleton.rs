@@ -177,8 +177,8 @@ async fn routes_to_the_chosen_worker_streams_and_ignores_a_forged_destination() 
         "nothing should fail open"
     );
 
-    // A body the control plane rejects (400 invalid_json) fails open with that status: the
-    // request still reaches a worker, which gives the client its own answer.
+    // A body that is not a routable request is not sent to the control plane: it passes
+    // through untouched to a worker, which gives the client the engine's own error.
     let malformed = post_raw_observed(
         &http,
         &url,
@@ -190,8 +190,9 @@ async fn routes_to_the_chosen_worker_streams_and_ignores_a_forged_destination() 
     .expect("malformed request");
     assert_eq!(
         malformed.header(ROUTE_HEADER),
-        "fail-open;reason=bad_status_400"
+        "pass-through;reason=invalid_body"
     );
+    assert_eq!(malformed.status, 400, "{}", malformed.body());
     assert!(
         !malformed.header(WORKER_HEADER).is_empty(),
         "a worker answered: {:?}",
@@ -201,9 +202,10 @@ async fn routes_to_the_chosen_worker_streams_and_ignores_a_forged_destination() 
         .await
         .expect("envoy stats");
     assert_eq!(
-        stats.get("wasmcustom.switchyard.fail_open.bad_status"),
+        stats.get("wasmcustom.switchyard.invalid_body_total"),
         Some(&1)
     );
+    assert_eq!(stats.get("wasmcustom.switchyard.fail_open_total"), Some(&0));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

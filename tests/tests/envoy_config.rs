@@ -43,6 +43,8 @@ fn settings(artifacts: &Artifacts, route_timeout_ms: u64) -> EnvoySettings {
         route_timeout_ms,
         buffer_limit_bytes: 16 << 20,
         eds_refresh: Duration::from_secs(1),
+        filter_overrides: serde_json::Map::new(),
+        plain_listen_port: Some(10001),
     }
 }
 

@@ -8,11 +8,11 @@
 //! candidate is left, so a cold prompt costs one lookup.
 //!
 //! Layout (see `docs/kv-index.md` for measurements):
-//! - [`records::Records`]: one 12-byte record per distinct hash, `(hash, holders)`, in the
+//! - `records::Records`: one 12-byte record per distinct hash, `(hash, holders)`, in the
 //!   order blocks were first stored, so a stored chain is contiguous and a query follows it
 //!   sequentially; holders are up to two worker slots inline, larger sets bitsets in a
-//!   [`worker_set::SetArena`];
-//! - one [`table::U64Table`] `sequence hash -> record index` (12 bytes a bucket), consulted
+//!   `worker_set::SetArena`;
+//! - one `table::U64Table` `sequence hash -> record index` (12 bytes a bucket), consulted
 //!   where a prompt leaves a stored chain;
 //! - per worker slot, a table `engine block id -> record index` (12 bytes a bucket), because
 //!   removal events name blocks by the engine's own id; plus a rarely used count of records
@@ -143,7 +143,8 @@ impl KvIndex {
     /// never rehashes on the event path (a rehash of millions of blocks stalls routing, and
     /// growing from empty costs about half of the ingest time; see `docs/kv-index.md`).
     pub fn reserve_total(&mut self, blocks: usize) {
-        self.holders.reserve(blocks.saturating_sub(self.holders.len()));
+        self.holders
+            .reserve(blocks.saturating_sub(self.holders.len()));
     }
 
     /// Forgets `slot` and every block it held.
@@ -273,7 +274,10 @@ impl KvIndex {
                 }
             }
             let records = &p.records.all;
-            black_box(p.holders.touch(found[..n].iter().map(|&i| records[i as usize].hash())));
+            black_box(
+                p.holders
+                    .touch(found[..n].iter().map(|&i| records[i as usize].hash())),
+            );
             for &record in &found[..n] {
                 if !release_copy(&mut worker.extra_copies, record) {
                     drop_holder(p.reborrow(), record, slot.0);

@@ -17,6 +17,10 @@ use switchyard_protocol::hash::SequenceHash;
 use super::worker_set::{slots_of, PackedSet, SetView};
 use super::{KvIndex, OverlapScores, WorkerSlot};
 
+/// Records whose cache lines are loaded ahead when a query enters a stored chain: a whole
+/// long prompt's chain, while bounding the wasted loads if chains turn out short.
+const TOUCH_AHEAD: usize = 128;
+
 /// The live candidates: inline while there are at most two, else the bitset in
 /// `OverlapScores::candidates`.
 #[derive(Clone, Copy)]
@@ -51,12 +55,21 @@ impl KvIndex {
                 // tight loop while the next record is the next block and still held by it.
                 let ahead = &records[(at as usize + 1).min(records.len())..];
                 let ahead = &ahead[..ahead.len().min(rest.len())];
-                // Start loading every cache line of the chain at once; the compare loop below
-                // then mostly hits lines already in flight (5 records per 64-byte line).
-                black_box(ahead.iter().step_by(5).fold(0, |acc, r| acc ^ r.set.0));
+                if ahead.first().is_some_and(|r| r.hash() == h.0) {
+                    // The chain goes on: start loading its next cache lines at once (5 records
+                    // per 64-byte line, at most `TOUCH_AHEAD` records per entry) so that the compare
+                    // loop below mostly hits lines already in flight.
+                    let lines = ahead[..ahead.len().min(TOUCH_AHEAD)].iter().step_by(5);
+                    black_box(lines.fold(0, |acc, r| acc ^ r.set.0));
+                }
+                // The common record is held by exactly this worker: compare it whole.
+                let only_w = PackedSet::one(w);
                 let mut skipped = 0;
                 for (r, h) in ahead.iter().zip(rest) {
-                    if r.hash() != h.0 || !r.is_live() || !self.holds(r.set.view(), w) {
+                    if r.hash() != h.0 {
+                        break;
+                    }
+                    if r.set != only_w && !(r.is_live() && self.holds(r.set.view(), w)) {
                         break;
                     }
                     skipped += 1;
@@ -76,7 +89,9 @@ impl KvIndex {
                     if r.hash() != h.0 || !r.is_live() {
                         break;
                     }
-                    let SetView::Arena(n) = r.set.view() else { break };
+                    let SetView::Arena(n) = r.set.view() else {
+                        break;
+                    };
                     let keeps_all = out
                         .candidates
                         .iter()
@@ -120,7 +135,13 @@ impl KvIndex {
     /// Intersects `cand` with `set`; workers that drop out are recorded with `depth`.
     /// `None` when no candidate is left.
     #[inline]
-    fn step(&self, cand: Cand, set: PackedSet, depth: u32, out: &mut OverlapScores) -> Option<Cand> {
+    fn step(
+        &self,
+        cand: Cand,
+        set: PackedSet,
+        depth: u32,
+        out: &mut OverlapScores,
+    ) -> Option<Cand> {
         let view = set.view();
         match cand {
             Cand::Small(members, len) => {
@@ -156,14 +177,17 @@ impl KvIndex {
                 }
                 SetView::Arena(i) => {
                     let mut any = 0;
-                    for (word, (c, s)) in out.candidates.iter_mut().zip(self.sets.get(i)).enumerate() {
+                    for (word, (c, s)) in
+                        out.candidates.iter_mut().zip(self.sets.get(i)).enumerate()
+                    {
                         let mut dropped = *c & !s;
                         *c &= s;
                         any |= *c;
                         while dropped != 0 {
                             let bit = dropped.trailing_zeros() as u16;
                             dropped &= dropped - 1;
-                            out.matches.push((WorkerSlot(word as u16 * 64 + bit), depth));
+                            out.matches
+                                .push((WorkerSlot(word as u16 * 64 + bit), depth));
                         }
                     }
                     (any != 0).then_some(Cand::Bits)

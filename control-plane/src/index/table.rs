@@ -224,9 +224,11 @@ impl<V: Copy + Default> U64Table<V> {
             if k == 0 {
                 break;
             }
-            let h = home(k, n);
-            let dist_home = (j + n - h) % n;
-            let dist_hole = (j + n - hole) % n;
+            // Cyclic distances back from j (no `%`: a division per step costs more than the
+            // probe itself).
+            let back = |from: usize| if j >= from { j - from } else { j + n - from };
+            let dist_home = back(home(k, n));
+            let dist_hole = back(hole);
             if dist_home >= dist_hole {
                 self.buckets[hole] = self.buckets[j];
                 hole = j;

@@ -138,7 +138,10 @@ fn compaction_keeps_every_match() {
     index.remove(WorkerSlot(0), &[EngineBlockId(500)]);
     assert_eq!(query(&index, &chain), BTreeMap::from([(0, 500), (1, 100)]));
     index.store(WorkerSlot(0), &blocks(&chain[500..501], 500));
-    assert_eq!(query(&index, &chain[..1000]), BTreeMap::from([(0, 1000), (1, 100)]));
+    assert_eq!(
+        query(&index, &chain[..1000]),
+        BTreeMap::from([(0, 1000), (1, 100)])
+    );
 }
 
 /// A naive model: per worker, engine id -> hash.

@@ -470,3 +470,128 @@ proptest! {
         prop_assert_eq!(r.index_stats().pairs, 0);
     }
 }
+
+#[test]
+fn prefill_load_bypasses_when_the_prefill_pool_is_busy() {
+    let mut r = router_with(&[
+        ("decode-0", WorkerRole::Decode),
+        ("prefill-0", WorkerRole::Prefill),
+    ]);
+    let cfg = RouterConfig::from_json(&serde_json::json!({
+        "policy": "prefill_load", "prefill_queue_budget_tokens": 10_000, "prefill_busy_threshold": 0.5
+    }))
+    .unwrap();
+    r.set_config(cfg).unwrap();
+    // 4,000 queued tokens: busyness 0.4, not busy.
+    let a = r.route("a", &prompt(1, 4_000), 0).unwrap();
+    assert_eq!(
+        (a.mode, a.reason.as_str()),
+        (RouteMode::Disagg, "disagg:prefill_not_busy")
+    );
+    // +2,000 more: 0.6 > 0.5, busy: the next request prefills on its decode worker.
+    let b = r.route("b", &prompt(2, 2_000), 0).unwrap();
+    assert_eq!(b.reason, "disagg:prefill_not_busy", "decided at 0.4");
+    let c = r.route("c", &prompt(3, 2_000), 0).unwrap();
+    assert_eq!(
+        (c.mode, c.reason.as_str()),
+        (RouteMode::Bypass, "bypass:prefill_busy")
+    );
+    // The prefill leg's first token frees the pool again.
+    r.apply_lifecycle(
+        &LifecycleEvent::FirstToken {
+            request_id: "a".into(),
+        },
+        1,
+    );
+    let d = r.route("d", &prompt(4, 2_000), 1).unwrap();
+    assert_eq!(d.reason, "disagg:prefill_not_busy");
+}
+
+proptest! {
+    #[test]
+    fn verdicts_are_consistent_under_any_config(
+        mode in 0usize..3, policy in 0usize..3, threshold in 0u32..5_000, ratio in 0.0f64..=1.0,
+        guard in proptest::option::of(0.0f64..1.0), temperature in prop_oneof![Just(0.0), 0.0f64..100.0],
+        lens in proptest::collection::vec(0usize..6_000, 1..8), seed in 0u64..1_000,
+    ) {
+        let serving_mode = ["agg", "disagg", "conditional"][mode];
+        let policy = ["isl_bounding", "prefill_load", "isl_or_load"][policy];
+        let cfg = RouterConfig::from_json(&serde_json::json!({
+            "serving_mode": serving_mode,
+            "policy": policy,
+            "eff_isl_threshold": threshold,
+            "eff_isl_ratio_threshold": ratio,
+            "decode_busy_threshold": guard,
+            "selection": {"temperature": temperature},
+        })).unwrap();
+        let mut r = Router::with_config(cfg, seed);
+        for (id, role) in [("decode-0", WorkerRole::Decode), ("agg-0", WorkerRole::Agg), ("prefill-0", WorkerRole::Prefill)] {
+            r.upsert_worker(&info(id, role), 3_000, 0);
+        }
+        r.apply_kv_batch(&stored("decode-0", 1, &prompt(0, 3_000)), 0).unwrap();
+        for (i, n) in lens.iter().enumerate() {
+            let v = r.route(&i.to_string(), &prompt(i as u32 % 2, *n), i as u64).unwrap();
+            prop_assert!(REASONS.contains(&v.reason.as_str()));
+            prop_assert!(v.reason.starts_with(v.mode.as_str()));
+            prop_assert_eq!(v.prefill.is_some(), v.mode == RouteMode::Disagg);
+            prop_assert_eq!(v.isl as usize, *n);
+            prop_assert!(v.cached_tokens <= v.isl);
+            prop_assert_eq!(v.eff_isl, v.isl - v.cached_tokens);
+            prop_assert_ne!(v.decode.worker_id.0.as_str(), "prefill-0");
+        }
+    }
+}
+
+#[test]
+fn workers_with_different_block_sizes_are_matched_in_their_own_hashes() {
+    let mut r = router_with(&[("decode-0", WorkerRole::Decode)]);
+    let mut big = info("decode-64", WorkerRole::Decode);
+    big.block_size = 64;
+    r.upsert_worker(&big, 3_000, 0);
+    let turn = prompt(5, 1_000);
+    // decode-64 caches the whole prompt's 15 full 64-token blocks (960 tokens).
+    let hashes = sequence_hashes(&turn, BlockSize::try_new(64).unwrap(), HashSeed::default());
+    let mut b = batch(
+        "decode-64",
+        1,
+        vec![KvEvent::Stored {
+            parent: None,
+            blocks: hashes
+                .iter()
+                .enumerate()
+                .map(|(i, &seq_hash)| StoredBlock {
+                    seq_hash,
+                    block_id: EngineBlockId(i as u64),
+                })
+                .collect(),
+            block_size: 64,
+        }],
+    );
+    assert_eq!(r.apply_kv_batch(&b, 0), Ok(KvApplyOutcome::Applied));
+    let v = r.route("a", &turn, 1).unwrap();
+    assert_eq!(v.decode.worker_id.0, "decode-64");
+    assert_eq!((v.cached_tokens, v.eff_isl), (960, 40));
+    // A 16-token worker's events cannot claim 64-token blocks.
+    b.worker_id = WorkerId("decode-0".into());
+    assert!(matches!(
+        r.apply_kv_batch(&b, 0),
+        Err(KvEventError::BlockSizeMismatch { .. })
+    ));
+}
+
+#[test]
+fn lost_lifecycle_reports_expire_with_routing_time() {
+    let mut r = router_with(&[("decode-0", WorkerRole::Decode)]);
+    r.route("lost", &prompt(1, 640), 0).unwrap();
+    let load = |r: &Router| r.worker_stats()[0].load;
+    assert_eq!(load(&r).prefill_tokens, 640);
+    // The next route, past the prefill timeout, frees the lost request's prefill tokens...
+    r.upsert_worker(&info("decode-0", WorkerRole::Decode), 3_000, 60_000);
+    r.route("next", &prompt(2, 16), 60_000).unwrap();
+    assert_eq!(load(&r).prefill_tokens, 16);
+    // ...and past the request timeout, its blocks.
+    r.upsert_worker(&info("decode-0", WorkerRole::Decode), 3_000, 600_000);
+    r.route("later", &prompt(3, 16), 600_000).unwrap();
+    assert_eq!(r.tracked_requests(), 2, "`lost` forgotten");
+    assert_eq!(load(&r).in_flight, 2);
+}

@@ -29,7 +29,8 @@ impl Router {
             if restarted || resized {
                 // A cold cache (or hashes in another block size): forget it all.
                 state.last_kv_seq = None;
-                self.index.add_worker_with_capacity(slot, engine_table_size(info));
+                self.index
+                    .add_worker_with_capacity(slot, engine_table_size(info));
                 self.load.remove_worker(slot);
                 self.load.add_worker(slot, info.kv_capacity_blocks);
                 return WorkerChange::Restarted;
@@ -41,7 +42,8 @@ impl Router {
         let Some(slot) = self.allocate_slot(&info.worker_id) else {
             return WorkerChange::Rejected;
         };
-        self.index.add_worker_with_capacity(slot, engine_table_size(info));
+        self.index
+            .add_worker_with_capacity(slot, engine_table_size(info));
         // Size the hash table for the cluster's total KV capacity, so that it never rehashes
         // on the event path (a rehash of millions of blocks would stall routing).
         self.reserved_blocks += engine_table_size(info);

@@ -17,6 +17,7 @@
 //!
 //! # Layout
 //! - [`tokens`]: the exact token ids of a planned request (what the router hashes).
+//! - [`spec`]: what a run is given (deployment, router config) and what it returns.
 //! - [`stack`]: the virtual stack: engines + router + the event loop of one run.
 //! - [`tracker`]: per-request bookkeeping that turns events into records.
 //! - [`modes`]: the three serving modes on equal GPUs, and their comparison.
@@ -26,6 +27,7 @@
 //! [`RequestRecord`]: crate::loadgen::record::RequestRecord
 
 pub mod modes;
+pub mod spec;
 pub mod stack;
 pub mod sweep;
 pub mod tokens;
@@ -36,11 +38,14 @@ pub mod tuning;
 mod tests;
 
 pub use modes::{compare_modes, report_run, run_mode, ModeRun};
-pub use stack::{mode_name, ReplayCounters, ReplayRun, StackSpec, VirtualStack};
+pub use spec::{mode_name, ReplayCounters, ReplayRun, StackSpec};
+pub use stack::VirtualStack;
 pub use sweep::{sweep_markdown, sweep_thresholds, SweepPoint, ThresholdGrid};
 pub use tokens::PromptSource;
 pub use tracker::RouteNote;
-pub use tuning::{recommend_thresholds, tuning_markdown, EffIslDistribution, Recommendation};
+pub use tuning::{
+    pick_from_sweep, recommend_thresholds, tuning_markdown, EffIslDistribution, Recommendation,
+};
 
 use crate::engine::EngineError;
 

@@ -8,7 +8,8 @@
 use serde::Serialize;
 use switchyard_control_plane::config::ServingMode;
 
-use super::stack::{mode_name, ReplayRun, StackSpec, VirtualStack};
+use super::spec::{mode_name, ReplayRun, StackSpec};
+use super::stack::VirtualStack;
 use super::tokens::PromptSource;
 use super::ReplayError;
 use crate::loadgen::report::{build_report, RunMeta, RunReport, Slo};

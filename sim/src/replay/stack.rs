@@ -15,145 +15,24 @@
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 
-use serde::Serialize;
-use switchyard_control_plane::config::{RouterConfig, ServingMode};
 use switchyard_control_plane::router::{KvApplyOutcome, Router};
 use switchyard_protocol::hash::{BlockSize, HashSeed};
 use switchyard_protocol::kv::KvEventBatch;
 use switchyard_protocol::lifecycle::LifecycleEvent;
 use switchyard_protocol::route::RouteMode;
-use switchyard_protocol::worker::{WorkerId, WorkerInfo, WorkerRole};
+use switchyard_protocol::worker::{WorkerId, WorkerInfo};
 
+use super::spec::{ReplayCounters, ReplayRun, StackSpec};
 use super::tokens::{hashed_prompt, PromptSource};
 use super::tracker::{RouteNote, Tracker};
 use super::ReplayError;
-use crate::engine::{EngineConfig, EngineOutput, EngineRequest, PerfPreset};
+use crate::engine::{EngineConfig, EngineOutput, EngineRequest};
 use crate::loadgen::record::RequestRecord;
 use crate::loadgen::Workload;
 use crate::vtime::{Arrival, Cluster, ClusterEvent, EngineIdx};
 
 /// Virtual time past the last planned arrival after which a run counts as stuck (10 days).
 const FINISH_BOUND_MS: f64 = 10.0 * 86_400_000.0;
-
-/// One virtual deployment: how many workers of which kind, and how the router is set.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct StackSpec {
-    /// Agg, disagg or conditional (overrides `router.serving_mode`).
-    pub mode: ServingMode,
-    /// Workers in all (each one a 4-GPU GB200 node with the default preset).
-    pub workers: u32,
-    /// Of those, prefill workers in disagg and conditional mode (ignored for agg).
-    pub prefill_workers: u32,
-    /// Performance preset of every worker.
-    pub preset: PerfPreset,
-    /// Router configuration (thresholds, selection weights, load timeouts).
-    pub router: RouterConfig,
-    /// Router RNG seed (tie-breaking).
-    pub seed: u64,
-    /// Multiplies arrival and think times (0.5 = twice the planned rate), as the load
-    /// generator's `--time-scale`.
-    pub time_scale: f64,
-    /// Interval between load reports, virtual ms (the simulated worker's default: 500).
-    pub load_interval_ms: u64,
-}
-
-impl StackSpec {
-    /// `workers` workers in `mode`, `prefill_workers` of them prefill (non-agg modes), the
-    /// default preset and router config, load reports every 500 ms, planned arrival rate.
-    pub fn new(mode: ServingMode, workers: u32, prefill_workers: u32) -> Self {
-        StackSpec {
-            mode,
-            workers,
-            prefill_workers,
-            preset: PerfPreset::Gb200Fp8Tep4,
-            router: RouterConfig::default(),
-            seed: 0,
-            time_scale: 1.0,
-            load_interval_ms: crate::worker::config::DEFAULT_LOAD_INTERVAL_MS,
-        }
-    }
-
-    /// The role of each worker, prefill workers first.
-    ///
-    /// # Errors
-    /// [`ReplayError::InvalidSetup`] without workers, or without both prefill and decode
-    /// workers in disagg and conditional mode.
-    pub fn roles(&self) -> Result<Vec<WorkerRole>, ReplayError> {
-        let bad = |m: String| Err(ReplayError::InvalidSetup(m));
-        if self.workers == 0 {
-            return bad("at least one worker is needed".into());
-        }
-        if self.mode == ServingMode::Agg {
-            return Ok(vec![WorkerRole::Agg; self.workers as usize]);
-        }
-        if self.prefill_workers == 0 || self.prefill_workers >= self.workers {
-            return bad(format!(
-                "{} mode needs 1 to {} prefill workers out of {}, got {}",
-                mode_name(self.mode),
-                self.workers.saturating_sub(1),
-                self.workers,
-                self.prefill_workers
-            ));
-        }
-        let p = self.prefill_workers as usize;
-        let d = (self.workers - self.prefill_workers) as usize;
-        Ok([vec![WorkerRole::Prefill; p], vec![WorkerRole::Decode; d]].concat())
-    }
-
-    /// GPUs in the deployment (for throughput per GPU).
-    pub fn gpus(&self) -> u32 {
-        self.workers * self.preset.gpus_per_worker()
-    }
-}
-
-/// The wire name of a serving mode.
-pub fn mode_name(mode: ServingMode) -> &'static str {
-    match mode {
-        ServingMode::Agg => "agg",
-        ServingMode::Disagg => "disagg",
-        ServingMode::Conditional => "conditional",
-    }
-}
-
-/// Counts of what happened in a run, beyond the records.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
-pub struct ReplayCounters {
-    /// KV event batches applied to the router.
-    pub kv_batches: u64,
-    /// Batches the router rejected or asked a resync for (should stay 0: nothing is lost).
-    pub kv_batch_problems: u64,
-    /// Load reports applied.
-    pub load_reports: u64,
-    /// Routing failures (no decode worker).
-    pub route_errors: u64,
-    /// Engine refusals (at arrival or after a transfer).
-    pub rejected: u64,
-    /// Recompute preemptions across engines.
-    pub preemptions: u64,
-    /// KV transfers started and tokens they moved.
-    pub transfers: u64,
-    /// Tokens moved by KV transfers.
-    pub transfer_tokens: u64,
-    /// Discrete event times processed.
-    pub event_steps: u64,
-}
-
-/// Everything one run produced.
-#[derive(Debug, Clone, Serialize)]
-pub struct ReplayRun {
-    /// What ran.
-    pub spec: StackSpec,
-    /// One record per request sent, in id order, as the load generator records them.
-    pub records: Vec<RequestRecord>,
-    /// What the router decided per request, in id order.
-    pub notes: Vec<RouteNote>,
-    /// Requests never sent.
-    pub not_sent: usize,
-    /// Counters.
-    pub counters: ReplayCounters,
-    /// Virtual time when the last event happened, ms.
-    pub end_ms: f64,
-}
 
 /// A request due to be sent at a virtual time; the earliest first, then in push order.
 #[derive(Debug, PartialEq)]
@@ -254,7 +133,8 @@ impl<'a> VirtualStack<'a> {
             router.upsert_worker(&info, u64::MAX, 0);
             worker_ids.push(info.worker_id);
         }
-        let block_size = block_size.ok_or_else(|| ReplayError::InvalidSetup("no workers".into()))?;
+        let block_size =
+            block_size.ok_or_else(|| ReplayError::InvalidSetup("no workers".into()))?;
         let tracker = Tracker::new(workload, spec.time_scale);
         let mut stack = VirtualStack {
             kv_seq: vec![0; worker_ids.len()],
@@ -306,7 +186,10 @@ impl<'a> VirtualStack<'a> {
         loop {
             let engines = self.cluster.next_event_ms();
             let arrival = self.arrivals.peek().map(|d| d.at_ms);
-            let Some(next) = [engines, arrival].into_iter().flatten().min_by(f64::total_cmp)
+            let Some(next) = [engines, arrival]
+                .into_iter()
+                .flatten()
+                .min_by(f64::total_cmp)
             else {
                 break;
             };
@@ -467,13 +350,16 @@ impl<'a> VirtualStack<'a> {
             ..RequestRecord::default()
         };
         let tokens = self.source.token_ids(planned);
-        let verdict = match self.router.route(&request_id(id), &tokens, router_ms(at_ms)) {
+        let verdict = match self
+            .router
+            .route(&request_id(id), &tokens, router_ms(at_ms))
+        {
             Ok(v) => v,
             Err(e) => {
                 self.counters.route_errors += 1;
-                let ready = self
-                    .tracker
-                    .fail_unsent(self.workload, record, format!("route: {e}"), at_ms);
+                let ready =
+                    self.tracker
+                        .fail_unsent(self.workload, record, format!("route: {e}"), at_ms);
                 self.push_ready(ready);
                 return;
             }
@@ -483,7 +369,9 @@ impl<'a> VirtualStack<'a> {
         let prefill = verdict.prefill.as_ref().and_then(|p| index(&p.worker_id));
         let Some(decode) = decode else {
             let error = format!("route: unknown worker {}", verdict.decode.worker_id);
-            let ready = self.tracker.fail_unsent(self.workload, record, error, at_ms);
+            let ready = self
+                .tracker
+                .fail_unsent(self.workload, record, error, at_ms);
             self.push_ready(ready);
             return;
         };

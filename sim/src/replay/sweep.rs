@@ -8,7 +8,7 @@ use serde::Serialize;
 use switchyard_control_plane::config::{PolicyKind, ServingMode};
 
 use super::modes::{report_run, run_mode};
-use super::stack::StackSpec;
+use super::spec::StackSpec;
 use super::tokens::PromptSource;
 use super::ReplayError;
 use crate::loadgen::report::Slo;

@@ -3,20 +3,24 @@
 //! and the `isl_bounding` thresholds they suggest. `docs/threshold-tuning.md` explains the
 //! rule and shows it on the Mooncake trace.
 //!
-//! The rule:
+//! The rule (two stages):
 //! - **`eff_isl_threshold`: the stall budget.** A bypassed request prefills `eff_isl` tokens
 //!   on the decode worker, inside iterations that every running stream waits for. The
 //!   threshold is the largest token count whose prefill on that worker (the performance
-//!   model, on the median cached prefix) fits the stall budget a user tolerates on one
-//!   inter-token gap, rounded down to a multiple of the KV block size. It depends on the
-//!   hardware, not on the workload: the distribution only tells what share it bypasses.
-//! - **`eff_isl_ratio_threshold`: the valley.** The ratio is bimodal on chat and agentic
-//!   traffic (warm follow-up turns near 0, cold prompts at 1). The threshold goes at the
-//!   emptiest tenth of (0.3, 1.0], so that requests on either side are not split by noise;
-//!   0.7 (the default) is kept when no tenth is emptier than a fifth of the fullest.
+//!   model, on the median cached prefix) fits the stall budget one inter-token gap may take,
+//!   rounded down to a multiple of the KV block size. It depends on the hardware, not on the
+//!   workload: the distribution only says what share of requests it lets through.
+//! - **`eff_isl_ratio_threshold`: 1.0** (bypass anything with *some* prefix cached there).
+//!   Below the stall-budget threshold every bypass already costs running streams at most
+//!   the budget, so the ratio guard has nothing left to protect except fully cold prompts,
+//!   which stay with the prefill pool. The ratio matters when the absolute threshold is
+//!   raised past the budget; the sweep shows what that costs.
+//! - **Check in virtual time** ([`pick_from_sweep`]): among sweep points whose ITL p99 stays
+//!   within a slack of the never-bypass point's, take the lowest TTFT p90.
 
 use serde::Serialize;
 
+use super::sweep::SweepPoint;
 use super::tracker::RouteNote;
 use crate::engine::PerfModel;
 use crate::loadgen::stats::percentile;
@@ -132,11 +136,10 @@ pub fn recommend_thresholds(
     while threshold < (1 << 20) && stall(threshold + block) <= stall_budget_ms {
         threshold += block;
     }
-    let ratio = valley_ratio(&dist.ratio_tenths);
     let share = dist.share_below(threshold);
     Recommendation {
         eff_isl_threshold: threshold,
-        eff_isl_ratio_threshold: ratio,
+        eff_isl_ratio_threshold: 1.0,
         stall_budget_ms,
         stall_at_threshold_ms: stall(threshold),
         share_below_threshold: share,
@@ -144,23 +147,26 @@ pub fn recommend_thresholds(
     }
 }
 
-/// The upper edge of the emptiest tenth in [0.3, 1.0) (ties: the higher edge, which bypasses
-/// more), or 0.7 when the histogram has no clear valley there.
-fn valley_ratio(tenths: &[f64; 10]) -> f64 {
-    let fullest = tenths.iter().copied().fold(0.0, f64::max);
-    let (bin, mass) = (3..9)
-        .map(|i| (i, tenths[i]))
-        .fold((6, f64::INFINITY), |best, (i, m)| {
-            if m <= best.1 {
-                (i, m)
-            } else {
-                best
-            }
-        });
-    if fullest <= 0.0 || mass > fullest / 5.0 {
-        return 0.7;
-    }
-    (bin + 1) as f64 / 10.0
+/// The sweep point to run with: among points whose ITL p99 is within `itl_slack` (0.1 =
+/// 10 %) of the lowest-bypass point's, the lowest TTFT p90 (ties: the higher bypass share).
+/// `None` for an empty sweep or points without ITL.
+pub fn pick_from_sweep(points: &[SweepPoint], itl_slack: f64) -> Option<&SweepPoint> {
+    let baseline = points
+        .iter()
+        .min_by(|a, b| a.bypass_share.total_cmp(&b.bypass_share))?
+        .itl_ms
+        .p99?;
+    let limit = baseline * (1.0 + itl_slack.max(0.0));
+    points
+        .iter()
+        .filter(|p| p.failed == 0 && p.itl_ms.p99.is_some_and(|i| i <= limit))
+        .filter(|p| p.ttft_ms.p90.is_some())
+        .min_by(|a, b| {
+            let key = |p: &SweepPoint| p.ttft_ms.p90.unwrap_or(f64::INFINITY);
+            key(a)
+                .total_cmp(&key(b))
+                .then(b.bypass_share.total_cmp(&a.bypass_share))
+        })
 }
 
 /// The distributions and the recommendation as markdown.
@@ -193,7 +199,8 @@ pub fn tuning_markdown(dist: &EffIslDistribution, rec: &Recommendation) -> Strin
         out,
         "\nRecommended: `eff_isl_threshold` = {} (modelled decode-worker prefill {:.1} ms within \
          a {:.0} ms stall budget; {:.1} % of requests have a smaller effective ISL, i.e. it sits \
-         at p{:.0}), `eff_isl_ratio_threshold` = {:.1}.",
+         at p{:.0}), `eff_isl_ratio_threshold` = {:.1} (only fully cold prompts go to the prefill \
+         pool).",
         rec.eff_isl_threshold,
         rec.stall_at_threshold_ms,
         rec.stall_budget_ms,

@@ -60,6 +60,23 @@ struct Args {
     /// Directory for logs and generated config (default: a new one under the temp dir).
     #[arg(long)]
     run_dir: Option<PathBuf>,
+    /// A filter configuration key, `KEY=JSON` (e.g. `prefill_retries=2`,
+    /// `lifecycle_reports=false`); repeatable. Keys are listed in docs/gateway.md.
+    #[arg(long = "filter-setting", value_parser = parse_filter_setting)]
+    filter_settings: Vec<(String, serde_json::Value)>,
+}
+
+/// `KEY=JSON`; a value that is not JSON is taken as a string.
+fn parse_filter_setting(raw: &str) -> Result<(String, serde_json::Value), String> {
+    let (key, value) = raw
+        .split_once('=')
+        .ok_or_else(|| format!("expected KEY=VALUE, got {raw:?}"))?;
+    if key.is_empty() {
+        return Err(format!("empty key in {raw:?}"));
+    }
+    let value = serde_json::from_str(value)
+        .unwrap_or_else(|_| serde_json::Value::String(value.to_string()));
+    Ok((key.to_string(), value))
 }
 
 #[tokio::main]
@@ -105,6 +122,9 @@ async fn main() -> anyhow::Result<()> {
     }
     if let Some(v) = args.run_dir {
         builder = builder.run_dir(v);
+    }
+    for (key, value) in args.filter_settings {
+        builder = builder.filter_setting(&key, value);
     }
 
     // Signals are watched from the start, so a Ctrl-C during start-up also stops what began.

@@ -1,0 +1,209 @@
+//! Lifecycle reports: the bounded per-VM queue of events, and the cheap `usage` scan of a
+//! response's tail (pure).
+//!
+//! Requests only push events (never block, never wait for the control plane); the root
+//! context's timer drains the queue in batches. When the control plane is away the queue fills
+//! up to its bound and further events are dropped and counted: lost reports are tolerated
+//! (the control plane expires predicted load after a timeout), a filter that grows without
+//! bound is not.
+
+use std::collections::VecDeque;
+
+use serde::Deserialize;
+use switchyard_protocol::lifecycle::{LifecycleBatch, LifecycleEvent};
+use switchyard_protocol::PROTOCOL_VERSION;
+
+/// The bounded queue of events not yet sent.
+#[derive(Debug, Clone)]
+pub struct LifecycleQueue {
+    events: VecDeque<LifecycleEvent>,
+    max: usize,
+}
+
+impl LifecycleQueue {
+    /// An empty queue holding at most `max` events (at least one).
+    pub fn new(max: usize) -> Self {
+        LifecycleQueue {
+            events: VecDeque::new(),
+            max: max.max(1),
+        }
+    }
+
+    /// Queues an event; false (the event is dropped) when the queue is full.
+    pub fn push(&mut self, event: LifecycleEvent) -> bool {
+        if self.events.len() >= self.max {
+            return false;
+        }
+        self.events.push_back(event);
+        true
+    }
+
+    /// Takes up to `max_events` of the oldest events as a batch, or `None` when empty.
+    pub fn take_batch(&mut self, max_events: usize) -> Option<LifecycleBatch> {
+        if self.events.is_empty() {
+            return None;
+        }
+        let n = max_events.max(1).min(self.events.len());
+        Some(LifecycleBatch {
+            v: PROTOCOL_VERSION,
+            events: self.events.drain(..n).collect(),
+        })
+    }
+
+    /// Changes the bound (events already queued stay, even above a lower bound).
+    pub fn set_max(&mut self, max: usize) {
+        self.max = max.max(1);
+    }
+
+    /// Events waiting.
+    pub fn len(&self) -> usize {
+        self.events.len()
+    }
+
+    /// Whether nothing waits.
+    pub fn is_empty(&self) -> bool {
+        self.events.is_empty()
+    }
+}
+
+/// The last bytes of a response body, kept while it streams past untouched. The usage of a
+/// streamed response is in its last SSE chunk before `[DONE]`, that of a JSON response near its
+/// end, so a few KiB of tail find it without buffering the response.
+#[derive(Debug, Clone, Default)]
+pub struct Tail {
+    bytes: Vec<u8>,
+}
+
+/// How much of a response's end is kept for the usage scan.
+pub const TAIL_BYTES: usize = 4096;
+
+impl Tail {
+    /// Appends a chunk, keeping only the last [`TAIL_BYTES`].
+    pub fn push(&mut self, chunk: &[u8]) {
+        if chunk.len() >= TAIL_BYTES {
+            self.bytes.clear();
+            self.bytes
+                .extend_from_slice(&chunk[chunk.len() - TAIL_BYTES..]);
+            return;
+        }
+        let overflow = (self.bytes.len() + chunk.len()).saturating_sub(TAIL_BYTES);
+        self.bytes.drain(..overflow.min(self.bytes.len()));
+        self.bytes.extend_from_slice(chunk);
+    }
+
+    /// The kept bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+}
+
+/// Token counts from a response's `usage`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+pub struct Usage {
+    /// Prompt tokens.
+    #[serde(default)]
+    pub prompt_tokens: Option<u32>,
+    /// Generated tokens.
+    #[serde(default)]
+    pub completion_tokens: Option<u32>,
+}
+
+/// How many `"usage"` occurrences the scan tries, from the end (streamed chunks may carry
+/// `"usage": null`; the real one is the last that parses).
+const MAX_USAGE_CANDIDATES: usize = 8;
+
+/// Finds the last parsable `"usage": {...}` object in `tail`. Never panics; `None` when there
+/// is none (the usage then stays unknown, which the control plane accepts).
+pub fn usage_from_tail(tail: &[u8]) -> Option<Usage> {
+    const KEY: &[u8] = b"\"usage\"";
+    let mut end = tail.len();
+    for _ in 0..MAX_USAGE_CANDIDATES {
+        let start = find_last(&tail[..end], KEY)?;
+        if let Some(usage) = parse_usage_after(&tail[start + KEY.len()..]) {
+            return Some(usage);
+        }
+        end = start;
+    }
+    None
+}
+
+fn find_last(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    if needle.is_empty() || haystack.len() < needle.len() {
+        return None;
+    }
+    (0..=haystack.len() - needle.len())
+        .rev()
+        .find(|&i| haystack[i..].starts_with(needle))
+}
+
+fn parse_usage_after(rest: &[u8]) -> Option<Usage> {
+    let colon = rest.iter().position(|b| !b.is_ascii_whitespace())?;
+    if rest.get(colon) != Some(&b':') {
+        return None;
+    }
+    let value = &rest[colon + 1..];
+    let open = value.iter().position(|b| !b.is_ascii_whitespace())?;
+    if value.get(open) != Some(&b'{') {
+        return None;
+    }
+    // Reads exactly one JSON value and ignores what follows (the rest of the chunk).
+    let mut values = serde_json::Deserializer::from_slice(&value[open..]).into_iter::<Usage>();
+    let usage = values.next()?.ok()?;
+    (usage.prompt_tokens.is_some() || usage.completion_tokens.is_some()).then_some(usage)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn first(id: &str) -> LifecycleEvent {
+        LifecycleEvent::FirstToken {
+            request_id: id.into(),
+        }
+    }
+
+    #[test]
+    fn the_queue_is_bounded_and_drains_oldest_first_in_batches() {
+        let mut queue = LifecycleQueue::new(3);
+        assert!(queue.push(first("a")));
+        assert!(queue.push(first("b")));
+        assert!(queue.push(first("c")));
+        assert!(!queue.push(first("d")), "a full queue drops");
+        let batch = queue.take_batch(2).expect("batch");
+        assert_eq!(batch.events, vec![first("a"), first("b")]);
+        assert_eq!(batch.v, PROTOCOL_VERSION);
+        assert_eq!(queue.len(), 1);
+        assert_eq!(queue.take_batch(10).unwrap().events, vec![first("c")]);
+        assert!(queue.take_batch(10).is_none());
+        assert!(queue.is_empty());
+    }
+
+    #[test]
+    fn the_tail_keeps_the_last_bytes() {
+        let mut tail = Tail::default();
+        tail.push(b"abc");
+        tail.push(&vec![b'x'; TAIL_BYTES - 1]);
+        assert_eq!(tail.as_bytes().len(), TAIL_BYTES);
+        assert_eq!(tail.as_bytes()[0], b'c');
+        tail.push(&vec![b'y'; TAIL_BYTES + 5]);
+        assert_eq!(tail.as_bytes(), vec![b'y'; TAIL_BYTES].as_slice());
+    }
+
+    #[test]
+    fn usage_is_found_in_an_sse_tail_and_a_json_body() {
+        let sse = b"data: {\"choices\":[{\"delta\":{}}],\"usage\":null}\n\ndata: {\"choices\":[],\"usage\":{\"prompt_tokens\":12,\"completion_tokens\":5,\"total_tokens\":17}}\n\ndata: [DONE]\n\n";
+        assert_eq!(
+            usage_from_tail(sse),
+            Some(Usage {
+                prompt_tokens: Some(12),
+                completion_tokens: Some(5)
+            })
+        );
+        let json = br#"{"id":"x","usage" : {"prompt_tokens":3,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":0}},"kv_transfer_params":null}"#;
+        assert_eq!(usage_from_tail(json).unwrap().prompt_tokens, Some(3));
+        let only_null = b"data: {\"usage\":null}\n\ndata: [DONE]";
+        assert_eq!(usage_from_tail(only_null), None);
+        assert_eq!(usage_from_tail(b"\"usage\""), None);
+        assert_eq!(usage_from_tail(b"ge\":{\"prompt_tokens\":1}}"), None);
+    }
+}

@@ -1,0 +1,175 @@
+//! How a request was finally served, as the client sees it in `x-switchyard-route`.
+//!
+//! A verdict ([`crate::verdict::RouteOutcome`]) is what the control plane asked for; a
+//! [`Served`] is what happened after the prefill leg, if any. The two differ when the prefill
+//! leg fails: the verdict said `disagg`, the request was served by the decode worker's own
+//! prefill (`fallback;reason=prefill_failed`).
+
+use std::fmt;
+
+use switchyard_protocol::route::RouteMode;
+
+use crate::body::InvalidBody;
+use crate::verdict::{FailOpenReason, RouteOutcome};
+
+/// Why a `disagg` verdict was served by local prefill on the decode worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FallbackReason {
+    /// The prefill leg failed: unreachable, timed out, a non-200 answer (after the bounded
+    /// retries of 502/503/504), or its dispatch was refused.
+    PrefillFailed,
+    /// The verdict said `disagg` but named no usable prefill worker address.
+    NoPrefillWorker,
+}
+
+impl FallbackReason {
+    /// Every stat key, in a fixed order.
+    pub const STAT_KEYS: [&'static str; 2] = ["prefill_failed", "no_prefill_worker"];
+
+    /// The stat key and header reason.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FallbackReason::PrefillFailed => Self::STAT_KEYS[0],
+            FallbackReason::NoPrefillWorker => Self::STAT_KEYS[1],
+        }
+    }
+}
+
+impl fmt::Display for FallbackReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// How a routed API request was served.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Served {
+    /// As the verdict said (`disagg` includes a prefill answer without `kv_transfer_params`,
+    /// which vLLM's protocol defines as "decode locally").
+    Routed {
+        /// The verdict's mode.
+        mode: RouteMode,
+        /// The decode worker.
+        destination: String,
+    },
+    /// A `disagg` verdict served by local prefill on its decode worker.
+    Fallback {
+        /// Why.
+        reason: FallbackReason,
+        /// The decode worker.
+        destination: String,
+    },
+    /// No verdict: Envoy's fallback load balancer picked the worker.
+    FailOpen(FailOpenReason),
+    /// The body is not a request the filter can route; it went to a worker untouched.
+    InvalidBody(InvalidBody),
+}
+
+impl Served {
+    /// What a verdict becomes when no prefill leg changes it.
+    pub fn from_outcome(outcome: &RouteOutcome) -> Served {
+        match outcome {
+            RouteOutcome::Routed {
+                mode, destination, ..
+            } => Served::Routed {
+                mode: *mode,
+                destination: destination.clone(),
+            },
+            RouteOutcome::FailOpen(reason) => Served::FailOpen(*reason),
+        }
+    }
+
+    /// Value of the `x-switchyard-route` response header: `bypass`, `disagg`, `agg`,
+    /// `fallback;reason=<reason>`, `fail-open;reason=<reason>` or
+    /// `pass-through;reason=invalid_body`.
+    pub fn route_header_value(&self) -> String {
+        match self {
+            Served::Routed { mode, .. } => mode.as_str().to_string(),
+            Served::Fallback { reason, .. } => format!("fallback;reason={reason}"),
+            Served::FailOpen(reason) => format!("fail-open;reason={reason}"),
+            Served::InvalidBody(_) => "pass-through;reason=invalid_body".to_string(),
+        }
+    }
+
+    /// The decode worker the filter chose, if it chose one.
+    pub fn destination(&self) -> Option<&str> {
+        match self {
+            Served::Routed { destination, .. } | Served::Fallback { destination, .. } => {
+                Some(destination)
+            }
+            Served::FailOpen(_) | Served::InvalidBody(_) => None,
+        }
+    }
+
+    /// The mode label of logs and docs: `bypass`, `disagg`, `agg`, `fallback:<reason>`,
+    /// `fail_open:<reason>`, `invalid_body:<what>`.
+    pub fn mode_label(&self) -> String {
+        match self {
+            Served::Routed { mode, .. } => mode.as_str().to_string(),
+            Served::Fallback { reason, .. } => format!("fallback:{reason}"),
+            Served::FailOpen(reason) => format!("fail_open:{}", reason.stat_key()),
+            Served::InvalidBody(what) => format!("invalid_body:{what}"),
+        }
+    }
+
+    /// Whether the control plane made a verdict for this request (and so tracks its load and
+    /// wants its lifecycle reports).
+    pub fn has_verdict(&self) -> bool {
+        matches!(self, Served::Routed { .. } | Served::Fallback { .. })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_values_and_labels() {
+        let routed = Served::Routed {
+            mode: RouteMode::Bypass,
+            destination: "a:1".into(),
+        };
+        assert_eq!(routed.route_header_value(), "bypass");
+        assert_eq!(routed.destination(), Some("a:1"));
+        let fallback = Served::Fallback {
+            reason: FallbackReason::PrefillFailed,
+            destination: "a:1".into(),
+        };
+        assert_eq!(
+            fallback.route_header_value(),
+            "fallback;reason=prefill_failed"
+        );
+        assert_eq!(fallback.mode_label(), "fallback:prefill_failed");
+        assert!(fallback.has_verdict());
+        let invalid = Served::InvalidBody(InvalidBody::NotJson);
+        assert_eq!(
+            invalid.route_header_value(),
+            "pass-through;reason=invalid_body"
+        );
+        assert_eq!(invalid.mode_label(), "invalid_body:not_json");
+        assert!(!invalid.has_verdict());
+        assert_eq!(invalid.destination(), None);
+        let failed = Served::FailOpen(FailOpenReason::BadStatus(503));
+        assert_eq!(
+            failed.route_header_value(),
+            "fail-open;reason=bad_status_503"
+        );
+        assert_eq!(failed.mode_label(), "fail_open:bad_status");
+    }
+
+    #[test]
+    fn a_verdict_maps_to_what_it_says() {
+        let outcome = RouteOutcome::Routed {
+            mode: RouteMode::Disagg,
+            destination: "d:1".into(),
+            prefill: Some("p:1".into()),
+        };
+        assert_eq!(
+            Served::from_outcome(&outcome),
+            Served::Routed {
+                mode: RouteMode::Disagg,
+                destination: "d:1".into()
+            }
+        );
+    }
+}

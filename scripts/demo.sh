@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# The comparison users need, in one command: sets up a fresh machine, builds Switchyard
+# (release), and runs aggregated, disaggregated and conditional serving on the real local
+# stack (nats-server, control plane, simulated workers, Envoy with the wasm filter),
+# replaying a slice of the Mooncake conversation trace through the gateway. Prints the
+# comparison table and writes it, its JSON and the interactivity-vs-throughput plot to
+# results/compare-<timestamp>/. Then, if the virtual-time replayer is built, prints the same
+# comparison for the whole trace in virtual time.
+#
+# Every worker is SIMULATED (a GB200 performance model, no GPU): see docs/benchmarks.md.
+#
+# Demo defaults (docs/benchmarks.md explains them): the first 200 trace requests (72 s of
+# trace), 4 workers of 4 GPUs (1 prefill + 3 decode in disagg/conditional), workers 4x faster
+# than the modelled hardware, two load levels (half the trace's rate and its rate). The run part
+# takes about 3 minutes on 2 cores. Extra arguments go to switchyard-compare and override
+# these (e.g. `./scripts/demo.sh --max-requests 400 --load-levels 1,2,4`). Ctrl-C stops
+# every process it started.
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+
+trace=${SWITCHYARD_TRACE:-$root/../shared/data/mooncake_conversation_trace.jsonl}
+if [[ ! -f $trace ]]; then
+  echo "demo: the Mooncake trace is not at $trace" >&2
+  echo "demo: how to fix: put it there or set SWITCHYARD_TRACE=/path/to/trace.jsonl" >&2
+  exit 1
+fi
+
+echo "== setup"
+./scripts/setup.sh
+# shellcheck disable=SC1091
+source .cache/env.sh
+
+echo "== build (release; the first build takes a while on 2 cores)"
+cargo build --release --workspace --bins --locked
+cargo build -p switchyard-filter --target wasm32-wasip1 --profile wasm --locked
+
+echo "== real stack: agg vs disagg vs conditional (simulated workers)"
+start=$SECONDS
+out=results/compare-$(date -u +%Y%m%d-%H%M%S)
+target/release/switchyard-compare \
+  --trace "$trace" \
+  --max-requests 200 \
+  --workers 4 --prefill-ratio 0.25 \
+  --time-scale 4 \
+  --load-levels 0.5,1 \
+  --slo-ttft-ms 2000 --slo-itl-ms 25 \
+  --quiet \
+  --out "$out" \
+  "$@"
+echo "(real-stack runs took $((SECONDS - start)) s; results in $out)"
+
+if [[ -x target/release/switchyard-replay ]]; then
+  echo
+  echo "== virtual time: the whole trace, same workers, no sockets (simulated)"
+  vstart=$SECONDS
+  target/release/switchyard-replay \
+    --trace "$trace" \
+    --workers 4 --prefill-ratio 0.25 \
+    --slo-ttft-ms 2000 --slo-itl-ms 25 \
+    --out "$out/virtual-full-trace"
+  echo "(virtual-time replay took $((SECONDS - vstart)) s)"
+fi

@@ -1,0 +1,98 @@
+//! The `switchyard-replay` binary: bad input exits with 64 and says what is wrong; a small
+//! run prints the comparison and writes the report folder.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn replay(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_switchyard-replay"))
+        .args(args)
+        .output()
+        .expect("the replay binary runs")
+}
+
+#[test]
+fn bad_input_exits_64_with_a_clear_message() {
+    let cases: [(&[&str], &str); 6] = [
+        (&["--modes", "agg,fast"], "unknown mode \"fast\""),
+        (
+            &["--trace", "/nonexistent/trace.jsonl"],
+            "cannot read trace",
+        ),
+        (
+            &[
+                "--agentic",
+                "--conditional-disagg-config",
+                r#"{"eff_isl_ratio_threshold": 2}"#,
+            ],
+            "eff_isl_ratio_threshold",
+        ),
+        (
+            &["--agentic", "--conditional-disagg-config", "{not json"],
+            "not valid JSON",
+        ),
+        (
+            &["--agentic", "--workers", "2", "--prefill-workers", "2"],
+            "prefill workers",
+        ),
+        (&["--no-such-flag"], "unexpected argument"),
+    ];
+    for (args, expected) in cases {
+        let out = replay(args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(64), "{args:?}: {stderr}");
+        assert!(stderr.contains(expected), "{args:?}: {stderr}");
+    }
+}
+
+/// A folder removed when the test ends, also on panic.
+struct TempDir(PathBuf);
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[test]
+fn small_agentic_run_prints_the_table_and_writes_reports() {
+    let dir = TempDir(std::env::temp_dir().join(format!("sy-replay-cli-{}", std::process::id())));
+    let out = replay(&[
+        "--agentic",
+        "--sessions",
+        "3",
+        "--turns",
+        "4",
+        "--workers",
+        "2",
+        "--sweep",
+        "--sweep-thresholds",
+        "0,4096",
+        "--out",
+        dir.0.to_str().unwrap(),
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for mode in ["| agg@x1 | agg |", "| disagg@x1 |", "| conditional@x1 |"] {
+        assert!(stdout.contains(mode), "{stdout}");
+    }
+    assert!(stdout.contains("Threshold sweep") && stdout.contains("Recommended"));
+    for file in [
+        "comparison.md",
+        "comparison.json",
+        "throughput_vs_interactivity.svg",
+        "tuning.json",
+        "sweep.json",
+        "runs/conditional@x1/records.jsonl",
+        "runs/conditional@x1/routes.jsonl",
+        "runs/agg@x1/report.json",
+    ] {
+        assert!(dir.0.join(file).is_file(), "missing {file}");
+    }
+    let routes = std::fs::read_to_string(dir.0.join("runs/disagg@x1/routes.jsonl")).unwrap();
+    assert!(routes.lines().count() > 3);
+    assert!(routes.lines().all(|l| l.contains("\"mode\":\"disagg\"")));
+}

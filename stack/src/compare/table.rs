@@ -1,0 +1,162 @@
+//! The comparison as markdown (pure): one row per run, latency and throughput tables, then
+//! routes and errors, so a reader sees at once what each mode costs and what it buys.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use switchyard_sim::loadgen::report::RunReport;
+use switchyard_sim::loadgen::stats::Summary;
+
+fn num(x: Option<f64>, digits: usize) -> String {
+    match x {
+        Some(v) if v.is_finite() => format!("{v:.digits$}"),
+        _ => "–".to_string(),
+    }
+}
+
+fn pct(x: Option<f64>) -> String {
+    x.map_or_else(|| "–".to_string(), |v| format!("{:.0} %", v * 100.0))
+}
+
+fn triple(s: &Summary, digits: usize) -> String {
+    format!(
+        "{} / {} / {}",
+        num(s.p50, digits),
+        num(s.p90, digits),
+        num(s.p99, digits)
+    )
+}
+
+fn counts(map: &BTreeMap<String, usize>) -> String {
+    if map.is_empty() {
+        return "–".to_string();
+    }
+    map.iter()
+        .map(|(k, v)| format!("{k} {v}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The comparison tables of `runs`, in the order given.
+pub fn comparison_tables(runs: &[RunReport]) -> String {
+    let mut out = String::new();
+    out.push_str(
+        "| run | offered req/s | ok / sent (failed, not sent) | TTFT p50 / p90 / p99 (ms) \
+         | ITL p50 / p90 / p99 (ms) | E2E p50 / p90 / p99 (ms) |\n\
+         |---|---|---|---|---|---|\n",
+    );
+    for r in runs {
+        let c = &r.requests;
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} / {} ({}, {}) | {} | {} | {} |",
+            r.meta.label,
+            num(r.meta.offered_rps, 2),
+            c.ok,
+            c.sent,
+            c.failed,
+            c.not_sent,
+            triple(&r.ttft_ms, 0),
+            triple(&r.itl_ms, 1),
+            triple(&r.e2e_ms, 0),
+        );
+    }
+    out.push_str(
+        "\n| run | tok/s/user p50 / p90 / p99 | tok/s/GPU in+out | out tok/s/GPU \
+         | goodput req/s (share) | bypass share |\n|---|---|---|---|---|---|\n",
+    );
+    for r in runs {
+        let i = &r.interactivity;
+        let t = &r.throughput;
+        let _ = writeln!(
+            out,
+            "| {} | {} / {} / {} | {:.1} | {:.1} | {:.3} ({}) | {} |",
+            r.meta.label,
+            num(i.p50, 1),
+            num(i.p90, 1),
+            num(i.p99, 1),
+            t.total_tokens_per_s_per_gpu,
+            t.output_tokens_per_s_per_gpu,
+            r.goodput.requests_per_s,
+            pct(Some(r.goodput.share)),
+            pct(r.routes.bypass_share),
+        );
+    }
+    out.push_str("\n| run | routes | route reasons | cached prompt share | errors |\n");
+    out.push_str("|---|---|---|---|---|\n");
+    for r in runs {
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {} |",
+            r.meta.label,
+            counts(&r.routes.modes),
+            counts(&r.routes.reasons),
+            pct(r.tokens.cached_share),
+            counts(&r.errors),
+        );
+    }
+    if let Some(first) = runs.first() {
+        let g = &first.goodput.slo;
+        let _ = writeln!(
+            out,
+            "\nGoodput counts successful requests with TTFT ≤ {} ms and ITL ≤ {} ms \
+             (– = no objective).",
+            num(g.ttft_ms, 0),
+            num(g.itl_ms, 0)
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use switchyard_sim::loadgen::record::RequestRecord;
+    use switchyard_sim::loadgen::report::{build_report, RunMeta, Slo};
+
+    use super::*;
+
+    fn record(id: usize, route: &str, error: Option<&str>) -> RequestRecord {
+        RequestRecord {
+            id,
+            sent_ms: id as f64 * 10.0,
+            ready_ms: id as f64 * 10.0,
+            ttft_ms: Some(100.0),
+            e2e_ms: Some(190.0),
+            planned_isl: 10,
+            expected_prompt_tokens: 18,
+            planned_osl: 10,
+            prompt_tokens: Some(18),
+            completion_tokens: Some(10),
+            content_chunks: 10,
+            route: Some(route.into()),
+            status: Some(if error.is_some() { 503 } else { 200 }),
+            error: error.map(str::to_string),
+            ..RequestRecord::default()
+        }
+    }
+
+    #[test]
+    fn rows_carry_failures_routes_and_converted_times() {
+        let records = vec![
+            record(0, "bypass;reason=short", None),
+            record(1, "disagg;reason=long", None),
+            record(2, "disagg", Some("http 503: overloaded")),
+        ];
+        let meta = RunMeta {
+            label: "conditional@x1".into(),
+            mode: Some("conditional".into()),
+            gpus: 8,
+            time_scale: 1.0,
+            sim_speedup: 4.0,
+            ..RunMeta::default()
+        };
+        let report = build_report(meta, &records, 1, Slo::default());
+        let md = comparison_tables(&[report]);
+        // 2 ok of 3 sent, 1 failed, 1 never sent: nothing dropped.
+        assert!(md.contains("| 2 / 3 (1, 1) |"), "{md}");
+        // Times are in modelled time: measured 100 ms at 4x speed-up.
+        assert!(md.contains("| 400 / 400 / 400 |"), "{md}");
+        assert!(md.contains("bypass"), "{md}");
+        assert!(md.contains("http 503"), "{md}");
+    }
+}
