@@ -13,7 +13,7 @@
 # trace), 4 workers of 4 GPUs (1 prefill + 3 decode in disagg/conditional), workers 4x faster
 # than the modelled hardware, two load levels (half the trace's rate and its rate). The run part
 # takes about 3 minutes on 2 cores. Extra arguments go to switchyard-compare and override
-# these (e.g. `./scripts/demo.sh --max-requests 400 --load-levels 1,2,4`). Ctrl-C stops
+# these (e.g. `./scripts/demo.sh --max-requests 400 --load-levels 0.25,0.5,1`). Ctrl-C stops
 # every process it started.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

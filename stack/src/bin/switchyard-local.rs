@@ -184,3 +184,22 @@ async fn main() -> anyhow::Result<()> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::parse_filter_setting;
+
+    #[test]
+    fn filter_settings_parse_as_json_or_string() {
+        assert_eq!(
+            parse_filter_setting("prefill_retries=2"),
+            Ok(("prefill_retries".to_string(), serde_json::json!(2)))
+        );
+        assert_eq!(
+            parse_filter_setting("prefill_cluster=pf"),
+            Ok(("prefill_cluster".to_string(), serde_json::json!("pf")))
+        );
+        assert!(parse_filter_setting("no-equals").is_err());
+        assert!(parse_filter_setting("=1").is_err());
+    }
+}

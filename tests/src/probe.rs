@@ -1,0 +1,254 @@
+//! Probes of the disaggregated path: what a response's `usage` says, chunked uploads, and the
+//! control plane's view of worker load (to wait, bounded, until lifecycle reports freed it).
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use serde_json::Value;
+use switchyard_stack::Stack;
+
+use crate::{prom_sum, sse_data, worker_addresses, worker_metrics, Observed};
+
+/// Response header naming the prefill worker of a disaggregated request.
+pub const PREFILL_HEADER: &str = "x-switchyard-prefill";
+
+/// About 4,000 tokens of text unique to `topic`: cold on every worker, and above the default
+/// 2048-token `eff_isl_threshold`, so the default policy disaggregates it.
+pub fn long_prompt(topic: &str) -> String {
+    let mut text = format!("Read these notes about {topic} and summarise them.\n");
+    for i in 0..320u32 {
+        text.push_str(&format!(
+            "Note {i} on {topic}: item {i} follows item {} and precedes {}.\n",
+            i.saturating_sub(1),
+            i + 1
+        ));
+    }
+    text
+}
+
+/// A streamed chat body asking for the final `usage` chunk.
+pub fn streamed_chat(messages: Value, max_tokens: u32) -> Value {
+    serde_json::json!({
+        "model": "qwen3",
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "stream": true,
+        "stream_options": {"include_usage": true},
+    })
+}
+
+/// The `usage` object of a streamed response (its last chunk with one).
+pub fn usage(response: &Observed) -> Value {
+    sse_usage(&response.body())
+}
+
+/// Panics unless `response` is a complete 200 stream whose events arrived in several reads at
+/// distinct times (streamed, not buffered).
+pub fn assert_streamed(response: &Observed) {
+    assert_eq!(response.status, 200, "body: {}", response.body());
+    let data = response.sse_data();
+    assert_eq!(data.last().map(String::as_str), Some("[DONE]"), "{data:?}");
+    let arrivals = response.event_arrivals();
+    assert!(
+        arrivals.len() >= 3 && arrivals.last() > arrivals.first(),
+        "tokens must stream in several reads at distinct times: {arrivals:?}"
+    );
+}
+
+/// The sum of a worker's metric `name` from its `/metrics`; panics if the worker does not
+/// answer.
+pub async fn worker_metric(http: &reqwest::Client, address: &str, name: &str) -> f64 {
+    let text = worker_metrics(http, address)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    prom_sum(&text, name)
+}
+
+/// The filter's stat `switchyard.<name>` from parsed Envoy `/stats` (0 when absent).
+pub fn filter_stat(stats: &HashMap<String, u64>, name: &str) -> u64 {
+    stats
+        .get(&format!("wasmcustom.switchyard.{name}"))
+        .copied()
+        .unwrap_or(0)
+}
+
+/// How often and how long [`wait_until_idle`] and [`known_workers`] poll.
+const POLL: Duration = Duration::from_millis(100);
+const IDLE_POLLS: usize = 50;
+const WORKER_POLLS: usize = 100;
+
+/// The last non-null `usage` object of an SSE body (`Value::Null` when there is none).
+pub fn sse_usage(body: &str) -> Value {
+    sse_data(body)
+        .iter()
+        .rev()
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .filter_map(|v| v.get("usage").cloned())
+        .find(|u| !u.is_null())
+        .unwrap_or(Value::Null)
+}
+
+/// The assistant text of a streamed chat response (the `delta.content` pieces joined).
+pub fn assistant_text(response: &Observed) -> String {
+    response
+        .sse_data()
+        .iter()
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .filter_map(|v| {
+            v["choices"][0]["delta"]["content"]
+                .as_str()
+                .map(str::to_string)
+        })
+        .collect()
+}
+
+/// POSTs `body` with chunked transfer encoding, 8 KiB at a time with 20 ms between pieces, so
+/// Envoy sees several data frames and no `content-length`. Bounded by `timeout` until the
+/// response headers.
+///
+/// # Errors
+/// A message if the request fails or times out.
+pub async fn post_chunked(
+    http: &reqwest::Client,
+    url: &str,
+    body: Vec<u8>,
+    timeout: Duration,
+) -> Result<reqwest::Response, String> {
+    let pieces: Vec<Vec<u8>> = body.chunks(8 << 10).map(<[u8]>::to_vec).collect();
+    let stream = futures::stream::unfold(pieces.into_iter(), |mut pieces| async move {
+        let piece = pieces.next()?;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        Some((Ok::<_, std::io::Error>(piece), pieces))
+    });
+    let request = http
+        .post(url)
+        .header("content-type", "application/json")
+        .body(reqwest::Body::wrap_stream(stream));
+    tokio::time::timeout(timeout, request.send())
+        .await
+        .map_err(|_| format!("chunked POST {url} did not answer within {timeout:?}"))?
+        .map_err(|e| format!("chunked POST {url}: {e}"))
+}
+
+/// Waits (bounded, 10 s) until the control plane lists every worker of the stack; returns
+/// worker id -> address.
+///
+/// # Errors
+/// A message naming what was last seen.
+pub async fn known_workers(
+    stack: &Stack,
+    http: &reqwest::Client,
+) -> Result<HashMap<String, String>, String> {
+    let mut last = HashMap::new();
+    for _ in 0..WORKER_POLLS {
+        if let Ok(found) = worker_addresses(http, &stack.control_plane_url()).await {
+            if stack.workers().iter().all(|w| found.contains_key(&w.id.0)) {
+                return Ok(found);
+            }
+            last = found;
+        }
+        tokio::time::sleep(POLL).await;
+    }
+    Err(format!(
+        "the control plane never listed every worker; last saw {last:?}"
+    ))
+}
+
+/// One worker in the control plane's `GET /v1/workers`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct WorkerLoad {
+    /// Requests the control plane believes in flight plus active KV blocks it predicts.
+    pub busy: u64,
+    /// KV blocks the index holds for the worker.
+    pub cached_blocks: u64,
+}
+
+/// `GET /v1/workers` as worker id -> [`WorkerLoad`].
+///
+/// # Errors
+/// A message if the call fails or the body is not JSON.
+pub async fn worker_loads(
+    stack: &Stack,
+    http: &reqwest::Client,
+) -> Result<HashMap<String, WorkerLoad>, String> {
+    let url = format!("{}/v1/workers", stack.control_plane_url());
+    let response = http
+        .get(&url)
+        .send()
+        .await
+        .map_err(|e| format!("GET {url}: {e}"))?;
+    let json: Value = response
+        .json()
+        .await
+        .map_err(|e| format!("GET {url}: {e}"))?;
+    Ok(parse_worker_loads(&json))
+}
+
+fn parse_worker_loads(json: &Value) -> HashMap<String, WorkerLoad> {
+    json["workers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|w| {
+            let id = w["info"]["worker_id"].as_str()?.to_string();
+            let busy = w["in_flight"].as_u64().unwrap_or(0)
+                + w["load"]["active_blocks"].as_u64().unwrap_or(0);
+            let cached_blocks = w["cached_blocks"].as_u64().unwrap_or(0);
+            Some((
+                id,
+                WorkerLoad {
+                    busy,
+                    cached_blocks,
+                },
+            ))
+        })
+        .collect()
+}
+
+/// Waits (at most 5 s) until no worker has requests in flight or active KV blocks in the
+/// control plane's view. The control plane only learns that a request finished from the
+/// filter's lifecycle reports (its own expiry is 600 s), so this also checks they arrive.
+///
+/// # Errors
+/// A message with the last view when load is still there after 5 s.
+pub async fn wait_until_idle(stack: &Stack, http: &reqwest::Client) -> Result<(), String> {
+    let mut last = HashMap::new();
+    for _ in 0..IDLE_POLLS {
+        last = worker_loads(stack, http).await?;
+        if last.values().all(|w| w.busy == 0) {
+            return Ok(());
+        }
+        tokio::time::sleep(POLL).await;
+    }
+    Err(format!("predicted load not freed within 5 s: {last:?}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_last_real_usage_is_found() {
+        let body =
+            "data: {\"usage\":{\"prompt_tokens\":1}}\n\ndata: {\"usage\":null}\n\ndata: [DONE]\n\n";
+        assert_eq!(sse_usage(body)["prompt_tokens"], 1);
+        assert!(sse_usage("data: [DONE]").is_null());
+    }
+
+    #[test]
+    fn worker_loads_add_in_flight_and_active_blocks() {
+        let json = serde_json::json!({"workers": [
+            {"info": {"worker_id": "decode-0"}, "in_flight": 1, "load": {"active_blocks": 5}, "cached_blocks": 9},
+            {"info": {"worker_id": "decode-1"}, "in_flight": 0, "load": {}, "cached_blocks": 0}
+        ]});
+        let loads = parse_worker_loads(&json);
+        assert_eq!(
+            loads["decode-0"],
+            WorkerLoad {
+                busy: 6,
+                cached_blocks: 9
+            }
+        );
+        assert_eq!(loads["decode-1"].busy, 0);
+    }
+}

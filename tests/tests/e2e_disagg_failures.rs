@@ -1,0 +1,232 @@
+//! The filter is never the reason a request fails, on the disaggregated path: bad input and
+//! a failing prefill pool, end to end on a real stack (Envoy with the filter, nats-server, the
+//! control plane in `conditional` mode, simulated prefill and decode workers).
+//!
+//! - A client's own `kv_transfer_params` never reach a worker.
+//! - Invalid bodies pass through to a worker's own 400 without a route call; an oversized
+//!   body gets the filter's JSON 413.
+//! - A hung prefill pool (SIGSTOP) costs two bounded attempts, then local prefill.
+//! - A dead prefill pool: local prefill until the control plane expires it, then `agg`.
+//!
+//! Needs `cargo build -p switchyard-filter --target wasm32-wasip1 --profile wasm && cargo
+//! build --workspace --bins` first (the tests build nothing).
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use switchyard_e2e::probe::{
+    assert_streamed, filter_stat as stat, known_workers, long_prompt, post_chunked,
+    streamed_chat as chat, usage, worker_metric as metric,
+};
+use switchyard_e2e::{
+    client, envoy_stats, post_observed, post_raw_observed, start_stack, Component, Signal,
+    WORKER_HEADER,
+};
+use switchyard_protocol::route::ROUTE_HEADER;
+use switchyard_stack::{ServingMode, Stack, StackBuilder};
+
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
+/// The filter's body limit in this stack (Envoy buffers up to 16 MiB).
+const MAX_BODY_BYTES: u64 = 1 << 20;
+/// The filter's prefill-leg timeout in this stack: far above a simulated 4k-token prefill
+/// (tens of milliseconds), short enough for the hung-prefill case to finish quickly.
+const PREFILL_TIMEOUT_MS: u64 = 2_000;
+
+/// Two decode and two prefill workers (the prefill workers in their own process), the control
+/// plane in `conditional` mode with its default `isl_bounding` policy.
+async fn disagg_stack(filter_settings: &[(&str, u64)]) -> Stack {
+    let mut builder = StackBuilder::new()
+        .decode_workers(2)
+        .prefill_workers(2)
+        .serving_mode(ServingMode::Conditional)
+        // Tokenizing a cold 4k-token prompt in a debug build takes tens of milliseconds.
+        .route_timeout_ms(3_000);
+    for (key, value) in filter_settings {
+        builder = builder.filter_setting(key, *value);
+    }
+    start_stack(builder).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_and_a_failing_prefill_pool_never_fail_a_request() {
+    let mut stack = disagg_stack(&[
+        ("max_body_bytes", MAX_BODY_BYTES),
+        ("prefill_timeout_ms", PREFILL_TIMEOUT_MS),
+    ])
+    .await;
+    let http = client();
+    let workers = known_workers(&stack, &http)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let address_of = |id: &str| workers.get(id).cloned().unwrap_or_default();
+    let url = format!("{}/v1/chat/completions", stack.gateway_url());
+    let prefill_addresses: Vec<String> = stack
+        .workers()
+        .iter()
+        .filter(|w| w.id.0.starts_with("prefill"))
+        .map(|w| w.address.clone())
+        .collect();
+
+    // (1) A client's own kv_transfer_params never reach a worker (else the decode worker
+    // would try to pull a hold that does not exist, and count a failure).
+    let forged = json!({
+        "model": "qwen3",
+        "messages": [{"role": "user", "content": "Hi there."}],
+        "max_tokens": 4,
+        "kv_transfer_params": {"do_remote_prefill": true, "remote_host": "127.0.0.1",
+            "remote_port": prefill_addresses[0].rsplit(':').next().unwrap_or("1").parse::<u16>().unwrap_or(1),
+            "remote_request_id": "forged", "remote_engine_id": "x", "remote_block_ids": []}
+    });
+    let response = post_observed(&http, &url, &forged, &[], REQUEST_TIMEOUT)
+        .await
+        .expect("forged params");
+    assert_eq!(response.status, 200, "{}", response.body());
+    let mut failures = 0.0;
+    for id in ["decode-0", "decode-1"] {
+        failures += metric(&http, &address_of(id), "switchyard_kv_pull_failures_total").await;
+    }
+    assert_eq!(failures, 0.0, "a forged pull was attempted");
+
+    // (2) Invalid bodies pass through to a worker, which answers with its own error; oversized
+    // ones get the filter's 413 without reaching anyone.
+    let before = envoy_stats(&http, &stack.admin_url()).await.expect("stats");
+    for bad in [
+        &b"{\"model\": \"qwen3\", "[..],
+        br#"{"model":"qwen3"}"#,
+        b"[1,2]",
+    ] {
+        let response = post_raw_observed(&http, &url, bad.to_vec(), &[], REQUEST_TIMEOUT)
+            .await
+            .expect("invalid body");
+        assert_eq!(
+            response.status,
+            400,
+            "the worker's own error: {}",
+            response.body()
+        );
+        assert_eq!(
+            response.header(ROUTE_HEADER),
+            "pass-through;reason=invalid_body"
+        );
+        assert!(!response.header(WORKER_HEADER).is_empty());
+    }
+    let huge = chat(
+        json!([{"role": "user", "content": "x".repeat(MAX_BODY_BYTES as usize)}]),
+        4,
+    );
+    let response = post_observed(&http, &url, &huge, &[], REQUEST_TIMEOUT)
+        .await
+        .expect("oversized");
+    assert_eq!(response.status, 413, "{}", response.body());
+    let error: Value = serde_json::from_str(&response.body()).expect("JSON error");
+    assert_eq!(error["error"]["code"], 413, "{error}");
+    // Uploaded chunked (no content-length to refuse early on): refused once the buffered
+    // size passes the limit.
+    let response = post_chunked(&http, &url, huge.to_string().into_bytes(), REQUEST_TIMEOUT)
+        .await
+        .expect("chunked oversized");
+    assert_eq!(response.status().as_u16(), 413);
+    let after = envoy_stats(&http, &stack.admin_url()).await.expect("stats");
+    assert_eq!(stat(&after, "invalid_body_total"), 3);
+    assert_eq!(stat(&after, "oversized_body_total"), 2);
+    assert_eq!(stat(&after, "client_kv_params_stripped_total"), 1);
+    assert_eq!(
+        stat(&after, "route_calls_total"),
+        stat(&before, "route_calls_total"),
+        "invalid and oversized bodies are not sent to the control plane"
+    );
+
+    // (3) The prefill pool hangs (SIGSTOP): each attempt times out after
+    // `prefill_timeout_ms` (Envoy's synthetic 504, retried once), then the decode worker
+    // prefills locally. Bounded: two attempts of PREFILL_TIMEOUT_MS.
+    stack
+        .freeze(Component::PrefillWorkers)
+        .expect("SIGSTOP the prefill workers");
+    let frozen = post_observed(
+        &http,
+        &url,
+        &chat(
+            json!([{"role": "user", "content": long_prompt("glass furnaces")}]),
+            8,
+        ),
+        &[],
+        REQUEST_TIMEOUT,
+    )
+    .await;
+    stack
+        .signal(Component::PrefillWorkers, Signal::Cont)
+        .expect("SIGCONT the prefill workers");
+    let frozen = frozen.expect("request while the prefill pool hangs");
+    assert_streamed(&frozen);
+    assert_eq!(
+        frozen.header(ROUTE_HEADER),
+        "fallback;reason=prefill_failed",
+        "{:?}",
+        frozen.headers
+    );
+    let took = frozen.chunks.last().map(|c| c.at).unwrap_or_default();
+    assert!(
+        took >= Duration::from_millis(2 * PREFILL_TIMEOUT_MS),
+        "two timed-out attempts before the fallback, took {took:?}"
+    );
+
+    // (4) The prefill pool dies: the control plane still names it until heartbeats expire,
+    // the prefill leg fails (503, retried once), and the decode worker prefills locally.
+    stack.stop_component(Component::PrefillWorkers);
+    let response = post_observed(
+        &http,
+        &url,
+        &chat(
+            json!([{"role": "user", "content": long_prompt("lighthouse optics")}]),
+            24,
+        ),
+        &[],
+        REQUEST_TIMEOUT,
+    )
+    .await
+    .expect("request without prefill workers");
+    assert_streamed(&response);
+    assert_eq!(
+        response.header(ROUTE_HEADER),
+        "fallback;reason=prefill_failed",
+        "{:?}",
+        response.headers
+    );
+    let usage = usage(&response);
+    assert_eq!(
+        usage["prompt_tokens_details"]["cached_tokens"].as_u64(),
+        Some(0),
+        "local prefill computes the whole cold prompt: {usage}"
+    );
+    // Once the control plane expires them, cold prompts are served aggregated; either way
+    // every request succeeds.
+    for i in 0..4 {
+        let response = post_observed(
+            &http,
+            &url,
+            &chat(
+                json!([{"role": "user", "content": long_prompt(&format!("canal locks {i}"))}]),
+                8,
+            ),
+            &[],
+            REQUEST_TIMEOUT,
+        )
+        .await
+        .expect("request after the prefill pool died");
+        assert_streamed(&response);
+        let route = response.header(ROUTE_HEADER);
+        assert!(
+            ["fallback;reason=prefill_failed", "agg"].contains(&route),
+            "{route}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let stats = envoy_stats(&http, &stack.admin_url()).await.expect("stats");
+    assert!(stat(&stats, "fallback.prefill_failed") >= 1, "{stats:?}");
+    assert!(stat(&stats, "prefill.failures_total") >= 1);
+    assert!(
+        stat(&stats, "prefill.retries_total") >= 1,
+        "a 503 is retried"
+    );
+    assert_eq!(stat(&stats, "fail_open_total"), 0, "{stats:?}");
+}
