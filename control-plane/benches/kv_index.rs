@@ -40,19 +40,20 @@ struct Workload {
     /// Full 512-block prompts that are stored (each on one worker).
     prompts: Vec<Vec<SequenceHash>>,
     pairs: usize,
+    workers: u16,
 }
 
 fn workload() -> Workload {
-    workload_with(CHAINS_PER_WORKER)
+    workload_with(WORKERS, CHAINS_PER_WORKER)
 }
 
-fn workload_with(chains_per_worker: usize) -> Workload {
+fn workload_with(workers: u16, chains_per_worker: usize) -> Workload {
     let mut rng = Hashes(42);
     let shared: Vec<u64> = (0..SHARED_BLOCKS).map(|_| rng.next()).collect();
     let mut events = Vec::new();
     let mut prompts = Vec::new();
     let mut pairs = 0;
-    for w in 0..WORKERS {
+    for w in 0..workers {
         let slot = WorkerSlot(w);
         let mut engine_id = 0u64;
         let mut block = |h: u64| {
@@ -84,6 +85,7 @@ fn workload_with(chains_per_worker: usize) -> Workload {
         events,
         prompts,
         pairs,
+        workers,
     }
 }
 
@@ -98,9 +100,9 @@ fn setup(w: &Workload) -> KvIndex {
     let mut index = KvIndex::new();
     // As the router does: each worker's engine-id table sized for its KV capacity (here
     // exactly what it will hold), and the hash table for the cluster's.
-    let per_worker = w.pairs / usize::from(WORKERS);
+    let per_worker = w.pairs / usize::from(w.workers);
     index.reserve_total(w.pairs);
-    for s in 0..WORKERS {
+    for s in 0..w.workers {
         index.add_worker_with_capacity(WorkerSlot(s), per_worker);
     }
     index
@@ -113,10 +115,17 @@ fn ingest(index: &mut KvIndex, w: &Workload) {
     }
 }
 
-/// CPU time this thread has used, in seconds (Linux `/proc/thread-self/stat`, 10 ms ticks).
-/// The machine is shared with other builds, so wall-clock numbers (criterion's) include time
-/// the thread spent descheduled; CPU time over a long loop does not.
+/// CPU time this thread has used, in seconds: Linux `/proc/thread-self/schedstat` (time on
+/// a CPU, nanoseconds), else `/proc/thread-self/stat` (user + system, 10 ms ticks). The
+/// machine is shared with other builds, so wall-clock numbers (criterion's) include time the
+/// thread spent descheduled; CPU time over a long loop does not.
 fn thread_cpu_seconds() -> Option<f64> {
+    if let Some(ns) = std::fs::read_to_string("/proc/thread-self/schedstat")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+    {
+        return Some(ns as f64 / 1e9);
+    }
     let stat = std::fs::read_to_string("/proc/thread-self/stat").ok()?;
     let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
     let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
@@ -133,11 +142,70 @@ fn cpu_time(name: &str, n: usize, units: usize, mut f: impl FnMut(usize)) {
         f(i);
     }
     let secs = thread_cpu_seconds().unwrap_or(start) - start;
+    report(name, n, units, secs);
+}
+
+fn report(name: &str, n: usize, units: usize, secs: f64) {
     let per_call = secs * 1e9 / n as f64;
     println!(
         "cpu-time {name}: {per_call:.1} ns/call, {:.2} M items/s ({n} calls, {secs:.2} s CPU)",
         units as f64 * n as f64 / secs / 1e6
     );
+}
+
+/// Ingest alone: applying every `Stored` event to an index set up as the router sets it up
+/// (workers registered, tables reserved for the cluster's capacity); setup and drop are not
+/// timed.
+fn ingest_cpu_time(name: &str, n: usize, w: &Workload) {
+    let mut secs = 0.0;
+    for _ in 0..n {
+        let mut index = setup(w);
+        let Some(start) = thread_cpu_seconds() else {
+            return;
+        };
+        ingest(&mut index, w);
+        secs += thread_cpu_seconds().unwrap_or(start) - start;
+        black_box(&index);
+    }
+    report(name, n, w.pairs, secs);
+}
+
+/// Cold (rotating) 512-block hit query, mean CPU time, over `prompts` taken `len` blocks long.
+fn rotating_query_ns(index: &KvIndex, prompts: &[Vec<SequenceHash>], len: usize) -> f64 {
+    let mut out = OverlapScores::default();
+    let n = 200_000;
+    let Some(start) = thread_cpu_seconds() else {
+        return f64::NAN;
+    };
+    for i in 0..n {
+        let p = &prompts[(i * 997) % prompts.len()];
+        index.find_matches(black_box(&p[..len.min(p.len())]), &mut out);
+        black_box(out.matches.len());
+    }
+    (thread_cpu_seconds().unwrap_or(start) - start) * 1e9 / n as f64
+}
+
+/// How query time and memory grow with stored pairs, workers and prompt length (the table in
+/// `docs/kv-index.md`).
+fn scaling(w: &Workload, index: &KvIndex) {
+    for (workers, chains) in [(128, 4), (128, 16), (8, 1120), (32, 280)] {
+        let small = workload_with(workers, chains);
+        let idx = build(&small);
+        let st = idx.stats();
+        println!(
+            "scaling workers={workers} pairs={} bytes/pair={:.1} hit_512_rotating={:.0} ns",
+            st.pairs,
+            st.approx_bytes as f64 / st.pairs as f64,
+            rotating_query_ns(&idx, &small.prompts, 512)
+        );
+    }
+    for len in [64, 128, 256, 512] {
+        println!(
+            "scaling workers=128 pairs={} prompt_len={len} hit_rotating={:.0} ns",
+            w.pairs,
+            rotating_query_ns(index, &w.prompts, len)
+        );
+    }
 }
 
 fn main() {
@@ -156,7 +224,7 @@ fn main() {
     // CPU-time measurements (see `thread_cpu_seconds`).
     let mut out = OverlapScores::default();
     for chains in [4, 16] {
-        let small = workload_with(chains);
+        let small = workload_with(WORKERS, chains);
         let name = format!("build_{}k_pairs_from_empty", small.pairs / 1000);
         cpu_time(&name, 10, small.pairs, |_| {
             black_box(build(&small));
@@ -165,10 +233,29 @@ fn main() {
     cpu_time("build_4m_pairs_from_empty", 3, w.pairs, |_| {
         black_box(build(&w));
     });
-    cpu_time("setup_only_4m", 3, w.pairs, |_| {
-        black_box(setup(&w));
-    });
+    for chains in [4, 16] {
+        let small = workload_with(WORKERS, chains);
+        ingest_cpu_time(&format!("ingest_{}k_pairs", small.pairs / 1000), 10, &small);
+    }
+    ingest_cpu_time("ingest_4m_pairs", 5, &w);
     let stride = |i: usize| (i * 997) % w.prompts.len();
+    // The router queries hashes it has just computed, so they are in cache; here every
+    // prompt is cold too (8 960 prompts x 4 KiB). Reading the prompt alone is timed
+    // separately so that the query's own share can be reported.
+    cpu_time("read_512_hash_prompt_rotating", 300_000, 1, |i| {
+        black_box(w.prompts[stride(i)].iter().fold(0, |a, h| a ^ h.0));
+    });
+    cpu_time(
+        "read_prompt_then_hit_512_blocks_rotating",
+        300_000,
+        1,
+        |i| {
+            let prompt = &w.prompts[stride(i)];
+            black_box(prompt.iter().fold(0, |a, h| a ^ h.0));
+            index.find_matches(black_box(prompt), &mut out);
+            black_box(out.matches.len());
+        },
+    );
     cpu_time("hit_512_blocks_rotating", 300_000, 1, |i| {
         index.find_matches(black_box(&w.prompts[stride(i)]), &mut out);
         black_box(out.matches.len());
@@ -177,6 +264,7 @@ fn main() {
         index.find_matches(black_box(&w.prompts[17]), &mut out);
         black_box(out.matches.len());
     });
+    scaling(&w, &index);
     let mut churn_index = build(&w);
     let private_events: Vec<&(WorkerSlot, Vec<StoredBlock>)> = w
         .events

@@ -36,10 +36,9 @@ impl Drop for TempDir {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_mode_gets_a_complete_report_through_envoy() {
     stop_children_on_signal();
-    let dir = TempDir(std::env::temp_dir().join(format!(
-        "switchyard-compare-smoke-{}",
-        std::process::id()
-    )));
+    let dir = TempDir(
+        std::env::temp_dir().join(format!("switchyard-compare-smoke-{}", std::process::id())),
+    );
     std::fs::create_dir_all(&dir.0).unwrap();
     let trace = dir.0.join("trace.jsonl");
     std::fs::write(&trace, TRACE).unwrap();
@@ -66,14 +65,34 @@ async fn every_mode_gets_a_complete_report_through_envoy() {
         assert_eq!(r.meta.gpus, 12, "{label}: 3 workers of 4 GPUs");
         assert_eq!(r.meta.sim_speedup, 4.0, "{label}");
         // Every request went through the filter: each response names its route.
-        assert!(!r.routes.modes.contains_key("none"), "{label}: {:?}", r.routes);
+        assert!(
+            !r.routes.modes.contains_key("none"),
+            "{label}: {:?}",
+            r.routes
+        );
         let share = r.routes.bypass_share.expect("routed requests");
-        assert!((0.0..=1.0).contains(&share), "{label}: bypass share {share}");
+        assert!(
+            (0.0..=1.0).contains(&share),
+            "{label}: bypass share {share}"
+        );
         for (name, p50) in [("TTFT", r.ttft_ms.p50), ("ITL", r.itl_ms.p50)] {
             let p50 = p50.unwrap_or(f64::NAN);
             assert!(p50.is_finite() && p50 > 0.0, "{label}: {name} p50 {p50}");
         }
         assert_eq!(r.tokens.output_count_mismatches, 0, "{label}");
+        // The control plane answered: at least one request carries its mode's own verdict
+        // (not only fail-open), so the run compared the mode it names.
+        let verdicts: &[&str] = match run.plan.mode {
+            "agg" => &["agg"],
+            "disagg" => &["disagg"],
+            _ => &["bypass", "disagg"],
+        };
+        let routed: usize = verdicts.iter().filter_map(|m| r.routes.modes.get(*m)).sum();
+        assert!(
+            routed > 0,
+            "{label}: no verdict of its mode: {:?}",
+            r.routes
+        );
         assert!(run.dir.join("report.json").is_file(), "{label}");
         assert!(run.dir.join("records.jsonl").is_file(), "{label}");
     }

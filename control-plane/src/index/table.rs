@@ -210,8 +210,30 @@ impl<V: Copy + Default> U64Table<V> {
             return (self.zero.get_or_insert_with(V::default), inserted);
         }
         if (self.len + 1) * MAX_LOAD_DEN > self.lines.len() * SLOTS * MAX_LOAD_NUM {
-            let grown = (self.lines.len() + self.lines.len() / 4).max(MIN_LINES);
+            let grown = (self.lines.len() + self.lines.len() / 4)
+                .max(lines_for(self.len + 1))
+                .max(MIN_LINES);
             self.rehash(grown);
+        }
+        // Common case in one pass over the home line: the key is there, or it is not and
+        // nothing overflowed from it, so it goes into the line's first free slot.
+        let n = self.lines.len();
+        let l = home(key, n);
+        let line = &mut self.lines[l];
+        let mut free = None;
+        for (s, &k) in line.keys.iter().enumerate() {
+            if k == key {
+                return (&mut self.lines[l].vals[s], false);
+            }
+            if k == 0 && free.is_none() {
+                free = Some(s);
+            }
+        }
+        if let (Some(s), 0) = (free, line.overflow) {
+            line.keys[s] = key;
+            line.vals[s] = V::default();
+            self.len += 1;
+            return (&mut self.lines[l].vals[s], true);
         }
         let (l, s) = match self.find(key) {
             Some(at) => return (&mut self.lines[at.0].vals[at.1], false),

@@ -178,6 +178,16 @@ enum Op {
     Remove(u16, Vec<u64>),
     Clear(u16),
     Query(Vec<u64>),
+    /// `reserve_total(n)`, which the router calls as workers register.
+    Reserve(usize),
+}
+
+/// Hashes of long chain `c` (chains longer than the index's prefetch group and query
+/// chunk), with engine ids that may collide with other chains' ids on the same worker.
+fn chain(c: u64, from: u64, len: u64) -> Vec<(u64, u64)> {
+    (from..from + len)
+        .map(|i| (1_000 * (c + 1) + i, 100 + 20 * c + i))
+        .collect()
 }
 
 fn op() -> impl proptest::strategy::Strategy<Value = Op> {
@@ -190,8 +200,16 @@ fn op() -> impl proptest::strategy::Strategy<Value = Op> {
             .prop_map(|(w, b)| Op::Store(w, b)),
         2 => (worker.clone(), proptest::collection::vec(0u64..16, 1..4))
             .prop_map(|(w, ids)| Op::Remove(w, ids)),
-        1 => worker.prop_map(Op::Clear),
+        1 => worker.clone().prop_map(Op::Clear),
         3 => proptest::collection::vec(0u64..12, 0..6).prop_map(Op::Query),
+        2 => (worker.clone(), 0u64..3, 0u64..8, 1u64..45)
+            .prop_map(|(w, c, from, len)| Op::Store(w, chain(c, from, len))),
+        1 => (worker, proptest::collection::vec(90u64..200, 1..40))
+            .prop_map(|(w, ids)| Op::Remove(w, ids)),
+        2 => (0u64..3, 1u64..60).prop_map(|(c, len)| {
+            Op::Query(chain(c, 0, len).into_iter().map(|(h, _)| h).collect())
+        }),
+        1 => (0usize..300).prop_map(Op::Reserve),
     ]
 }
 
@@ -231,6 +249,7 @@ proptest::proptest! {
                     model.workers.get_mut(&w).unwrap().clear();
                 }
                 Op::Query(q) => proptest::prop_assert_eq!(query(&index, &q), model.query(&q)),
+                Op::Reserve(n) => index.reserve_total(n),
             }
             proptest::prop_assert_eq!(index.stats().pairs, model.pairs());
         }

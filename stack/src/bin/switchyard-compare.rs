@@ -13,8 +13,8 @@ use std::process::ExitCode;
 use clap::{Parser, ValueEnum};
 use switchyard_sim::loadgen::agentic::AgenticConfig;
 use switchyard_sim::loadgen::report::Slo;
-use switchyard_stack::compare::workload::default_trace;
 use switchyard_stack::compare::output::comparison_markdown;
+use switchyard_stack::compare::workload::default_trace;
 use switchyard_stack::compare::{run_comparison, CompareConfig, CompareError, WorkloadSpec};
 use switchyard_stack::{stop_children_on_signal, Profile, ServingMode};
 
@@ -29,7 +29,9 @@ enum ProfileArg {
 
 /// Compare agg, disagg and conditional serving on the local stack (simulated workers).
 #[derive(Debug, Parser)]
-#[command(name = "switchyard-compare", version, about)]
+// A flag given twice takes its last value, so `scripts/demo.sh --max-requests 400` overrides
+// the demo's own `--max-requests 200`.
+#[command(name = "switchyard-compare", version, about, args_override_self = true)]
 struct Cli {
     /// Mooncake trace (JSONL); default: ../shared/data/mooncake_conversation_trace.jsonl.
     #[arg(long, conflicts_with = "agentic")]

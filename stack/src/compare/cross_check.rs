@@ -112,11 +112,12 @@ pub fn virtual_reports(
         spec.seed = config.seed;
         spec.time_scale = plan.arrival_multiplier;
         eprintln!("{}: replaying in virtual time", plan.label);
-        let run =
-            run_mode(&prepared.workload, &source, spec).map_err(|source| CompareError::Virtual {
+        let run = run_mode(&prepared.workload, &source, spec).map_err(|source| {
+            CompareError::Virtual {
                 label: plan.label.clone(),
                 source: Box::new(source),
-            })?;
+            }
+        })?;
         let mut report = report_run(
             &run,
             &prepared.workload,

@@ -134,7 +134,10 @@ pub fn comparison_markdown(config: &CompareConfig, c: &Comparison) -> String {
          route call timeout {} ms (wall)",
         config.arrival_scale,
         config.load_levels,
-        config.conditional_disagg_config.as_deref().unwrap_or("default"),
+        config
+            .conditional_disagg_config
+            .as_deref()
+            .unwrap_or("default"),
         config.route_timeout_ms
     );
     let walls: Vec<String> = c
@@ -154,7 +157,11 @@ pub fn comparison_markdown(config: &CompareConfig, c: &Comparison) -> String {
     let notes: Vec<String> = c
         .runs
         .iter()
-        .flat_map(|r| r.notes.iter().map(move |n| format!("- {}: {n}", r.plan.label)))
+        .flat_map(|r| {
+            r.notes
+                .iter()
+                .map(move |n| format!("- {}: {n}", r.plan.label))
+        })
         .collect();
     if !notes.is_empty() {
         let _ = writeln!(out, "\n## Notes\n\n{}", notes.join("\n"));

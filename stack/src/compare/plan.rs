@@ -252,7 +252,10 @@ mod tests {
             (|c| c.time_scale = -1.0, "--time-scale"),
             (|c| c.arrival_scale = f64::NAN, "--arrival-scale"),
             (|c| c.max_requests = Some(0), "--max-requests"),
-            (|c| c.modes = vec![ServingMode::Agg, ServingMode::Agg], "twice"),
+            (
+                |c| c.modes = vec![ServingMode::Agg, ServingMode::Agg],
+                "twice",
+            ),
             (|c| c.workers = 1, "at least 2 workers"),
         ];
         for (break_it, needle) in cases {

@@ -13,6 +13,7 @@ use tokio::time::Instant;
 
 use super::cross_check::{cross_check_rows, virtual_reports, CrossCheckRow};
 use super::plan::{plan_runs, RunPlan};
+use super::table::fail_open_note;
 use super::workload::{prepare, PreparedWorkload};
 use super::{output, CompareConfig, CompareError};
 use crate::paths::Artifacts;
@@ -91,8 +92,10 @@ pub async fn run_comparison(config: &CompareConfig) -> Result<Comparison, Compar
         config.max_requests,
         &artifacts.model_dir,
     )?;
-    std::fs::create_dir_all(&config.out)
-        .map_err(CompareError::io(format!("creating {}", config.out.display())))?;
+    std::fs::create_dir_all(&config.out).map_err(CompareError::io(format!(
+        "creating {}",
+        config.out.display()
+    )))?;
     eprintln!(
         "{}: {} requests per run; {} runs of {} workers ({} GPUs each, preset {}), workers {}x \
          faster than modelled; results in {}",
@@ -176,7 +179,9 @@ async fn run_one(
         drain: Duration::from_secs_f64(config.drain_s),
         request_timeout: Some(Duration::from_secs_f64(config.request_timeout_s)),
         api_key: None,
-        run_tag: plan.label.replace(|c: char| !c.is_ascii_alphanumeric(), "-"),
+        run_tag: plan
+            .label
+            .replace(|c: char| !c.is_ascii_alphanumeric(), "-"),
         framing: prepared.framing.clone(),
         progress: config.progress,
     };
@@ -215,6 +220,7 @@ async fn run_one(
         sim_speedup: plan.worker_time_scale,
     };
     let report = build_report(meta, &outcome.records, outcome.not_sent, config.slo);
+    notes.extend(fail_open_note(&report));
     eprintln!(
         "{}: {} sent, {} ok, {} failed, {} not sent in {:.1} s wall",
         plan.label,

@@ -108,6 +108,27 @@ pub fn comparison_tables(runs: &[RunReport]) -> String {
     out
 }
 
+/// Share of sent requests that failed open (no verdict in time) above which a run's note
+/// warns that the serving mode was mostly not applied.
+pub const FAIL_OPEN_WARNING_SHARE: f64 = 0.10;
+
+/// A warning when more than [`FAIL_OPEN_WARNING_SHARE`] of a run's requests were forwarded
+/// without a verdict: those were served as plain decode/agg requests, so the run says little
+/// about its serving mode.
+pub fn fail_open_note(r: &RunReport) -> Option<String> {
+    let failed_open = r.routes.modes.get("fail-open").copied().unwrap_or(0);
+    let sent = r.requests.sent;
+    (sent > 0 && failed_open as f64 / sent as f64 > FAIL_OPEN_WARNING_SHARE).then(|| {
+        format!(
+            "{failed_open} of {sent} requests failed open (no route verdict in time; reasons \
+             {}): they were served without the {} policy, so this run mostly measures \
+             fail-open routing",
+            counts(&r.routes.reasons),
+            r.meta.mode.as_deref().unwrap_or("serving")
+        )
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use switchyard_sim::loadgen::record::RequestRecord;
@@ -158,5 +179,35 @@ mod tests {
         assert!(md.contains("| 400 / 400 / 400 |"), "{md}");
         assert!(md.contains("bypass"), "{md}");
         assert!(md.contains("http 503"), "{md}");
+    }
+
+    #[test]
+    fn runs_that_mostly_failed_open_are_flagged() {
+        let meta = RunMeta {
+            label: "disagg@x1".into(),
+            mode: Some("disagg".into()),
+            gpus: 4,
+            ..RunMeta::default()
+        };
+        let mostly_open: Vec<RequestRecord> = (0..10)
+            .map(|i| {
+                let route = if i < 8 {
+                    "fail-open;reason=timeout"
+                } else {
+                    "disagg"
+                };
+                record(i, route, None)
+            })
+            .collect();
+        let report = build_report(meta.clone(), &mostly_open, 0, Slo::default());
+        let note = fail_open_note(&report).expect("8 of 10 failed open");
+        assert!(note.starts_with("8 of 10 requests failed open"), "{note}");
+        assert!(note.contains("fail-open:timeout 8"), "{note}");
+        // One in ten is at the threshold, not above it.
+        let one_open: Vec<RequestRecord> = (0..10)
+            .map(|i| record(i, if i == 0 { "fail-open" } else { "disagg" }, None))
+            .collect();
+        let report = build_report(meta, &one_open, 0, Slo::default());
+        assert_eq!(fail_open_note(&report), None);
     }
 }
