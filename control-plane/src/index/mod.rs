@@ -12,9 +12,9 @@
 //!   order blocks were first stored, so a stored chain is contiguous and a query follows it
 //!   sequentially; holders are up to two worker slots inline, larger sets bitsets in a
 //!   `worker_set::SetArena`;
-//! - one `table::U64Table` `sequence hash -> record index` (12 bytes a bucket), consulted
+//! - one `table::U64Table` `sequence hash -> record index` (64-byte lines of 5 slots), consulted
 //!   where a prompt leaves a stored chain;
-//! - per worker slot, a table `engine block id -> record index` (12 bytes a bucket), because
+//! - per worker slot, a table `engine block id -> record index` (same table type), because
 //!   removal events name blocks by the engine's own id; plus a rarely used count of records
 //!   the worker stored under more than one engine id, so removing one copy keeps the other.
 //!
@@ -215,10 +215,16 @@ impl KvIndex {
             sets: &mut self.sets,
             pairs: &mut self.pairs,
         };
-        for chunk in blocks.chunks(PREFETCH) {
-            // Start every cache miss of the chunk at once (see `U64Table::touch`).
+        // Start every cache miss of a chunk at once (see `U64Table::touch`), one chunk ahead
+        // of the one being applied, so that misses are always in flight.
+        let touch = |engine: &U64Table<u32>, holders: &U64Table<u32>, chunk: &[StoredBlock]| {
             black_box(engine.touch(chunk.iter().map(|b| b.block_id.0)));
-            black_box(p.holders.touch(chunk.iter().map(|b| b.seq_hash.0)));
+            black_box(holders.touch(chunk.iter().map(|b| b.seq_hash.0)));
+        };
+        touch(engine, p.holders, &blocks[..blocks.len().min(PREFETCH)]);
+        for (c, chunk) in blocks.chunks(PREFETCH).enumerate() {
+            let next = blocks.get((c + 1) * PREFETCH..).unwrap_or_default();
+            touch(engine, p.holders, &next[..next.len().min(PREFETCH)]);
             for b in chunk {
                 let hash = b.seq_hash.0;
                 let (engine_slot, fresh_id) = engine.entry(b.block_id.0);

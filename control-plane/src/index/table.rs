@@ -220,20 +220,24 @@ impl<V: Copy + Default> U64Table<V> {
         let n = self.lines.len();
         let l = home(key, n);
         let line = &mut self.lines[l];
-        let mut free = None;
-        for (s, &k) in line.keys.iter().enumerate() {
-            if k == key {
-                return (&mut self.lines[l].vals[s], false);
+        // Both scans without a branch per slot (conditional moves), lowest slot first.
+        let (mut hit, mut free) = (SLOTS, SLOTS);
+        for s in (0..SLOTS).rev() {
+            if line.keys[s] == key {
+                hit = s;
             }
-            if k == 0 && free.is_none() {
-                free = Some(s);
+            if line.keys[s] == 0 {
+                free = s;
             }
         }
-        if let (Some(s), 0) = (free, line.overflow) {
-            line.keys[s] = key;
-            line.vals[s] = V::default();
+        if hit < SLOTS {
+            return (&mut self.lines[l].vals[hit], false);
+        }
+        if free < SLOTS && line.overflow == 0 {
+            line.keys[free] = key;
+            line.vals[free] = V::default();
             self.len += 1;
-            return (&mut self.lines[l].vals[s], true);
+            return (&mut self.lines[l].vals[free], true);
         }
         let (l, s) = match self.find(key) {
             Some(at) => return (&mut self.lines[at.0].vals[at.1], false),

@@ -18,6 +18,7 @@
 //! # Layout
 //! - [`tokens`]: the exact token ids of a planned request (what the router hashes).
 //! - [`spec`]: what a run is given (deployment, router config) and what it returns.
+//! - [`gateway`]: the real stack's CPU time before a request reaches an engine (optional).
 //! - [`stack`]: the virtual stack: engines + router + the event loop of one run.
 //! - [`tracker`]: per-request bookkeeping that turns events into records.
 //! - [`modes`]: the three serving modes on equal GPUs, and their comparison.
@@ -26,6 +27,7 @@
 //!
 //! [`RequestRecord`]: crate::loadgen::record::RequestRecord
 
+pub mod gateway;
 pub mod modes;
 pub mod spec;
 pub mod stack;
@@ -37,6 +39,7 @@ pub mod tuning;
 #[cfg(test)]
 mod tests;
 
+pub use gateway::GatewayModel;
 pub use modes::{compare_modes, report_run, run_mode, ModeRun};
 pub use spec::{mode_name, ReplayCounters, ReplayRun, StackSpec};
 pub use stack::VirtualStack;

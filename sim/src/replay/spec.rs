@@ -4,6 +4,7 @@ use serde::Serialize;
 use switchyard_control_plane::config::{RouterConfig, ServingMode};
 use switchyard_protocol::worker::WorkerRole;
 
+use super::gateway::GatewayModel;
 use super::tracker::RouteNote;
 use super::ReplayError;
 use crate::engine::PerfPreset;
@@ -29,6 +30,9 @@ pub struct StackSpec {
     pub time_scale: f64,
     /// Interval between load reports, virtual ms (the simulated worker's default: 500).
     pub load_interval_ms: u64,
+    /// CPU time between a client's send and the request reaching its first engine (the
+    /// real stack's tokenizations); [`GatewayModel::FREE`] by default.
+    pub gateway: GatewayModel,
 }
 
 impl StackSpec {
@@ -44,6 +48,7 @@ impl StackSpec {
             seed: 0,
             time_scale: 1.0,
             load_interval_ms: crate::worker::config::DEFAULT_LOAD_INTERVAL_MS,
+            gateway: GatewayModel::FREE,
         }
     }
 

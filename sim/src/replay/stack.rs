@@ -8,9 +8,13 @@
 //!    reports them), and the records are completed.
 //! 2. **Load reports** every [`StackSpec::load_interval_ms`]: each engine's
 //!    [`crate::engine::LoadSnapshot`] as the worker would publish it.
-//! 3. **Arrivals**: the request's token ids are made, [`Router::route`] decides with the
-//!    router's state at that instant, and the request enters the engines the verdict names
-//!    (straight to the decode worker, or prefill leg, KV transfer, decode leg).
+//! 3. **Gateway completions** (only with a [`StackSpec::gateway`] cost): requests whose
+//!    modelled tokenization time has passed go on to routing (step 4's second half).
+//! 4. **Arrivals**: the request's token ids are made; without a gateway cost (the default)
+//!    [`Router::route`] decides with the router's state at that instant, and the request
+//!    enters the engines the verdict names (straight to the decode worker, or prefill leg,
+//!    KV transfer, decode leg). With one, the request first spends its gateway time in the
+//!    processor-shared stage of [`super::gateway`] and is routed when it leaves it.
 
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
@@ -22,6 +26,7 @@ use switchyard_protocol::lifecycle::LifecycleEvent;
 use switchyard_protocol::route::RouteMode;
 use switchyard_protocol::worker::{WorkerId, WorkerInfo};
 
+use super::gateway::GatewayQueue;
 use super::spec::{ReplayCounters, ReplayRun, StackSpec};
 use super::tokens::{hashed_prompt, PromptSource};
 use super::tracker::{RouteNote, Tracker};
@@ -73,6 +78,7 @@ pub struct VirtualStack<'a> {
     tracker: Tracker,
     counters: ReplayCounters,
     events: Vec<ClusterEvent>,
+    gateway: GatewayQueue,
 }
 
 impl<'a> VirtualStack<'a> {
@@ -97,6 +103,7 @@ impl<'a> VirtualStack<'a> {
                 spec.time_scale
             )));
         }
+        spec.gateway.validate().map_err(ReplayError::InvalidSetup)?;
         if spec.load_interval_ms == 0 {
             return Err(ReplayError::InvalidSetup(
                 "load interval must be at least 1 ms".into(),
@@ -149,6 +156,7 @@ impl<'a> VirtualStack<'a> {
             tracker,
             counters: ReplayCounters::default(),
             events: Vec::new(),
+            gateway: GatewayQueue::new(spec.gateway),
             spec,
             workload,
             source,
@@ -186,7 +194,8 @@ impl<'a> VirtualStack<'a> {
         loop {
             let engines = self.cluster.next_event_ms();
             let arrival = self.arrivals.peek().map(|d| d.at_ms);
-            let Some(next) = [engines, arrival]
+            let gateway = self.gateway.next_done_ms();
+            let Some(next) = [engines, arrival, gateway]
                 .into_iter()
                 .flatten()
                 .min_by(f64::total_cmp)
@@ -203,6 +212,10 @@ impl<'a> VirtualStack<'a> {
                 self.step_engines();
             } else if self.next_tick_ms <= next {
                 self.report_load();
+            } else if let Some(done_at) = gateway.filter(|&g| g <= next) {
+                for (id, sent_ms) in self.gateway.take_done(done_at) {
+                    self.route_and_submit(id, sent_ms, done_at);
+                }
             } else if let Some(due) = self.arrivals.pop() {
                 self.send(due.id, due.at_ms);
             }
@@ -334,16 +347,29 @@ impl<'a> VirtualStack<'a> {
         self.next_tick_ms += self.spec.load_interval_ms as f64;
     }
 
-    /// Routes request `id` at `at_ms` and hands it to the engines.
+    /// The client sends request `id` at `at_ms`: it is routed at once, or after its gateway
+    /// time when the spec models one.
     fn send(&mut self, id: usize, at_ms: f64) {
+        if self.spec.gateway.is_free() {
+            self.route_and_submit(id, at_ms, at_ms);
+            return;
+        }
+        let tokens = self.source.prompt_tokens(&self.workload.requests[id]);
+        let work = self.spec.gateway.work_ms(tokens);
+        self.gateway.push(at_ms, id, at_ms, work);
+    }
+
+    /// Routes request `id` (sent by the client at `sent_ms`) at `at_ms` and hands it to the
+    /// engines. TTFT and E2E count from `sent_ms`, as the real client measures them.
+    fn route_and_submit(&mut self, id: usize, sent_ms: f64, at_ms: f64) {
         let planned = &self.workload.requests[id];
         let record = RequestRecord {
             id,
             session: planned.session,
             turn: planned.turn,
             agent: planned.agent,
-            ready_ms: at_ms,
-            sent_ms: at_ms,
+            ready_ms: sent_ms,
+            sent_ms,
             planned_isl: planned.isl(),
             expected_prompt_tokens: self.source.prompt_tokens(planned),
             planned_osl: planned.osl,

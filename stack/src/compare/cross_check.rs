@@ -6,7 +6,10 @@
 //! vocabulary and chat framing), the same workers, split, preset, router config and arrival
 //! times. What only the real run has: HTTP, Envoy and the filter, NATS delivery delays,
 //! `time_scale`-compressed wall-clock sleeps that the OS rounds up, and two cores shared by
-//! every process. The ratios measure exactly that overhead.
+//! every process. The largest part of that, the tokenizations in front of the first engine,
+//! is measured on this machine ([`super::gateway_cost`]) and modelled in the replay
+//! ([`GatewayModel`]): it delays every request and, in a burst, reorders the requests
+//! shortest-first on their way to the engines. The ratios measure the rest.
 
 use std::fmt::Write as _;
 
@@ -14,7 +17,7 @@ use serde::Serialize;
 use switchyard_control_plane::config::{RouterConfig, ServingMode as RouterMode};
 use switchyard_sim::engine::PerfPreset;
 use switchyard_sim::loadgen::report::RunReport;
-use switchyard_sim::replay::{report_run, run_mode, StackSpec};
+use switchyard_sim::replay::{report_run, run_mode, GatewayModel, StackSpec};
 
 use super::plan::RunPlan;
 use super::workload::PreparedWorkload;
@@ -77,8 +80,8 @@ pub fn router_mode(mode: ServingMode) -> RouterMode {
     }
 }
 
-/// Replays every plan in virtual time and reports each like the real run (label, modelled
-/// time, same SLOs).
+/// Replays every plan in virtual time, with `gateway` as the cost in front of the engines,
+/// and reports each like the real run (label, modelled time, same SLOs).
 ///
 /// # Errors
 /// [`CompareError::InvalidSetting`] for a router config the router rejects,
@@ -88,6 +91,7 @@ pub fn virtual_reports(
     prepared: &PreparedWorkload,
     preset: PerfPreset,
     plans: &[RunPlan],
+    gateway: GatewayModel,
 ) -> Result<Vec<RunReport>, CompareError> {
     let router = match &config.conditional_disagg_config {
         Some(text) => {
@@ -111,6 +115,7 @@ pub fn virtual_reports(
         spec.router = router.clone();
         spec.seed = config.seed;
         spec.time_scale = plan.arrival_multiplier;
+        spec.gateway = gateway;
         eprintln!("{}: replaying in virtual time", plan.label);
         let run = run_mode(&prepared.workload, &source, spec).map_err(|source| {
             CompareError::Virtual {

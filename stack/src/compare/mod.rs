@@ -18,6 +18,7 @@
 //!   real/virtual ratios of p50 TTFT and ITL.
 
 pub mod cross_check;
+pub mod gateway_cost;
 pub mod output;
 pub mod plan;
 pub mod runner;

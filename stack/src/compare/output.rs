@@ -150,6 +150,14 @@ pub fn comparison_markdown(config: &CompareConfig, c: &Comparison) -> String {
     out.push_str(&comparison_tables(&reports));
     if !c.cross_check.is_empty() {
         out.push_str("\n## Cross-check: the same runs in virtual time\n\n");
+        if let Some(g) = &c.gateway_model {
+            out.push_str(&format!(
+                "Virtual runs model the gateway's tokenizations in front of the engines: {:.4} \
+                 modelled ms per prompt token, processor-shared over {} cores (measured on this \
+                 machine; `docs/benchmarks.md`).\n\n",
+                g.ms_per_prompt_token, g.cpus
+            ));
+        }
         out.push_str(&cross_check_markdown(&c.cross_check));
         out.push_str("\nVirtual-time runs:\n\n");
         out.push_str(&comparison_tables(&c.virtual_runs));

@@ -9,9 +9,11 @@ use switchyard_sim::engine::PerfPreset;
 use switchyard_sim::loadgen::client::{replay, ClientConfig};
 use switchyard_sim::loadgen::record::RequestRecord;
 use switchyard_sim::loadgen::report::{build_report, RunMeta, RunReport};
+use switchyard_sim::replay::GatewayModel;
 use tokio::time::Instant;
 
 use super::cross_check::{cross_check_rows, virtual_reports, CrossCheckRow};
+use super::gateway_cost::{gateway_model, machine_cpus, measure_wall_ms_per_token};
 use super::plan::{plan_runs, RunPlan};
 use super::table::fail_open_note;
 use super::workload::{prepare, PreparedWorkload};
@@ -46,6 +48,9 @@ pub struct Comparison {
     pub virtual_runs: Vec<RunReport>,
     /// Real/virtual ratios per run (with `--cross-check`).
     pub cross_check: Vec<CrossCheckRow>,
+    /// The gateway cost the virtual runs modelled, measured on this machine (with
+    /// `--cross-check`).
+    pub gateway_model: Option<GatewayModel>,
     /// Workload name and size.
     pub workload: String,
     /// Requests per run.
@@ -114,19 +119,29 @@ pub async fn run_comparison(config: &CompareConfig) -> Result<Comparison, Compar
         output::write_run(&outcome)?;
         runs.push(outcome);
     }
-    let (virtual_runs, cross_check) = if config.cross_check {
+    let (virtual_runs, cross_check, gateway_model) = if config.cross_check {
         let plans: Vec<RunPlan> = runs.iter().map(|r| r.plan.clone()).collect();
-        let virtual_runs = virtual_reports(config, &prepared, preset, &plans)?;
+        let wall = measure_wall_ms_per_token(&prepared, &artifacts.model_dir)?;
+        let gateway = gateway_model(wall, config.time_scale, machine_cpus());
+        eprintln!(
+            "cross-check: gateway tokenization measured at {:.2} µs per prompt token (wall, \
+             per tokenization); virtual replays add {:.4} modelled ms per prompt token on {} cores",
+            wall * 1e3,
+            gateway.ms_per_prompt_token,
+            gateway.cpus
+        );
+        let virtual_runs = virtual_reports(config, &prepared, preset, &plans, gateway)?;
         let real: Vec<RunReport> = runs.iter().map(|r| r.report.clone()).collect();
         let rows = cross_check_rows(&real, &virtual_runs);
-        (virtual_runs, rows)
+        (virtual_runs, rows, Some(gateway))
     } else {
-        (Vec::new(), Vec::new())
+        (Vec::new(), Vec::new(), None)
     };
     let comparison = Comparison {
         runs,
         virtual_runs,
         cross_check,
+        gateway_model,
         workload: prepared.workload.name.clone(),
         requests: prepared.workload.requests.len(),
         malformed_trace_lines: prepared.malformed_trace_lines,
