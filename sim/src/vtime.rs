@@ -159,6 +159,9 @@ pub struct Cluster {
     /// Decode legs by (prefill engine, request id).
     handoffs: HashMap<(EngineIdx, u64), Handoff>,
     forward_kv_events: bool,
+    /// CPU time per prompt token between a prefill leg's end and the start of its KV
+    /// transfer (the real decode worker tokenizes the decode leg's body before it pulls).
+    handoff_cpu_ms_per_prompt_token: f64,
     buf: Vec<EngineOutput>,
 }
 
@@ -186,6 +189,14 @@ impl Cluster {
     /// they are drained and dropped, so long replays do not accumulate them).
     pub fn set_forward_kv_events(&mut self, on: bool) {
         self.forward_kv_events = on;
+    }
+
+    /// CPU time per prompt token a disaggregated request spends between its prefill leg and
+    /// its KV transfer (0 by default): on the real stack the decode worker parses and
+    /// tokenizes the decode leg's body before it pulls the KV. Negative or non-finite values
+    /// count as 0.
+    pub fn set_handoff_cpu_ms_per_prompt_token(&mut self, ms: f64) {
+        self.handoff_cpu_ms_per_prompt_token = if ms.is_finite() { ms.max(0.0) } else { 0.0 };
     }
 
     /// Number of engines.
@@ -367,7 +378,10 @@ impl Cluster {
             u64::from(handoff.req.prompt.len()),
             u64::from(decode_cached),
         );
-        let until_ms = at_ms + model.time_ms(tokens);
+        let cpu_ms = self.handoff_cpu_ms_per_prompt_token * f64::from(handoff.req.prompt.len());
+        // The decode leg's tokenization comes first, then the transfer; `at_ms` stays the
+        // prefill leg's end, `until_ms` is when the decode engine gets the request.
+        let until_ms = at_ms + cpu_ms + model.time_ms(tokens);
         sink(ClusterEvent::TransferStarted {
             id,
             prefill,

@@ -68,6 +68,7 @@ fn a_gateway_cost_delivers_a_burst_shortest_first_and_counts_in_ttft() {
     let gateway = GatewayModel {
         ms_per_prompt_token: 0.01,
         cpus: 1,
+        decode_leg_ms_per_prompt_token: 0.0,
     };
     let t = ttfts(gateway);
     assert!(t[2] < t[1] && t[1] < t[0], "{t:?}");
@@ -87,6 +88,7 @@ fn a_gateway_without_cores_is_rejected() {
     spec.gateway = GatewayModel {
         ms_per_prompt_token: 0.01,
         cpus: 0,
+        decode_leg_ms_per_prompt_token: 0.0,
     };
     match run_mode(&workload, &source, spec) {
         Err(ReplayError::InvalidSetup(message)) => assert!(message.contains("cpus"), "{message}"),

@@ -1,8 +1,9 @@
 //! The comparison runner end to end, small and bounded: a six-request trace through real
 //! nats-server, control plane, simulated workers and Envoy with the filter (debug binaries,
-//! workers 4x faster), once per serving mode. It proves the runner produces a complete
-//! report for every mode with no request lost or failed; it asserts no timing (that is what
-//! `switchyard-compare --cross-check` and docs/benchmarks.md are for).
+//! workers 4x faster), once per serving mode, plus the virtual-time cross-check of the same
+//! runs. It proves the runner produces a complete report for every mode with no request lost
+//! or failed; it asserts no timing (that is what `switchyard-compare --cross-check` and
+//! docs/benchmarks.md are for).
 //!
 //! Needs `cargo build --workspace --bins` and the wasm filter (`scripts/test.sh` builds
 //! both); a missing artifact fails with the command that builds it.
@@ -51,6 +52,7 @@ async fn every_mode_gets_a_complete_report_through_envoy() {
     config.max_run_s = 30.0;
     config.drain_s = 15.0;
     config.request_timeout_s = 20.0;
+    config.cross_check = true;
     let comparison = run_comparison(&config).await.expect("comparison runs");
 
     let modes: Vec<&str> = comparison.runs.iter().map(|r| r.plan.mode).collect();
@@ -106,6 +108,22 @@ async fn every_mode_gets_a_complete_report_through_envoy() {
         assert!(md.contains(label), "comparison.md lacks {label}:\n{md}");
     }
     assert!(out.join("comparison.json").is_file());
+    // The cross-check replays every run in virtual time with the gateway cost measured on
+    // this machine (the tokenizations in front of the engines; docs/benchmarks.md).
+    assert_eq!(comparison.cross_check.len(), 3);
+    assert_eq!(comparison.virtual_runs.len(), 3);
+    for v in &comparison.virtual_runs {
+        assert_eq!(v.requests.ok, 6, "{}: {:?}", v.meta.label, v.requests);
+    }
+    let gateway = comparison
+        .gateway_model
+        .expect("cross-check measures the gateway");
+    assert!(
+        gateway.ms_per_prompt_token > 0.0 && gateway.ms_per_prompt_token.is_finite(),
+        "{gateway:?}"
+    );
+    assert!(gateway.cpus >= 1);
+    assert!(md.contains("Virtual runs model the gateway"), "{md}");
     let svg = std::fs::read_to_string(out.join("throughput_vs_interactivity.svg")).unwrap();
     assert!(svg.contains("<svg"), "plot is not an SVG");
 }

@@ -28,6 +28,10 @@ pub struct GatewayModel {
     /// Cores the gateway work shares (processor sharing: `n` requests in the stage each
     /// progress at `min(1, cpus / n)`).
     pub cpus: u32,
+    /// CPU time per prompt token a disaggregated request spends between its prefill leg and
+    /// its KV transfer (the decode worker tokenizes the decode leg's body), modelled ms; not
+    /// shared, see [`crate::vtime::Cluster::set_handoff_cpu_ms_per_prompt_token`].
+    pub decode_leg_ms_per_prompt_token: f64,
 }
 
 impl GatewayModel {
@@ -35,6 +39,7 @@ impl GatewayModel {
     pub const FREE: GatewayModel = GatewayModel {
         ms_per_prompt_token: 0.0,
         cpus: 1,
+        decode_leg_ms_per_prompt_token: 0.0,
     };
 
     /// Whether the stage costs nothing (then requests skip it).
@@ -56,6 +61,14 @@ impl GatewayModel {
             return Err(format!(
                 "gateway ms per prompt token must be finite and >= 0, got {}",
                 self.ms_per_prompt_token
+            ));
+        }
+        if !(self.decode_leg_ms_per_prompt_token.is_finite()
+            && self.decode_leg_ms_per_prompt_token >= 0.0)
+        {
+            return Err(format!(
+                "decode-leg ms per prompt token must be finite and >= 0, got {}",
+                self.decode_leg_ms_per_prompt_token
             ));
         }
         if self.cpus == 0 {
@@ -164,6 +177,7 @@ mod tests {
         GatewayModel {
             ms_per_prompt_token: ms_per_token,
             cpus,
+            decode_leg_ms_per_prompt_token: 0.0,
         }
     }
 
@@ -217,6 +231,9 @@ mod tests {
         assert!(model(-1.0, 1).validate().is_err());
         assert!(model(f64::NAN, 1).validate().is_err());
         assert!(model(0.01, 0).validate().is_err());
+        let mut bad_leg = model(0.01, 1);
+        bad_leg.decode_leg_ms_per_prompt_token = -0.5;
+        assert!(bad_leg.validate().is_err());
         assert_eq!(model(0.5, 2).work_ms(10), 5.0);
     }
 }

@@ -115,6 +115,7 @@ impl<'a> VirtualStack<'a> {
         let mut router = Router::with_config(router_config, spec.seed);
         let mut cluster = Cluster::new();
         cluster.set_forward_kv_events(true);
+        cluster.set_handoff_cpu_ms_per_prompt_token(spec.gateway.decode_leg_ms_per_prompt_token);
         let mut worker_ids = Vec::new();
         let mut counts = [0u32; 3];
         let mut block_size = None;

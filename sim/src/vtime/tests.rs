@@ -371,3 +371,44 @@ fn a_full_decode_worker_queues_the_decode_leg_until_kv_frees() {
     assert_eq!(cluster.engine(d).load().kv_used_blocks, 0);
     assert_eq!(cluster.engine(p).load().kv_used_blocks, 0);
 }
+
+#[test]
+fn handoff_cpu_time_delays_the_transfer_by_the_prompt_length() {
+    let mut cluster = Cluster::new();
+    let p = cluster
+        .add_engine("prefill-0", EngineConfig::new(WorkerRole::Prefill))
+        .unwrap();
+    let d = cluster
+        .add_engine("decode-0", EngineConfig::new(WorkerRole::Decode))
+        .unwrap();
+    // 0.01 ms per prompt token: a 4,096-token prompt waits 40.96 ms (the decode worker's
+    // tokenization) before its KV starts moving.
+    cluster.set_handoff_cpu_ms_per_prompt_token(0.01);
+    let req = EngineRequest::local(7, prompt(3, 4_096), 2);
+    cluster.schedule(
+        0.0,
+        Arrival::Disaggregated {
+            prefill: p,
+            decode: d,
+            req,
+        },
+    );
+    let events = collect(&mut cluster);
+    let prefill_done = first_token(&events, p, 7);
+    let until = events
+        .iter()
+        .find_map(|e| match e {
+            ClusterEvent::TransferStarted { until_ms, .. } => Some(*until_ms),
+            _ => None,
+        })
+        .expect("transfer");
+    let xfer = cluster.engine(p).transfer_time_ms(4_096);
+    assert!(
+        (until - prefill_done - 40.96 - xfer).abs() < 1e-9,
+        "{until}"
+    );
+    assert!(first_token(&events, d, 7) > until);
+    // Nonsense settings count as no delay.
+    cluster.set_handoff_cpu_ms_per_prompt_token(f64::NAN);
+    assert_eq!(cluster.handoff_cpu_ms_per_prompt_token, 0.0);
+}

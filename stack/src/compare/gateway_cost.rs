@@ -10,9 +10,10 @@
 //! request bodies, and gives the virtual stack that cost (× the workers' time scale, since
 //! every wall millisecond on the real stack is reported as `time_scale` modelled ones).
 //!
-//! What this leaves out (so the model is a lower bound of the real path): Envoy buffering
-//! the body, the filter's HTTP calls, and on a disaggregated request the decode worker's
-//! third tokenization after the prefill leg.
+//! A disaggregated request is tokenized a third time, by the decode worker after the prefill
+//! leg; that one is modelled as a delay before the KV transfer. What this leaves out (so the
+//! model is a lower bound of the real path): Envoy buffering the body, the filter's JSON
+//! rewrites and HTTP calls, and the KV pull's round trip.
 
 use std::path::Path;
 
@@ -25,6 +26,9 @@ use super::CompareError;
 
 /// Tokenizations on the path to the first engine: the control plane's and the worker's.
 pub const TOKENIZATIONS_BEFORE_ENGINE: f64 = 2.0;
+/// Tokenizations between a disaggregated request's prefill leg and its KV transfer: the
+/// decode worker's.
+pub const TOKENIZATIONS_ON_DECODE_LEG: f64 = 1.0;
 /// Requests whose bodies are timed (the first ones of the workload).
 const SAMPLE_REQUESTS: usize = 8;
 /// Timed passes over the sample after one warm-up pass; their mean is used.
@@ -85,6 +89,10 @@ pub fn gateway_model(wall_ms_per_token: f64, time_scale: f64, cpus: u32) -> Gate
         ms_per_prompt_token: (wall_ms_per_token * TOKENIZATIONS_BEFORE_ENGINE * time_scale)
             .max(0.0),
         cpus: cpus.max(1),
+        decode_leg_ms_per_prompt_token: (wall_ms_per_token
+            * TOKENIZATIONS_ON_DECODE_LEG
+            * time_scale)
+            .max(0.0),
     }
 }
 
@@ -103,6 +111,7 @@ mod tests {
     fn model_scales_wall_cost_to_modelled_time() {
         let m = gateway_model(0.003, 4.0, 2);
         assert!((m.ms_per_prompt_token - 0.024).abs() < 1e-12);
+        assert!((m.decode_leg_ms_per_prompt_token - 0.012).abs() < 1e-12);
         assert_eq!(m.cpus, 2);
         assert_eq!(gateway_model(-1.0, 1.0, 0).cpus, 1);
         assert!(gateway_model(-1.0, 1.0, 0).is_free());
