@@ -307,8 +307,13 @@ async fn lifecycle_health_and_metrics_endpoints_answer_and_refuse_bad_input() {
     assert_eq!(err.code, "invalid_json");
     assert!(err.message.contains("teleported"), "{err:?}");
 
-    let health = svc.get_json("/healthz").await;
-    assert_eq!(health, json!({"status": "ok", "nats": "connected"}));
+    // The service's NATS client connects in the background; health reports it once it has.
+    eventually(
+        std::time::Duration::from_secs(10),
+        "healthz says nats connected",
+        || async { svc.get_json("/healthz").await == json!({"status": "ok", "nats": "connected"}) },
+    )
+    .await;
     let resp = reqwest::get(format!("{}/metrics", svc.base)).await.unwrap();
     assert!(resp.headers()["content-type"]
         .to_str()
