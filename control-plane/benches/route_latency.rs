@@ -137,20 +137,11 @@ async fn main() {
         count("SWITCHYARD_BENCH_COLD_REQUESTS", 30)
     };
 
-    let nats_server = NatsServer::start();
     let mut settings = Settings::for_tests();
     settings.route_tokenize_threads = 2;
-    let svc = Service::start(settings, tokenizer(), &nats_server.url).await;
-    let nats = client(&nats_server.url).await;
-    let decode = worker("decode-0", WorkerRole::Decode, 9001, 1);
-    register(&svc, &nats, &decode, 60_000).await;
-    register(
-        &svc,
-        &nats,
-        &worker("prefill-0", WorkerRole::Prefill, 9100, 1),
-        60_000,
-    )
-    .await;
+    let (_nats_server, svc, nats) = service_with_nats(settings).await;
+    let decode = register_worker(&svc, &nats, "decode-0", WorkerRole::Decode, 9001).await;
+    register_worker(&svc, &nats, "prefill-0", WorkerRole::Prefill, 9100).await;
 
     // ~32k tokens: 18 exchanges of ~600 words (tags of equal length in both cases).
     let history = conversation("conv", 18, 600);

@@ -9,24 +9,12 @@ use switchyard_control_plane::settings::Settings;
 use switchyard_protocol::route::ApiError;
 use switchyard_protocol::worker::WorkerRole;
 
-fn chat(text: &str) -> String {
-    json!({"model": "qwen3", "messages": [{"role": "user", "content": text}]}).to_string()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_route_bodies_get_400_naming_the_problem() {
-    let nats_server = NatsServer::start();
     let mut settings = Settings::for_tests();
     settings.max_route_body_bytes = 4_096;
-    let svc = Service::start(settings, tokenizer(), &nats_server.url).await;
-    let nats = client(&nats_server.url).await;
-    register(
-        &svc,
-        &nats,
-        &worker("decode-0", WorkerRole::Decode, 9001, 1),
-        60_000,
-    )
-    .await;
+    let (_server, svc, nats) = service_with_nats(settings).await;
+    register_worker(&svc, &nats, "decode-0", WorkerRole::Decode, 9001).await;
 
     async fn expect(resp: reqwest::Response, status: u16, code: &str, mentions: &str) {
         assert_eq!(resp.status(), status);
@@ -101,37 +89,25 @@ async fn bad_route_bodies_get_400_naming_the_problem() {
     .await;
 
     let m = svc.metrics().await;
-    assert_eq!(
-        metric_value(
-            &m,
-            "switchyard_route_bad_requests_total{code=\"invalid_json\"}"
-        ),
+    assert_metric(
+        &m,
+        "switchyard_route_bad_requests_total{code=\"invalid_json\"}",
         1.0,
-        "{m}"
     );
-    assert_eq!(
-        metric_value(
-            &m,
-            "switchyard_route_bad_requests_total{code=\"invalid_request\"}"
-        ),
+    assert_metric(
+        &m,
+        "switchyard_route_bad_requests_total{code=\"invalid_request\"}",
         4.0,
-        "{m}"
     );
-    assert_eq!(
-        metric_value(
-            &m,
-            "switchyard_route_bad_requests_total{code=\"unknown_api\"}"
-        ),
+    assert_metric(
+        &m,
+        "switchyard_route_bad_requests_total{code=\"unknown_api\"}",
         1.0,
-        "{m}"
     );
-    assert_eq!(
-        metric_value(
-            &m,
-            "switchyard_route_bad_requests_total{code=\"body_too_large\"}"
-        ),
+    assert_metric(
+        &m,
+        "switchyard_route_bad_requests_total{code=\"body_too_large\"}",
         1.0,
-        "{m}"
     );
 
     // Unknown paths and methods answer JSON errors too.
@@ -146,9 +122,7 @@ async fn bad_route_bodies_get_400_naming_the_problem() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn eds_serves_pool_membership_with_a_stable_version() {
-    let nats_server = NatsServer::start();
-    let svc = Service::start(Settings::for_tests(), tokenizer(), &nats_server.url).await;
-    let nats = client(&nats_server.url).await;
+    let (_server, svc, nats) = service_with_nats(Settings::for_tests()).await;
     let http = reqwest::Client::new();
     let poll = |version: &str| {
         let req = json!({"version_info": version, "node": {"id": "envoy"},
@@ -170,20 +144,8 @@ async fn eds_serves_pool_membership_with_a_stable_version() {
     assert_eq!(empty["resources"][0]["cluster_name"], "switchyard_decode");
     assert_eq!(empty["resources"][0]["endpoints"], json!([]));
 
-    register(
-        &svc,
-        &nats,
-        &worker("decode-0", WorkerRole::Decode, 9001, 1),
-        60_000,
-    )
-    .await;
-    register(
-        &svc,
-        &nats,
-        &worker("prefill-0", WorkerRole::Prefill, 9100, 1),
-        60_000,
-    )
-    .await;
+    register_worker(&svc, &nats, "decode-0", WorkerRole::Decode, 9001).await;
+    register_worker(&svc, &nats, "prefill-0", WorkerRole::Prefill, 9100).await;
     let full = poll(empty["version_info"].as_str().unwrap()).await;
     assert_ne!(full["version_info"], empty["version_info"]);
     let decode_eps = &full["resources"][0]["endpoints"][0]["lb_endpoints"];
@@ -200,10 +162,9 @@ async fn eds_serves_pool_membership_with_a_stable_version() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn config_is_read_and_patched_with_field_named_errors() {
-    let nats_server = NatsServer::start();
     let mut settings = Settings::for_tests();
     settings.conditional_disagg_config = Some(r#"{"eff_isl_threshold": 1024}"#.into());
-    let svc = Service::start(settings, tokenizer(), &nats_server.url).await;
+    let (_server, svc, _) = service_with_nats(settings).await;
     let http = reqwest::Client::new();
     let url = format!("{}/v1/config", svc.base);
 
@@ -256,21 +217,17 @@ async fn config_is_read_and_patched_with_field_named_errors() {
     );
 
     let m = svc.metrics().await;
-    assert_eq!(
-        metric_value(
-            &m,
-            "switchyard_route_bad_requests_total{code=\"invalid_config\"}"
-        ),
+    assert_metric(
+        &m,
+        "switchyard_route_bad_requests_total{code=\"invalid_config\"}",
         5.0,
-        "{m}"
     );
     svc.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lifecycle_health_and_metrics_endpoints_answer_and_refuse_bad_input() {
-    let nats_server = NatsServer::start();
-    let svc = Service::start(Settings::for_tests(), tokenizer(), &nats_server.url).await;
+    let (_server, svc, _) = service_with_nats(Settings::for_tests()).await;
     let http = reqwest::Client::new();
     let url = format!("{}/v1/lifecycle", svc.base);
 
@@ -321,11 +278,7 @@ async fn lifecycle_health_and_metrics_endpoints_answer_and_refuse_bad_input() {
         .starts_with("application/openmetrics-text"));
     let text = resp.text().await.unwrap();
     assert!(text.ends_with("# EOF\n"), "{text}");
-    assert_eq!(
-        metric_value(&text, "switchyard_nats_connected"),
-        1.0,
-        "{text}"
-    );
+    assert_metric(&text, "switchyard_nats_connected", 1.0);
     // Every verdict reason is there from the start.
     for reason in switchyard_control_plane::router::REASONS {
         assert!(
@@ -338,16 +291,8 @@ async fn lifecycle_health_and_metrics_endpoints_answer_and_refuse_bad_input() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_lets_an_in_flight_route_request_finish() {
-    let nats_server = NatsServer::start();
-    let svc = Service::start(Settings::for_tests(), tokenizer(), &nats_server.url).await;
-    let nats = client(&nats_server.url).await;
-    register(
-        &svc,
-        &nats,
-        &worker("decode-0", WorkerRole::Decode, 9001, 1),
-        60_000,
-    )
-    .await;
+    let (_server, svc, nats) = service_with_nats(Settings::for_tests()).await;
+    register_worker(&svc, &nats, "decode-0", WorkerRole::Decode, 9001).await;
 
     // Send half the body, start shutting down, then send the rest.
     let body = chat("a request that is still uploading when shutdown starts");

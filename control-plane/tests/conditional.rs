@@ -113,17 +113,12 @@ async fn cached_blocks(svc: &Service, id: &WorkerId) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn second_turn_goes_home_and_bypasses_cold_prompts_disaggregate_busy_decoders_do_not_bypass()
 {
-    let nats_server = NatsServer::start();
-    let svc = Service::start(Settings::for_tests(), tokenizer(), &nats_server.url).await;
-    let nats = client(&nats_server.url).await;
+    let (_server, svc, nats) = service_with_nats(Settings::for_tests()).await;
     let decoders = [
-        worker("decode-0", WorkerRole::Decode, 9001, 1),
-        worker("decode-1", WorkerRole::Decode, 9002, 1),
+        register_worker(&svc, &nats, "decode-0", WorkerRole::Decode, 9001).await,
+        register_worker(&svc, &nats, "decode-1", WorkerRole::Decode, 9002).await,
     ];
-    let prefill = worker("prefill-0", WorkerRole::Prefill, 9100, 1);
-    for w in decoders.iter().chain([&prefill]) {
-        register(&svc, &nats, w, 60_000).await;
-    }
+    let prefill = register_worker(&svc, &nats, "prefill-0", WorkerRole::Prefill, 9100).await;
     let http = reqwest::Client::new();
 
     // Turn 1: a cold ~3k-token prompt. Too much to prefill on a decode worker: disaggregated.
@@ -242,27 +237,17 @@ async fn second_turn_goes_home_and_bypasses_cold_prompts_disaggregate_busy_decod
     assert_eq!(v4.reason, "disagg:decode_busy", "{v4:?}");
 
     let m = svc.metrics().await;
-    assert_eq!(
-        metric_value(
-            &m,
-            "switchyard_route_decisions_total{mode=\"bypass\",reason=\"bypass:isl_bounding\"}"
-        ),
+    assert_metric(
+        &m,
+        "switchyard_route_decisions_total{mode=\"bypass\",reason=\"bypass:isl_bounding\"}",
         1.0,
-        "{m}"
     );
-    assert_eq!(
-        metric_value(
-            &m,
-            "switchyard_route_decisions_total{mode=\"disagg\",reason=\"disagg:decode_busy\"}"
-        ),
+    assert_metric(
+        &m,
+        "switchyard_route_decisions_total{mode=\"disagg\",reason=\"disagg:decode_busy\"}",
         1.0,
-        "{m}"
     );
-    assert_eq!(
-        metric_value(&m, "switchyard_kv_batches_applied_total"),
-        1.0,
-        "{m}"
-    );
+    assert_metric(&m, "switchyard_kv_batches_applied_total", 1.0);
     assert!(
         metric_value(&m, "switchyard_tokenizer_cache_hits_total") > 0.0,
         "turn 2 reused turn 1's segments: {m}"
@@ -273,11 +258,8 @@ async fn second_turn_goes_home_and_bypasses_cold_prompts_disaggregate_busy_decod
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gap_in_kv_batches_asks_the_worker_for_a_resync() {
     use futures::StreamExt;
-    let nats_server = NatsServer::start();
-    let svc = Service::start(Settings::for_tests(), tokenizer(), &nats_server.url).await;
-    let nats = client(&nats_server.url).await;
-    let decode = worker("decode-0", WorkerRole::Decode, 9001, 1);
-    register(&svc, &nats, &decode, 60_000).await;
+    let (_server, svc, nats) = service_with_nats(Settings::for_tests()).await;
+    let decode = register_worker(&svc, &nats, "decode-0", WorkerRole::Decode, 9001).await;
     let mut resyncs = nats
         .subscribe(subjects::kv_resync(&decode.worker_id))
         .await

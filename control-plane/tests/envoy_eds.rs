@@ -5,25 +5,19 @@
 mod common;
 
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use common::*;
 use switchyard_control_plane::settings::Settings;
 use switchyard_protocol::worker::WorkerRole;
+use switchyard_support::Process;
 
-/// An Envoy child process, killed when dropped.
+/// An Envoy child process, stopped by PID when dropped.
 struct Envoy {
-    child: Child,
+    // Declared first: stopped before its config directory goes.
+    _process: Process,
     admin: String,
     _dir: TempDir,
-}
-
-impl Drop for Envoy {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 fn envoy_binary() -> PathBuf {
@@ -85,31 +79,32 @@ static_resources:
 }
 
 fn start_envoy(control_plane: std::net::SocketAddr) -> Envoy {
-    let dir = TempDir::new("envoy");
+    let dir = TempDir::new("envoy").expect("scratch dir");
     let admin_port = free_port();
-    let config = dir.0.join("envoy.yaml");
+    let config = dir.path().join("envoy.yaml");
     std::fs::write(&config, bootstrap(control_plane, admin_port)).unwrap();
-    let child = Command::new(envoy_binary())
-        .arg("-c")
-        .arg(&config)
-        .args([
-            "--disable-hot-restart",
-            "--concurrency",
-            "1",
-            "-l",
-            "warning",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start envoy");
-    let envoy = Envoy {
-        child,
+    let config = config.to_string_lossy().into_owned();
+    let args = [
+        "-c",
+        &config,
+        "--disable-hot-restart",
+        "--concurrency",
+        "1",
+        "-l",
+        "warning",
+    ]
+    .map(String::from);
+    let log = dir.path().join("envoy.log");
+    let mut process =
+        Process::spawn("envoy", &envoy_binary(), &args, Some(&log)).expect("start envoy");
+    process
+        .wait_for_listener(([127, 0, 0, 1], admin_port).into(), Duration::from_secs(30))
+        .unwrap_or_else(|e| panic!("envoy admin not up: {e}"));
+    Envoy {
+        _process: process,
         admin: format!("http://127.0.0.1:{admin_port}"),
         _dir: dir,
-    };
-    wait_for_tcp(&format!("127.0.0.1:{admin_port}"), Duration::from_secs(30));
-    envoy
+    }
 }
 
 async fn clusters(envoy: &Envoy) -> String {
@@ -121,23 +116,9 @@ async fn clusters(envoy: &Envoy) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn envoy_learns_pool_membership_from_eds_and_keeps_it_when_the_control_plane_stops() {
-    let nats_server = NatsServer::start();
-    let svc = Service::start(Settings::for_tests(), tokenizer(), &nats_server.url).await;
-    let nats = client(&nats_server.url).await;
-    register(
-        &svc,
-        &nats,
-        &worker("decode-0", WorkerRole::Decode, 19001, 1),
-        60_000,
-    )
-    .await;
-    register(
-        &svc,
-        &nats,
-        &worker("prefill-0", WorkerRole::Prefill, 19100, 1),
-        60_000,
-    )
-    .await;
+    let (_server, svc, nats) = service_with_nats(Settings::for_tests()).await;
+    register_worker(&svc, &nats, "decode-0", WorkerRole::Decode, 19001).await;
+    register_worker(&svc, &nats, "prefill-0", WorkerRole::Prefill, 19100).await;
 
     let envoy = start_envoy(svc.addr);
     eventually(
@@ -152,13 +133,7 @@ async fn envoy_learns_pool_membership_from_eds_and_keeps_it_when_the_control_pla
     .await;
 
     // A second decode worker joins: Envoy picks it up without a restart.
-    register(
-        &svc,
-        &nats,
-        &worker("decode-1", WorkerRole::Decode, 19002, 1),
-        60_000,
-    )
-    .await;
+    register_worker(&svc, &nats, "decode-1", WorkerRole::Decode, 19002).await;
     eventually(Duration::from_secs(30), "Envoy lists decode-1", || async {
         clusters(&envoy)
             .await

@@ -17,24 +17,14 @@ use switchyard_protocol::worker::WorkerRole;
 
 const WAIT: Duration = Duration::from_secs(10);
 
-fn chat(text: &str) -> String {
-    json!({"model": "qwen3", "messages": [{"role": "user", "content": text}]}).to_string()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn heartbeats_register_a_worker_that_expires_when_they_stop() {
-    let nats_server = NatsServer::start();
-    let svc = Service::start(Settings::for_tests(), tokenizer(), &nats_server.url).await;
-    let nats = client(&nats_server.url).await;
+    let (_server, svc, nats) = service_with_nats(Settings::for_tests()).await;
     let decode = worker("decode-0", WorkerRole::Decode, 9001, 1);
 
     register(&svc, &nats, &decode, 300).await;
     let m = svc.metrics().await;
-    assert_eq!(
-        metric_value(&m, "switchyard_live_workers{role=\"decode\"}"),
-        1.0,
-        "{m}"
-    );
+    assert_metric(&m, "switchyard_live_workers{role=\"decode\"}", 1.0);
 
     // No more heartbeats: expired after 3 missed 300 ms intervals.
     eventually(WAIT, "decode-0 expired", || async {
@@ -42,34 +32,22 @@ async fn heartbeats_register_a_worker_that_expires_when_they_stop() {
     })
     .await;
     let m = svc.metrics().await;
-    assert_eq!(
-        metric_value(&m, "switchyard_workers_expired_total"),
-        1.0,
-        "{m}"
-    );
-    assert_eq!(
-        metric_value(&m, "switchyard_live_workers{role=\"decode\"}"),
-        0.0,
-        "{m}"
-    );
+    assert_metric(&m, "switchyard_workers_expired_total", 1.0);
+    assert_metric(&m, "switchyard_live_workers{role=\"decode\"}", 0.0);
     svc.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn route_picks_a_live_decode_worker_and_503s_without_one() {
-    let nats_server = NatsServer::start();
-    let svc = Service::start(Settings::for_tests(), tokenizer(), &nats_server.url).await;
-    let nats = client(&nats_server.url).await;
+    let (_server, svc, nats) = service_with_nats(Settings::for_tests()).await;
 
     let resp = route(&svc.base, "chat", Some("r-0"), chat("hello")).await;
     assert_eq!(resp.status(), 503);
     let err: ApiError = resp.json().await.unwrap();
     assert_eq!(err.code, "no_workers");
 
-    let prefill = worker("prefill-0", WorkerRole::Prefill, 9100, 1);
-    let decode = worker("decode-0", WorkerRole::Decode, 9001, 1);
-    register(&svc, &nats, &prefill, 60_000).await;
-    register(&svc, &nats, &decode, 60_000).await;
+    register_worker(&svc, &nats, "prefill-0", WorkerRole::Prefill, 9100).await;
+    register_worker(&svc, &nats, "decode-0", WorkerRole::Decode, 9001).await;
 
     let resp = route(&svc.base, "chat", Some("r-1"), chat("hello there")).await;
     assert_eq!(resp.status(), 200);
@@ -94,13 +72,10 @@ async fn route_picks_a_live_decode_worker_and_503s_without_one() {
     );
 
     let m = svc.metrics().await;
-    assert_eq!(
-        metric_value(
-            &m,
-            "switchyard_route_bad_requests_total{code=\"no_workers\"}"
-        ),
+    assert_metric(
+        &m,
+        "switchyard_route_bad_requests_total{code=\"no_workers\"}",
         1.0,
-        "{m}"
     );
     assert!(m.contains("switchyard_route_decisions_total{mode="), "{m}");
     assert!(
@@ -112,12 +87,9 @@ async fn route_picks_a_live_decode_worker_and_503s_without_one() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_nats_messages_are_counted_and_harmless() {
-    let nats_server = NatsServer::start();
-    let svc = Service::start(Settings::for_tests(), tokenizer(), &nats_server.url).await;
-    let nats = client(&nats_server.url).await;
+    let (_server, svc, nats) = service_with_nats(Settings::for_tests()).await;
     // Let the consumer subscribe before publishing (core NATS does not buffer).
-    let probe = worker("probe", WorkerRole::Decode, 9009, 1);
-    register(&svc, &nats, &probe, 60_000).await;
+    let probe = register_worker(&svc, &nats, "probe", WorkerRole::Decode, 9009).await;
 
     for (subject, payload) in [
         (subjects::HEARTBEAT.to_string(), "not json".to_string()),
@@ -155,13 +127,7 @@ async fn malformed_nats_messages_are_counted_and_harmless() {
     assert!(!svc.worker_ids().await.contains(&"broken".to_string()));
 
     // Still alive: a new worker registers and routing works.
-    register(
-        &svc,
-        &nats,
-        &worker("decode-1", WorkerRole::Decode, 9002, 1),
-        60_000,
-    )
-    .await;
+    register_worker(&svc, &nats, "decode-1", WorkerRole::Decode, 9002).await;
     assert_eq!(
         route(&svc.base, "chat", None, chat("still there?"))
             .await
@@ -181,9 +147,7 @@ async fn next(resyncs: &mut async_nats::Subscriber) -> ResyncRequest {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn new_and_restarted_workers_are_asked_for_a_kv_resync() {
-    let nats_server = NatsServer::start();
-    let svc = Service::start(Settings::for_tests(), tokenizer(), &nats_server.url).await;
-    let nats = client(&nats_server.url).await;
+    let (_server, svc, nats) = service_with_nats(Settings::for_tests()).await;
     let decode = worker("decode-7", WorkerRole::Decode, 9007, 1);
     let mut resyncs = nats
         .subscribe(subjects::kv_resync(&decode.worker_id))

@@ -1,11 +1,15 @@
 //! The virtual stack's optional gateway stage: a burst sent at one instant reaches a single
 //! prefill worker in trace order without it, shortest prompt first with it (as the real
-//! stack's processor-shared tokenizations deliver it), and TTFT still counts from the send.
+//! stack's processor-shared tokenizations deliver it), and TTFT still counts from the send;
+//! a route call slower than the route timeout fails open to a decode worker that prefills the
+//! request itself, as the filter does.
 
 use switchyard_control_plane::config::ServingMode;
 use switchyard_sim::loadgen::prompts::{PromptSpec, Segment};
 use switchyard_sim::loadgen::{PlannedRequest, Workload};
-use switchyard_sim::replay::{run_mode, GatewayModel, PromptSource, ReplayError, StackSpec};
+use switchyard_sim::replay::{
+    run_mode, GatewayModel, PromptSource, ReplayError, StackSpec, FAIL_OPEN_TIMEOUT,
+};
 
 fn cold_prompt(id: usize, first_block: u64, tokens: u32) -> PlannedRequest {
     let mut segments = Vec::new();
@@ -43,6 +47,19 @@ fn burst() -> Workload {
     }
 }
 
+/// Route and worker tokenizations of `ms_per_token` each, all processor-shared on `cpus`.
+fn shared(ms_per_token: f64, cpus: f64) -> GatewayModel {
+    GatewayModel {
+        body_ms_per_prompt_token: 0.0,
+        route_ms_per_prompt_token: ms_per_token,
+        route_threads: 0,
+        worker_ms_per_prompt_token: ms_per_token,
+        cpus,
+        decode_leg_ms_per_prompt_token: 0.0,
+        route_timeout_ms: None,
+    }
+}
+
 fn ttfts(gateway: GatewayModel) -> Vec<f64> {
     let workload = burst();
     let source = PromptSource::synthetic(workload.content_seed);
@@ -65,12 +82,8 @@ fn without_a_gateway_cost_a_burst_is_prefilled_in_trace_order() {
 
 #[test]
 fn a_gateway_cost_delivers_a_burst_shortest_first_and_counts_in_ttft() {
-    let gateway = GatewayModel {
-        ms_per_prompt_token: 0.01,
-        cpus: 1,
-        decode_leg_ms_per_prompt_token: 0.0,
-    };
-    let t = ttfts(gateway);
+    // Route and worker tokenizations processor-shared (no route-thread bound), one core.
+    let t = ttfts(shared(0.005, 1.0));
     assert!(t[2] < t[1] && t[1] < t[0], "{t:?}");
     // The shortest prompt shares the one core three ways until its 20 ms of work are done.
     let free = ttfts(GatewayModel::FREE);
@@ -85,13 +98,68 @@ fn a_gateway_without_cores_is_rejected() {
     let workload = burst();
     let source = PromptSource::synthetic(workload.content_seed);
     let mut spec = StackSpec::new(ServingMode::Agg, 2, 0);
-    spec.gateway = GatewayModel {
-        ms_per_prompt_token: 0.01,
-        cpus: 0,
-        decode_leg_ms_per_prompt_token: 0.0,
-    };
+    spec.gateway = shared(0.005, 0.0);
     match run_mode(&workload, &source, spec) {
         Err(ReplayError::InvalidSetup(message)) => assert!(message.contains("cpus"), "{message}"),
         other => panic!("expected InvalidSetup, got {other:?}"),
     }
+}
+
+/// The burst through two route threads on two cores, route timeout `timeout_ms`.
+fn run_with_timeout(timeout_ms: Option<f64>) -> switchyard_sim::replay::ReplayRun {
+    let workload = burst();
+    let source = PromptSource::synthetic(workload.content_seed);
+    let mut spec = StackSpec::new(ServingMode::Disagg, 3, 1);
+    spec.gateway = GatewayModel {
+        route_threads: 2,
+        route_timeout_ms: timeout_ms,
+        ..shared(0.01, 2.0)
+    };
+    run_mode(&workload, &source, spec).unwrap()
+}
+
+#[test]
+fn a_route_call_slower_than_the_timeout_fails_open_to_a_local_prefill() {
+    // Route calls of 120 ms (12k), 60 ms (6k) and 20 ms (2k) on two threads: the 6k one is
+    // routed at 60 ms, the 2k one starts then and, sharing two cores three ways with the 6k
+    // one's worker tokenization and the 12k route call, is routed at 90 ms. The 12k call has
+    // 33 ms of work left at the 100 ms timeout: it fails open.
+    let run = run_with_timeout(Some(100.0));
+    let routes: Vec<&str> = run
+        .records
+        .iter()
+        .map(|r| r.route.as_deref().unwrap())
+        .collect();
+    assert_eq!(routes, vec![FAIL_OPEN_TIMEOUT, "disagg", "disagg"]);
+    assert_eq!(run.counters.failed_open, 1);
+    // The failed-open request was prefilled by its decode worker: only the two routed ones
+    // went through the prefill worker and moved their KV.
+    assert_eq!(run.counters.transfers, 2);
+    assert_eq!(run.counters.transfer_tokens, 8_000);
+    assert!(
+        run.records[0]
+            .worker
+            .as_deref()
+            .is_some_and(|w| w.starts_with("decode")),
+        "{:?}",
+        run.records[0].worker
+    );
+    // The router never saw it (no route note), and every request completed.
+    assert_eq!(
+        run.notes.iter().map(|n| n.id).collect::<Vec<_>>(),
+        vec![1, 2]
+    );
+    assert!(run
+        .records
+        .iter()
+        .all(|r| r.status == Some(200) && r.ttft_ms.is_some()));
+
+    // Without a timeout the same burst is routed whole, and disaggregated.
+    let patient = run_with_timeout(None);
+    assert!(patient
+        .records
+        .iter()
+        .all(|r| r.route.as_deref() == Some("disagg")));
+    assert_eq!(patient.counters.failed_open, 0);
+    assert_eq!(patient.counters.transfers, 3);
 }

@@ -15,9 +15,10 @@ use switchyard_protocol::kv::{KvEvent, KvEventBatch, ResyncRequest};
 use switchyard_protocol::route::ApiKind;
 use switchyard_protocol::subjects;
 use switchyard_protocol::worker::{LoadReport, WorkerHeartbeat, WorkerId, WorkerRole};
-use switchyard_sim::worker::{nats, PullFailure, RunningWorker};
+use switchyard_sim::worker::{nats, PullFailure, RunningWorker, WorkerConfig};
 use worker_support::{
-    base_url, chat_body, config, metric, metrics_text, start, tokenizer, NatsServer,
+    chat_body, config, metric, metrics_text, post_for_json, post_json, start, tokenizer,
+    NatsServer, CHAT, COMPLETIONS,
 };
 
 const WAIT: Duration = Duration::from_secs(10);
@@ -34,13 +35,9 @@ fn prefill_leg(body: &Value) -> Value {
     leg
 }
 
+/// POSTs a chat request that must succeed; returns who served it and the answer.
 async fn post(client: &reqwest::Client, w: &RunningWorker, body: &Value) -> (String, Value) {
-    let resp = client
-        .post(format!("{}/v1/chat/completions", base_url(w)))
-        .json(body)
-        .send()
-        .await
-        .expect("worker answers");
+    let resp = post_json(client, w, CHAT, body).await;
     assert_eq!(resp.status(), 200);
     let served_by = resp.headers()["x-switchyard-worker"]
         .to_str()
@@ -73,6 +70,41 @@ async fn collect_batches(
     }
 }
 
+/// Runs the prefill leg of a completions request on `prefill` and returns its
+/// `kv_transfer_params`.
+async fn run_completions_prefill_leg(
+    client: &reqwest::Client,
+    prefill: &RunningWorker,
+    body: &Value,
+) -> Value {
+    post_for_json(client, prefill, COMPLETIONS, &prefill_leg(body)).await["kv_transfer_params"]
+        .clone()
+}
+
+/// A worker config whose heartbeats and load reports come every 100 ms.
+fn reporting_often(role: WorkerRole, id: &str) -> WorkerConfig {
+    let mut cfg = config(role, id);
+    cfg.heartbeat_interval_ms = 100;
+    cfg.load_interval_ms = 100;
+    cfg
+}
+
+/// Failed pulls for `reason` in a decode worker's `/metrics` text.
+fn pull_failures(text: &str, reason: &str) -> f64 {
+    metric(
+        text,
+        "switchyard_kv_pull_failures_total",
+        Some(&format!("reason=\"{reason}\"")),
+    )
+}
+
+/// Successful pulls the decode worker counted.
+fn kv_pulls(w: &RunningWorker) -> u64 {
+    w.metrics()
+        .kv_pulls
+        .load(std::sync::atomic::Ordering::Relaxed)
+}
+
 fn stored_hashes(batches: &[KvEventBatch]) -> Vec<SequenceHash> {
     batches
         .iter()
@@ -100,13 +132,9 @@ async fn prefill_to_decode_handoff_over_real_http_with_kv_events_on_nats() {
 
     let tok = tokenizer();
     let workers_nats = nats::connect(&nats_server.url).await.unwrap();
-    let mut prefill_cfg = config(WorkerRole::Prefill, "prefill-0");
-    prefill_cfg.heartbeat_interval_ms = 100;
-    prefill_cfg.load_interval_ms = 100;
+    let prefill_cfg = reporting_often(WorkerRole::Prefill, "prefill-0");
     let prefill = start(prefill_cfg, &tok, Some(&workers_nats)).await;
-    let mut decode_cfg = config(WorkerRole::Decode, "decode-0");
-    decode_cfg.heartbeat_interval_ms = 100;
-    decode_cfg.load_interval_ms = 100;
+    let decode_cfg = reporting_often(WorkerRole::Decode, "decode-0");
     let decode = start(decode_cfg, &tok, Some(&workers_nats)).await;
 
     // Heartbeats register both workers with their real addresses.
@@ -199,11 +227,7 @@ async fn prefill_to_decode_handoff_over_real_http_with_kv_events_on_nats() {
         0.0
     );
     for reason in PullFailure::ALL {
-        let label = format!("reason=\"{}\"", reason.as_str());
-        assert_eq!(
-            metric(&text, "switchyard_kv_pull_failures_total", Some(&label)),
-            0.0
-        );
+        assert_eq!(pull_failures(&text, reason.as_str()), 0.0);
     }
     // The prefill worker released the hold.
     let text = metrics_text(&client, &prefill).await;
@@ -234,14 +258,7 @@ async fn prefill_to_decode_handoff_over_real_http_with_kv_events_on_nats() {
     let (_, v) = post(&client, &decode, &decode_req).await;
     assert_eq!(v["usage"]["completion_tokens"], 8);
     let text = metrics_text(&client, &decode).await;
-    assert_eq!(
-        metric(
-            &text,
-            "switchyard_kv_pull_failures_total",
-            Some("reason=\"not_held\"")
-        ),
-        1.0
-    );
+    assert_eq!(pull_failures(&text, "not_held"), 1.0);
     assert_eq!(metric(&text, "switchyard_kv_pulls_total", None), 1.0);
 
     // 5. A resync request is answered on the event subject: Cleared, then the cached blocks,
@@ -327,30 +344,9 @@ async fn failed_pulls_fall_back_to_local_prefill_and_are_counted() {
     post(&client, &decode, &req3).await;
 
     let text = metrics_text(&client, &decode).await;
-    assert_eq!(
-        metric(
-            &text,
-            "switchyard_kv_pull_failures_total",
-            Some("reason=\"not_held\"")
-        ),
-        1.0
-    );
-    assert_eq!(
-        metric(
-            &text,
-            "switchyard_kv_pull_failures_total",
-            Some("reason=\"unreachable\"")
-        ),
-        1.0
-    );
-    assert_eq!(
-        metric(
-            &text,
-            "switchyard_kv_pull_failures_total",
-            Some("reason=\"invalid_params\"")
-        ),
-        1.0
-    );
+    for reason in ["not_held", "unreachable", "invalid_params"] {
+        assert_eq!(pull_failures(&text, reason), 1.0, "{reason}");
+    }
     assert_eq!(metric(&text, "switchyard_kv_pulls_total", None), 0.0);
     // Every prompt was prefilled here.
     let local = metric(&text, "switchyard_local_prefill_tokens_total", None);
@@ -364,7 +360,6 @@ async fn a_pull_for_a_different_prompt_is_a_mismatch() {
     let client = reqwest::Client::new();
     let prefill = start(config(WorkerRole::Prefill, "prefill-mm"), &tok, None).await;
     let decode = start(config(WorkerRole::Decode, "decode-mm"), &tok, None).await;
-    let completions = |w: &RunningWorker| format!("{}/v1/completions", base_url(w));
 
     // A different length.
     let params = run_prefill_leg(&client, &prefill, &chat_body("one", 200, 2)).await;
@@ -376,64 +371,20 @@ async fn a_pull_for_a_different_prompt_is_a_mismatch() {
 
     // The same length, different tokens (completions with token-id prompts).
     let ids = |t: u32| json!((0..300).map(|i| 1_000 + i * 7 + t).collect::<Vec<u32>>());
-    let leg = prefill_leg(&json!({"prompt": ids(0)}));
-    let resp: Value = client
-        .post(completions(&prefill))
-        .json(&leg)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let params = resp["kv_transfer_params"].clone();
+    let params = run_completions_prefill_leg(&client, &prefill, &json!({"prompt": ids(0)})).await;
     assert_eq!(params["do_remote_prefill"], true);
     let decode_req = json!({"prompt": ids(1), "max_tokens": 2, "kv_transfer_params": params});
-    let resp = client
-        .post(completions(&decode))
-        .json(&decode_req)
-        .send()
-        .await
-        .unwrap();
+    let resp = post_json(&client, &decode, COMPLETIONS, &decode_req).await;
     assert_eq!(resp.status(), 200);
     assert_eq!(decode.metrics().pull_failures(PullFailure::Mismatch), 2);
-    assert_eq!(
-        decode
-            .metrics()
-            .kv_pulls
-            .load(std::sync::atomic::Ordering::Relaxed),
-        0
-    );
+    assert_eq!(kv_pulls(&decode), 0);
 
     // And the matching prompt pulls fine.
-    let leg = prefill_leg(&json!({"prompt": ids(2)}));
-    let resp: Value = client
-        .post(completions(&prefill))
-        .json(&leg)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let decode_req = json!({"prompt": ids(2), "max_tokens": 2, "kv_transfer_params": resp["kv_transfer_params"]});
-    let v: Value = client
-        .post(completions(&decode))
-        .json(&decode_req)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let params = run_completions_prefill_leg(&client, &prefill, &json!({"prompt": ids(2)})).await;
+    let decode_req = json!({"prompt": ids(2), "max_tokens": 2, "kv_transfer_params": params});
+    let v = post_for_json(&client, &decode, COMPLETIONS, &decode_req).await;
     assert_eq!(v["usage"]["prompt_tokens_details"]["cached_tokens"], 300);
-    assert_eq!(
-        decode
-            .metrics()
-            .kv_pulls
-            .load(std::sync::atomic::Ordering::Relaxed),
-        1
-    );
+    assert_eq!(kv_pulls(&decode), 1);
 }
 
 #[tokio::test]
@@ -444,40 +395,16 @@ async fn missing_suffix_mode_transfers_only_what_the_decode_worker_lacks() {
     let mut decode_cfg = config(WorkerRole::Decode, "decode-sfx");
     decode_cfg.engine.transfer.mode = switchyard_sim::engine::TransferMode::MissingSuffix;
     let decode = start(decode_cfg, &tok, None).await;
-    let completions = |w: &RunningWorker| format!("{}/v1/completions", base_url(w));
     let ids: Vec<u32> = (0..1_000).map(|i| 500 + i * 3).collect();
 
     // The decode worker already holds the first 640 tokens (10 blocks) from an earlier turn.
     let warm = json!({"prompt": ids[..640], "max_tokens": 1});
-    let resp = client
-        .post(completions(&decode))
-        .json(&warm)
-        .send()
-        .await
-        .unwrap();
+    let resp = post_json(&client, &decode, COMPLETIONS, &warm).await;
     assert_eq!(resp.status(), 200);
 
-    let leg = prefill_leg(&json!({"prompt": ids}));
-    let resp: Value = client
-        .post(completions(&prefill))
-        .json(&leg)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let req =
-        json!({"prompt": ids, "max_tokens": 2, "kv_transfer_params": resp["kv_transfer_params"]});
-    let v: Value = client
-        .post(completions(&decode))
-        .json(&req)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let params = run_completions_prefill_leg(&client, &prefill, &json!({"prompt": ids})).await;
+    let req = json!({"prompt": ids, "max_tokens": 2, "kv_transfer_params": params});
+    let v = post_for_json(&client, &decode, COMPLETIONS, &req).await;
     assert_eq!(v["usage"]["prompt_tokens_details"]["cached_tokens"], 1_000);
     let text = metrics_text(&client, &decode).await;
     assert_eq!(metric(&text, "switchyard_kv_pulls_total", None), 1.0);

@@ -9,7 +9,8 @@ use serde_json::{json, Value};
 use switchyard_protocol::worker::WorkerRole;
 use tokio::time::Instant;
 use worker_support::{
-    base_url, chat_body, config, eventually, metric, metrics_text, start, tokenizer,
+    base_url, chat_body, config, eventually, get, metric, metrics_text, post_for_json, post_json,
+    start, tokenizer, CHAT, COMPLETIONS,
 };
 
 /// Reads an SSE body, returning each `data:` payload with the time it arrived.
@@ -44,12 +45,7 @@ async fn streamed_chat_arrives_token_by_token_and_ends_with_usage_and_done() {
     let mut body = chat_body("stream", 40, 12);
     body["stream"] = json!(true);
     body["stream_options"] = json!({"include_usage": true});
-    let resp = client
-        .post(format!("{}/v1/chat/completions", base_url(&w)))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let resp = post_json(&client, &w, CHAT, &body).await;
     assert_eq!(resp.status(), 200);
     assert_eq!(resp.headers()["x-switchyard-worker"], "agg-stream");
     assert!(resp.headers()["content-type"]
@@ -103,12 +99,7 @@ async fn non_streamed_chat_and_completions_answer_one_json_with_usage() {
     let client = reqwest::Client::new();
 
     let chat = chat_body("json", 30, 5);
-    let resp = client
-        .post(format!("{}/v1/chat/completions", base_url(&w)))
-        .json(&chat)
-        .send()
-        .await
-        .unwrap();
+    let resp = post_json(&client, &w, CHAT, &chat).await;
     assert_eq!(resp.status(), 200);
     assert_eq!(resp.headers()["x-switchyard-worker"], "agg-json");
     let v: Value = resp.json().await.unwrap();
@@ -122,27 +113,11 @@ async fn non_streamed_chat_and_completions_answer_one_json_with_usage() {
     // max_completion_tokens wins over max_tokens on chat, as in vLLM.
     let mut chat2 = chat_body("json2", 30, 5);
     chat2["max_completion_tokens"] = json!(3);
-    let v: Value = client
-        .post(format!("{}/v1/chat/completions", base_url(&w)))
-        .json(&chat2)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let v = post_for_json(&client, &w, CHAT, &chat2).await;
     assert_eq!(v["usage"]["completion_tokens"], 3);
 
     let comp = json!({"model": "m", "prompt": "The quick brown fox jumps over the lazy dog", "max_tokens": 4});
-    let v: Value = client
-        .post(format!("{}/v1/completions", base_url(&w)))
-        .json(&comp)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let v = post_for_json(&client, &w, COMPLETIONS, &comp).await;
     assert_eq!(v["object"], "text_completion");
     assert_eq!(v["model"], "m");
     assert!(v["choices"][0]["text"].as_str().unwrap().len() > 4);
@@ -166,15 +141,7 @@ async fn non_streamed_chat_and_completions_answer_one_json_with_usage() {
     assert_eq!(v["id"], "cmpl-req-42");
 
     // Without max_tokens: the documented default.
-    let v: Value = client
-        .post(format!("{}/v1/completions", base_url(&w)))
-        .json(&json!({"prompt": "hello"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let v = post_for_json(&client, &w, COMPLETIONS, &json!({"prompt": "hello"})).await;
     assert_eq!(
         v["usage"]["completion_tokens"],
         switchyard_sim::worker::openai::DEFAULT_MAX_TOKENS
@@ -187,12 +154,7 @@ async fn streamed_completions_use_text_completion_chunks() {
     let w = start(config(WorkerRole::Decode, "decode-stream"), &tok, None).await;
     let client = reqwest::Client::new();
     let body = json!({"prompt": "Once upon a time", "max_tokens": 3, "stream": true});
-    let resp = client
-        .post(format!("{}/v1/completions", base_url(&w)))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let resp = post_json(&client, &w, COMPLETIONS, &body).await;
     let events = read_sse(resp).await;
     // 3 tokens, finish, [DONE]; no usage chunk without stream_options.
     assert_eq!(events.len(), 5);
@@ -248,24 +210,11 @@ async fn malformed_requests_get_openai_errors_and_are_counted() {
             );
         }
     }
-    let resp = client
-        .post(format!("{}/v1/completions", base_url(&w)))
-        .json(&json!({"max_tokens": 2}))
-        .send()
-        .await
-        .unwrap();
+    let resp = post_json(&client, &w, COMPLETIONS, &json!({"max_tokens": 2})).await;
     assert_eq!(resp.status(), 400, "completions without a prompt");
-    let resp = client
-        .get(format!("{}/v1/chat/completions", base_url(&w)))
-        .send()
-        .await
-        .unwrap();
+    let resp = get(&client, &w, CHAT).await;
     assert!(resp.status().is_client_error());
-    let resp = client
-        .get(format!("{}/nowhere", base_url(&w)))
-        .send()
-        .await
-        .unwrap();
+    let resp = get(&client, &w, "/nowhere").await;
     assert_eq!(resp.status(), 404);
     assert_eq!(resp.headers()["x-switchyard-worker"], "agg-bad");
     let v: Value = resp.json().await.unwrap();
@@ -289,30 +238,14 @@ async fn models_health_and_metrics_describe_the_worker() {
     let tok = tokenizer();
     let w = start(config(WorkerRole::Agg, "agg-meta"), &tok, None).await;
     let client = reqwest::Client::new();
-    let resp = client
-        .get(format!("{}/health", base_url(&w)))
-        .send()
-        .await
-        .unwrap();
+    let resp = get(&client, &w, "/health").await;
     assert_eq!(resp.status(), 200);
     assert_eq!(resp.headers()["x-switchyard-worker"], "agg-meta");
-    let v: Value = client
-        .get(format!("{}/v1/models", base_url(&w)))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let v: Value = get(&client, &w, "/v1/models").await.json().await.unwrap();
     assert_eq!(v["object"], "list");
     assert_eq!(v["data"][0]["id"], "Qwen/Qwen3-235B-A22B");
 
-    client
-        .post(format!("{}/v1/chat/completions", base_url(&w)))
-        .json(&chat_body("metrics", 100, 2))
-        .send()
-        .await
-        .unwrap();
+    post_json(&client, &w, CHAT, &chat_body("metrics", 100, 2)).await;
     let text = metrics_text(&client, &w).await;
     for name in [
         "vllm:num_requests_waiting",
@@ -348,26 +281,9 @@ async fn a_repeated_prompt_reports_cached_tokens() {
     let w = start(config(WorkerRole::Agg, "agg-cache"), &tok, None).await;
     let client = reqwest::Client::new();
     let body = chat_body("cache", 400, 2);
-    let url = format!("{}/v1/chat/completions", base_url(&w));
-    let first: Value = client
-        .post(&url)
-        .json(&body)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let first = post_for_json(&client, &w, CHAT, &body).await;
     assert_eq!(first["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
-    let second: Value = client
-        .post(&url)
-        .json(&body)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let second = post_for_json(&client, &w, CHAT, &body).await;
     let prompt = second["usage"]["prompt_tokens"].as_u64().unwrap();
     let cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
         .as_u64()
@@ -389,12 +305,7 @@ async fn a_client_that_disconnects_mid_stream_aborts_its_request() {
     let client = reqwest::Client::new();
     let mut body = chat_body("abort", 20, 5_000);
     body["stream"] = json!(true);
-    let resp = client
-        .post(format!("{}/v1/chat/completions", base_url(&w)))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let resp = post_json(&client, &w, CHAT, &body).await;
     let mut stream = resp.bytes_stream();
     let first = stream.next().await.unwrap().unwrap();
     assert!(first.starts_with(b"data: "));

@@ -23,34 +23,14 @@ fn worker_specs_parse_role_id_host_and_port() {
     assert_eq!(v6.host, "::1");
     assert_eq!(v6.port, 0);
 
-    assert!(matches!(
-        "decode-0@h:1".parse::<WorkerSpec>(),
-        Err(SpecError::Shape(_))
-    ));
-    assert!(matches!(
-        "agg:w@:1".parse::<WorkerSpec>(),
-        Err(SpecError::Shape(_))
-    ));
-    assert!(matches!(
-        "agg:w@h".parse::<WorkerSpec>(),
-        Err(SpecError::Shape(_))
-    ));
-    assert!(matches!(
-        "chef:w@h:1".parse::<WorkerSpec>(),
-        Err(SpecError::Role { .. })
-    ));
-    assert!(matches!(
-        "agg:w.x@h:1".parse::<WorkerSpec>(),
-        Err(SpecError::Id(_))
-    ));
-    assert!(matches!(
-        "agg:@h:1".parse::<WorkerSpec>(),
-        Err(SpecError::Id(_))
-    ));
-    assert!(matches!(
-        "agg:w@h:70000".parse::<WorkerSpec>(),
-        Err(SpecError::Port(_))
-    ));
+    let refused = |spec: &str| spec.parse::<WorkerSpec>().expect_err(spec);
+    assert!(matches!(refused("decode-0@h:1"), SpecError::Shape(_)));
+    assert!(matches!(refused("agg:w@:1"), SpecError::Shape(_)));
+    assert!(matches!(refused("agg:w@h"), SpecError::Shape(_)));
+    assert!(matches!(refused("chef:w@h:1"), SpecError::Role { .. }));
+    assert!(matches!(refused("agg:w.x@h:1"), SpecError::Id(_)));
+    assert!(matches!(refused("agg:@h:1"), SpecError::Id(_)));
+    assert!(matches!(refused("agg:w@h:70000"), SpecError::Port(_)));
 }
 
 #[test]

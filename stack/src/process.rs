@@ -1,58 +1,33 @@
-//! One supervised child process: started with its output in a log file, stopped by PID.
+//! One supervised child process of the stack: a [`switchyard_support::Process`] (output in a
+//! log file in the run directory, stopped by PID on drop) that is also listed for the
+//! interrupt handler ([`crate::cleanup`]) while it runs, with errors as [`StackError`]s.
 //!
-//! Stopping sends SIGTERM (through the `kill` program: this crate has no unsafe code and so
-//! no direct `kill(2)`), waits a bounded grace period, then SIGKILLs. [`Drop`] stops the
-//! process, so a panicking test or a returning `main` never leaves a child behind. A parent
-//! killed with SIGKILL cannot clean up; its children are then orphans that the run directory's
-//! `pids` file lists.
+//! A parent killed with SIGKILL cannot clean up; its children are then orphans that the run
+//! directory's `pids` file lists.
 
-use std::fs::File;
-use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
+
+use switchyard_support::nats::{NatsConfig, NatsServer};
+use switchyard_support::process::{Process, Stopped};
 
 use crate::error::StackError;
 
-/// How often a stop checks whether the process has exited.
-const STOP_POLL: Duration = Duration::from_millis(20);
-/// How much of a log an early-exit error quotes.
-const LOG_TAIL_BYTES: u64 = 2_000;
+pub use switchyard_support::process::{log_tail, process_state};
+pub use switchyard_support::Signal;
 
-/// A POSIX signal the stack sends.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Signal {
-    /// Ask to exit.
-    Term,
-    /// Exit now.
-    Kill,
-    /// Freeze (the process keeps its sockets but answers nothing: a "slow" service).
-    Stop,
-    /// Thaw after [`Signal::Stop`].
-    Cont,
-}
-
-impl Signal {
-    fn flag(self) -> &'static str {
-        match self {
-            Signal::Term => "-TERM",
-            Signal::Kill => "-KILL",
-            Signal::Stop => "-STOP",
-            Signal::Cont => "-CONT",
-        }
-    }
-}
+/// The grace a dropped process gets between SIGTERM and SIGKILL.
+const DROP_GRACE: Duration = Duration::from_secs(3);
 
 /// A running child with its log file.
 #[derive(Debug)]
 pub struct Supervised {
-    name: String,
-    child: Option<Child>,
+    process: Process,
     log: PathBuf,
 }
 
 impl Supervised {
-    /// Starts `program args` with stdout and stderr appended to `log`, stdin closed.
+    /// Starts `program args` with stdout and stderr written to `log`, stdin closed.
     ///
     /// # Errors
     /// [`StackError::Io`] if the log cannot be created, [`StackError::Spawn`] if the program
@@ -63,39 +38,80 @@ impl Supervised {
         args: &[String],
         log: PathBuf,
     ) -> Result<Supervised, StackError> {
-        let out =
-            File::create(&log).map_err(StackError::io(format!("creating {}", log.display())))?;
-        let err = out
-            .try_clone()
-            .map_err(StackError::io("duplicating a log handle"))?;
-        let child = Command::new(program)
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err)
-            .spawn()
-            .map_err(|source| StackError::Spawn {
-                name: name.to_string(),
-                program: program.to_path_buf(),
-                source,
-            })?;
-        tracing::debug!(name, pid = child.id(), log = %log.display(), "started");
-        crate::cleanup::register(child.id());
-        Ok(Supervised {
-            name: name.to_string(),
-            child: Some(child),
-            log,
+        let process =
+            Process::spawn(name, program, args, Some(&log)).map_err(|e| stack_error(e, &log))?;
+        Ok(Supervised::adopt(process, log))
+    }
+
+    /// Starts nats-server with JetStream on 127.0.0.1:`port`, its store and its log
+    /// (`<name>.log`) in `run_dir`, and waits at most `timeout` until it accepts connections.
+    ///
+    /// # Errors
+    /// As [`Supervised::spawn`]; [`StackError::ExitedEarly`] if it exits while starting,
+    /// [`StackError::NotReady`] if it does not accept connections in time. It is stopped
+    /// before the error returns.
+    pub async fn start_nats(
+        name: &str,
+        program: &Path,
+        port: u16,
+        run_dir: &Path,
+        timeout: Duration,
+    ) -> Result<Supervised, StackError> {
+        let log = run_dir.join(format!("{name}.log"));
+        let config = NatsConfig {
+            program: program.to_path_buf(),
+            port,
+            store_dir: run_dir.join("nats-store"),
+            log: Some(log.clone()),
+        };
+        let mut server = NatsServer::spawn(&config).map_err(|e| stack_error(e, &log))?;
+        // Listed before the wait, so an interrupt while it starts stops it too.
+        let pid = server.pid();
+        if let Some(pid) = pid {
+            crate::cleanup::register(pid);
+        }
+        tracing::debug!(name, pid, log = %log.display(), "started");
+        // The wait sleeps between connection attempts: off the async threads.
+        let waited = tokio::task::spawn_blocking(move || {
+            let ready = server.wait_ready(timeout);
+            (server, ready)
         })
+        .await;
+        let (server, ready) = match waited {
+            Ok(done) => done,
+            Err(e) => {
+                // The server was dropped (so stopped) with the failed task.
+                if let Some(pid) = pid {
+                    crate::cleanup::unregister(pid);
+                }
+                return Err(StackError::Io {
+                    context: format!("waiting for {name}"),
+                    source: std::io::Error::other(e.to_string()),
+                });
+            }
+        };
+        // Supervised from here on: dropped, and so stopped, if it is not ready.
+        let supervised = Supervised::adopt(server.into_process(), log);
+        ready.map_err(|e| stack_error(e, &supervised.log))?;
+        Ok(supervised)
+    }
+
+    fn adopt(process: Process, log: PathBuf) -> Supervised {
+        if let Some(pid) = process.pid() {
+            tracing::debug!(name = process.name(), pid, log = %log.display(), "supervised");
+            crate::cleanup::register(pid);
+        }
+        Supervised { process, log }
     }
 
     /// Component name.
     pub fn name(&self) -> &str {
-        &self.name
+        self.process.name()
     }
 
     /// PID, while the process is supervised.
     pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(Child::id)
+        self.process.pid()
     }
 
     /// Its log file.
@@ -108,23 +124,9 @@ impl Supervised {
     /// # Errors
     /// [`StackError::ExitedEarly`] with the end of its log once it has exited.
     pub fn check_running(&mut self) -> Result<(), StackError> {
-        let Some(child) = self.child.as_mut() else {
-            return Err(self.exited("stopped by the stack".to_string()));
-        };
-        match child.try_wait() {
-            Ok(None) => Ok(()),
-            Ok(Some(status)) => Err(self.exited(status.to_string())),
-            Err(e) => Err(self.exited(format!("cannot query: {e}"))),
-        }
-    }
-
-    fn exited(&self, status: String) -> StackError {
-        StackError::ExitedEarly {
-            name: self.name.clone(),
-            status,
-            log: self.log.clone(),
-            tail: log_tail(&self.log),
-        }
+        self.process
+            .check_running()
+            .map_err(|e| stack_error(e, &self.log))
     }
 
     /// Sends `signal` to the process.
@@ -132,24 +134,9 @@ impl Supervised {
     /// # Errors
     /// [`StackError::Io`] if `kill` cannot run or reports failure.
     pub fn signal(&self, signal: Signal) -> Result<(), StackError> {
-        let Some(pid) = self.pid() else {
-            return Ok(());
-        };
-        let status = Command::new("kill")
-            .arg(signal.flag())
-            .arg(pid.to_string())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .map_err(StackError::io("running kill"))?;
-        if status.success() {
-            Ok(())
-        } else {
-            Err(StackError::Io {
-                context: format!("kill {} {pid} ({})", signal.flag(), self.name),
-                source: std::io::Error::other(status.to_string()),
-            })
-        }
+        self.process
+            .signal(signal)
+            .map_err(|e| stack_error(e, &self.log))
     }
 
     /// Freezes the process with SIGSTOP and waits (bounded) until the kernel reports it
@@ -159,77 +146,66 @@ impl Supervised {
     /// [`StackError::Io`] if `kill` fails or the process is not seen stopped within
     /// `timeout`.
     pub fn freeze(&self, timeout: Duration) -> Result<(), StackError> {
-        self.signal(Signal::Stop)?;
-        let Some(pid) = self.pid() else {
-            return Ok(());
-        };
-        let polls = (timeout.as_millis() / STOP_POLL.as_millis()).max(1);
-        for _ in 0..polls {
-            if process_state(pid) == Some('T') {
-                return Ok(());
-            }
-            std::thread::sleep(STOP_POLL);
-        }
-        Err(StackError::Io {
-            context: format!("{} (pid {pid}) not stopped after SIGSTOP", self.name),
-            source: std::io::Error::other(format!("state {:?}", process_state(pid))),
-        })
+        self.process
+            .freeze(timeout)
+            .map_err(|e| stack_error(e, &self.log))
     }
 
     /// Stops the process: SIGTERM, up to `grace` to exit, then SIGKILL; always reaps it.
     pub fn stop(&mut self, grace: Duration) {
-        let Some(mut child) = self.child.take() else {
+        let Some(pid) = self.process.pid() else {
             return;
         };
-        let pid = child.id();
         crate::cleanup::unregister(pid);
-        if matches!(child.try_wait(), Ok(Some(_))) {
-            return;
+        let name = self.process.name().to_string();
+        match self.process.stop(grace) {
+            Stopped::NotRunning => {}
+            Stopped::Terminated => tracing::debug!(name, pid, "stopped"),
+            Stopped::Killed => tracing::warn!(name, pid, "did not exit on SIGTERM; killed"),
         }
-        // A frozen (SIGSTOPped) process only acts on SIGTERM once continued.
-        let _ = Command::new("kill")
-            .args(["-CONT", &pid.to_string()])
-            .status();
-        let _ = Command::new("kill")
-            .args(["-TERM", &pid.to_string()])
-            .status();
-        let polls = (grace.as_millis() / STOP_POLL.as_millis()).max(1);
-        for _ in 0..polls {
-            if matches!(child.try_wait(), Ok(Some(_))) {
-                tracing::debug!(name = %self.name, pid, "stopped");
-                return;
-            }
-            std::thread::sleep(STOP_POLL);
-        }
-        tracing::warn!(name = %self.name, pid, "did not exit on SIGTERM; killing");
-        let _ = child.kill();
-        let _ = child.wait();
     }
 }
 
 impl Drop for Supervised {
     fn drop(&mut self) {
-        self.stop(Duration::from_secs(3));
+        self.stop(DROP_GRACE);
     }
 }
 
-/// A process's state letter from `/proc/<pid>/stat` (`R`, `S`, `T` stopped, `Z`, ...).
-pub fn process_state(pid: u32) -> Option<char> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name in parentheses may contain spaces; the state follows the last ')'.
-    stat.rsplit_once(')')?.1.trim_start().chars().next()
-}
-
-/// The last few lines of a log, for error messages.
-pub fn log_tail(path: &Path) -> String {
-    let Ok(mut file) = File::open(path) else {
-        return String::from("(no log)");
-    };
-    let len = file.metadata().map(|m| m.len()).unwrap_or(0);
-    let _ = file.seek(SeekFrom::Start(len.saturating_sub(LOG_TAIL_BYTES)));
-    let mut bytes = Vec::new();
-    let _ = file.read_to_end(&mut bytes);
-    String::from_utf8_lossy(&bytes).into_owned()
+/// The stack's error for a process error; `log` is the process's log, in the run directory.
+fn stack_error(e: switchyard_support::Error, log: &Path) -> StackError {
+    use switchyard_support::Error;
+    match e {
+        Error::Spawn {
+            name,
+            program,
+            source,
+        } => StackError::Spawn {
+            name,
+            program,
+            source,
+        },
+        Error::Exited {
+            name, status, tail, ..
+        } => StackError::ExitedEarly {
+            name,
+            status,
+            log: log.to_path_buf(),
+            tail,
+        },
+        Error::NotReady {
+            name,
+            waited_ms,
+            detail,
+            addr,
+        } => StackError::NotReady {
+            name,
+            waited_ms,
+            detail: format!("connect {addr}: {detail}"),
+            run_dir: log.parent().unwrap_or(log).to_path_buf(),
+        },
+        Error::Io { context, source } => StackError::Io { context, source },
+    }
 }
 
 #[cfg(test)]
@@ -276,5 +252,47 @@ mod tests {
         let alive = Path::new(&format!("/proc/{pid}")).exists();
         assert!(!alive, "process {pid} still exists after drop");
         let _ = std::fs::remove_file(log);
+    }
+
+    #[tokio::test]
+    async fn nats_starts_in_the_run_directory_and_stops_on_drop() {
+        let run_dir = switchyard_support::TempDir::new("stack-nats-test").expect("run dir");
+        let port = switchyard_support::free_port();
+        let program = switchyard_support::nats::default_program();
+        let nats = Supervised::start_nats(
+            "nats-server",
+            &program,
+            port,
+            run_dir.path(),
+            Duration::from_secs(10),
+        )
+        .await
+        .expect("nats-server starts");
+        let pid = nats.pid().expect("running");
+        std::net::TcpStream::connect(("127.0.0.1", port)).expect("accepts connections");
+        assert_eq!(nats.log_path(), run_dir.path().join("nats-server.log"));
+        assert!(run_dir.path().join("nats-store").is_dir());
+        drop(nats);
+        assert!(
+            !Path::new(&format!("/proc/{pid}")).exists(),
+            "{pid} still runs"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_server_that_exits_while_starting_is_an_early_exit_with_its_log() {
+        let run_dir = switchyard_support::TempDir::new("stack-nats-test").expect("run dir");
+        // `sh` refuses nats-server's flags and exits at once, saying so in its log.
+        let err = Supervised::start_nats(
+            "nats-server",
+            Path::new("/bin/sh"),
+            switchyard_support::free_port(),
+            run_dir.path(),
+            Duration::from_secs(10),
+        )
+        .await
+        .expect_err("sh is no nats-server");
+        assert!(matches!(err, StackError::ExitedEarly { .. }), "{err}");
+        assert!(err.to_string().contains("Illegal option"), "{err}");
     }
 }

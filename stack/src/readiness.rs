@@ -63,11 +63,3 @@ pub async fn http_ok(client: &reqwest::Client, url: &str) -> Result<(), String> 
         Err(e) => Err(format!("GET {url}: {e}")),
     }
 }
-
-/// A TCP connection to `addr` must succeed.
-pub async fn tcp_open(addr: &str) -> Result<(), String> {
-    tokio::net::TcpStream::connect(addr)
-        .await
-        .map(drop)
-        .map_err(|e| format!("connect {addr}: {e}"))
-}

@@ -44,7 +44,13 @@ async fn every_mode_gets_a_complete_report_through_envoy() {
     let trace = dir.0.join("trace.jsonl");
     std::fs::write(&trace, TRACE).unwrap();
 
-    let mut config = CompareConfig::new(WorkloadSpec::Trace { path: trace }, dir.0.join("out"));
+    let mut config = CompareConfig::new(
+        WorkloadSpec::Trace {
+            path: trace,
+            block_tokens: switchyard_sim::loadgen::trace::MOONCAKE_BLOCK_TOKENS,
+        },
+        dir.0.join("out"),
+    );
     config.workers = 3;
     config.prefill_ratio = 0.34;
     config.time_scale = 4.0;
@@ -119,10 +125,10 @@ async fn every_mode_gets_a_complete_report_through_envoy() {
         .gateway_model
         .expect("cross-check measures the gateway");
     assert!(
-        gateway.ms_per_prompt_token > 0.0 && gateway.ms_per_prompt_token.is_finite(),
+        gateway.route_ms_per_prompt_token > 0.0 && gateway.route_ms_per_prompt_token.is_finite(),
         "{gateway:?}"
     );
-    assert!(gateway.cpus >= 1);
+    assert!(gateway.cpus > 0.0 && gateway.cpus <= 256.0);
     assert!(md.contains("Virtual runs model the gateway"), "{md}");
     let svg = std::fs::read_to_string(out.join("throughput_vs_interactivity.svg")).unwrap();
     assert!(svg.contains("<svg"), "plot is not an SVG");

@@ -195,16 +195,7 @@ pub async fn worker_addresses(
     client: &reqwest::Client,
     control_plane_url: &str,
 ) -> Result<HashMap<String, String>, String> {
-    let url = format!("{control_plane_url}/v1/workers");
-    let response = client
-        .get(&url)
-        .send()
-        .await
-        .map_err(|e| format!("GET {url}: {e}"))?;
-    let json: Value = response
-        .json()
-        .await
-        .map_err(|e| format!("GET {url}: {e}"))?;
+    let json = get_json(client, &format!("{control_plane_url}/v1/workers")).await?;
     let mut found = HashMap::new();
     collect_workers(&json, &mut found);
     Ok(found)
@@ -233,16 +224,7 @@ pub async fn envoy_stats(
     client: &reqwest::Client,
     admin_url: &str,
 ) -> Result<HashMap<String, u64>, String> {
-    let url = format!("{admin_url}/stats");
-    let response = client
-        .get(&url)
-        .send()
-        .await
-        .map_err(|e| format!("GET {url}: {e}"))?;
-    let text = response
-        .text()
-        .await
-        .map_err(|e| format!("GET {url}: {e}"))?;
+    let text = get_text(client, &format!("{admin_url}/stats")).await?;
     Ok(parse_stats(&text))
 }
 
@@ -251,13 +233,29 @@ pub async fn envoy_stats(
 /// # Errors
 /// A message if the call fails.
 pub async fn worker_metrics(client: &reqwest::Client, address: &str) -> Result<String, String> {
-    let url = format!("http://{address}/metrics");
+    get_text(client, &format!("http://{address}/metrics")).await
+}
+
+/// `GET url` and its body as text, whatever the status.
+///
+/// # Errors
+/// A message naming `url` if the call or reading the body fails.
+pub async fn get_text(client: &reqwest::Client, url: &str) -> Result<String, String> {
     let response = client
-        .get(&url)
+        .get(url)
         .send()
         .await
         .map_err(|e| format!("GET {url}: {e}"))?;
     response.text().await.map_err(|e| format!("GET {url}: {e}"))
+}
+
+/// `GET url` and its body as JSON, whatever the status.
+///
+/// # Errors
+/// A message naming `url` if the call fails or the body is not JSON.
+pub async fn get_json(client: &reqwest::Client, url: &str) -> Result<Value, String> {
+    let text = get_text(client, url).await?;
+    serde_json::from_str(&text).map_err(|e| format!("GET {url}: {e}"))
 }
 
 /// The sum of every sample of metric `name` (any labels) in Prometheus text; 0 when absent.

@@ -5,12 +5,40 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use serde_json::Value;
-use switchyard_stack::Stack;
+use switchyard_stack::{ServingMode, Stack, StackBuilder};
 
-use crate::{prom_sum, sse_data, worker_addresses, worker_metrics, Observed};
+use crate::{
+    get_json, prom_sum, sse_data, start_stack, worker_addresses, worker_metrics, Observed,
+};
 
 /// Response header naming the prefill worker of a disaggregated request.
 pub const PREFILL_HEADER: &str = "x-switchyard-prefill";
+
+/// Starts two decode and two prefill workers (the prefill workers in their own process), the
+/// control plane in `conditional` mode with its default `isl_bounding` policy, and the filter
+/// with `filter_settings` on top of the stack's defaults.
+pub async fn disagg_stack(filter_settings: &[(&str, u64)]) -> Stack {
+    let mut builder = StackBuilder::new()
+        .decode_workers(2)
+        .prefill_workers(2)
+        .serving_mode(ServingMode::Conditional)
+        // Tokenizing a cold 4k-token prompt in a debug build takes tens of milliseconds.
+        .route_timeout_ms(3_000);
+    for (key, value) in filter_settings {
+        builder = builder.filter_setting(key, *value);
+    }
+    start_stack(builder).await
+}
+
+/// The addresses of the stack's prefill workers.
+pub fn prefill_addresses(stack: &Stack) -> Vec<String> {
+    stack
+        .workers()
+        .iter()
+        .filter(|w| w.id.0.starts_with("prefill"))
+        .map(|w| w.address.clone())
+        .collect()
+}
 
 /// About 4,000 tokens of text unique to `topic`: cold on every worker, and above the default
 /// 2048-token `eff_isl_threshold`, so the default policy disaggregates it.
@@ -171,16 +199,7 @@ pub async fn worker_loads(
     stack: &Stack,
     http: &reqwest::Client,
 ) -> Result<HashMap<String, WorkerLoad>, String> {
-    let url = format!("{}/v1/workers", stack.control_plane_url());
-    let response = http
-        .get(&url)
-        .send()
-        .await
-        .map_err(|e| format!("GET {url}: {e}"))?;
-    let json: Value = response
-        .json()
-        .await
-        .map_err(|e| format!("GET {url}: {e}"))?;
+    let json = get_json(http, &format!("{}/v1/workers", stack.control_plane_url())).await?;
     Ok(parse_worker_loads(&json))
 }
 

@@ -18,32 +18,16 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use switchyard_e2e::probe::{
-    assert_streamed, assistant_text, filter_stat as stat, known_workers, long_prompt, post_chunked,
-    sse_usage, streamed_chat as chat, usage, wait_until_idle, worker_metric as metric,
-    PREFILL_HEADER,
+    assert_streamed, assistant_text, disagg_stack, filter_stat as stat, known_workers, long_prompt,
+    post_chunked, prefill_addresses, sse_usage, streamed_chat as chat, usage, wait_until_idle,
+    worker_metric as metric, PREFILL_HEADER,
 };
 use switchyard_e2e::{
-    client, envoy_stats, post_observed, start_stack, DESTINATION_RESPONSE_HEADER, WORKER_HEADER,
+    client, envoy_stats, post_observed, DESTINATION_RESPONSE_HEADER, WORKER_HEADER,
 };
 use switchyard_protocol::route::ROUTE_HEADER;
-use switchyard_stack::{ServingMode, Stack, StackBuilder};
 
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// Two decode and two prefill workers (the prefill workers in their own process), the control
-/// plane in `conditional` mode with its default `isl_bounding` policy.
-async fn disagg_stack(filter_settings: &[(&str, u64)]) -> Stack {
-    let mut builder = StackBuilder::new()
-        .decode_workers(2)
-        .prefill_workers(2)
-        .serving_mode(ServingMode::Conditional)
-        // Tokenizing a cold 4k-token prompt in a debug build takes tens of milliseconds.
-        .route_timeout_ms(3_000);
-    for (key, value) in filter_settings {
-        builder = builder.filter_setting(key, *value);
-    }
-    start_stack(builder).await
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cold_prompts_disaggregate_and_next_turns_bypass_to_the_same_worker() {
@@ -61,12 +45,7 @@ async fn cold_prompts_disaggregate_and_next_turns_bypass_to_the_same_worker() {
             .unwrap_or_default()
     };
     let url = format!("{}/v1/chat/completions", stack.gateway_url());
-    let prefill_addresses: Vec<String> = stack
-        .workers()
-        .iter()
-        .filter(|w| w.id.0.starts_with("prefill"))
-        .map(|w| w.address.clone())
-        .collect();
+    let prefill_addresses = prefill_addresses(&stack);
 
     // (1) Cold long prompts: prefill leg on the named prefill worker, KV pulled by the decode
     // worker, tokens streamed.

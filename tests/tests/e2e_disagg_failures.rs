@@ -15,15 +15,13 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use switchyard_e2e::probe::{
-    assert_streamed, filter_stat as stat, known_workers, long_prompt, post_chunked,
-    streamed_chat as chat, usage, worker_metric as metric,
+    assert_streamed, disagg_stack, filter_stat as stat, known_workers, long_prompt, post_chunked,
+    prefill_addresses, streamed_chat as chat, usage, worker_metric as metric,
 };
 use switchyard_e2e::{
-    client, envoy_stats, post_observed, post_raw_observed, start_stack, Component, Signal,
-    WORKER_HEADER,
+    client, envoy_stats, post_observed, post_raw_observed, Component, Signal, WORKER_HEADER,
 };
 use switchyard_protocol::route::ROUTE_HEADER;
-use switchyard_stack::{ServingMode, Stack, StackBuilder};
 
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 /// The filter's body limit in this stack (Envoy buffers up to 16 MiB).
@@ -31,21 +29,6 @@ const MAX_BODY_BYTES: u64 = 1 << 20;
 /// The filter's prefill-leg timeout in this stack: far above a simulated 4k-token prefill
 /// (tens of milliseconds), short enough for the hung-prefill case to finish quickly.
 const PREFILL_TIMEOUT_MS: u64 = 2_000;
-
-/// Two decode and two prefill workers (the prefill workers in their own process), the control
-/// plane in `conditional` mode with its default `isl_bounding` policy.
-async fn disagg_stack(filter_settings: &[(&str, u64)]) -> Stack {
-    let mut builder = StackBuilder::new()
-        .decode_workers(2)
-        .prefill_workers(2)
-        .serving_mode(ServingMode::Conditional)
-        // Tokenizing a cold 4k-token prompt in a debug build takes tens of milliseconds.
-        .route_timeout_ms(3_000);
-    for (key, value) in filter_settings {
-        builder = builder.filter_setting(key, *value);
-    }
-    start_stack(builder).await
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_and_a_failing_prefill_pool_never_fail_a_request() {
@@ -60,12 +43,7 @@ async fn bad_input_and_a_failing_prefill_pool_never_fail_a_request() {
         .unwrap_or_else(|e| panic!("{e}"));
     let address_of = |id: &str| workers.get(id).cloned().unwrap_or_default();
     let url = format!("{}/v1/chat/completions", stack.gateway_url());
-    let prefill_addresses: Vec<String> = stack
-        .workers()
-        .iter()
-        .filter(|w| w.id.0.starts_with("prefill"))
-        .map(|w| w.address.clone())
-        .collect();
+    let prefill_addresses = prefill_addresses(&stack);
 
     // (1) A client's own kv_transfer_params never reach a worker (else the decode worker
     // would try to pull a hold that does not exist, and count a failure).

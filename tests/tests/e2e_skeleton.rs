@@ -8,9 +8,10 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use switchyard_e2e::probe::known_workers;
 use switchyard_e2e::{
-    chat_body, client, envoy_stats, post_observed, post_raw_observed, start_stack,
-    worker_addresses, Component, Observed, Signal, DESTINATION_RESPONSE_HEADER, WORKER_HEADER,
+    chat_body, client, envoy_stats, post_observed, post_raw_observed, start_stack, Component,
+    Observed, Signal, DESTINATION_RESPONSE_HEADER, WORKER_HEADER,
 };
 use switchyard_protocol::route::{DESTINATION_HEADER, ROUTE_HEADER};
 use switchyard_stack::{Stack, StackBuilder};
@@ -21,19 +22,33 @@ const FAIL_OPEN_REQUESTS: u64 = 12;
 const ROUTED_MODES: [&str; 3] = ["bypass", "disagg", "agg"];
 
 /// Waits (bounded) until the control plane lists every worker of the stack.
-async fn known_workers(stack: &Stack, http: &reqwest::Client) -> HashMap<String, String> {
-    let mut last = HashMap::new();
-    for _ in 0..100 {
-        match worker_addresses(http, &stack.control_plane_url()).await {
-            Ok(found) if stack.workers().iter().all(|w| found.contains_key(&w.id.0)) => {
-                return found
-            }
-            Ok(found) => last = found,
-            Err(e) => eprintln!("{e}"),
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("control plane never listed all workers; last saw {last:?}");
+async fn all_workers(stack: &Stack, http: &reqwest::Client) -> HashMap<String, String> {
+    known_workers(stack, http)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Asserts that `response` was routed and served by the worker the control plane chose (its
+/// destination header names that worker's address); returns the destination.
+#[track_caller]
+fn assert_served_by_the_chosen_worker(
+    response: &Observed,
+    workers: &HashMap<String, String>,
+    context: &str,
+) -> String {
+    let route = response.header(ROUTE_HEADER);
+    assert!(
+        ROUTED_MODES.contains(&route),
+        "{context}: expected a routed request, got {ROUTE_HEADER}: {route:?}"
+    );
+    let destination = response.header(DESTINATION_RESPONSE_HEADER).to_string();
+    let worker = response.header(WORKER_HEADER);
+    assert_eq!(
+        workers.get(worker),
+        Some(&destination),
+        "{context}: served by {worker} but the control plane chose {destination}; workers: {workers:?}"
+    );
+    destination
 }
 
 fn assert_complete_stream(response: &Observed) {
@@ -55,7 +70,7 @@ fn assert_complete_stream(response: &Observed) {
 async fn routes_to_the_chosen_worker_streams_and_ignores_a_forged_destination() {
     let stack = start_stack(StackBuilder::new().decode_workers(2)).await;
     let http = client();
-    let workers = known_workers(&stack, &http).await;
+    let workers = all_workers(&stack, &http).await;
     let url = format!("{}/v1/chat/completions", stack.gateway_url());
     let prompt = "Explain in a few sentences why a KV cache makes multi-turn chat cheaper.";
 
@@ -72,18 +87,7 @@ async fn routes_to_the_chosen_worker_streams_and_ignores_a_forged_destination() 
     .await
     .expect("streamed request");
     assert_complete_stream(&response);
-    let route = response.header(ROUTE_HEADER);
-    assert!(
-        ROUTED_MODES.contains(&route),
-        "expected a routed request, got {ROUTE_HEADER}: {route:?}"
-    );
-    let destination = response.header(DESTINATION_RESPONSE_HEADER).to_string();
-    let worker = response.header(WORKER_HEADER);
-    assert_eq!(
-        workers.get(worker),
-        Some(&destination),
-        "served by {worker} but the control plane chose {destination}; workers: {workers:?}"
-    );
+    assert_served_by_the_chosen_worker(&response, &workers, "the streamed request");
     let data = response.sse_data();
     assert!(data.len() >= 4, "expected several SSE events, got {data:?}");
     let arrivals = response.event_arrivals();
@@ -126,17 +130,10 @@ async fn routes_to_the_chosen_worker_streams_and_ignores_a_forged_destination() 
         .await
         .expect("request with forged headers");
         assert_complete_stream(&response);
-        let route = response.header(ROUTE_HEADER);
-        assert!(
-            ROUTED_MODES.contains(&route),
-            "attempt {attempt}: {ROUTE_HEADER} is {route:?}"
-        );
-        let destination = response.header(DESTINATION_RESPONSE_HEADER).to_string();
-        let worker = response.header(WORKER_HEADER);
-        assert_eq!(
-            workers.get(worker),
-            Some(&destination),
-            "attempt {attempt}: served by {worker}, control plane chose {destination}, client forged {forged}"
+        let destination = assert_served_by_the_chosen_worker(
+            &response,
+            &workers,
+            &format!("attempt {attempt}, client forged {forged}"),
         );
         if destination != forged {
             forged_differed += 1;
@@ -212,7 +209,7 @@ async fn routes_to_the_chosen_worker_streams_and_ignores_a_forged_destination() 
 async fn fails_open_when_the_control_plane_is_frozen_or_gone() {
     let mut stack = start_stack(StackBuilder::new().decode_workers(2).route_timeout_ms(200)).await;
     let http = client();
-    let known = known_workers(&stack, &http).await;
+    let known = all_workers(&stack, &http).await;
     let url = format!("{}/v1/chat/completions", stack.gateway_url());
     let body = chat_body("Say hello.", 8, true);
 

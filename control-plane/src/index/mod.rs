@@ -17,10 +17,13 @@
 //! - per worker slot, a table `engine block id -> record index` (same table type), because
 //!   removal events name blocks by the engine's own id; plus a rarely used count of records
 //!   the worker stored under more than one engine id, so removing one copy keeps the other.
+//! - the hash table and the records, once 2 MiB or more, on 2 MiB pages (`pages`), so that
+//!   their random accesses do not each pay a TLB miss.
 //!
 //! Workers are addressed by a dense [`WorkerSlot`] the owner (the router) allocates, so sets
 //! hold 15-bit integers instead of names.
 
+mod pages;
 mod query;
 mod records;
 pub(crate) mod table;
@@ -143,19 +146,13 @@ impl KvIndex {
     /// never rehashes on the event path (a rehash of millions of blocks stalls routing, and
     /// growing from empty costs about half of the ingest time; see `docs/kv-index.md`).
     /// The record vector is reserved too, so it is not copied while it grows (at 4 M pairs
-    /// the copies cost ~10 % of ingest), and written once so that its pages are mapped here
-    /// rather than by page faults on the event path.
+    /// the copies cost ~10 % of ingest). Both have their pages faulted in here (2 MiB pages
+    /// once they are big, see `pages`) rather than by page faults on the event path.
     pub fn reserve_total(&mut self, blocks: usize) {
         self.holders
             .reserve(blocks.saturating_sub(self.holders.len()));
-        let records = &mut self.records.all;
-        let missing = blocks.saturating_sub(records.len() - self.records.dead);
-        if records.capacity() < records.len() + missing {
-            records.reserve_exact(missing);
-            let len = records.len();
-            records.resize(records.capacity(), Record::new(0, records::DEAD));
-            records.truncate(len);
-        }
+        let missing = blocks.saturating_sub(self.records.all.len() - self.records.dead);
+        self.records.all.reserve_and_fault_in(missing);
     }
 
     /// Forgets `slot` and every block it held.
@@ -173,7 +170,7 @@ impl KvIndex {
         };
         let engine = std::mem::take(&mut worker.engine);
         worker.extra_copies.clear();
-        let mut seen = U64Table::<u8>::with_capacity(engine.len());
+        let mut seen = U64Table::<u32>::with_capacity(engine.len());
         for (_, record) in engine.iter() {
             // A block held under several engine ids appears several times; drop it once.
             if seen.insert(u64::from(record), 1).is_none() {
@@ -217,14 +214,20 @@ impl KvIndex {
         };
         // Start every cache miss of a chunk at once (see `U64Table::touch`), one chunk ahead
         // of the one being applied, so that misses are always in flight.
-        let touch = |engine: &U64Table<u32>, holders: &U64Table<u32>, chunk: &[StoredBlock]| {
+        #[inline(always)]
+        fn touch(engine: &U64Table<u32>, holders: &U64Table<u32>, chunk: &[StoredBlock]) {
             black_box(engine.touch(chunk.iter().map(|b| b.block_id.0)));
             black_box(holders.touch(chunk.iter().map(|b| b.seq_hash.0)));
-        };
+        }
         touch(engine, p.holders, &blocks[..blocks.len().min(PREFETCH)]);
         for (c, chunk) in blocks.chunks(PREFETCH).enumerate() {
             let next = blocks.get((c + 1) * PREFETCH..).unwrap_or_default();
-            touch(engine, p.holders, &next[..next.len().min(PREFETCH)]);
+            let next = &next[..next.len().min(PREFETCH)];
+            black_box(engine.touch(next.iter().map(|b| b.block_id.0)));
+            // The hash table is viewed once per chunk (see `U64Table::batch`); the view ends
+            // where dropping a replaced block may remove keys from it.
+            let mut holders = p.holders.batch(chunk.len());
+            black_box(holders.touch(next.iter().map(|b| b.seq_hash.0)));
             for b in chunk {
                 let hash = b.seq_hash.0;
                 let (engine_slot, fresh_id) = engine.entry(b.block_id.0);
@@ -235,12 +238,15 @@ impl KvIndex {
                         continue; // duplicate event: already recorded
                     }
                     // The engine reused an id for other content: the old block is gone.
+                    // (The table view is not used again before it is taken anew below, so
+                    // dropping the old block may change the table.)
                     if !release_copy(extra_copies, old) {
                         drop_holder(p.reborrow(), old, slot.0);
                     }
                     counts.removed += 1;
+                    holders = p.holders.batch(chunk.len());
                 }
-                let (record_slot, new_hash) = p.holders.entry(hash);
+                let (record_slot, new_hash) = holders.entry(hash);
                 let (record, already) = if new_hash {
                     let i = p.records.push(Record::new(hash, PackedSet::one(slot.0)));
                     *record_slot = i;
@@ -290,7 +296,7 @@ impl KvIndex {
                     None => counts.unknown_removals += 1,
                 }
             }
-            let records = &p.records.all;
+            let records: &[Record] = &p.records.all;
             black_box(
                 p.holders
                     .touch(found[..n].iter().map(|&i| records[i as usize].hash())),

@@ -14,6 +14,7 @@ use std::hint::black_box;
 
 use switchyard_protocol::hash::SequenceHash;
 
+use super::records::Record;
 use super::worker_set::{slots_of, PackedSet, SetView};
 use super::{KvIndex, OverlapScores, WorkerSlot};
 
@@ -34,10 +35,12 @@ impl KvIndex {
     /// `hashes` it holds, into `out` (cleared first).
     pub fn find_matches(&self, hashes: &[SequenceHash], out: &mut OverlapScores) {
         out.matches.clear();
-        let records = &self.records.all;
         let Some(mut at) = hashes.first().and_then(|h| self.holders.get(h.0)) else {
             return;
         };
+        // One view of the records for the whole walk (each view checks the mapping's layout),
+        // taken after the first lookup so that a miss does not pay for it.
+        let records: &[Record] = &self.records.all;
         let mut cand = match records[at as usize].set.view() {
             SetView::Inline(a, None) => Cand::Small([a, 0], 1),
             SetView::Inline(a, Some(b)) => Cand::Small([a, b], 2),

@@ -11,7 +11,15 @@
 //! A record whose last holder leaves is marked dead; when dead records reach a quarter of
 //! the live ones the vector is compacted (order kept, so chains stay contiguous) and every
 //! index pointing into it is rewritten through a remapping table.
+//!
+//! Once the vector reaches [`MAP_MIN_BYTES`] it lives on 2 MiB pages (`super::pages`), like
+//! the hash table: a query's jump into a chain is a random access into ~50 MB of records.
 
+use std::ops::{Deref, DerefMut};
+
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
+
+use super::pages::{HugeMap, MAP_MIN_BYTES};
 use super::worker_set::PackedSet;
 
 /// `set` value of a dead record (an arena index no arena reaches).
@@ -21,8 +29,10 @@ pub(crate) const DEAD: PackedSet = PackedSet(u32::MAX);
 /// exercise it).
 const MIN_DEAD: usize = if cfg!(test) { 4 } else { 1024 };
 
-/// One block: its sequence hash and who holds it.
-#[derive(Debug, Clone, Copy)]
+/// One block: its sequence hash and who holds it. The zerocopy traits let a mapping be viewed
+/// as records.
+#[derive(Debug, Clone, Copy, FromBytes, IntoBytes, KnownLayout, Immutable)]
+#[repr(C)]
 pub(crate) struct Record {
     hash_lo: u32,
     hash_hi: u32,
@@ -50,22 +60,152 @@ impl Record {
     }
 }
 
+/// Bytes of one record.
+const RECORD_BYTES: usize = std::mem::size_of::<Record>();
+
+/// A growable vector of records: a `Vec` while small, then a huge-page mapping (see the
+/// module docs). Read and written as a slice (`Deref`); take the slice once per loop, since
+/// each deref of a mapping checks its layout.
+#[derive(Default)]
+pub(crate) struct RecordVec {
+    /// `Some` once the records moved to a mapping; `heap` is then empty.
+    map: Option<HugeMap>,
+    heap: Vec<Record>,
+    /// Records in the mapping, and records that fit in it.
+    mapped_len: usize,
+    mapped_cap: usize,
+}
+
+impl std::fmt::Debug for RecordVec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "RecordVec({} records)", self.len())
+    }
+}
+
+impl RecordVec {
+    /// An empty vector with room for `n` records.
+    pub(crate) fn with_capacity(n: usize) -> Self {
+        let mut v = RecordVec::default();
+        v.grow_to(n);
+        v
+    }
+
+    /// Number of records (without viewing the mapping, unlike the slice's `len`).
+    #[inline]
+    pub(crate) fn len(&self) -> usize {
+        match self.map {
+            Some(_) => self.mapped_len,
+            None => self.heap.len(),
+        }
+    }
+
+    /// Records that fit without moving.
+    #[inline]
+    pub(crate) fn capacity(&self) -> usize {
+        match self.map {
+            Some(_) => self.mapped_cap,
+            None => self.heap.capacity(),
+        }
+    }
+
+    /// Makes room for `additional` more records, exactly (plus the rest of a huge page).
+    pub(crate) fn reserve_exact(&mut self, additional: usize) {
+        let need = self.len() + additional;
+        if need > self.capacity() {
+            self.grow_to(need);
+        }
+    }
+
+    /// [`RecordVec::reserve_exact`], and writes the spare capacity once so that its pages
+    /// are faulted in now rather than by the pushes (a mapping is faulted in when created).
+    pub(crate) fn reserve_and_fault_in(&mut self, additional: usize) {
+        self.reserve_exact(additional);
+        if self.map.is_none() {
+            let len = self.heap.len();
+            self.heap.resize(self.heap.capacity(), Record::new(0, DEAD));
+            self.heap.truncate(len);
+        }
+    }
+
+    fn grow_to(&mut self, capacity: usize) {
+        if capacity * RECORD_BYTES >= MAP_MIN_BYTES {
+            if let Some(mut map) = HugeMap::new(capacity * RECORD_BYTES) {
+                let old: &[Record] = self;
+                let bytes = old.as_bytes();
+                map.bytes_mut()[..bytes.len()].copy_from_slice(bytes);
+                self.mapped_len = old.len();
+                self.mapped_cap = map.len() / RECORD_BYTES;
+                self.map = Some(map);
+                self.heap = Vec::new();
+                return;
+            }
+        }
+        if self.map.is_some() {
+            // Mapping a bigger one failed: back to the heap.
+            self.heap = self.to_vec();
+            self.map = None;
+        }
+        self.heap.reserve_exact(capacity - self.heap.len());
+    }
+
+    /// Appends `r`.
+    #[inline(always)]
+    pub(crate) fn push(&mut self, r: Record) {
+        match &mut self.map {
+            None => self.heap.push(r),
+            Some(map) => {
+                let at = self.mapped_len * RECORD_BYTES;
+                map.bytes_mut()[at..at + RECORD_BYTES].copy_from_slice(r.as_bytes());
+                self.mapped_len += 1;
+            }
+        }
+    }
+}
+
+impl Deref for RecordVec {
+    type Target = [Record];
+
+    #[inline(always)]
+    fn deref(&self) -> &[Record] {
+        match &self.map {
+            None => &self.heap,
+            Some(map) => <[Record]>::ref_from_bytes(&map.bytes()[..self.mapped_len * RECORD_BYTES])
+                .expect("a mapping starts on a page and holds whole records"),
+        }
+    }
+}
+
+impl DerefMut for RecordVec {
+    #[inline(always)]
+    fn deref_mut(&mut self) -> &mut [Record] {
+        match &mut self.map {
+            None => &mut self.heap,
+            Some(map) => {
+                <[Record]>::mut_from_bytes(&mut map.bytes_mut()[..self.mapped_len * RECORD_BYTES])
+                    .expect("a mapping starts on a page and holds whole records")
+            }
+        }
+    }
+}
+
 /// The record vector with its dead count.
 #[derive(Debug, Default)]
 pub(crate) struct Records {
-    pub(crate) all: Vec<Record>,
+    pub(crate) all: RecordVec,
     pub(crate) dead: usize,
 }
 
 impl Records {
     /// Appends a record; grows the vector by a quarter at a time (not doubling) so that at
-    /// most 20 % of its memory is spare.
+    /// most 20 % of its memory is spare. Always inlined: it runs once per new block.
+    #[inline(always)]
     pub(crate) fn push(&mut self, r: Record) -> u32 {
-        if self.all.len() == self.all.capacity() {
-            self.all.reserve_exact((self.all.len() / 4).max(64));
+        let len = self.all.len();
+        if len == self.all.capacity() {
+            self.all.reserve_exact((len / 4).max(64));
         }
         self.all.push(r);
-        (self.all.len() - 1) as u32
+        len as u32
     }
 
     /// Marks record `i` dead.
@@ -87,7 +227,7 @@ impl Records {
             live: vec![0; self.all.len().div_ceil(64)],
             before: Vec::with_capacity(self.all.len().div_ceil(64)),
         };
-        let mut kept = Vec::with_capacity(live + live / 4);
+        let mut kept = RecordVec::with_capacity(live + live / 4);
         for (word, chunk) in self.all.chunks(64).enumerate() {
             remap.before.push(kept.len() as u32);
             for (bit, r) in chunk.iter().enumerate() {
@@ -103,7 +243,7 @@ impl Records {
     }
 
     pub(crate) fn heap_bytes(&self) -> usize {
-        self.all.capacity() * std::mem::size_of::<Record>()
+        self.all.capacity() * RECORD_BYTES
     }
 }
 
@@ -122,5 +262,38 @@ impl Remap {
         let (word, bit) = (i as usize / 64, i % 64);
         let below = self.live[word] & ((1u64 << bit) - 1);
         self.before[word] + below.count_ones()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Records pushed past the mapping threshold move to a mapping and keep their contents;
+    /// compaction of a mapped vector keeps the live ones in order.
+    #[test]
+    fn a_mapped_record_vector_keeps_its_records() {
+        let n = MAP_MIN_BYTES / RECORD_BYTES + 1000;
+        let mut records = Records::default();
+        for i in 0..n as u64 {
+            assert_eq!(
+                records.push(Record::new(i * 7 + 1, PackedSet(i as u32))),
+                i as u32
+            );
+        }
+        assert!(records.all.map.is_some());
+        assert_eq!(records.all.len(), n);
+        assert!(records.heap_bytes() >= n * RECORD_BYTES);
+        for i in (0..n as u32).filter(|i| i % 3 == 0) {
+            records.kill(i);
+        }
+        let remap = records.compact();
+        let live: Vec<u32> = (0..n as u32).filter(|i| i % 3 != 0).collect();
+        assert_eq!(records.all.len(), live.len());
+        for (new, &old) in live.iter().enumerate() {
+            let r = records.all[new];
+            assert_eq!(remap.get(old), new as u32);
+            assert_eq!((r.hash(), r.set), (u64::from(old) * 7 + 1, PackedSet(old)));
+        }
     }
 }

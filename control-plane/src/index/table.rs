@@ -1,4 +1,4 @@
-//! A compact open-addressing hash table from `u64` keys to small `Copy` values.
+//! A compact open-addressing hash table from `u64` keys to `u32` values.
 //!
 //! Why not `std::collections::HashMap`: its bucket count is a power of two, so right after
 //! it grows the table is less than half full, and at the KV index's scale (millions of
@@ -20,6 +20,20 @@
 //! 80 % load, so the table is always 64-80 % full: 16-20 bytes per `u32`-valued key.
 //!
 //! Key `0` marks an empty slot; a real key `0` lives in a side slot.
+//!
+//! Pages: a table of at least [`MAP_MIN_BYTES`] (the KV index's sequence-hash table, tens of
+//! MB at millions of blocks) lives on 2 MiB pages (`super::pages`), faulted in when the table
+//! is sized (the router sizes it in `KvIndex::reserve_total`), not while events are applied.
+//! Smaller tables (the per-worker engine-id tables, ~0.5 MB each, and the load tracker's)
+//! stay in a `Vec`. A fresh mapping is zeroed, which is already an empty line.
+
+use std::marker::PhantomData;
+
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
+
+#[cfg(test)]
+use super::pages::HUGE_PAGE;
+use super::pages::{HugeMap, MAP_MIN_BYTES};
 
 /// Load factor above which the table grows, as a fraction `MAX_LOAD_NUM / MAX_LOAD_DEN`.
 const MAX_LOAD_NUM: usize = 4;
@@ -28,6 +42,8 @@ const MAX_LOAD_DEN: usize = 5;
 const SLOTS: usize = 5;
 /// Smallest line count.
 const MIN_LINES: usize = 2;
+/// Bytes of one line.
+const LINE_BYTES: usize = std::mem::size_of::<Line>();
 
 /// Scrambles a key so that sequential engine ids spread as well as real hashes do: one
 /// multiplication by an odd constant (Fibonacci hashing) makes the high bits, which the range
@@ -44,29 +60,147 @@ fn home(key: u64, lines: usize) -> usize {
     ((u128::from(mix(key)) * lines as u128) >> 64) as usize
 }
 
-/// One cache line of slots (see the module docs).
-#[derive(Clone, Copy, Default)]
+/// The line after `l` in a ring of `n` lines.
+#[inline]
+fn next(l: usize, n: usize) -> usize {
+    if l + 1 == n {
+        0
+    } else {
+        l + 1
+    }
+}
+
+/// One cache line of slots (see the module docs). All zero bytes is an empty line, which is
+/// what a fresh mapping holds. The zerocopy traits let a mapping be viewed as lines.
+#[derive(Clone, Copy, Default, FromBytes, IntoBytes, KnownLayout, Immutable)]
 #[repr(C, align(64))]
-struct Line<V> {
+struct Line {
     keys: [u64; SLOTS],
-    vals: [V; SLOTS],
+    vals: [u32; SLOTS],
     /// Keys stored after this line whose probe passed it.
     overflow: u32,
 }
 
-impl<V> Line<V> {
+impl Line {
     #[inline]
     fn slot_of(&self, key: u64) -> Option<usize> {
         self.keys.iter().position(|&k| k == key)
     }
 }
 
-/// The table. See the module docs.
-#[derive(Clone)]
-pub(crate) struct U64Table<V> {
-    lines: Vec<Line<V>>,
+/// Where the lines live (see the module docs).
+enum Lines {
+    Heap(Vec<Line>),
+    /// The first `lines` lines of a mapping (which may hold a few more, unused).
+    Mapped {
+        map: HugeMap,
+        lines: usize,
+    },
+}
+
+impl Lines {
+    /// `n` empty lines.
+    fn new(n: usize) -> Self {
+        let bytes = n * LINE_BYTES;
+        if bytes >= MAP_MIN_BYTES {
+            if let Some(map) = HugeMap::new(bytes) {
+                return Lines::Mapped { map, lines: n };
+            }
+        }
+        Lines::Heap(vec![Line::default(); n])
+    }
+
+    // Always inlined (like the callers below): without it the view's layout check kept
+    // `entry` from being inlined into `KvIndex::store`, costing ~10 % of ingest.
+    #[inline(always)]
+    fn get(&self) -> &[Line] {
+        match self {
+            Lines::Heap(v) => v,
+            Lines::Mapped { map, lines } => {
+                <[Line]>::ref_from_bytes(&map.bytes()[..lines * LINE_BYTES])
+                    .expect("a mapping starts on a page and holds whole lines")
+            }
+        }
+    }
+
+    #[inline(always)]
+    fn get_mut(&mut self) -> &mut [Line] {
+        match self {
+            Lines::Heap(v) => v,
+            Lines::Mapped { map, lines } => {
+                <[Line]>::mut_from_bytes(&mut map.bytes_mut()[..*lines * LINE_BYTES])
+                    .expect("a mapping starts on a page and holds whole lines")
+            }
+        }
+    }
+
+    /// Bytes of memory the lines take (a mapping counts whole huge pages).
+    fn bytes(&self) -> usize {
+        match self {
+            Lines::Heap(v) => v.capacity() * LINE_BYTES,
+            Lines::Mapped { map, .. } => map.len(),
+        }
+    }
+
+    #[cfg(test)]
+    fn is_mapped(&self) -> bool {
+        matches!(self, Lines::Mapped { .. })
+    }
+}
+
+/// (line, slot) of `key` if present (`key != 0`).
+#[inline]
+fn find(lines: &[Line], key: u64) -> Option<(usize, usize)> {
+    let n = lines.len();
+    if n == 0 {
+        return None;
+    }
+    let mut l = home(key, n);
+    // Bounded by the line count: overflow counts could in theory cover the whole ring.
+    for _ in 0..n {
+        let line = &lines[l];
+        if let Some(s) = line.slot_of(key) {
+            return Some((l, s));
+        }
+        if line.overflow == 0 {
+            return None;
+        }
+        l = next(l, n);
+    }
+    None
+}
+
+/// Puts a key known to be absent into the first free slot from its home line on, counting it
+/// in the lines it passes. The caller counts the key.
+fn place(lines: &mut [Line], key: u64, val: u32) -> (usize, usize) {
+    let n = lines.len();
+    let start = home(key, n);
+    let mut l = start;
+    let s = loop {
+        if let Some(s) = lines[l].slot_of(0) {
+            break s;
+        }
+        l = next(l, n);
+    };
+    let mut x = start;
+    while x != l {
+        lines[x].overflow += 1;
+        x = next(x, n);
+    }
+    lines[l].keys[s] = key;
+    lines[l].vals[s] = val;
+    (l, s)
+}
+
+/// The table, from `u64` keys to `u32` values. See the module docs. The type parameter only
+/// names the value type at use sites: values are `u32` (a line's layout fixes them).
+pub(crate) struct U64Table<V = u32> {
+    lines: Lines,
     len: usize,
-    zero: Option<V>,
+    /// Key count at which the next insert grows the table (the maximum load of `lines`).
+    grow_at: usize,
+    zero: Option<u32>,
+    _values: PhantomData<V>,
 }
 
 impl<V> std::fmt::Debug for U64Table<V> {
@@ -75,7 +209,7 @@ impl<V> std::fmt::Debug for U64Table<V> {
     }
 }
 
-impl<V: Copy + Default> Default for U64Table<V> {
+impl Default for U64Table<u32> {
     fn default() -> Self {
         Self::new()
     }
@@ -86,13 +220,15 @@ fn lines_for(keys: usize) -> usize {
     (keys * MAX_LOAD_DEN / MAX_LOAD_NUM).div_ceil(SLOTS) + 1
 }
 
-impl<V: Copy + Default> U64Table<V> {
+impl U64Table<u32> {
     /// An empty table (allocates nothing).
     pub(crate) fn new() -> Self {
         U64Table {
-            lines: Vec::new(),
+            lines: Lines::Heap(Vec::new()),
             len: 0,
+            grow_at: 0,
             zero: None,
+            _values: PhantomData,
         }
     }
 
@@ -108,10 +244,11 @@ impl<V: Copy + Default> U64Table<V> {
     /// Makes room for `additional` more keys without growing.
     pub(crate) fn reserve(&mut self, additional: usize) {
         let need = lines_for(self.len + additional);
-        if need > self.lines.len() {
+        let have = self.lines.get().len();
+        if need > have {
             // Grow at least geometrically, so that many small reservations (one per worker
             // registering) cost a few rehashes, not one each.
-            let grown = self.lines.len() + self.lines.len() / 4;
+            let grown = have + have / 4;
             self.rehash(need.max(grown).max(MIN_LINES));
         }
     }
@@ -124,139 +261,79 @@ impl<V: Copy + Default> U64Table<V> {
     /// Number of slots (for load-factor tests).
     #[cfg(test)]
     fn slots(&self) -> usize {
-        self.lines.len() * SLOTS
+        self.lines.get().len() * SLOTS
     }
 
-    /// Bytes held (lines only; the struct itself is a few words).
+    /// Bytes held (lines only; the struct itself is a few words). A mapped table counts the
+    /// huge pages its lines occupy.
     pub(crate) fn heap_bytes(&self) -> usize {
-        self.lines.capacity() * std::mem::size_of::<Line<V>>()
-    }
-
-    #[inline]
-    fn next(&self, l: usize) -> usize {
-        if l + 1 == self.lines.len() {
-            0
-        } else {
-            l + 1
-        }
-    }
-
-    /// (line, slot) of `key` if present (`key != 0`).
-    #[inline]
-    fn find(&self, key: u64) -> Option<(usize, usize)> {
-        let n = self.lines.len();
-        if n == 0 {
-            return None;
-        }
-        let mut l = home(key, n);
-        // Bounded by the line count: overflow counts could in theory cover the whole ring.
-        for _ in 0..n {
-            let line = &self.lines[l];
-            if let Some(s) = line.slot_of(key) {
-                return Some((l, s));
-            }
-            if line.overflow == 0 {
-                return None;
-            }
-            l = self.next(l);
-        }
-        None
+        self.lines.bytes()
     }
 
     /// Loads the home line of every key, without branching on the result, so that their
     /// cache misses overlap (memory-level parallelism); the caller then looks them up while
     /// they are in flight or cached. Returns a value that the caller must consume with
     /// `std::hint::black_box` so the loads are not optimised away.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn touch(&self, keys: impl Iterator<Item = u64>) -> u32 {
-        let n = self.lines.len();
-        if n == 0 {
-            return 0;
-        }
-        keys.fold(0, |acc, k| acc ^ self.lines[home(k, n)].overflow)
+        touch_lines(self.lines.get(), keys)
     }
 
-    /// Puts a key known to be absent into the first free slot from its home line on, counting
-    /// it in the lines it passes.
-    fn place(&mut self, key: u64, val: V) -> (usize, usize) {
-        let n = self.lines.len();
-        let start = home(key, n);
-        let mut l = start;
-        let s = loop {
-            if let Some(s) = self.lines[l].slot_of(0) {
-                break s;
-            }
-            l = self.next(l);
-        };
-        let mut x = start;
-        while x != l {
-            self.lines[x].overflow += 1;
-            x = self.next(x);
+    /// The value of `key`, inserting `0` if absent; `true` when inserted. One probe instead
+    /// of a `get` then an `insert`. Inlined: it runs twice per stored block, and the common
+    /// case is a few instructions once the home line is in cache.
+    #[inline(always)]
+    pub(crate) fn entry(&mut self, key: u64) -> (&mut u32, bool) {
+        if key == 0 || self.len >= self.grow_at {
+            return self.entry_zero_or_growing(key);
         }
-        self.lines[l].keys[s] = key;
-        self.lines[l].vals[s] = val;
-        self.len += 1;
-        (l, s)
+        entry_in_lines(self.lines.get_mut(), &mut self.len, key)
     }
 
-    /// The value of `key`, inserting `V::default()` if absent; `true` when inserted. One
-    /// probe instead of a `get` then an `insert`.
-    pub(crate) fn entry(&mut self, key: u64) -> (&mut V, bool) {
+    /// Makes room for `additional` more keys and returns a view that inserts them with
+    /// [`Batch::entry`]. The view takes the lines once for the whole batch: each view of a
+    /// mapped table checks its layout, which per key cost ~10 % of ingest.
+    #[inline(always)]
+    pub(crate) fn batch(&mut self, additional: usize) -> Batch<'_> {
+        if self.len + additional >= self.grow_at {
+            self.reserve(additional.max(1));
+        }
+        Batch {
+            lines: self.lines.get_mut(),
+            len: &mut self.len,
+            zero: &mut self.zero,
+        }
+    }
+
+    /// [`U64Table::entry`] for key `0` (kept in its side slot) or a table at its maximum
+    /// load (grows first).
+    #[inline(never)]
+    fn entry_zero_or_growing(&mut self, key: u64) -> (&mut u32, bool) {
         if key == 0 {
             let inserted = self.zero.is_none();
             if inserted {
                 self.len += 1;
             }
-            return (self.zero.get_or_insert_with(V::default), inserted);
+            return (self.zero.get_or_insert(0), inserted);
         }
-        if (self.len + 1) * MAX_LOAD_DEN > self.lines.len() * SLOTS * MAX_LOAD_NUM {
-            let grown = (self.lines.len() + self.lines.len() / 4)
-                .max(lines_for(self.len + 1))
-                .max(MIN_LINES);
-            self.rehash(grown);
-        }
-        // Common case in one pass over the home line: the key is there, or it is not and
-        // nothing overflowed from it, so it goes into the line's first free slot.
-        let n = self.lines.len();
-        let l = home(key, n);
-        let line = &mut self.lines[l];
-        // Both scans without a branch per slot (conditional moves), lowest slot first.
-        let (mut hit, mut free) = (SLOTS, SLOTS);
-        for s in (0..SLOTS).rev() {
-            if line.keys[s] == key {
-                hit = s;
-            }
-            if line.keys[s] == 0 {
-                free = s;
-            }
-        }
-        if hit < SLOTS {
-            return (&mut self.lines[l].vals[hit], false);
-        }
-        if free < SLOTS && line.overflow == 0 {
-            line.keys[free] = key;
-            line.vals[free] = V::default();
-            self.len += 1;
-            return (&mut self.lines[l].vals[free], true);
-        }
-        let (l, s) = match self.find(key) {
-            Some(at) => return (&mut self.lines[at.0].vals[at.1], false),
-            None => self.place(key, V::default()),
-        };
-        (&mut self.lines[l].vals[s], true)
+        let n = self.lines.get().len();
+        let grown = (n + n / 4).max(lines_for(self.len + 1)).max(MIN_LINES);
+        self.rehash(grown);
+        self.entry(key)
     }
 
     /// The value of `key`.
-    #[inline]
-    pub(crate) fn get(&self, key: u64) -> Option<V> {
+    #[inline(always)]
+    pub(crate) fn get(&self, key: u64) -> Option<u32> {
         if key == 0 {
             return self.zero;
         }
-        self.find(key).map(|(l, s)| self.lines[l].vals[s])
+        let lines = self.lines.get();
+        find(lines, key).map(|(l, s)| lines[l].vals[s])
     }
 
     /// Inserts or replaces; returns the previous value.
-    pub(crate) fn insert(&mut self, key: u64, val: V) -> Option<V> {
+    pub(crate) fn insert(&mut self, key: u64, val: u32) -> Option<u32> {
         match self.entry(key) {
             (slot, true) => {
                 *slot = val;
@@ -267,7 +344,7 @@ impl<V: Copy + Default> U64Table<V> {
     }
 
     /// Removes `key`; returns its value.
-    pub(crate) fn remove(&mut self, key: u64) -> Option<V> {
+    pub(crate) fn remove(&mut self, key: u64) -> Option<u32> {
         if key == 0 {
             let old = self.zero.take();
             if old.is_some() {
@@ -275,28 +352,31 @@ impl<V: Copy + Default> U64Table<V> {
             }
             return old;
         }
-        let (l, s) = self.find(key)?;
-        let val = self.lines[l].vals[s];
-        self.lines[l].keys[s] = 0;
-        self.len -= 1;
-        let mut x = home(key, self.lines.len());
+        let lines = self.lines.get_mut();
+        let (l, s) = find(lines, key)?;
+        let val = lines[l].vals[s];
+        lines[l].keys[s] = 0;
+        let n = lines.len();
+        let mut x = home(key, n);
         while x != l {
-            self.lines[x].overflow -= 1;
-            x = self.next(x);
+            lines[x].overflow -= 1;
+            x = next(x, n);
         }
+        self.len -= 1;
         if self.len == 0 {
             // Release memory of tables that emptied (a cleared worker).
-            self.lines = Vec::new();
+            self.lines = Lines::Heap(Vec::new());
+            self.grow_at = 0;
         }
         Some(val)
     }
 
     /// Rewrites every value in place (keys, and so positions, stay).
-    pub(crate) fn for_each_value_mut(&mut self, mut f: impl FnMut(&mut V)) {
+    pub(crate) fn for_each_value_mut(&mut self, mut f: impl FnMut(&mut u32)) {
         if let Some(v) = self.zero.as_mut() {
             f(v);
         }
-        for line in &mut self.lines {
+        for line in self.lines.get_mut() {
             for (k, v) in line.keys.iter().zip(&mut line.vals) {
                 if *k != 0 {
                     f(v);
@@ -306,9 +386,10 @@ impl<V: Copy + Default> U64Table<V> {
     }
 
     /// Every (key, value).
-    pub(crate) fn iter(&self) -> impl Iterator<Item = (u64, V)> + '_ {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (u64, u32)> + '_ {
         self.zero.map(|v| (0, v)).into_iter().chain(
             self.lines
+                .get()
                 .iter()
                 .flat_map(|line| line.keys.iter().zip(&line.vals))
                 .filter(|(k, _)| **k != 0)
@@ -316,17 +397,102 @@ impl<V: Copy + Default> U64Table<V> {
         )
     }
 
-    fn rehash(&mut self, lines: usize) {
-        let old = std::mem::replace(&mut self.lines, vec![Line::default(); lines]);
+    fn rehash(&mut self, n: usize) {
+        let old = std::mem::replace(&mut self.lines, Lines::new(n));
+        self.grow_at = n * SLOTS * MAX_LOAD_NUM / MAX_LOAD_DEN;
         self.len = usize::from(self.zero.is_some());
-        for line in old {
-            for (k, v) in line.keys.into_iter().zip(line.vals) {
+        let lines = self.lines.get_mut();
+        for line in old.get() {
+            for (&k, &v) in line.keys.iter().zip(&line.vals) {
                 if k != 0 {
-                    self.place(k, v);
+                    place(lines, k, v);
+                    self.len += 1;
                 }
             }
         }
     }
+}
+
+/// Inserts into a [`U64Table`] with room reserved for them (see [`U64Table::batch`]).
+pub(crate) struct Batch<'a> {
+    lines: &'a mut [Line],
+    len: &'a mut usize,
+    zero: &'a mut Option<u32>,
+}
+
+impl Batch<'_> {
+    /// As [`U64Table::entry`], for at most the number of new keys the batch was made for.
+    #[inline(always)]
+    pub(crate) fn entry(&mut self, key: u64) -> (&mut u32, bool) {
+        if key == 0 {
+            let inserted = self.zero.is_none();
+            if inserted {
+                *self.len += 1;
+            }
+            return (self.zero.get_or_insert(0), inserted);
+        }
+        entry_in_lines(self.lines, self.len, key)
+    }
+
+    /// As [`U64Table::touch`].
+    #[inline(always)]
+    pub(crate) fn touch(&self, keys: impl Iterator<Item = u64>) -> u32 {
+        touch_lines(self.lines, keys)
+    }
+}
+
+/// Loads the home line of every key (see [`U64Table::touch`]).
+#[inline(always)]
+fn touch_lines(lines: &[Line], keys: impl Iterator<Item = u64>) -> u32 {
+    let n = lines.len();
+    if n == 0 {
+        return 0;
+    }
+    keys.fold(0, |acc, k| acc ^ lines[home(k, n)].overflow)
+}
+
+/// The insert or lookup of a nonzero `key` in a table with room for it.
+#[inline(always)]
+fn entry_in_lines<'a>(lines: &'a mut [Line], len: &mut usize, key: u64) -> (&'a mut u32, bool) {
+    // Common case in one pass over the home line: the key is there, or it is not and
+    // nothing overflowed from it, so it goes into the line's first free slot.
+    let l = home(key, lines.len());
+    let line = &mut lines[l];
+    // Both scans without a branch per slot (conditional moves), lowest slot first.
+    let (mut hit, mut free) = (SLOTS, SLOTS);
+    for s in (0..SLOTS).rev() {
+        if line.keys[s] == key {
+            hit = s;
+        }
+        if line.keys[s] == 0 {
+            free = s;
+        }
+    }
+    if hit < SLOTS {
+        return (&mut lines[l].vals[hit], false);
+    }
+    if free < SLOTS && line.overflow == 0 {
+        line.keys[free] = key;
+        line.vals[free] = 0;
+        *len += 1;
+        return (&mut lines[l].vals[free], true);
+    }
+    entry_past_home(lines, len, key)
+}
+
+/// [`U64Table::entry`] when the home line has overflowed (or is full): kept out of line so
+/// the common path stays small.
+#[inline(never)]
+fn entry_past_home<'a>(lines: &'a mut [Line], len: &mut usize, key: u64) -> (&'a mut u32, bool) {
+    let (l, s, inserted) = match find(lines, key) {
+        Some((l, s)) => (l, s, false),
+        None => {
+            *len += 1;
+            let (l, s) = place(lines, key, 0);
+            (l, s, true)
+        }
+    };
+    (&mut lines[l].vals[s], inserted)
 }
 
 #[cfg(test)]
@@ -370,11 +536,43 @@ mod tests {
         }
     }
 
+    /// A table big enough to be mapped (see the module docs) behaves like a small one,
+    /// including through growth from a `Vec` into a mapping, overflowed lines, removals, and
+    /// emptying (which drops the mapping).
+    #[test]
+    fn a_mapped_table_behaves_like_a_hash_map() {
+        let keys = MAP_MIN_BYTES / LINE_BYTES * SLOTS;
+        let mut t: U64Table<u32> = U64Table::with_capacity(keys / 2);
+        assert!(!t.lines.is_mapped());
+        let mut m: HashMap<u64, u32> = HashMap::new();
+        let key = |i: u64| i.wrapping_mul(0x2545_f491_4f6c_dd1d) | 1;
+        for i in 0..keys as u64 {
+            assert_eq!(t.insert(key(i), i as u32), m.insert(key(i), i as u32));
+        }
+        assert!(t.lines.is_mapped());
+        assert!(t.heap_bytes() >= t.slots() / SLOTS * LINE_BYTES);
+        assert_eq!(t.heap_bytes() % HUGE_PAGE, 0);
+        assert!(t.lines.get().iter().any(|l| l.overflow > 0));
+        for i in (0..keys as u64).step_by(3) {
+            assert_eq!(t.remove(key(i)), m.remove(&key(i)));
+        }
+        t.for_each_value_mut(|v| *v += 1);
+        assert_eq!(t.len(), m.len());
+        for (k, v) in &m {
+            assert_eq!(t.get(*k), Some(v + 1));
+        }
+        assert_eq!(t.get(key(0)), None);
+        for k in m.keys() {
+            assert!(t.remove(*k).is_some());
+        }
+        assert_eq!(t.len(), 0);
+        assert!(!t.lines.is_mapped());
+    }
+
     #[test]
     fn a_line_is_one_cache_line() {
-        assert_eq!(std::mem::size_of::<Line<u32>>(), 64);
-        assert_eq!(std::mem::align_of::<Line<u32>>(), 64);
-        assert_eq!(std::mem::size_of::<Line<u8>>(), 64);
+        assert_eq!(std::mem::size_of::<Line>(), 64);
+        assert_eq!(std::mem::align_of::<Line>(), 64);
     }
 
     proptest::proptest! {
@@ -399,11 +597,12 @@ mod tests {
             for (k, v) in &m {
                 proptest::prop_assert_eq!(t.get(*k), Some(*v));
             }
-            let overflow: u32 = t.lines.iter().map(|l| l.overflow).sum();
+            let lines = t.lines.get();
+            let overflow: u32 = lines.iter().map(|l| l.overflow).sum();
             let displaced: usize = t.iter().filter(|(k, _)| *k != 0).map(|(k, _)| {
-                let (l, _) = t.find(k).unwrap();
-                let h = home(k, t.lines.len());
-                if l >= h { l - h } else { l + t.lines.len() - h }
+                let (l, _) = find(lines, k).unwrap();
+                let h = home(k, lines.len());
+                if l >= h { l - h } else { l + lines.len() - h }
             }).sum();
             proptest::prop_assert_eq!(overflow as usize, displaced);
         }

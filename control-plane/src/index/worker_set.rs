@@ -12,7 +12,19 @@ const EMPTY: u32 = 0x7FFF;
 const ARENA_TAG: u32 = 1 << 31;
 
 /// A set of worker slots as stored in the table (see module docs).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Default,
+    zerocopy::FromBytes,
+    zerocopy::IntoBytes,
+    zerocopy::KnownLayout,
+    zerocopy::Immutable,
+)]
+#[repr(transparent)]
 pub(crate) struct PackedSet(pub(crate) u32);
 
 /// Decoded view of a [`PackedSet`].

@@ -8,17 +8,36 @@ fn hashes(range: std::ops::Range<u64>) -> Vec<SequenceHash> {
     range.map(SequenceHash).collect()
 }
 
+fn leg(slot: WorkerSlot, prefill_tokens: u64, blocks: Vec<SequenceHash>, tail_blocks: u64) -> Leg {
+    Leg {
+        slot,
+        prefill_tokens,
+        blocks,
+        tail_blocks,
+    }
+}
+
+/// `D` prefills `tokens` itself; the prompt's blocks plus a partial tail stay on it.
 fn bypass(blocks: std::ops::Range<u64>, tokens: u64) -> RoutedLoad {
     RoutedLoad {
-        decode: Leg {
-            slot: D,
-            prefill_tokens: tokens,
-            blocks: hashes(blocks),
-            tail_blocks: 1,
-        },
+        decode: leg(D, tokens, hashes(blocks), 1),
         prefill: None,
     }
 }
+
+/// `P` prefills `tokens`; both workers hold the prompt's full blocks (no tails).
+fn disagg(blocks: std::ops::Range<u64>, tokens: u64) -> RoutedLoad {
+    RoutedLoad {
+        decode: leg(D, 0, hashes(blocks.clone()), 0),
+        prefill: Some(leg(P, tokens, hashes(blocks), 0)),
+    }
+}
+
+/// Prefill reports are lost after 100 ms, whole requests after 1 s.
+const TIMEOUTS: LoadConfig = LoadConfig {
+    prefill_timeout_ms: 100,
+    request_timeout_ms: 1000,
+};
 
 fn tracker() -> LoadTracker {
     let mut t = LoadTracker::new();
@@ -72,21 +91,7 @@ fn shared_blocks_count_once_and_first_token_frees_prefill() {
 #[test]
 fn disagg_puts_prefill_on_the_prefill_worker_until_first_token() {
     let mut t = tracker();
-    let load = RoutedLoad {
-        decode: Leg {
-            slot: D,
-            prefill_tokens: 0,
-            blocks: hashes(0..4),
-            tail_blocks: 0,
-        },
-        prefill: Some(Leg {
-            slot: P,
-            prefill_tokens: 256,
-            blocks: hashes(0..4),
-            tail_blocks: 0,
-        }),
-    };
-    t.on_route("r", load, 0);
+    t.on_route("r", disagg(0..4, 256), 0);
     assert_eq!(t.load(P).prefill_tokens, 256);
     assert_eq!(t.load(P).active_blocks, 4);
     assert_eq!(t.load(P).in_flight, 0);
@@ -131,10 +136,7 @@ fn a_report_replaces_the_baseline_and_later_changes_add_on_top() {
 
 #[test]
 fn lost_reports_expire() {
-    let cfg = LoadConfig {
-        prefill_timeout_ms: 100,
-        request_timeout_ms: 1000,
-    };
+    let cfg = TIMEOUTS;
     let mut t = tracker();
     t.on_route("a", bypass(0..4, 300), 0);
     t.on_route("b", bypass(10..14, 200), 50);
@@ -154,10 +156,7 @@ fn lost_reports_expire() {
 
 #[test]
 fn rerouting_an_id_replaces_it_and_stale_expiry_entries_do_not_free_the_new_one() {
-    let cfg = LoadConfig {
-        prefill_timeout_ms: 100,
-        request_timeout_ms: 1000,
-    };
+    let cfg = TIMEOUTS;
     let mut t = tracker();
     t.on_route("a", bypass(0..4, 300), 0);
     t.on_route("a", bypass(0..4, 50), 90);
@@ -172,21 +171,7 @@ fn rerouting_an_id_replaces_it_and_stale_expiry_entries_do_not_free_the_new_one(
 #[test]
 fn removing_a_worker_drops_requests_that_touch_it() {
     let mut t = tracker();
-    let load = RoutedLoad {
-        decode: Leg {
-            slot: D,
-            prefill_tokens: 0,
-            blocks: hashes(0..4),
-            tail_blocks: 0,
-        },
-        prefill: Some(Leg {
-            slot: P,
-            prefill_tokens: 256,
-            blocks: hashes(0..4),
-            tail_blocks: 0,
-        }),
-    };
-    t.on_route("r", load, 0);
+    t.on_route("r", disagg(0..4, 256), 0);
     t.remove_worker(P);
     assert_eq!(t.active_requests(), 0);
     assert_eq!(t.load(D).active_blocks, 0);
@@ -203,14 +188,11 @@ proptest::proptest! {
             let blocks = hashes(*start..start + len);
             let load = if *disagg {
                 RoutedLoad {
-                    decode: Leg { slot: D, prefill_tokens: 0, blocks: blocks.clone(), tail_blocks: 1 },
-                    prefill: Some(Leg { slot: P, prefill_tokens: *tokens, blocks, tail_blocks: 1 }),
+                    decode: leg(D, 0, blocks.clone(), 1),
+                    prefill: Some(leg(P, *tokens, blocks, 1)),
                 }
             } else {
-                RoutedLoad {
-                    decode: Leg { slot: D, prefill_tokens: *tokens, blocks, tail_blocks: 0 },
-                    prefill: None,
-                }
+                RoutedLoad { decode: leg(D, *tokens, blocks, 0), prefill: None }
             };
             t.on_route(&i.to_string(), load, i as u64);
         }

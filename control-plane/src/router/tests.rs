@@ -50,7 +50,13 @@ fn prompt(salt: u32, n: usize) -> Vec<u32> {
 
 /// The batch a worker publishes after caching `tokens`.
 fn stored(worker: &str, seq: u64, tokens: &[u32]) -> KvEventBatch {
-    let hashes = sequence_hashes(tokens, BlockSize::try_new(BS).unwrap(), HashSeed::default());
+    stored_in_blocks_of(BS, worker, seq, tokens)
+}
+
+/// The batch a worker with `block_size`-token blocks publishes after caching `tokens`.
+fn stored_in_blocks_of(block_size: u32, worker: &str, seq: u64, tokens: &[u32]) -> KvEventBatch {
+    let bs = BlockSize::try_new(block_size).unwrap();
+    let hashes = sequence_hashes(tokens, bs, HashSeed::default());
     batch(
         worker,
         seq,
@@ -64,7 +70,7 @@ fn stored(worker: &str, seq: u64, tokens: &[u32]) -> KvEventBatch {
                     block_id: EngineBlockId(seq * 100_000 + i as u64),
                 })
                 .collect(),
-            block_size: BS,
+            block_size,
         }],
     )
 }
@@ -550,23 +556,7 @@ fn workers_with_different_block_sizes_are_matched_in_their_own_hashes() {
     r.upsert_worker(&big, 3_000, 0);
     let turn = prompt(5, 1_000);
     // decode-64 caches the whole prompt's 15 full 64-token blocks (960 tokens).
-    let hashes = sequence_hashes(&turn, BlockSize::try_new(64).unwrap(), HashSeed::default());
-    let mut b = batch(
-        "decode-64",
-        1,
-        vec![KvEvent::Stored {
-            parent: None,
-            blocks: hashes
-                .iter()
-                .enumerate()
-                .map(|(i, &seq_hash)| StoredBlock {
-                    seq_hash,
-                    block_id: EngineBlockId(i as u64),
-                })
-                .collect(),
-            block_size: 64,
-        }],
-    );
+    let mut b = stored_in_blocks_of(64, "decode-64", 1, &turn);
     assert_eq!(r.apply_kv_batch(&b, 0), Ok(KvApplyOutcome::Applied));
     let v = r.route("a", &turn, 1).unwrap();
     assert_eq!(v.decode.worker_id.0, "decode-64");

@@ -1,114 +1,29 @@
-//! Shared fixtures of the integration tests: a real `nats-server` on a free loopback port
-//! (killed by PID on drop, also on panic) and the control plane started in-process with
-//! `service::run_with_tokenizer` on `127.0.0.1:0`.
-#![allow(dead_code)] // each test binary uses a different subset
+//! Shared fixtures of the integration tests (and the `route_latency` bench): the control plane
+//! started in-process with `service::run_with_tokenizer` on `127.0.0.1:0`, next to a real
+//! `nats-server` on a free loopback port (`switchyard-support`'s fixture, stopped by PID on
+//! drop, also on panic).
+#![allow(dead_code, unused_imports)] // each test binary uses a different subset
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
+
+use serde_json::json;
+pub use switchyard_support::{free_port, NatsServer, TempDir};
 
 use switchyard_control_plane::service::tokenizer::PromptTokenizer;
 use switchyard_control_plane::settings::Settings;
 use switchyard_protocol::worker::{WorkerHeartbeat, WorkerId, WorkerInfo, WorkerRole};
 
-/// A nats-server child process on 127.0.0.1, killed when dropped.
-pub struct NatsServer {
-    child: Child,
-    pub url: String,
-    _store: TempDir,
-}
-
-/// A scratch directory removed on drop.
-pub struct TempDir(pub PathBuf);
-
-impl TempDir {
-    pub fn new(tag: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!(
-            "switchyard-cp-{tag}-{}-{}",
-            std::process::id(),
-            free_port()
-        ));
-        std::fs::create_dir_all(&dir).expect("create temp dir");
-        TempDir(dir)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// A port free right now on 127.0.0.1.
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("bind 127.0.0.1:0")
-}
-
-fn binary(env: &str, fallback: &str) -> PathBuf {
-    let path = std::env::var_os(env).map(PathBuf::from).unwrap_or_else(|| {
-        PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/..")).join(fallback)
-    });
-    assert!(
-        path.exists(),
-        "{} not found at {} (set {env} or run scripts/setup.sh)",
-        fallback,
-        path.display()
-    );
-    path
-}
-
-impl NatsServer {
-    /// Starts `nats-server -js -a 127.0.0.1 -p <free>` and waits until it accepts TCP.
-    pub fn start() -> Self {
-        Self::start_on(free_port())
-    }
-
-    /// Starts it on a given port (for tests that start NATS after the service).
-    pub fn start_on(port: u16) -> Self {
-        let bin = binary("SWITCHYARD_NATS_SERVER", ".venv/bin/nats-server");
-        let store = TempDir::new("nats");
-        let child = Command::new(bin)
-            .args(["-js", "-a", "127.0.0.1", "-p", &port.to_string(), "-sd"])
-            .arg(&store.0)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start nats-server");
-        let server = NatsServer {
-            child,
-            url: format!("nats://127.0.0.1:{port}"),
-            _store: store,
-        };
-        wait_for_tcp(&format!("127.0.0.1:{port}"), Duration::from_secs(10));
-        server
-    }
-}
-
-impl Drop for NatsServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Waits (bounded) until something accepts TCP connections on `addr`.
-pub fn wait_for_tcp(addr: &str, limit: Duration) {
-    let deadline = tokio::time::Instant::now() + limit;
-    loop {
-        if std::net::TcpStream::connect(addr).is_ok() {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{addr} did not come up in {limit:?}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+/// Starts a real nats-server, the service with `settings` connected to it, and a NATS client
+/// for the test. Bind them in this order (`let (_server, svc, nats) = ...`): locals drop in
+/// reverse, so the server stops after its clients.
+pub async fn service_with_nats(settings: Settings) -> (NatsServer, Service, async_nats::Client) {
+    let server = NatsServer::start();
+    let svc = Service::start(settings, tokenizer(), &server.url).await;
+    let nats = client(&server.url).await;
+    (server, svc, nats)
 }
 
 /// The control plane running in-process.
@@ -211,6 +126,13 @@ pub fn metric_value(text: &str, prefix: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
+/// Asserts that the metric sample starting with `prefix` in `text` has the value `want`
+/// (absent counts as 0, as in [`metric_value`]).
+#[track_caller]
+pub fn assert_metric(text: &str, prefix: &str, want: f64) {
+    assert_eq!(metric_value(text, prefix), want, "{prefix} in:\n{text}");
+}
+
 /// Polls `check` every 25 ms until it holds, for at most `limit`.
 pub async fn eventually<F, Fut>(limit: Duration, what: &str, mut check: F)
 where
@@ -310,6 +232,25 @@ pub async fn route(
         req = req.header(switchyard_protocol::route::REQUEST_ID_HEADER, id);
     }
     req.send().await.expect("route call")
+}
+
+/// Registers worker `id` (`127.0.0.1:<port>`, instance 1, a heartbeat interval of a minute, so
+/// it stays live for the whole test) and returns it.
+pub async fn register_worker(
+    svc: &Service,
+    nats: &async_nats::Client,
+    id: &str,
+    role: WorkerRole,
+    port: u16,
+) -> WorkerInfo {
+    let info = worker(id, role, port, 1);
+    register(svc, nats, &info, 60_000).await;
+    info
+}
+
+/// A chat request body with one user message.
+pub fn chat(text: &str) -> String {
+    json!({"model": "qwen3", "messages": [{"role": "user", "content": text}]}).to_string()
 }
 
 /// Heartbeats `info` until the service lists it. The service's consumer subscribes a moment

@@ -13,16 +13,16 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use switchyard_protocol::route::ApiKind;
 use switchyard_protocol::tokenize::{default_model_dir, ModelTokenizer};
-use switchyard_sim::loadgen::agentic::{generate_agentic, AgenticConfig};
+use switchyard_sim::loadgen::agentic::generate_agentic;
 use switchyard_sim::loadgen::client::{replay, ClientConfig};
 use switchyard_sim::loadgen::markdown::{comparison_markdown, run_markdown};
 use switchyard_sim::loadgen::plot::{interactivity_vs_throughput_svg, ThroughputKind};
 use switchyard_sim::loadgen::prompts::{BodyBuilder, PromptFraming};
 use switchyard_sim::loadgen::report::{build_report, RunMeta, RunReport, Slo};
 use switchyard_sim::loadgen::summary::WorkloadSummary;
-use switchyard_sim::loadgen::trace::{plan_trace, read_trace, MOONCAKE_BLOCK_TOKENS};
+use switchyard_sim::loadgen::trace::{plan_trace, read_trace};
 use switchyard_sim::loadgen::vocab::Vocabulary;
-use switchyard_sim::loadgen::Workload;
+use switchyard_sim::loadgen::{Workload, WorkloadArgs};
 
 #[derive(Parser)]
 #[command(
@@ -43,43 +43,16 @@ enum Command {
     /// Replay a workload against an endpoint (the default).
     Run(Box<RunArgs>),
     /// Print the workload's shape (lengths, reuse) without sending anything.
-    Plan(WorkloadArgs),
+    Plan(LoadgenWorkload),
     /// Compare finished runs: table (markdown, JSON) and interactivity-vs-throughput plots.
     Compare(CompareArgs),
 }
 
+/// The shared workload flags plus the ones only the load generator takes.
 #[derive(Args, Clone)]
-struct WorkloadArgs {
-    /// Mooncake trace (JSONL rows {timestamp, input_length, output_length, hash_ids}).
-    #[arg(long, conflicts_with = "agentic")]
-    trace: Option<PathBuf>,
-    /// Tokens per trace hash id.
-    #[arg(long, default_value_t = MOONCAKE_BLOCK_TOKENS)]
-    block_tokens: u32,
-    /// Synthesize agentic sessions instead of reading a trace.
-    #[arg(long)]
-    agentic: bool,
-    /// Agentic knobs as JSON (any subset of the fields in docs/loadgen.md); flags override.
-    #[arg(long, requires = "agentic")]
-    agentic_config: Option<PathBuf>,
-    /// Agentic sessions.
-    #[arg(long, requires = "agentic")]
-    sessions: Option<u32>,
-    /// Main-agent turns per session.
-    #[arg(long, requires = "agentic")]
-    turns: Option<u32>,
-    /// Session starts per second.
-    #[arg(long, requires = "agentic")]
-    session_rate: Option<f64>,
-    /// Think time between turns, `MIN,MAX` ms.
-    #[arg(long, requires = "agentic", value_parser = parse_range)]
-    think_ms: Option<(u64, u64)>,
-    /// Largest prompt, tokens.
-    #[arg(long, requires = "agentic")]
-    max_isl: Option<u32>,
-    /// Workload seed (prompt contents; agentic structure).
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
+struct LoadgenWorkload {
+    #[command(flatten)]
+    workload: WorkloadArgs,
     /// Keep only the first N requests (by arrival).
     #[arg(long)]
     max_requests: Option<usize>,
@@ -91,7 +64,7 @@ struct WorkloadArgs {
 #[derive(Args, Clone)]
 struct RunArgs {
     #[command(flatten)]
-    workload: WorkloadArgs,
+    workload: LoadgenWorkload,
     /// Base URL of the gateway or OpenAI-compatible server, e.g. http://127.0.0.1:8080.
     #[arg(long)]
     endpoint: Option<String>,
@@ -178,12 +151,6 @@ enum Mode {
     Conditional,
 }
 
-fn parse_range(s: &str) -> Result<(u64, u64), String> {
-    let (a, b) = s.split_once(',').ok_or("expected MIN,MAX")?;
-    let parse = |x: &str| x.trim().parse::<u64>().map_err(|e| format!("{x:?}: {e}"));
-    Ok((parse(a)?, parse(b)?))
-}
-
 fn main() -> Result<()> {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
@@ -199,10 +166,11 @@ fn main() -> Result<()> {
 }
 
 /// Loads the workload the flags describe, reporting malformed trace lines.
-fn load_workload(args: &WorkloadArgs) -> Result<(Workload, usize)> {
-    let (mut workload, malformed) = match (&args.trace, args.agentic) {
+fn load_workload(args: &LoadgenWorkload) -> Result<(Workload, usize)> {
+    let w = &args.workload;
+    let (mut workload, malformed) = match (&w.trace, w.agentic) {
         (Some(path), _) => {
-            let parsed = read_trace(path, args.block_tokens)?;
+            let parsed = read_trace(path, w.block_tokens)?;
             for bad in parsed.malformed.iter().take(10) {
                 eprintln!("{}:{}: {}", path.display(), bad.line, bad.reason);
             }
@@ -219,9 +187,12 @@ fn load_workload(args: &WorkloadArgs) -> Result<(Workload, usize)> {
             if parsed.rows.is_empty() {
                 bail!("{} has no usable rows", path.display());
             }
-            (plan_trace(&parsed, args.block_tokens, args.seed), malformed)
+            (plan_trace(&parsed, w.block_tokens, w.seed), malformed)
         }
-        (None, true) => (generate_agentic(&agentic_config(args)?, args.seed)?, 0),
+        (None, true) => {
+            let config = w.agentic_config().map_err(anyhow::Error::msg)?;
+            (generate_agentic(&config, w.seed)?, 0)
+        }
         (None, false) => bail!("give a workload: --trace PATH or --agentic"),
     };
     if let Some(n) = args.max_requests {
@@ -230,36 +201,7 @@ fn load_workload(args: &WorkloadArgs) -> Result<(Workload, usize)> {
     Ok((workload, malformed))
 }
 
-fn agentic_config(args: &WorkloadArgs) -> Result<AgenticConfig> {
-    let mut config = match &args.agentic_config {
-        Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .with_context(|| format!("cannot read {}", path.display()))?;
-            let mut base = serde_json::to_value(AgenticConfig::default())?;
-            let overrides: serde_json::Value = serde_json::from_str(&text)
-                .with_context(|| format!("{} is not JSON", path.display()))?;
-            let Some(fields) = overrides.as_object() else {
-                bail!("{} must hold a JSON object", path.display());
-            };
-            for (k, v) in fields {
-                if base.get(k).is_none() {
-                    bail!("{}: unknown agentic field {k:?}", path.display());
-                }
-                base[k] = v.clone();
-            }
-            serde_json::from_value(base).with_context(|| format!("in {}", path.display()))?
-        }
-        None => AgenticConfig::default(),
-    };
-    config.sessions = args.sessions.unwrap_or(config.sessions);
-    config.turns = args.turns.unwrap_or(config.turns);
-    config.session_rate_per_s = args.session_rate.unwrap_or(config.session_rate_per_s);
-    config.think_ms = args.think_ms.unwrap_or(config.think_ms);
-    config.max_isl = args.max_isl.unwrap_or(config.max_isl);
-    Ok(config)
-}
-
-fn plan(args: &WorkloadArgs) -> Result<()> {
+fn plan(args: &LoadgenWorkload) -> Result<()> {
     let (workload, malformed) = load_workload(args)?;
     print!("{}", WorkloadSummary::of(&workload).render());
     println!("{malformed} malformed trace line(s) skipped");
@@ -322,7 +264,7 @@ fn run(args: RunArgs) -> Result<()> {
         endpoint: endpoint.clone(),
         gpus,
         time_scale: args.time_scale,
-        seed: args.workload.seed,
+        seed: args.workload.workload.seed,
         planned_requests: workload.requests.len(),
         malformed_trace_lines: malformed,
         offered_rps: workload.offered_rps(args.time_scale * args.sim_speedup),

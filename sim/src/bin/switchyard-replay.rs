@@ -14,17 +14,18 @@ use switchyard_control_plane::config::{RouterConfig, ServingMode};
 use switchyard_protocol::route::ApiKind;
 use switchyard_protocol::tokenize::{default_model_dir, ModelTokenizer};
 use switchyard_sim::engine::PerfPreset;
-use switchyard_sim::loadgen::agentic::{generate_agentic, AgenticConfig};
+use switchyard_sim::loadgen::agentic::generate_agentic;
 use switchyard_sim::loadgen::markdown::{comparison_markdown, run_markdown};
 use switchyard_sim::loadgen::plot::{interactivity_vs_throughput_svg, ThroughputKind};
 use switchyard_sim::loadgen::prompts::{BodyBuilder, PromptFraming};
 use switchyard_sim::loadgen::report::{RunReport, Slo};
-use switchyard_sim::loadgen::trace::{plan_trace, read_trace, MOONCAKE_BLOCK_TOKENS};
+use switchyard_sim::loadgen::trace::{plan_trace, read_trace};
 use switchyard_sim::loadgen::vocab::Vocabulary;
-use switchyard_sim::loadgen::Workload;
+use switchyard_sim::loadgen::{Workload, WorkloadArgs};
 use switchyard_sim::replay::{
     mode_name, pick_from_sweep, recommend_thresholds, report_run, run_mode, sweep_markdown,
-    sweep_thresholds, tuning_markdown, EffIslDistribution, PromptSource, StackSpec, ThresholdGrid,
+    sweep_thresholds, tuning_markdown, EffIslDistribution, GatewayModel, PromptSource, StackSpec,
+    ThresholdGrid,
 };
 use switchyard_sim::worker::config::DEFAULT_MODEL_NAME;
 
@@ -34,21 +35,10 @@ const EXIT_USAGE: u8 = 64;
 #[derive(Parser)]
 #[command(name = "switchyard-replay", version, about)]
 struct Cli {
-    /// Mooncake trace (JSONL); default: the one-hour conversation trace in ../shared/data.
-    #[arg(long, conflicts_with = "agentic")]
-    trace: Option<PathBuf>,
-    /// Synthesize agentic sessions instead of reading a trace.
-    #[arg(long)]
-    agentic: bool,
-    /// Agentic sessions.
-    #[arg(long, requires = "agentic")]
-    sessions: Option<u32>,
-    /// Agentic main-agent turns per session.
-    #[arg(long, requires = "agentic")]
-    turns: Option<u32>,
-    /// Agentic session starts per second.
-    #[arg(long, requires = "agentic")]
-    session_rate: Option<f64>,
+    /// Workload: `--trace PATH` (default: the one-hour conversation trace in
+    /// ../shared/data) or `--agentic` with its knobs; `--seed` also seeds the router.
+    #[command(flatten)]
+    workload: WorkloadArgs,
     /// Workers in every mode (equal GPUs).
     #[arg(long, default_value_t = 8)]
     workers: u32,
@@ -73,9 +63,6 @@ struct Cli {
     /// Keep only the first N requests.
     #[arg(long)]
     max_requests: Option<usize>,
-    /// Seed of prompt contents, agentic structure and router tie-breaking.
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
     /// Router config JSON (thresholds, policy, selection, load), as `PUT /v1/config` takes.
     #[arg(long)]
     conditional_disagg_config: Option<String>,
@@ -116,6 +103,30 @@ struct Cli {
     /// Model folder with tokenizer.json and tokenizer_config.json (for --chat-framing).
     #[arg(long, env = "SWITCHYARD_MODEL_DIR")]
     model_dir: Option<PathBuf>,
+    /// Model the gateway in front of the engines (`docs/virtual-time.md`; all gateway costs
+    /// 0: no gateway stage): the body's way to the route call (client, Envoy), modelled µs
+    /// per prompt token.
+    #[arg(long, default_value_t = 0.0)]
+    gateway_body_us_per_token: f64,
+    /// Gateway: the control plane's route tokenization, modelled µs per prompt token.
+    #[arg(long, default_value_t = 0.0)]
+    gateway_route_us_per_token: f64,
+    /// Gateway: the first worker's tokenization, modelled µs per prompt token.
+    #[arg(long, default_value_t = 0.0)]
+    gateway_worker_us_per_token: f64,
+    /// Gateway: the decode worker's tokenization of a disaggregated request before its KV
+    /// transfer, modelled µs per prompt token.
+    #[arg(long, default_value_t = 0.0)]
+    gateway_decode_leg_us_per_token: f64,
+    /// Gateway: route calls tokenized at once (FIFO beyond; 0 = unbounded).
+    #[arg(long, default_value_t = 2)]
+    gateway_route_threads: u32,
+    /// Gateway: cores the tokenizations share (may be fractional).
+    #[arg(long, default_value_t = 2.0)]
+    gateway_cpus: f64,
+    /// Gateway: route call timeout, modelled ms; a slower verdict fails open.
+    #[arg(long)]
+    gateway_route_timeout_ms: Option<f64>,
     /// Output folder: comparison.md/json, plots, per-run reports, tuning, sweep.
     #[arg(long)]
     out: Option<PathBuf>,
@@ -197,15 +208,9 @@ fn plan(cli: &Cli) -> Result<Plan> {
         .perf_preset
         .parse()
         .map_err(|e| anyhow::anyhow!("--perf-preset: {e}"))?;
-    let mut workload = if cli.agentic {
-        let mut config = AgenticConfig::default();
-        config.sessions = cli.sessions.unwrap_or(config.sessions);
-        config.turns = cli.turns.unwrap_or(config.turns);
-        config.session_rate_per_s = cli.session_rate.unwrap_or(config.session_rate_per_s);
-        generate_agentic(&config, cli.seed)?
-    } else {
-        let path = cli.trace.clone().unwrap_or_else(default_trace);
-        let parsed = read_trace(&path, MOONCAKE_BLOCK_TOKENS)?;
+    let w = &cli.workload;
+    let mut workload = if let Some(path) = w.trace_or(default_trace) {
+        let parsed = read_trace(&path, w.block_tokens)?;
         if !parsed.malformed.is_empty() {
             let first = &parsed.malformed[0];
             bail!(
@@ -219,7 +224,10 @@ fn plan(cli: &Cli) -> Result<Plan> {
         if parsed.rows.is_empty() {
             bail!("{} has no requests", path.display());
         }
-        plan_trace(&parsed, MOONCAKE_BLOCK_TOKENS, cli.seed)
+        plan_trace(&parsed, w.block_tokens, w.seed)
+    } else {
+        let config = w.agentic_config().map_err(anyhow::Error::msg)?;
+        generate_agentic(&config, w.seed)?
     };
     if let Some(n) = cli.max_requests {
         if n == 0 {
@@ -262,7 +270,19 @@ fn plan(cli: &Cli) -> Result<Plan> {
     let mut base = StackSpec::new(ServingMode::Conditional, cli.workers, prefill);
     base.preset = preset;
     base.router = router;
-    base.seed = cli.seed;
+    base.seed = cli.workload.seed;
+    base.gateway = GatewayModel {
+        body_ms_per_prompt_token: cli.gateway_body_us_per_token / 1e3,
+        route_ms_per_prompt_token: cli.gateway_route_us_per_token / 1e3,
+        route_threads: cli.gateway_route_threads,
+        worker_ms_per_prompt_token: cli.gateway_worker_us_per_token / 1e3,
+        cpus: cli.gateway_cpus,
+        decode_leg_ms_per_prompt_token: cli.gateway_decode_leg_us_per_token / 1e3,
+        route_timeout_ms: cli.gateway_route_timeout_ms,
+    };
+    base.gateway
+        .validate()
+        .map_err(|e| anyhow::anyhow!("gateway: {e}"))?;
     for &mode in &modes {
         StackSpec {
             mode,

@@ -16,6 +16,7 @@
 //! `docs/loadgen.md` explains the choices (token-exact prompts, metric definitions).
 
 pub mod agentic;
+pub mod args;
 pub mod client;
 pub mod markdown;
 pub mod plot;
@@ -33,6 +34,8 @@ pub mod vocab;
 use serde::{Deserialize, Serialize};
 
 use prompts::PromptSpec;
+
+pub use args::WorkloadArgs;
 
 /// One request of a workload, before it is sent.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

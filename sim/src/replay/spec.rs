@@ -33,6 +33,13 @@ pub struct StackSpec {
     /// CPU time between a client's send and the request reaching its first engine (the
     /// real stack's tokenizations); [`GatewayModel::FREE`] by default.
     pub gateway: GatewayModel,
+    /// Send times measured on a real run, virtual ms by request id, replacing the planned
+    /// arrival (× `time_scale`) of every request without dependencies; a missing or
+    /// non-finite entry keeps the planned one. The cross-check sets it so both sides see the
+    /// same arrival process, down to the order the real client sent a burst's requests
+    /// within one millisecond. `None` (the default): planned arrivals.
+    #[serde(skip)]
+    pub sent_ms: Option<Vec<f64>>,
 }
 
 impl StackSpec {
@@ -49,6 +56,7 @@ impl StackSpec {
             time_scale: 1.0,
             load_interval_ms: crate::worker::config::DEFAULT_LOAD_INTERVAL_MS,
             gateway: GatewayModel::FREE,
+            sent_ms: None,
         }
     }
 
@@ -105,6 +113,9 @@ pub struct ReplayCounters {
     pub load_reports: u64,
     /// Routing failures (no decode worker).
     pub route_errors: u64,
+    /// Requests whose route call timed out in the gateway stage and were sent unrouted to a
+    /// decode worker (route `fail-open;reason=timeout`).
+    pub failed_open: u64,
     /// Engine refusals (at arrival or after a transfer).
     pub rejected: u64,
     /// Recompute preemptions across engines.

@@ -8,25 +8,27 @@
 //!    reports them), and the records are completed.
 //! 2. **Load reports** every [`StackSpec::load_interval_ms`]: each engine's
 //!    [`crate::engine::LoadSnapshot`] as the worker would publish it.
-//! 3. **Gateway completions** (only with a [`StackSpec::gateway`] cost): requests whose
-//!    modelled tokenization time has passed go on to routing (step 4's second half).
+//! 3. **Gateway events** (only with a [`StackSpec::gateway`] cost, [`super::gateway`]): a
+//!    request whose route tokenization finished is routed ([`Router::route`] with the
+//!    router's state at that instant); one whose route call timed out **fails open** to the
+//!    decode worker with the fewest open requests, without a verdict (as Envoy's
+//!    least-request fallback); one whose first worker's tokenization finished enters the
+//!    engines.
 //! 4. **Arrivals**: the request's token ids are made; without a gateway cost (the default)
-//!    [`Router::route`] decides with the router's state at that instant, and the request
-//!    enters the engines the verdict names (straight to the decode worker, or prefill leg,
-//!    KV transfer, decode leg). With one, the request first spends its gateway time in the
-//!    processor-shared stage of [`super::gateway`] and is routed when it leaves it.
+//!    it is routed at once and enters the engines the verdict names (straight to the decode
+//!    worker, or prefill leg, KV transfer, decode leg). With one, it enters the gateway stage.
 
 use std::cmp::Ordering;
-use std::collections::BinaryHeap;
+use std::collections::{BinaryHeap, HashMap};
 
 use switchyard_control_plane::router::{KvApplyOutcome, Router};
 use switchyard_protocol::hash::{BlockSize, HashSeed};
 use switchyard_protocol::kv::KvEventBatch;
 use switchyard_protocol::lifecycle::LifecycleEvent;
 use switchyard_protocol::route::RouteMode;
-use switchyard_protocol::worker::{WorkerId, WorkerInfo};
+use switchyard_protocol::worker::{WorkerId, WorkerInfo, WorkerRole};
 
-use super::gateway::GatewayQueue;
+use super::gateway::{GatewayEvent, GatewayQueue};
 use super::spec::{ReplayCounters, ReplayRun, StackSpec};
 use super::tokens::{hashed_prompt, PromptSource};
 use super::tracker::{RouteNote, Tracker};
@@ -79,6 +81,11 @@ pub struct VirtualStack<'a> {
     counters: ReplayCounters,
     events: Vec<ClusterEvent>,
     gateway: GatewayQueue,
+    /// Requests routed (or failed open) and still in their first worker's tokenization: what
+    /// enters the engines when it ends.
+    pending: HashMap<usize, Arrival>,
+    /// Engines a request that fails open can go to (Envoy's decode cluster: decode or agg).
+    fail_open_targets: Vec<EngineIdx>,
 }
 
 impl<'a> VirtualStack<'a> {
@@ -119,7 +126,14 @@ impl<'a> VirtualStack<'a> {
         let mut worker_ids = Vec::new();
         let mut counts = [0u32; 3];
         let mut block_size = None;
-        for role in spec.roles()? {
+        let roles = spec.roles()?;
+        let fail_open_targets = roles
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| matches!(r, WorkerRole::Decode | WorkerRole::Agg))
+            .map(|(i, _)| i)
+            .collect();
+        for role in roles {
             let mut cfg = EngineConfig::with_preset(role, spec.preset);
             // Records need TTFT and E2E only; ITL follows from them as the report defines it.
             cfg.emit_token_outputs = false;
@@ -143,7 +157,10 @@ impl<'a> VirtualStack<'a> {
         }
         let block_size =
             block_size.ok_or_else(|| ReplayError::InvalidSetup("no workers".into()))?;
-        let tracker = Tracker::new(workload, spec.time_scale);
+        let mut tracker = Tracker::new(workload, spec.time_scale);
+        if let Some(sent) = &spec.sent_ms {
+            tracker.set_sent_override(sent.clone());
+        }
         let mut stack = VirtualStack {
             kv_seq: vec![0; worker_ids.len()],
             worker_ids,
@@ -158,6 +175,8 @@ impl<'a> VirtualStack<'a> {
             counters: ReplayCounters::default(),
             events: Vec::new(),
             gateway: GatewayQueue::new(spec.gateway),
+            pending: HashMap::new(),
+            fail_open_targets,
             spec,
             workload,
             source,
@@ -195,7 +214,7 @@ impl<'a> VirtualStack<'a> {
         loop {
             let engines = self.cluster.next_event_ms();
             let arrival = self.arrivals.peek().map(|d| d.at_ms);
-            let gateway = self.gateway.next_done_ms();
+            let gateway = self.gateway.next_event_ms();
             let Some(next) = [engines, arrival, gateway]
                 .into_iter()
                 .flatten()
@@ -213,9 +232,9 @@ impl<'a> VirtualStack<'a> {
                 self.step_engines();
             } else if self.next_tick_ms <= next {
                 self.report_load();
-            } else if let Some(done_at) = gateway.filter(|&g| g <= next) {
-                for (id, sent_ms) in self.gateway.take_done(done_at) {
-                    self.route_and_submit(id, sent_ms, done_at);
+            } else if let Some(at) = gateway.filter(|&g| g <= next) {
+                for event in self.gateway.take_events(at) {
+                    self.on_gateway(event, at);
                 }
             } else if let Some(due) = self.arrivals.pop() {
                 self.send(due.id, due.at_ms);
@@ -348,23 +367,49 @@ impl<'a> VirtualStack<'a> {
         self.next_tick_ms += self.spec.load_interval_ms as f64;
     }
 
-    /// The client sends request `id` at `at_ms`: it is routed at once, or after its gateway
-    /// time when the spec models one.
+    /// The client sends request `id` at `at_ms`: it is routed at once, or goes through the
+    /// gateway stage when the spec models one.
     fn send(&mut self, id: usize, at_ms: f64) {
         if self.spec.gateway.is_free() {
-            self.route_and_submit(id, at_ms, at_ms);
+            if let Some(arrival) = self.route(id, at_ms, at_ms) {
+                self.cluster.schedule(at_ms, arrival);
+            }
             return;
         }
         let tokens = self.source.prompt_tokens(&self.workload.requests[id]);
-        let work = self.spec.gateway.work_ms(tokens);
-        self.gateway.push(at_ms, id, at_ms, work);
+        let g = self.spec.gateway;
+        let work = [
+            g.body_work_ms(tokens),
+            g.route_work_ms(tokens),
+            g.worker_work_ms(tokens),
+        ];
+        self.gateway.push(at_ms, id, work);
     }
 
-    /// Routes request `id` (sent by the client at `sent_ms`) at `at_ms` and hands it to the
-    /// engines. TTFT and E2E count from `sent_ms`, as the real client measures them.
-    fn route_and_submit(&mut self, id: usize, sent_ms: f64, at_ms: f64) {
+    fn on_gateway(&mut self, event: GatewayEvent, at_ms: f64) {
+        match event {
+            GatewayEvent::Routed { id, sent_ms } => match self.route(id, sent_ms, at_ms) {
+                Some(arrival) => {
+                    self.pending.insert(id, arrival);
+                }
+                None => self.gateway.cancel(id),
+            },
+            GatewayEvent::FailedOpen { id, sent_ms } => {
+                if let Some(arrival) = self.fail_open(id, sent_ms) {
+                    self.pending.insert(id, arrival);
+                }
+            }
+            GatewayEvent::Ready { id, .. } => {
+                if let Some(arrival) = self.pending.remove(&id) {
+                    self.cluster.schedule(at_ms, arrival);
+                }
+            }
+        }
+    }
+
+    fn planned_record(&self, id: usize, sent_ms: f64) -> RequestRecord {
         let planned = &self.workload.requests[id];
-        let record = RequestRecord {
+        RequestRecord {
             id,
             session: planned.session,
             turn: planned.turn,
@@ -375,7 +420,38 @@ impl<'a> VirtualStack<'a> {
             expected_prompt_tokens: self.source.prompt_tokens(planned),
             planned_osl: planned.osl,
             ..RequestRecord::default()
+        }
+    }
+
+    /// Request `id`'s route call timed out: as the filter fails open, Envoy's least-request
+    /// fallback sends it without a verdict to the decode (or agg) worker with the fewest
+    /// open requests (ties: the first), which prefills it locally. The router never sees it.
+    fn fail_open(&mut self, id: usize, sent_ms: f64) -> Option<Arrival> {
+        let engine = self
+            .fail_open_targets
+            .iter()
+            .copied()
+            .min_by_key(|&e| self.tracker.open_on(e))?;
+        self.counters.failed_open += 1;
+        let planned = &self.workload.requests[id];
+        let tokens = self.source.token_ids(planned);
+        let prompt = hashed_prompt(&tokens, self.block_size, self.hash_seed);
+        let req = EngineRequest::local(id as u64, prompt, planned.osl);
+        let record = RequestRecord {
+            route: Some(FAIL_OPEN_TIMEOUT.to_string()),
+            worker: Some(self.worker_ids[engine].0.clone()),
+            ..self.planned_record(id, sent_ms)
         };
+        self.tracker.on_sent(engine, record, None);
+        Some(Arrival::Direct { engine, req })
+    }
+
+    /// Routes request `id` (sent by the client at `sent_ms`) at `at_ms` and returns how it
+    /// enters the engines (`None` if routing failed; the request is then closed). TTFT and
+    /// E2E count from `sent_ms`, as the real client measures them.
+    fn route(&mut self, id: usize, sent_ms: f64, at_ms: f64) -> Option<Arrival> {
+        let record = self.planned_record(id, sent_ms);
+        let planned = &self.workload.requests[id];
         let tokens = self.source.token_ids(planned);
         let verdict = match self
             .router
@@ -388,7 +464,7 @@ impl<'a> VirtualStack<'a> {
                     self.tracker
                         .fail_unsent(self.workload, record, format!("route: {e}"), at_ms);
                 self.push_ready(ready);
-                return;
+                return None;
             }
         };
         let index = |name: &WorkerId| self.cluster.index_of(&name.0);
@@ -400,7 +476,7 @@ impl<'a> VirtualStack<'a> {
                 .tracker
                 .fail_unsent(self.workload, record, error, at_ms);
             self.push_ready(ready);
-            return;
+            return None;
         };
         let prompt = hashed_prompt(&tokens, self.block_size, self.hash_seed);
         drop(tokens);
@@ -422,10 +498,13 @@ impl<'a> VirtualStack<'a> {
             worker: Some(verdict.decode.worker_id.0),
             ..record
         };
-        self.tracker.on_sent(decode, record, note);
-        self.cluster.schedule(at_ms, arrival);
+        self.tracker.on_sent(decode, record, Some(note));
+        Some(arrival)
     }
 }
+
+/// The route header of a request whose route call timed out, as the filter writes it.
+pub const FAIL_OPEN_TIMEOUT: &str = "fail-open;reason=timeout";
 
 /// The request id the router and lifecycle reports use (the filter's `x-request-id`).
 fn request_id(id: usize) -> String {

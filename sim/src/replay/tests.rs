@@ -85,8 +85,8 @@ fn dependents_wait_for_the_last_dependency_plus_think_time() {
         id,
         ..RequestRecord::default()
     };
-    t.on_sent(0, record(0), note(100, 100));
-    t.on_sent(0, record(1), note(100, 100));
+    t.on_sent(0, record(0), Some(note(100, 100)));
+    t.on_sent(0, record(1), Some(note(100, 100)));
     assert!(t.on_finished(&workload, 0, 100, 5, 400.0).is_empty());
     // Failed dependencies release dependents too, as the load generator's client does.
     let ready = t.on_failed(&workload, 1, "engine: x".into(), 300.0);
@@ -96,6 +96,35 @@ fn dependents_wait_for_the_last_dependency_plus_think_time() {
     assert_eq!((records.len(), notes.len(), not_sent), (2, 2, 1));
     assert!(records[0].ok() && !records[1].ok());
     assert_eq!(records[0].e2e_ms, Some(400.0));
+}
+
+#[test]
+fn measured_send_times_replace_planned_arrivals_of_open_loop_requests_only() {
+    let workload = Workload {
+        name: "w".into(),
+        content_seed: 0,
+        requests: vec![
+            planned(0, 10, vec![], 0),
+            planned(1, 10, vec![], 0),
+            planned(2, 20, vec![], 0),
+            planned(3, 0, vec![0], 7),
+        ],
+    };
+    let mut t = Tracker::new(&workload, 2.0);
+    // Request 1 was really sent before request 0; request 2's entry is missing (NaN).
+    t.set_sent_override(vec![20.6, 20.2, f64::NAN, 1.0]);
+    let ready: Vec<_> = t.initially_ready(&workload).collect();
+    assert_eq!(ready, vec![(0, 20.6), (1, 20.2), (2, 40.0)]);
+    t.on_sent(
+        0,
+        RequestRecord {
+            id: 0,
+            ..RequestRecord::default()
+        },
+        None,
+    );
+    // A closed-loop request still waits for its dependency and think time (× 2).
+    assert_eq!(t.on_finished(&workload, 0, 100, 5, 100.0), vec![(3, 114.0)]);
 }
 
 #[test]

@@ -80,6 +80,8 @@ pub(crate) struct Tracker {
     /// Latest completion among each request's finished dependencies.
     deps_done_ms: Vec<f64>,
     open: usize,
+    /// Measured send times replacing planned arrivals of requests without dependencies.
+    sent_override: Vec<f64>,
 }
 
 impl Tracker {
@@ -104,7 +106,14 @@ impl Tracker {
             dependents,
             deps_done_ms: vec![f64::NEG_INFINITY; n],
             open: n,
+            sent_override: Vec::new(),
         }
+    }
+
+    /// Sends request `id` (if it has no dependencies) at `sent[id]` virtual ms instead of
+    /// its planned arrival; missing or non-finite entries keep the plan.
+    pub(crate) fn set_sent_override(&mut self, sent: Vec<f64>) {
+        self.sent_override = sent;
     }
 
     /// Requests ready from the start (no dependencies) with their send times.
@@ -124,7 +133,10 @@ impl Tracker {
     fn ready_ms(&self, r: &PlannedRequest) -> f64 {
         let arrival = r.arrival_ms as f64 * self.time_scale;
         if r.after.is_empty() {
-            return arrival;
+            return match self.sent_override.get(r.id) {
+                Some(&t) if t.is_finite() && t >= 0.0 => t,
+                _ => arrival,
+            };
         }
         arrival.max(self.deps_done_ms[r.id] + r.think_ms as f64 * self.time_scale)
     }
@@ -134,16 +146,32 @@ impl Tracker {
         self.open
     }
 
-    /// The request was routed and handed to the engines at `sent_ms`.
-    pub(crate) fn on_sent(&mut self, decode: EngineIdx, record: RequestRecord, note: RouteNote) {
+    /// The request was routed (with the router's `note`; `None` when it failed open) and its
+    /// stream will come from engine `decode`.
+    pub(crate) fn on_sent(
+        &mut self,
+        decode: EngineIdx,
+        record: RequestRecord,
+        note: Option<RouteNote>,
+    ) {
         let id = record.id;
-        self.notes[id] = Some(note);
+        self.notes[id] = note;
         self.in_flight[id] = Some(InFlight { decode, record });
     }
 
     /// The decode engine whose outputs belong to request `id`'s stream, if in flight.
     pub(crate) fn decode_engine(&self, id: usize) -> Option<EngineIdx> {
         self.in_flight.get(id)?.as_ref().map(|f| f.decode)
+    }
+
+    /// Requests whose stream comes from engine `engine` and that have not finished (what
+    /// Envoy's least-request balancer counts as active on that worker).
+    pub(crate) fn open_on(&self, engine: EngineIdx) -> usize {
+        self.in_flight
+            .iter()
+            .flatten()
+            .filter(|f| f.decode == engine)
+            .count()
     }
 
     /// First token of `id` on its decode engine at `at_ms`.

@@ -29,15 +29,25 @@ fn first_token(events: &[ClusterEvent], engine: EngineIdx, id: u64) -> f64 {
         .expect("first token")
 }
 
+/// A cluster of one prefill engine (`pcfg`) and one decode engine (`dcfg`), in that order.
+fn prefill_decode(pcfg: EngineConfig, dcfg: EngineConfig) -> (Cluster, EngineIdx, EngineIdx) {
+    let mut cluster = Cluster::new();
+    let p = cluster.add_engine("prefill-0", pcfg).unwrap();
+    let d = cluster.add_engine("decode-0", dcfg).unwrap();
+    (cluster, p, d)
+}
+
+/// [`prefill_decode`] with default configs.
+fn default_prefill_decode() -> (Cluster, EngineIdx, EngineIdx) {
+    prefill_decode(
+        EngineConfig::new(WorkerRole::Prefill),
+        EngineConfig::new(WorkerRole::Decode),
+    )
+}
+
 #[test]
 fn disaggregated_request_prefills_transfers_then_decodes() {
-    let mut cluster = Cluster::new();
-    let p = cluster
-        .add_engine("prefill-0", EngineConfig::new(WorkerRole::Prefill))
-        .unwrap();
-    let d = cluster
-        .add_engine("decode-0", EngineConfig::new(WorkerRole::Decode))
-        .unwrap();
+    let (mut cluster, p, d) = default_prefill_decode();
     let req = EngineRequest::local(42, prompt(1, 8_192), 5);
     cluster.schedule(
         100.0,
@@ -95,13 +105,9 @@ fn disaggregated_request_prefills_transfers_then_decodes() {
 
 #[test]
 fn missing_suffix_transfer_moves_only_what_decode_lacks() {
-    let mut cluster = Cluster::new();
     let mut pcfg = EngineConfig::new(WorkerRole::Prefill);
     pcfg.transfer.mode = TransferMode::MissingSuffix;
-    let p = cluster.add_engine("p", pcfg).unwrap();
-    let d = cluster
-        .add_engine("d", EngineConfig::new(WorkerRole::Decode))
-        .unwrap();
+    let (mut cluster, p, d) = prefill_decode(pcfg, EngineConfig::new(WorkerRole::Decode));
     // Warm the decode worker with the first 4,096 tokens.
     let warm = EngineRequest::local(1, prompt(9, 4_096), 1);
     cluster.schedule(
@@ -275,13 +281,9 @@ fn trace_rows_sharing_hash_ids_share_engine_blocks() {
 
 #[test]
 fn prefill_worker_holds_the_kv_until_the_transfer_lands() {
-    let mut cluster = Cluster::new();
     let mut pcfg = EngineConfig::new(WorkerRole::Prefill);
     pcfg.transfer = crate::engine::TransferModel::gb200_cross_rack(); // a visible transfer
-    let p = cluster.add_engine("p", pcfg).unwrap();
-    let d = cluster
-        .add_engine("d", EngineConfig::new(WorkerRole::Decode))
-        .unwrap();
+    let (mut cluster, p, d) = prefill_decode(pcfg, EngineConfig::new(WorkerRole::Decode));
     let req = EngineRequest::local(5, prompt(5, 100_000), 2);
     cluster.schedule(
         0.0,
@@ -315,13 +317,9 @@ fn prefill_worker_holds_the_kv_until_the_transfer_lands() {
 
 #[test]
 fn a_full_decode_worker_queues_the_decode_leg_until_kv_frees() {
-    let mut cluster = Cluster::new();
-    let p = cluster
-        .add_engine("p", EngineConfig::new(WorkerRole::Prefill))
-        .unwrap();
     let mut dcfg = EngineConfig::new(WorkerRole::Decode);
     dcfg.kv_capacity_blocks = 40; // 2,560 tokens
-    let d = cluster.add_engine("d", dcfg).unwrap();
+    let (mut cluster, p, d) = prefill_decode(EngineConfig::new(WorkerRole::Prefill), dcfg);
     // A local request fills most of the decode worker for a while.
     let busy = EngineRequest::local(1, prompt(1, 1_900), 200);
     cluster.schedule(
@@ -374,13 +372,7 @@ fn a_full_decode_worker_queues_the_decode_leg_until_kv_frees() {
 
 #[test]
 fn handoff_cpu_time_delays_the_transfer_by_the_prompt_length() {
-    let mut cluster = Cluster::new();
-    let p = cluster
-        .add_engine("prefill-0", EngineConfig::new(WorkerRole::Prefill))
-        .unwrap();
-    let d = cluster
-        .add_engine("decode-0", EngineConfig::new(WorkerRole::Decode))
-        .unwrap();
+    let (mut cluster, p, d) = default_prefill_decode();
     // 0.01 ms per prompt token: a 4,096-token prompt waits 40.96 ms (the decode worker's
     // tokenization) before its KV starts moving.
     cluster.set_handoff_cpu_ms_per_prompt_token(0.01);

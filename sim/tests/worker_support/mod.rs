@@ -1,10 +1,7 @@
-//! Helpers shared by the worker tests: a real nats-server stopped by PID on drop, in-process
-//! workers, and small HTTP/metrics helpers.
-#![allow(dead_code)] // Each test file uses a different subset.
+//! Helpers shared by the worker tests: in-process workers and small HTTP/metrics helpers; a
+//! real nats-server (stopped by PID on drop) and free ports come from `switchyard-support`.
+#![allow(dead_code, unused_imports)] // Each test file uses a different subset.
 
-use std::net::TcpListener;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,6 +9,7 @@ use serde_json::{json, Value};
 use switchyard_protocol::tokenize::{default_model_dir, ModelTokenizer};
 use switchyard_protocol::worker::{WorkerId, WorkerRole};
 use switchyard_sim::worker::{self, RunningWorker, WorkerConfig, WorkerDeps, WorkerSpec};
+pub use switchyard_support::{free_port, NatsServer};
 
 /// The tokenizer the workers use (`scripts/setup.sh` puts it in place).
 pub fn tokenizer() -> Arc<ModelTokenizer> {
@@ -22,77 +20,6 @@ pub fn tokenizer() -> Arc<ModelTokenizer> {
             dir.display()
         )
     }))
-}
-
-/// A free TCP port on 127.0.0.1.
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("no free port")
-}
-
-/// A nats-server with JetStream on a free 127.0.0.1 port, killed (by its PID) on drop.
-pub struct NatsServer {
-    child: Child,
-    /// `nats://127.0.0.1:<port>`.
-    pub url: String,
-    store: PathBuf,
-}
-
-impl NatsServer {
-    /// Starts the server on a free port and waits until it accepts connections.
-    pub fn start() -> Self {
-        Self::start_on(free_port())
-    }
-
-    /// Starts the server on `port` and waits until it accepts connections.
-    pub fn start_on(port: u16) -> Self {
-        let bin = std::env::var_os("SWITCHYARD_NATS_SERVER")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| {
-                PathBuf::from(concat!(
-                    env!("CARGO_MANIFEST_DIR"),
-                    "/../.venv/bin/nats-server"
-                ))
-            });
-        assert!(
-            bin.exists(),
-            "nats-server not found at {} (run scripts/setup.sh or set SWITCHYARD_NATS_SERVER)",
-            bin.display()
-        );
-        let store = std::env::temp_dir().join(format!(
-            "switchyard-worker-test-{}-{port}",
-            std::process::id()
-        ));
-        let child = Command::new(&bin)
-            .args(["-js", "-a", "127.0.0.1", "-p", &port.to_string(), "-sd"])
-            .arg(&store)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("cannot start nats-server");
-        let server = NatsServer {
-            child,
-            url: format!("nats://127.0.0.1:{port}"),
-            store,
-        };
-        for _ in 0..100 {
-            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-                return server;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        panic!("nats-server did not listen on port {port} within 5 s");
-    }
-}
-
-impl Drop for NatsServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.store);
-    }
 }
 
 /// A worker config on a free port of 127.0.0.1.
@@ -150,11 +77,8 @@ pub fn metric(text: &str, name: &str, label: Option<&str>) -> f64 {
 
 /// GET `/metrics` of a worker.
 pub async fn metrics_text(client: &reqwest::Client, w: &RunningWorker) -> String {
-    client
-        .get(format!("{}/metrics", base_url(w)))
-        .send()
+    get(client, w, "/metrics")
         .await
-        .expect("metrics answer")
         .text()
         .await
         .expect("metrics body")
@@ -174,4 +98,47 @@ where
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     false
+}
+
+/// The chat completions path.
+pub const CHAT: &str = "/v1/chat/completions";
+/// The completions path.
+pub const COMPLETIONS: &str = "/v1/completions";
+
+/// `POST <worker><path>` with `body` as JSON.
+pub async fn post_json(
+    client: &reqwest::Client,
+    w: &RunningWorker,
+    path: &str,
+    body: &Value,
+) -> reqwest::Response {
+    client
+        .post(format!("{}{path}", base_url(w)))
+        .json(body)
+        .send()
+        .await
+        .expect("worker answers")
+}
+
+/// [`post_json`], returning the answer's JSON body whatever its status.
+pub async fn post_for_json(
+    client: &reqwest::Client,
+    w: &RunningWorker,
+    path: &str,
+    body: &Value,
+) -> Value {
+    post_json(client, w, path, body)
+        .await
+        .json()
+        .await
+        .expect("a JSON answer")
+}
+
+/// `GET <worker><path>`.
+pub async fn get(client: &reqwest::Client, w: &RunningWorker, path: &str) -> reqwest::Response {
+    client
+        .get(format!("{}{path}", base_url(w)))
+        .send()
+        .await
+        .expect("worker answers")
 }

@@ -11,8 +11,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, ValueEnum};
-use switchyard_sim::loadgen::agentic::AgenticConfig;
 use switchyard_sim::loadgen::report::Slo;
+use switchyard_sim::loadgen::WorkloadArgs;
 use switchyard_stack::compare::output::comparison_markdown;
 use switchyard_stack::compare::workload::default_trace;
 use switchyard_stack::compare::{run_comparison, CompareConfig, CompareError, WorkloadSpec};
@@ -33,24 +33,10 @@ enum ProfileArg {
 // the demo's own `--max-requests 200`.
 #[command(name = "switchyard-compare", version, about, args_override_self = true)]
 struct Cli {
-    /// Mooncake trace (JSONL); default: ../shared/data/mooncake_conversation_trace.jsonl.
-    #[arg(long, conflicts_with = "agentic")]
-    trace: Option<PathBuf>,
-    /// Synthetic agentic sessions instead of a trace.
-    #[arg(long)]
-    agentic: bool,
-    /// Agentic sessions.
-    #[arg(long, requires = "agentic")]
-    sessions: Option<u32>,
-    /// Agentic main-agent turns per session.
-    #[arg(long, requires = "agentic")]
-    turns: Option<u32>,
-    /// Agentic session starts per second (modelled time).
-    #[arg(long, requires = "agentic")]
-    session_rate: Option<f64>,
-    /// Agentic: largest prompt, tokens.
-    #[arg(long, requires = "agentic")]
-    max_isl: Option<u32>,
+    /// Workload: `--trace PATH` (default:
+    /// ../shared/data/mooncake_conversation_trace.jsonl) or `--agentic` with its knobs.
+    #[command(flatten)]
+    workload: WorkloadArgs,
     /// Workers in every mode (equal GPUs).
     #[arg(long, default_value_t = 4)]
     workers: u32,
@@ -73,9 +59,6 @@ struct Cli {
     /// Arrival-rate multipliers; each mode runs once per level (for the plot).
     #[arg(long, value_delimiter = ',', default_value = "1")]
     load_levels: Vec<f64>,
-    /// Workload seed (prompt contents, agentic structure).
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
     /// TTFT objective for goodput, modelled ms.
     #[arg(long)]
     slo_ttft_ms: Option<f64>,
@@ -164,20 +147,17 @@ fn main() -> ExitCode {
 }
 
 fn config(cli: Cli) -> Result<CompareConfig, String> {
-    let workload = if cli.agentic {
-        let mut a = AgenticConfig::default();
-        a.sessions = cli.sessions.unwrap_or(a.sessions);
-        a.turns = cli.turns.unwrap_or(a.turns);
-        a.session_rate_per_s = cli.session_rate.unwrap_or(a.session_rate_per_s);
-        a.max_isl = cli.max_isl.unwrap_or(a.max_isl);
-        a.validate().map_err(|e| format!("agentic workload: {e}"))?;
-        WorkloadSpec::Agentic(a)
-    } else {
-        let path = cli.trace.unwrap_or_else(default_trace);
-        if !path.exists() {
-            return Err(format!("trace {} not found (give --trace)", path.display()));
+    let workload = match cli.workload.trace_or(default_trace) {
+        Some(path) => {
+            if !path.exists() {
+                return Err(format!("trace {} not found (give --trace)", path.display()));
+            }
+            WorkloadSpec::Trace {
+                path,
+                block_tokens: cli.workload.block_tokens,
+            }
         }
-        WorkloadSpec::Trace { path }
+        None => WorkloadSpec::Agentic(cli.workload.agentic_config()?),
     };
     let modes = cli
         .modes
@@ -199,7 +179,7 @@ fn config(cli: Cli) -> Result<CompareConfig, String> {
         .out
         .unwrap_or_else(|| PathBuf::from("results").join(format!("compare-{}", utc_stamp())));
     let mut config = CompareConfig::new(workload, out);
-    config.seed = cli.seed;
+    config.seed = cli.workload.seed;
     config.max_requests = Some(cli.max_requests);
     config.workers = cli.workers;
     config.prefill_ratio = cli.prefill_ratio;

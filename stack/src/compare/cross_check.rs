@@ -11,11 +11,13 @@
 //! ([`GatewayModel`]): it delays every request and, in a burst, reorders the requests
 //! shortest-first on their way to the engines. The ratios measure the rest.
 
+use std::collections::BTreeSet;
 use std::fmt::Write as _;
 
 use serde::Serialize;
 use switchyard_control_plane::config::{RouterConfig, ServingMode as RouterMode};
 use switchyard_sim::engine::PerfPreset;
+use switchyard_sim::loadgen::record::RequestRecord;
 use switchyard_sim::loadgen::report::RunReport;
 use switchyard_sim::replay::{report_run, run_mode, GatewayModel, StackSpec};
 
@@ -44,6 +46,12 @@ pub struct CrossCheckRow {
     pub real_bypass_share: Option<f64>,
     /// Virtual bypass share.
     pub virtual_bypass_share: Option<f64>,
+    /// Requests that failed open on the real stack.
+    pub real_fail_open: usize,
+    /// Requests that failed open in virtual time.
+    pub virtual_fail_open: usize,
+    /// Requests that failed open on both.
+    pub both_fail_open: usize,
 }
 
 fn ratio(real: Option<f64>, virt: Option<f64>) -> Option<f64> {
@@ -80,8 +88,11 @@ pub fn router_mode(mode: ServingMode) -> RouterMode {
     }
 }
 
-/// Replays every plan in virtual time, with `gateway` as the cost in front of the engines,
-/// and reports each like the real run (label, modelled time, same SLOs).
+/// Replays every plan in virtual time, with `gateways[i]` as the cost in front of the
+/// engines of plan `i` and `sent[i]` as its requests' send times (the real run's, modelled
+/// ms by id; see [`StackSpec::sent_ms`]), writes its records next to the real ones, and
+/// reports each like the real run (label, modelled time, same SLOs). Returns the reports and
+/// the records.
 ///
 /// # Errors
 /// [`CompareError::InvalidSetting`] for a router config the router rejects,
@@ -91,8 +102,9 @@ pub fn virtual_reports(
     prepared: &PreparedWorkload,
     preset: PerfPreset,
     plans: &[RunPlan],
-    gateway: GatewayModel,
-) -> Result<Vec<RunReport>, CompareError> {
+    gateways: &[GatewayModel],
+    sent: &[Vec<f64>],
+) -> Result<Vec<(RunReport, Vec<RequestRecord>)>, CompareError> {
     let router = match &config.conditional_disagg_config {
         Some(text) => {
             let json: serde_json::Value = serde_json::from_str(text).map_err(|e| {
@@ -106,7 +118,7 @@ pub fn virtual_reports(
     };
     let source = prepared.prompt_source();
     let mut reports = Vec::new();
-    for plan in plans {
+    for ((plan, gateway), sent) in plans.iter().zip(gateways).zip(sent) {
         let mode = router_mode(plan.serving_mode());
         let workers = u32::try_from(plan.split.total()).unwrap_or(u32::MAX);
         let prefill = u32::try_from(plan.split.prefill).unwrap_or(u32::MAX);
@@ -115,7 +127,8 @@ pub fn virtual_reports(
         spec.router = router.clone();
         spec.seed = config.seed;
         spec.time_scale = plan.arrival_multiplier;
-        spec.gateway = gateway;
+        spec.gateway = *gateway;
+        spec.sent_ms = Some(sent.clone());
         eprintln!("{}: replaying in virtual time", plan.label);
         let run = run_mode(&prepared.workload, &source, spec).map_err(|source| {
             CompareError::Virtual {
@@ -123,6 +136,8 @@ pub fn virtual_reports(
                 source: Box::new(source),
             }
         })?;
+        let dir = config.out.join("runs").join(&plan.label);
+        super::output::write_records(&dir, "virtual-records.jsonl", &run.records)?;
         let mut report = report_run(
             &run,
             &prepared.workload,
@@ -130,23 +145,45 @@ pub fn virtual_reports(
             Some(format!("{} (virtual)", plan.label)),
         );
         report.meta.malformed_trace_lines = prepared.malformed_trace_lines;
-        reports.push(report);
+        reports.push((report, run.records));
     }
     Ok(reports)
 }
 
-/// Pairs real and virtual reports by position (both in plan order).
-pub fn cross_check_rows(real: &[RunReport], virtual_runs: &[RunReport]) -> Vec<CrossCheckRow> {
+/// Ids of the records that failed open.
+fn failed_open(records: &[RequestRecord]) -> BTreeSet<usize> {
+    records
+        .iter()
+        .filter(|r| {
+            r.route
+                .as_deref()
+                .is_some_and(|h| h.starts_with("fail-open"))
+        })
+        .map(|r| r.id)
+        .collect()
+}
+
+/// One run's real and virtual side: its report and its records.
+pub type Side<'a> = (&'a RunReport, &'a [RequestRecord]);
+
+/// Pairs real and virtual runs by position (both in plan order).
+pub fn cross_check_rows(real: &[Side<'_>], virtual_runs: &[Side<'_>]) -> Vec<CrossCheckRow> {
     real.iter()
         .zip(virtual_runs)
-        .map(|(r, v)| CrossCheckRow {
-            label: r.meta.label.clone(),
-            real_ttft_p50_ms: r.ttft_ms.p50,
-            virtual_ttft_p50_ms: v.ttft_ms.p50,
-            real_itl_p50_ms: r.itl_ms.p50,
-            virtual_itl_p50_ms: v.itl_ms.p50,
-            real_bypass_share: r.routes.bypass_share,
-            virtual_bypass_share: v.routes.bypass_share,
+        .map(|((r, r_records), (v, v_records))| {
+            let (real_open, virtual_open) = (failed_open(r_records), failed_open(v_records));
+            CrossCheckRow {
+                label: r.meta.label.clone(),
+                real_ttft_p50_ms: r.ttft_ms.p50,
+                virtual_ttft_p50_ms: v.ttft_ms.p50,
+                real_itl_p50_ms: r.itl_ms.p50,
+                virtual_itl_p50_ms: v.itl_ms.p50,
+                real_bypass_share: r.routes.bypass_share,
+                virtual_bypass_share: v.routes.bypass_share,
+                real_fail_open: real_open.len(),
+                virtual_fail_open: virtual_open.len(),
+                both_fail_open: real_open.intersection(&virtual_open).count(),
+            }
         })
         .collect()
 }
@@ -157,12 +194,13 @@ pub fn cross_check_markdown(rows: &[CrossCheckRow]) -> String {
     let pct = |x: Option<f64>| x.map_or_else(|| "–".into(), |x| format!("{:.0} %", x * 100.0));
     let mut out = String::from(
         "| run | TTFT p50 real / virtual (ms) | ratio | ITL p50 real / virtual (ms) | ratio \
-         | bypass real / virtual | within 10 % |\n|---|---|---|---|---|---|---|\n",
+         | bypass real / virtual | fail-open real / virtual (both) | within 10 % \
+         |\n|---|---|---|---|---|---|---|---|\n",
     );
     for r in rows {
         let _ = writeln!(
             out,
-            "| {} | {} / {} | {} | {} / {} | {} | {} / {} | {} |",
+            "| {} | {} / {} | {} | {} / {} | {} | {} / {} | {} / {} ({}) | {} |",
             r.label,
             n(r.real_ttft_p50_ms, 0),
             n(r.virtual_ttft_p50_ms, 0),
@@ -172,6 +210,9 @@ pub fn cross_check_markdown(rows: &[CrossCheckRow]) -> String {
             n(r.itl_ratio(), 2),
             pct(r.real_bypass_share),
             pct(r.virtual_bypass_share),
+            r.real_fail_open,
+            r.virtual_fail_open,
+            r.both_fail_open,
             if r.agrees() { "yes" } else { "no" },
         );
     }
@@ -191,6 +232,9 @@ mod tests {
             virtual_itl_p50_ms: Some(itl.1),
             real_bypass_share: None,
             virtual_bypass_share: None,
+            real_fail_open: 0,
+            virtual_fail_open: 0,
+            both_fail_open: 0,
         }
     }
 
@@ -204,7 +248,34 @@ mod tests {
         assert!(!missing.agrees());
         assert_eq!(missing.itl_ratio(), None);
         let md = cross_check_markdown(&[row((120.0, 100.0), (10.0, 10.0))]);
+        assert!(md.contains("| 0 / 0 (0) | no |"), "{md}");
         assert!(md.contains("| agg@x1 | 120 / 100 | 1.20 |"), "{md}");
         assert!(md.trim_end().ends_with("| no |"), "{md}");
+    }
+
+    #[test]
+    fn rows_count_fail_open_requests_on_each_side_and_on_both() {
+        let record = |id: usize, route: &str| RequestRecord {
+            id,
+            route: Some(route.to_string()),
+            ..RequestRecord::default()
+        };
+        let real = vec![
+            record(0, "disagg"),
+            record(1, "fail-open;reason=timeout"),
+            record(2, "fail-open;reason=timeout"),
+        ];
+        let virt = vec![
+            record(0, "fail-open;reason=timeout"),
+            record(1, "fail-open;reason=timeout"),
+            record(2, "disagg"),
+        ];
+        let report = RunReport::default();
+        let rows = cross_check_rows(&[(&report, &real)], &[(&report, &virt)]);
+        let r = &rows[0];
+        assert_eq!(
+            (r.real_fail_open, r.virtual_fail_open, r.both_fail_open),
+            (2, 2, 1)
+        );
     }
 }

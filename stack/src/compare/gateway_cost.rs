@@ -2,13 +2,16 @@
 //! virtual replays ([`switchyard_sim::replay::GatewayModel`]).
 //!
 //! Before a request's prompt reaches an engine on the real stack it is parsed and tokenized
-//! twice: by the control plane (chat template + tokenizer, to route it) and by the worker
-//! that first runs it (the agg/decode worker, or the prefill worker of a disaggregated
-//! request). Both are CPU work proportional to the prompt length, and concurrent requests
-//! share the machine's cores doing it. Virtual time leaves it out by default; to compare
-//! like with like, the cross-check times the very same work here, on the workload's own
-//! request bodies, and gives the virtual stack that cost (× the workers' time scale, since
-//! every wall millisecond on the real stack is reported as `time_scale` modelled ones).
+//! twice: by the control plane (chat template + tokenizer, to route it; at most
+//! `--route-tokenize-threads` at once, FIFO beyond) and by the worker that first runs it (the
+//! agg/decode worker, or the prefill worker of a disaggregated request; unbounded). Both are
+//! CPU work proportional to the prompt length, and concurrent requests share the machine's
+//! cores doing it. A route call that has not answered within the filter's route timeout fails
+//! open. Virtual time leaves all of this out by default; to compare like with like, the
+//! cross-check times the very same work here, on the workload's own request bodies, and gives
+//! the virtual stack that cost (× the workers' time scale, since every wall millisecond on the
+//! real stack is reported as `time_scale` modelled ones), the control plane's thread bound,
+//! and the filter's timeout.
 //!
 //! A disaggregated request is tokenized a third time, by the decode worker after the prefill
 //! leg; that one is modelled as a delay before the KV transfer. What this leaves out (so the
@@ -24,50 +27,80 @@ use switchyard_sim::replay::GatewayModel;
 use super::workload::PreparedWorkload;
 use super::CompareError;
 
-/// Tokenizations on the path to the first engine: the control plane's and the worker's.
-pub const TOKENIZATIONS_BEFORE_ENGINE: f64 = 2.0;
 /// Tokenizations between a disaggregated request's prefill leg and its KV transfer: the
 /// decode worker's.
 pub const TOKENIZATIONS_ON_DECODE_LEG: f64 = 1.0;
-/// Requests whose bodies are timed (the first ones of the workload).
+/// Requests whose bodies are timed: the first ones of the workload, plus its longest ones
+/// (they carry most of a burst's tokens; per token they cost as much or less: 2.9–4.0 µs
+/// against 4.1–4.6 µs for 7k-token prompts, measured 2026-11-30 under load).
 const SAMPLE_REQUESTS: usize = 8;
+/// The longest requests added to the sample.
+const SAMPLE_LONGEST: usize = 4;
 /// Timed passes over the sample after one warm-up pass; their mean is used.
 const PASSES: usize = 2;
 
-/// Measures wall milliseconds per prompt token of one parse + tokenization of the workload's
-/// first request bodies, with the real tokenizer and no segment cache (each request's content
-/// is new to the control plane and the worker).
+/// Wall ms per prompt token of the gateway's CPU work, measured on this machine.
+#[derive(Debug, Clone, Copy, PartialEq, Default, serde::Serialize)]
+pub struct MeasuredCost {
+    /// Rendering and serializing a request body (the client's work before the body reaches
+    /// Envoy; Envoy's own buffering is about 100× cheaper per byte, docs/filter-overhead.md).
+    pub body_ms_per_token: f64,
+    /// One parse + chat template + tokenization of a body (the control plane's, a worker's).
+    pub tokenize_ms_per_token: f64,
+}
+
+/// Measures wall milliseconds per prompt token of rendering a body and of one parse +
+/// tokenization of it, on the workload's first and longest requests, with the real tokenizer
+/// and no segment cache (each request's content is new to the control plane and the worker).
 ///
 /// # Errors
 /// [`CompareError::Tokenizer`] if the tokenizer cannot be loaded or rejects a body.
-pub fn measure_wall_ms_per_token(
+pub fn measure(
     prepared: &PreparedWorkload,
     model_dir: &Path,
-) -> Result<f64, CompareError> {
+) -> Result<MeasuredCost, CompareError> {
     let tokenizer = ModelTokenizer::from_dir_with_cache_bytes(model_dir, 0)
         .map_err(|e| CompareError::Tokenizer(format!("{}: {e}", model_dir.display())))?;
-    let bodies: Vec<Vec<u8>> = prepared
+    let mut by_length: Vec<_> = prepared.workload.requests.iter().collect();
+    by_length.sort_by_key(|r| std::cmp::Reverse(r.isl()));
+    let sample: Vec<_> = prepared
         .workload
         .requests
         .iter()
         .take(SAMPLE_REQUESTS)
-        .map(|r| serde_json::to_vec(&prepared.builder.body(r)).unwrap_or_default())
+        .chain(by_length.into_iter().take(SAMPLE_LONGEST))
         .collect();
     let mut tokens = 0u64;
-    let mut secs = 0.0f64;
+    let (mut body_s, mut tokenize_s) = (0.0f64, 0.0f64);
     for pass in 0..=PASSES {
-        for body in &bodies {
-            let (n, s) = time_one(&tokenizer, body)?;
+        for request in &sample {
+            let (body, render) = render_one(prepared, request);
+            let (n, s) = time_one(&tokenizer, &body)?;
             if pass > 0 {
                 tokens += n;
-                secs += s;
+                body_s += render;
+                tokenize_s += s;
             }
         }
     }
     if tokens == 0 {
-        return Ok(0.0);
+        return Ok(MeasuredCost::default());
     }
-    Ok(secs * 1e3 / tokens as f64)
+    Ok(MeasuredCost {
+        body_ms_per_token: body_s * 1e3 / tokens as f64,
+        tokenize_ms_per_token: tokenize_s * 1e3 / tokens as f64,
+    })
+}
+
+/// Renders and serializes one body as the client does; returns it and the wall seconds.
+#[allow(clippy::disallowed_methods)] // Measures real CPU time on this machine by definition.
+fn render_one(
+    prepared: &PreparedWorkload,
+    request: &switchyard_sim::loadgen::PlannedRequest,
+) -> (Vec<u8>, f64) {
+    let start = std::time::Instant::now();
+    let body = serde_json::to_vec(&prepared.builder.body(request)).unwrap_or_default();
+    (body, start.elapsed().as_secs_f64())
 }
 
 /// Parses and tokenizes one body as the control plane does; returns (tokens, wall seconds).
@@ -83,24 +116,44 @@ fn time_one(tokenizer: &ModelTokenizer, body: &[u8]) -> Result<(u64, f64), Compa
 }
 
 /// The virtual stack's gateway model for workers running `time_scale` times faster than the
-/// modelled hardware, from a measured `wall_ms_per_token`, on `cpus` cores.
-pub fn gateway_model(wall_ms_per_token: f64, time_scale: f64, cpus: u32) -> GatewayModel {
+/// modelled hardware, from `measured` wall costs, on `cpus` cores, with the control plane's
+/// `route_threads` and the filter's `route_timeout_wall_ms`.
+pub fn gateway_model(
+    measured: MeasuredCost,
+    time_scale: f64,
+    cpus: f64,
+    route_threads: u32,
+    route_timeout_wall_ms: u64,
+) -> GatewayModel {
+    let per_token = (measured.tokenize_ms_per_token * time_scale).max(0.0);
     GatewayModel {
-        ms_per_prompt_token: (wall_ms_per_token * TOKENIZATIONS_BEFORE_ENGINE * time_scale)
-            .max(0.0),
-        cpus: cpus.max(1),
-        decode_leg_ms_per_prompt_token: (wall_ms_per_token
-            * TOKENIZATIONS_ON_DECODE_LEG
-            * time_scale)
-            .max(0.0),
+        body_ms_per_prompt_token: (measured.body_ms_per_token * time_scale).max(0.0),
+        route_ms_per_prompt_token: per_token,
+        route_threads,
+        worker_ms_per_prompt_token: per_token,
+        cpus: if cpus.is_finite() && cpus > 0.0 {
+            cpus
+        } else {
+            1.0
+        },
+        decode_leg_ms_per_prompt_token: per_token * TOKENIZATIONS_ON_DECODE_LEG,
+        route_timeout_ms: Some(route_timeout_wall_ms.max(1) as f64 * time_scale.max(0.0))
+            .filter(|t| *t > 0.0),
     }
 }
 
+/// Route calls the stack's control plane tokenizes at once: its `--route-tokenize-threads`
+/// as it will parse it (the default, or `SWITCHYARD_ROUTE_TOKENIZE_THREADS` inherited from
+/// this process's environment; the stack passes no flag).
+pub fn control_plane_route_threads() -> u32 {
+    use clap::Parser as _;
+    switchyard_control_plane::settings::Settings::try_parse_from(["switchyard-control-plane"])
+        .map_or(2, |s| s.route_tokenize_threads)
+}
+
 /// Cores this process may use (the stack's processes share the same ones).
-pub fn machine_cpus() -> u32 {
-    std::thread::available_parallelism()
-        .map(|n| u32::try_from(n.get()).unwrap_or(u32::MAX))
-        .unwrap_or(1)
+pub fn machine_cpus() -> f64 {
+    std::thread::available_parallelism().map_or(1.0, |n| n.get() as f64)
 }
 
 #[cfg(test)]
@@ -109,11 +162,20 @@ mod tests {
 
     #[test]
     fn model_scales_wall_cost_to_modelled_time() {
-        let m = gateway_model(0.003, 4.0, 2);
-        assert!((m.ms_per_prompt_token - 0.024).abs() < 1e-12);
+        let cost = |body, tokenize| MeasuredCost {
+            body_ms_per_token: body,
+            tokenize_ms_per_token: tokenize,
+        };
+        let m = gateway_model(cost(0.0005, 0.003), 4.0, 2.0, 2, 1000);
+        assert!((m.body_ms_per_prompt_token - 0.002).abs() < 1e-12);
+        assert!((m.route_ms_per_prompt_token - 0.012).abs() < 1e-12);
+        assert!((m.worker_ms_per_prompt_token - 0.012).abs() < 1e-12);
         assert!((m.decode_leg_ms_per_prompt_token - 0.012).abs() < 1e-12);
-        assert_eq!(m.cpus, 2);
-        assert_eq!(gateway_model(-1.0, 1.0, 0).cpus, 1);
-        assert!(gateway_model(-1.0, 1.0, 0).is_free());
+        assert_eq!(m.route_timeout_ms, Some(4000.0));
+        assert_eq!((m.cpus, m.route_threads), (2.0, 2));
+        let free = gateway_model(cost(-1.0, -1.0), 1.0, 0.0, 2, 1000);
+        assert_eq!(free.cpus, 1.0);
+        assert!(free.is_free());
+        assert!(control_plane_route_threads() >= 1);
     }
 }

@@ -14,9 +14,11 @@
 //! - [`runner`]: one run (start a stack, wait, replay, stop) and the whole comparison.
 //! - [`table`] (pure): the comparison as markdown.
 //! - [`output`]: the files written to the output folder.
+//! - [`cpu`]: CPU time per stack process and other work on the machine during a run.
 //! - [`cross_check`]: the same runs in virtual time ([`switchyard_sim::replay`]) and the
 //!   real/virtual ratios of p50 TTFT and ITL.
 
+pub mod cpu;
 pub mod cross_check;
 pub mod gateway_cost;
 pub mod output;
@@ -47,6 +49,8 @@ pub enum WorkloadSpec {
     Trace {
         /// The trace file.
         path: PathBuf,
+        /// Tokens per trace hash id.
+        block_tokens: u32,
     },
     /// Synthetic agentic sessions (closed loop).
     Agentic(AgenticConfig),

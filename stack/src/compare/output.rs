@@ -6,6 +6,8 @@
 //! <out>/throughput_vs_interactivity.svg      in+out tokens/s/GPU vs p50 tokens/s/user
 //! <out>/output_throughput_vs_interactivity.svg
 //! <out>/runs/<mode>@x<level>/records.jsonl   one line per request sent (wall-clock ms)
+//! <out>/runs/<mode>@x<level>/virtual-records.jsonl  the same in virtual time (modelled ms;
+//!                                            with --cross-check)
 //! <out>/runs/<mode>@x<level>/report.json     `switchyard-loadgen compare` reads these
 //! <out>/runs/<mode>@x<level>/report.md
 //! <out>/runs/<mode>@x<level>/stack/          the stack's logs and generated config
@@ -17,8 +19,11 @@ use std::path::Path;
 use serde::Serialize;
 use switchyard_sim::loadgen::markdown::run_markdown;
 use switchyard_sim::loadgen::plot::{interactivity_vs_throughput_svg, ThroughputKind};
+use switchyard_sim::loadgen::record::RequestRecord;
 use switchyard_sim::loadgen::report::RunReport;
+use switchyard_sim::replay::GatewayModel;
 
+use super::cpu::CpuUsage;
 use super::cross_check::cross_check_markdown;
 use super::runner::{Comparison, ModeRunOutcome};
 use super::table::comparison_tables;
@@ -38,16 +43,28 @@ fn json<T: Serialize>(value: &T) -> String {
 /// # Errors
 /// [`CompareError::Io`].
 pub fn write_run(run: &ModeRunOutcome) -> Result<(), CompareError> {
-    std::fs::create_dir_all(&run.dir)
-        .map_err(CompareError::io(format!("creating {}", run.dir.display())))?;
+    write_records(&run.dir, "records.jsonl", &run.records)?;
+    write(&run.dir.join("report.json"), &json(&run.report))?;
+    write(&run.dir.join("report.md"), &run_markdown(&run.report))
+}
+
+/// Writes `records` as JSON lines to `dir/name` (creating `dir`).
+///
+/// # Errors
+/// [`CompareError::Io`].
+pub fn write_records(
+    dir: &Path,
+    name: &str,
+    records: &[RequestRecord],
+) -> Result<(), CompareError> {
+    std::fs::create_dir_all(dir)
+        .map_err(CompareError::io(format!("creating {}", dir.display())))?;
     let mut lines = String::new();
-    for r in &run.records {
+    for r in records {
         lines.push_str(&serde_json::to_string(r).unwrap_or_default());
         lines.push('\n');
     }
-    write(&run.dir.join("records.jsonl"), &lines)?;
-    write(&run.dir.join("report.json"), &json(&run.report))?;
-    write(&run.dir.join("report.md"), &run_markdown(&run.report))
+    write(&dir.join(name), &lines)
 }
 
 /// The settings of a comparison, as recorded next to its results.
@@ -152,10 +169,9 @@ pub fn comparison_markdown(config: &CompareConfig, c: &Comparison) -> String {
         out.push_str("\n## Cross-check: the same runs in virtual time\n\n");
         if let Some(g) = &c.gateway_model {
             out.push_str(&format!(
-                "Virtual runs model the gateway's tokenizations in front of the engines: {:.4} \
-                 modelled ms per prompt token, processor-shared over {} cores (measured on this \
+                "Virtual runs model the gateway in front of the engines: {} (measured on this \
                  machine; `docs/benchmarks.md`).\n\n",
-                g.ms_per_prompt_token, g.cpus
+                gateway_summary(g)
             ));
         }
         out.push_str(&cross_check_markdown(&c.cross_check));
@@ -203,4 +219,43 @@ pub fn write_comparison(config: &CompareConfig, c: &Comparison) -> Result<(), Co
         }
     }
     Ok(())
+}
+
+/// The gateway model in one line, for the log and `comparison.md`.
+pub fn gateway_summary(g: &GatewayModel) -> String {
+    let threads = match g.route_threads {
+        0 => "unbounded".to_string(),
+        n => n.to_string(),
+    };
+    let timeout = g
+        .route_timeout_ms
+        .map_or_else(|| "none".to_string(), |t| format!("{t:.0} ms"));
+    format!(
+        "body rendering {:.5} modelled ms per prompt token, route tokenization {:.4} ms per \
+         token on {threads} control-plane \
+         threads (FIFO), route timeout {timeout} (fail-open), worker tokenization {:.4} ms per \
+         token, decode-leg tokenization {:.4} ms per token, all processor-shared over {:.0} cores",
+        g.body_ms_per_prompt_token,
+        g.route_ms_per_prompt_token,
+        g.worker_ms_per_prompt_token,
+        g.decode_leg_ms_per_prompt_token,
+        g.cpus
+    )
+}
+
+/// A run's CPU use in one line: ms per process and other work, as average cores.
+pub fn cpu_summary(cpu: &CpuUsage) -> String {
+    let cores = |ms: Option<f64>| {
+        ms.map_or_else(
+            || "–".to_string(),
+            |ms| format!("{:.0} ms ({:.2} cores)", ms, ms / cpu.wall_ms.max(1.0)),
+        )
+    };
+    let mut parts: Vec<String> = cpu
+        .processes
+        .iter()
+        .map(|(name, ms)| format!("{name} {}", cores(*ms)))
+        .collect();
+    parts.push(format!("other work {}", cores(cpu.other_ms)));
+    parts.join(", ")
 }

@@ -184,6 +184,7 @@ mod tests {
         CompareConfig::new(
             WorkloadSpec::Trace {
                 path: PathBuf::from("t.jsonl"),
+                block_tokens: 512,
             },
             PathBuf::from("out"),
         )

@@ -12,14 +12,18 @@ use switchyard_sim::loadgen::report::{build_report, RunMeta, RunReport};
 use switchyard_sim::replay::GatewayModel;
 use tokio::time::Instant;
 
+use super::cpu::{self, CpuSnapshot, CpuUsage};
 use super::cross_check::{cross_check_rows, virtual_reports, CrossCheckRow};
-use super::gateway_cost::{gateway_model, machine_cpus, measure_wall_ms_per_token};
+use super::gateway_cost::{control_plane_route_threads, gateway_model, machine_cpus, measure};
 use super::plan::{plan_runs, RunPlan};
 use super::table::fail_open_note;
 use super::workload::{prepare, PreparedWorkload};
 use super::{output, CompareConfig, CompareError};
 use crate::paths::Artifacts;
-use crate::stack::StackBuilder;
+use crate::stack::{Component, StackBuilder};
+
+/// Average cores of other work above which a run gets a note.
+const OTHER_WORK_NOTE_CORES: f64 = 0.25;
 
 /// One run's results.
 #[derive(Debug, Clone, Serialize)]
@@ -35,6 +39,8 @@ pub struct ModeRunOutcome {
     pub wall_s: f64,
     /// Problems seen around the run (a process of the stack that exited, ...).
     pub notes: Vec<String>,
+    /// CPU time of each stack process, the client and other work during the replay.
+    pub cpu: CpuUsage,
     /// Where its records, report and stack logs are.
     pub dir: PathBuf,
 }
@@ -121,19 +127,54 @@ pub async fn run_comparison(config: &CompareConfig) -> Result<Comparison, Compar
     }
     let (virtual_runs, cross_check, gateway_model) = if config.cross_check {
         let plans: Vec<RunPlan> = runs.iter().map(|r| r.plan.clone()).collect();
-        let wall = measure_wall_ms_per_token(&prepared, &artifacts.model_dir)?;
-        let gateway = gateway_model(wall, config.time_scale, machine_cpus());
-        eprintln!(
-            "cross-check: gateway tokenization measured at {:.2} µs per prompt token (wall, \
-             per tokenization); virtual replays add {:.4} modelled ms per prompt token on {} cores",
-            wall * 1e3,
-            gateway.ms_per_prompt_token,
-            gateway.cpus
+        let measured = measure(&prepared, &artifacts.model_dir)?;
+        let gateway = gateway_model(
+            measured,
+            config.time_scale,
+            machine_cpus(),
+            control_plane_route_threads(),
+            config.route_timeout_ms,
         );
-        let virtual_runs = virtual_reports(config, &prepared, preset, &plans, gateway)?;
-        let real: Vec<RunReport> = runs.iter().map(|r| r.report.clone()).collect();
-        let rows = cross_check_rows(&real, &virtual_runs);
-        (virtual_runs, rows, Some(gateway))
+        eprintln!(
+            "cross-check: measured {:.3} µs per prompt token to render a body, {:.2} µs per \
+             tokenization (wall); virtual replays: {}",
+            measured.body_ms_per_token * 1e3,
+            measured.tokenize_ms_per_token * 1e3,
+            output::gateway_summary(&gateway)
+        );
+        // Every run's virtual gateway gets the machine's cores. Taking off the average CPU
+        // other work used during the run (`cpu::CpuUsage::other_cores`) was tried and is not
+        // supported by the data: a run with 1.56 cores of other work had an agg TTFT p50 as
+        // usual (563 ms) while the reduced virtual gateway failed 45 requests open
+        // (docs/benchmarks.md); bursty tokenization threads get their share back from the
+        // scheduler. The CPU figures are reported per run instead.
+        let gateways = vec![gateway; runs.len()];
+        // Both sides get the same arrival process: each request is sent in virtual time when
+        // the real client sent it (wall ms × the workers' time scale = modelled ms).
+        let sent: Vec<Vec<f64>> = runs
+            .iter()
+            .map(|r| {
+                let mut sent = vec![f64::NAN; prepared.workload.requests.len()];
+                for record in &r.records {
+                    if let Some(slot) = sent.get_mut(record.id) {
+                        *slot = record.sent_ms * r.plan.worker_time_scale;
+                    }
+                }
+                sent
+            })
+            .collect();
+        let virtual_runs = virtual_reports(config, &prepared, preset, &plans, &gateways, &sent)?;
+        let real: Vec<(&RunReport, &[RequestRecord])> = runs
+            .iter()
+            .map(|r| (&r.report, r.records.as_slice()))
+            .collect();
+        let virt: Vec<(&RunReport, &[RequestRecord])> = virtual_runs
+            .iter()
+            .map(|(report, records)| (report, records.as_slice()))
+            .collect();
+        let rows = cross_check_rows(&real, &virt);
+        let reports = virtual_runs.into_iter().map(|(report, _)| report).collect();
+        (reports, rows, Some(gateway))
     } else {
         (Vec::new(), Vec::new(), None)
     };
@@ -206,9 +247,27 @@ async fn run_one(
         prepared.workload.requests.len(),
         stack.gateway_url()
     );
+    let snapshot = || CpuSnapshot {
+        machine_busy_ms: cpu::machine_busy_ms(),
+        processes_ms: [
+            Component::Nats,
+            Component::ControlPlane,
+            Component::Workers,
+            Component::PrefillWorkers,
+            Component::Envoy,
+        ]
+        .map(|c| stack.pid(c).and_then(cpu::process_ms))
+        .into_iter()
+        .chain([cpu::own_ms()])
+        .collect::<Vec<_>>()
+        .try_into()
+        .unwrap_or_default(),
+    };
+    let cpu_before = snapshot();
     let started = Instant::now();
     let replayed = replay(prepared.workload.clone(), prepared.builder.clone(), client).await;
     let wall_s = started.elapsed().as_secs_f64();
+    let cpu = CpuUsage::between(&cpu_before, &snapshot(), wall_s * 1e3);
     let mut notes = Vec::new();
     if let Err(e) = stack.check_running() {
         notes.push(format!("a stack process exited during the run: {e}"));
@@ -236,6 +295,12 @@ async fn run_one(
     };
     let report = build_report(meta, &outcome.records, outcome.not_sent, config.slo);
     notes.extend(fail_open_note(&report));
+    if let Some(cores) = cpu.other_cores().filter(|&c| c > OTHER_WORK_NOTE_CORES) {
+        notes.push(format!(
+            "other work on the machine used {cores:.2} cores on average during this run \
+             (the stack shared the machine; its timings are noisier)"
+        ));
+    }
     eprintln!(
         "{}: {} sent, {} ok, {} failed, {} not sent in {:.1} s wall",
         plan.label,
@@ -248,12 +313,18 @@ async fn run_one(
     for note in &notes {
         eprintln!("{}: {note}", plan.label);
     }
+    eprintln!(
+        "{}: CPU during the replay: {}",
+        plan.label,
+        output::cpu_summary(&cpu)
+    );
     Ok(ModeRunOutcome {
         plan,
         report,
         records: outcome.records,
         wall_s,
         notes,
+        cpu,
         dir,
     })
 }

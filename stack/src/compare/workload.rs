@@ -7,7 +7,7 @@ use switchyard_protocol::route::ApiKind;
 use switchyard_protocol::tokenize::ModelTokenizer;
 use switchyard_sim::loadgen::agentic::generate_agentic;
 use switchyard_sim::loadgen::prompts::{BodyBuilder, PromptFraming};
-use switchyard_sim::loadgen::trace::{plan_trace, read_trace, MOONCAKE_BLOCK_TOKENS};
+use switchyard_sim::loadgen::trace::{plan_trace, read_trace};
 use switchyard_sim::loadgen::vocab::Vocabulary;
 use switchyard_sim::loadgen::Workload;
 use switchyard_sim::replay::PromptSource;
@@ -62,8 +62,8 @@ pub fn prepare(
     model_dir: &Path,
 ) -> Result<PreparedWorkload, CompareError> {
     let (mut workload, malformed) = match spec {
-        WorkloadSpec::Trace { path } => {
-            let parsed = read_trace(path, MOONCAKE_BLOCK_TOKENS)
+        WorkloadSpec::Trace { path, block_tokens } => {
+            let parsed = read_trace(path, *block_tokens)
                 .map_err(|e| CompareError::Workload(format!("{}: {e}", path.display())))?;
             for bad in parsed.malformed.iter().take(10) {
                 tracing::warn!("{}:{}: {} (skipped)", path.display(), bad.line, bad.reason);
@@ -75,7 +75,7 @@ pub fn prepare(
                 )));
             }
             let malformed = parsed.malformed.len();
-            (plan_trace(&parsed, MOONCAKE_BLOCK_TOKENS, seed), malformed)
+            (plan_trace(&parsed, *block_tokens, seed), malformed)
         }
         WorkloadSpec::Agentic(config) => (
             generate_agentic(config, seed).map_err(|e| CompareError::Workload(e.to_string()))?,

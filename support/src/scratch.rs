@@ -1,0 +1,74 @@
+//! Free loopback ports and scratch directories that remove themselves.
+
+use std::net::{Ipv4Addr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// A port free right now on 127.0.0.1. Another process can still take it before the caller
+/// binds it; the caller's bind or readiness wait then fails and says so.
+///
+/// # Panics
+/// If no port can be bound on 127.0.0.1 (no loopback interface).
+pub fn free_port() -> u16 {
+    TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("bind 127.0.0.1:0 to find a free port")
+}
+
+/// A new directory under the system temp directory, removed with its contents on drop.
+#[derive(Debug)]
+pub struct TempDir {
+    path: PathBuf,
+}
+
+impl TempDir {
+    /// Creates `<temp>/switchyard-<tag>-<pid>-<n>`, with `n` chosen so the directory is new
+    /// (`create_dir` fails on an existing one, so two callers never share it).
+    ///
+    /// # Errors
+    /// The I/O error if no new directory can be created.
+    pub fn new(tag: &str) -> std::io::Result<TempDir> {
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        let base = std::env::temp_dir();
+        let mut last = None;
+        for _ in 0..1_000 {
+            let n = NEXT.fetch_add(1, Ordering::Relaxed);
+            let path = base.join(format!("switchyard-{tag}-{}-{n}", std::process::id()));
+            match std::fs::create_dir(&path) {
+                Ok(()) => return Ok(TempDir { path }),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => last = Some(e),
+                Err(e) => return Err(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| std::io::Error::other("no free scratch directory name")))
+    }
+
+    /// The directory.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scratch_dirs_are_distinct_and_removed_on_drop() {
+        let a = TempDir::new("scratch-test").expect("a");
+        let b = TempDir::new("scratch-test").expect("b");
+        assert_ne!(a.path(), b.path());
+        std::fs::write(a.path().join("file"), b"x").expect("write");
+        let path = a.path().to_path_buf();
+        drop(a);
+        assert!(!path.exists());
+        assert!(b.path().is_dir());
+    }
+}
