@@ -78,7 +78,7 @@ struct WorkerState {
     prefill_delta: i64,
     blocks_delta: i64,
     /// Active sequence hash -> number of active requests referencing it.
-    refs: U64Table<u32>,
+    refs: U64Table,
     in_flight: u32,
 }
 

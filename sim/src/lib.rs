@@ -12,10 +12,12 @@
 //! - [`worker`]: the real-time worker (HTTP API, NATS publishing, the KV handoff).
 //! - [`replay`]: virtual-time replay of a workload through engine cores with the control
 //!   plane's own routing code in the loop (the three serving modes, threshold sweeps).
+//! - [`cli`]: flag parsing shared by the binaries (exit 64 on bad flags).
 //! - [`loadgen`]: workloads (Mooncake traces, synthetic agentic sessions), the streaming
 //!   client that replays them against any OpenAI endpoint, and the report.
 #![deny(missing_docs)]
 
+pub mod cli;
 pub mod engine;
 pub mod loadgen;
 pub mod replay;

@@ -12,28 +12,9 @@ use crate::paths::{Artifacts, Profile};
 use crate::ports::free_ports;
 use crate::running::Stack;
 
-/// The control plane's serving mode (`--serving-mode`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum ServingMode {
-    /// Aggregated workers only.
-    Agg,
-    /// Every request disaggregated.
-    Disagg,
-    /// Per-request choice (the point of Switchyard).
-    #[default]
-    Conditional,
-}
-
-impl ServingMode {
-    /// The flag value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ServingMode::Agg => "agg",
-            ServingMode::Disagg => "disagg",
-            ServingMode::Conditional => "conditional",
-        }
-    }
-}
+/// The control plane's serving mode (`--serving-mode`); the stack runs `conditional` unless
+/// told otherwise.
+pub use switchyard_control_plane::settings::ServingMode;
 
 /// One of the stack's processes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -112,7 +93,7 @@ impl Default for StackBuilder {
             decode: 2,
             prefill: 0,
             agg: 0,
-            serving_mode: ServingMode::default(),
+            serving_mode: ServingMode::Conditional,
             conditional_disagg_config: None,
             listen_port: None,
             admin_port: None,

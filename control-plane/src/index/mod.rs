@@ -98,7 +98,7 @@ pub struct ApplyCounts {
 #[derive(Debug, Default)]
 struct WorkerBlocks {
     /// Engine block id -> record index.
-    engine: U64Table<u32>,
+    engine: U64Table,
     /// Record index -> extra copies, for blocks this worker stored under several engine ids.
     extra_copies: HashMap<u32, u32>,
 }
@@ -106,7 +106,7 @@ struct WorkerBlocks {
 /// The KV index. See the module docs.
 #[derive(Debug, Default)]
 pub struct KvIndex {
-    holders: U64Table<u32>,
+    holders: U64Table,
     records: Records,
     sets: SetArena,
     workers: Vec<Option<WorkerBlocks>>,
@@ -170,7 +170,7 @@ impl KvIndex {
         };
         let engine = std::mem::take(&mut worker.engine);
         worker.extra_copies.clear();
-        let mut seen = U64Table::<u32>::with_capacity(engine.len());
+        let mut seen = U64Table::with_capacity(engine.len());
         for (_, record) in engine.iter() {
             // A block held under several engine ids appears several times; drop it once.
             if seen.insert(u64::from(record), 1).is_none() {
@@ -215,7 +215,7 @@ impl KvIndex {
         // Start every cache miss of a chunk at once (see `U64Table::touch`), one chunk ahead
         // of the one being applied, so that misses are always in flight.
         #[inline(always)]
-        fn touch(engine: &U64Table<u32>, holders: &U64Table<u32>, chunk: &[StoredBlock]) {
+        fn touch(engine: &U64Table, holders: &U64Table, chunk: &[StoredBlock]) {
             black_box(engine.touch(chunk.iter().map(|b| b.block_id.0)));
             black_box(holders.touch(chunk.iter().map(|b| b.seq_hash.0)));
         }
@@ -368,7 +368,7 @@ impl KvIndex {
 
 /// The shared structures a worker's update touches, borrowed apart from the worker table.
 struct Parts<'a> {
-    holders: &'a mut U64Table<u32>,
+    holders: &'a mut U64Table,
     records: &'a mut Records,
     sets: &'a mut SetArena,
     pairs: &'a mut u64,

@@ -27,8 +27,6 @@
 //! Smaller tables (the per-worker engine-id tables, ~0.5 MB each, and the load tracker's)
 //! stay in a `Vec`. A fresh mapping is zeroed, which is already an empty line.
 
-use std::marker::PhantomData;
-
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
 #[cfg(test)]
@@ -192,24 +190,23 @@ fn place(lines: &mut [Line], key: u64, val: u32) -> (usize, usize) {
     (l, s)
 }
 
-/// The table, from `u64` keys to `u32` values. See the module docs. The type parameter only
-/// names the value type at use sites: values are `u32` (a line's layout fixes them).
-pub(crate) struct U64Table<V = u32> {
+/// The table, from `u64` keys to `u32` values (a line's layout fixes them). See the module
+/// docs.
+pub(crate) struct U64Table {
     lines: Lines,
     len: usize,
     /// Key count at which the next insert grows the table (the maximum load of `lines`).
     grow_at: usize,
     zero: Option<u32>,
-    _values: PhantomData<V>,
 }
 
-impl<V> std::fmt::Debug for U64Table<V> {
+impl std::fmt::Debug for U64Table {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "U64Table({} keys)", self.len)
     }
 }
 
-impl Default for U64Table<u32> {
+impl Default for U64Table {
     fn default() -> Self {
         Self::new()
     }
@@ -220,7 +217,7 @@ fn lines_for(keys: usize) -> usize {
     (keys * MAX_LOAD_DEN / MAX_LOAD_NUM).div_ceil(SLOTS) + 1
 }
 
-impl U64Table<u32> {
+impl U64Table {
     /// An empty table (allocates nothing).
     pub(crate) fn new() -> Self {
         U64Table {
@@ -228,7 +225,6 @@ impl U64Table<u32> {
             len: 0,
             grow_at: 0,
             zero: None,
-            _values: PhantomData,
         }
     }
 
@@ -505,7 +501,7 @@ mod tests {
         fn behaves_like_a_hash_map(
             ops in proptest::collection::vec((0u8..3, 0u64..64, proptest::num::u32::ANY), 0..600)
         ) {
-            let mut t: U64Table<u32> = U64Table::new();
+            let mut t: U64Table = U64Table::new();
             let mut m: HashMap<u64, u32> = HashMap::new();
             for (op, key, val) in ops {
                 // Small keys collide and cluster; shifting them spreads them over the u64 range too.
@@ -526,7 +522,7 @@ mod tests {
 
     #[test]
     fn stays_between_64_and_80_percent_full_while_growing() {
-        let mut t: U64Table<u32> = U64Table::new();
+        let mut t: U64Table = U64Table::new();
         for k in 1..200_000u64 {
             t.insert(k, 1);
             if k > 1_000 {
@@ -542,7 +538,7 @@ mod tests {
     #[test]
     fn a_mapped_table_behaves_like_a_hash_map() {
         let keys = MAP_MIN_BYTES / LINE_BYTES * SLOTS;
-        let mut t: U64Table<u32> = U64Table::with_capacity(keys / 2);
+        let mut t: U64Table = U64Table::with_capacity(keys / 2);
         assert!(!t.lines.is_mapped());
         let mut m: HashMap<u64, u32> = HashMap::new();
         let key = |i: u64| i.wrapping_mul(0x2545_f491_4f6c_dd1d) | 1;
@@ -582,7 +578,7 @@ mod tests {
         fn behaves_like_a_hash_map_when_crowded(
             ops in proptest::collection::vec((0u8..4, 0u64..400), 0..3000)
         ) {
-            let mut t: U64Table<u32> = U64Table::with_capacity(300);
+            let mut t: U64Table = U64Table::with_capacity(300);
             let mut m: HashMap<u64, u32> = HashMap::new();
             for (i, (op, key)) in ops.into_iter().enumerate() {
                 // Spread over the u64 range, with some keys sharing home lines.

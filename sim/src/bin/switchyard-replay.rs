@@ -13,6 +13,7 @@ use clap::Parser;
 use switchyard_control_plane::config::{RouterConfig, ServingMode};
 use switchyard_protocol::route::ApiKind;
 use switchyard_protocol::tokenize::{default_model_dir, ModelTokenizer};
+use switchyard_sim::cli::{parse_args, EXIT_USAGE};
 use switchyard_sim::engine::PerfPreset;
 use switchyard_sim::loadgen::agentic::generate_agentic;
 use switchyard_sim::loadgen::markdown::{comparison_markdown, run_markdown};
@@ -28,9 +29,6 @@ use switchyard_sim::replay::{
     ThresholdGrid,
 };
 use switchyard_sim::worker::config::DEFAULT_MODEL_NAME;
-
-/// Exit code for bad input (BSD `EX_USAGE`).
-const EXIT_USAGE: u8 = 64;
 
 #[derive(Parser)]
 #[command(name = "switchyard-replay", version, about)]
@@ -143,16 +141,9 @@ struct Plan {
 }
 
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
-        Ok(cli) => cli,
-        Err(e) if !e.use_stderr() => {
-            let _ = e.print();
-            return ExitCode::SUCCESS;
-        }
-        Err(e) => {
-            let _ = e.print();
-            return ExitCode::from(EXIT_USAGE);
-        }
+    let cli: Cli = match parse_args() {
+        Ok(parsed) => parsed,
+        Err(code) => return code,
     };
     let plan = match plan(&cli) {
         Ok(p) => p,

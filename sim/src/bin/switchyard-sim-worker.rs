@@ -10,11 +10,9 @@ use std::sync::Arc;
 use anyhow::Context as _;
 use clap::Parser;
 use switchyard_protocol::tokenize::{default_model_dir, ModelTokenizer};
+use switchyard_sim::cli::{parse_args, EXIT_USAGE};
 use switchyard_sim::engine::{EngineConfig, PerfPreset, TransferMode};
 use switchyard_sim::worker::{self, WorkerConfig, WorkerDeps, WorkerSpec, DEFAULT_MODEL_NAME};
-
-/// Exit code for bad command-line flags (BSD `EX_USAGE`).
-const EXIT_USAGE: u8 = 64;
 
 /// Simulated vLLM-compatible workers (GB200 performance model) for Switchyard.
 #[derive(Debug, Parser)]
@@ -170,17 +168,9 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .init();
-    let args = match Args::try_parse() {
-        Ok(a) => a,
-        Err(e) if e.use_stderr() => {
-            let _ = e.print();
-            return ExitCode::from(EXIT_USAGE);
-        }
-        Err(e) => {
-            // --help / --version.
-            let _ = e.print();
-            return ExitCode::SUCCESS;
-        }
+    let args: Args = match parse_args() {
+        Ok(parsed) => parsed,
+        Err(code) => return code,
     };
     let configs = match args.worker_configs() {
         Ok(c) => c,

@@ -406,14 +406,36 @@ mod tests {
         out
     }
 
-    fn ready_order(events: &[(GatewayEvent, f64)]) -> Vec<(usize, f64)> {
+    /// `(id, time)` of the events `pick` names, in the order they happened.
+    fn times_of(
+        events: &[(GatewayEvent, f64)],
+        pick: impl Fn(&GatewayEvent) -> Option<usize>,
+    ) -> Vec<(usize, f64)> {
         events
             .iter()
-            .filter_map(|(e, t)| match e {
-                GatewayEvent::Ready { id, .. } => Some((*id, *t)),
-                _ => None,
-            })
+            .filter_map(|(e, t)| pick(e).map(|id| (id, *t)))
             .collect()
+    }
+
+    fn ready_order(events: &[(GatewayEvent, f64)]) -> Vec<(usize, f64)> {
+        times_of(events, |e| match e {
+            GatewayEvent::Ready { id, .. } => Some(*id),
+            _ => None,
+        })
+    }
+
+    fn routed(events: &[(GatewayEvent, f64)]) -> Vec<(usize, f64)> {
+        times_of(events, |e| match e {
+            GatewayEvent::Routed { id, .. } => Some(*id),
+            _ => None,
+        })
+    }
+
+    fn failed_open(events: &[(GatewayEvent, f64)]) -> Vec<(usize, f64)> {
+        times_of(events, |e| match e {
+            GatewayEvent::FailedOpen { id, .. } => Some(*id),
+            _ => None,
+        })
     }
 
     #[test]
@@ -441,13 +463,7 @@ mod tests {
         push(&mut q, 0.0, 0, 3000);
         push(&mut q, 0.0, 1, 1000);
         let events = drain(&mut q);
-        let routed: Vec<(usize, f64)> = events
-            .iter()
-            .filter_map(|(e, t)| match e {
-                GatewayEvent::Routed { id, .. } => Some((*id, *t)),
-                _ => None,
-            })
-            .collect();
+        let routed = routed(&events);
         // Request 0 routes at 30 ms; then request 1's route call (10 ms) and request 0's
         // worker tokenization (30 ms) run side by side on the two cores.
         assert_eq!(routed.iter().map(|r| r.0).collect::<Vec<_>>(), vec![0, 1]);
@@ -474,26 +490,14 @@ mod tests {
         push(&mut q, 0.0, 0, 3000);
         push(&mut q, 0.0, 1, 1000);
         let events = drain(&mut q);
-        let routed: Vec<(usize, f64)> = events
-            .iter()
-            .filter_map(|(e, t)| match e {
-                GatewayEvent::Routed { id, .. } => Some((*id, *t)),
-                _ => None,
-            })
-            .collect();
+        let routed = routed(&events);
         // Bodies: 1 ms and 3 ms on two cores. Request 1's call runs 1–11 ms; request 0's,
         // dispatched at 3 ms, waits for the thread and runs 11–41 ms: 38 ms after its
         // dispatch, past the 35 ms timeout, so it fails open at 38 ms.
         assert_eq!(routed.len(), 1, "{events:?}");
         assert_eq!(routed[0].0, 1);
         assert!((routed[0].1 - 11.0).abs() < 1e-6, "{routed:?}");
-        let failed: Vec<(usize, f64)> = events
-            .iter()
-            .filter_map(|(e, t)| match e {
-                GatewayEvent::FailedOpen { id, .. } => Some((*id, *t)),
-                _ => None,
-            })
-            .collect();
+        let failed = failed_open(&events);
         assert_eq!(failed.len(), 1, "{events:?}");
         assert_eq!(failed[0].0, 0);
         assert!((failed[0].1 - 38.0).abs() < 1e-6, "{failed:?}");

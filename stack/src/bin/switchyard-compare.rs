@@ -11,15 +11,13 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, ValueEnum};
+use switchyard_sim::cli::{parse_args, EXIT_USAGE};
 use switchyard_sim::loadgen::report::Slo;
 use switchyard_sim::loadgen::WorkloadArgs;
 use switchyard_stack::compare::output::comparison_markdown;
 use switchyard_stack::compare::workload::default_trace;
 use switchyard_stack::compare::{run_comparison, CompareConfig, CompareError, WorkloadSpec};
 use switchyard_stack::{stop_children_on_signal, Profile, ServingMode};
-
-/// Exit code for bad input (BSD `EX_USAGE`).
-const EXIT_USAGE: u8 = 64;
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum ProfileArg {
@@ -102,16 +100,9 @@ fn main() -> ExitCode {
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
         )
         .init();
-    let cli = match Cli::try_parse() {
-        Ok(cli) => cli,
-        Err(e) if !e.use_stderr() => {
-            let _ = e.print();
-            return ExitCode::SUCCESS;
-        }
-        Err(e) => {
-            let _ = e.print();
-            return ExitCode::from(EXIT_USAGE);
-        }
+    let cli: Cli = match parse_args() {
+        Ok(parsed) => parsed,
+        Err(code) => return code,
     };
     let config = match config(cli) {
         Ok(c) => c,

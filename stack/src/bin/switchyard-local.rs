@@ -7,15 +7,8 @@
 use std::path::PathBuf;
 
 use anyhow::Context as _;
-use clap::{Parser, ValueEnum};
+use clap::Parser;
 use switchyard_stack::{Profile, ServingMode, StackBuilder};
-
-#[derive(Debug, Clone, Copy, ValueEnum)]
-enum Mode {
-    Agg,
-    Disagg,
-    Conditional,
-}
 
 /// Run the local Switchyard stack (Envoy + filter, control plane, NATS, simulated workers).
 #[derive(Debug, Parser)]
@@ -31,8 +24,8 @@ struct Args {
     #[arg(long, default_value_t = 0)]
     agg: usize,
     /// The control plane's serving mode.
-    #[arg(long, value_enum, default_value_t = Mode::Conditional)]
-    serving_mode: Mode,
+    #[arg(long, value_enum, default_value_t = ServingMode::Conditional)]
+    serving_mode: ServingMode,
     /// JSON policy config for conditional serving (`--conditional-disagg-config`).
     #[arg(long)]
     conditional_disagg_config: Option<String>,
@@ -91,11 +84,7 @@ async fn main() -> anyhow::Result<()> {
         .decode_workers(args.decode)
         .prefill_workers(args.prefill)
         .agg_workers(args.agg)
-        .serving_mode(match args.serving_mode {
-            Mode::Agg => ServingMode::Agg,
-            Mode::Disagg => ServingMode::Disagg,
-            Mode::Conditional => ServingMode::Conditional,
-        })
+        .serving_mode(args.serving_mode)
         .profile(if args.release {
             Profile::Release
         } else {

@@ -24,7 +24,6 @@ use switchyard_sim::replay::{report_run, run_mode, GatewayModel, StackSpec};
 use super::plan::RunPlan;
 use super::workload::PreparedWorkload;
 use super::{CompareConfig, CompareError};
-use crate::stack::ServingMode;
 
 /// Real/virtual agreement asked for by the comparison issue: within 10 %.
 pub const AGREEMENT_TOLERANCE: f64 = 0.10;
@@ -79,15 +78,6 @@ impl CrossCheckRow {
     }
 }
 
-/// The router's serving mode for a stack mode.
-pub fn router_mode(mode: ServingMode) -> RouterMode {
-    match mode {
-        ServingMode::Agg => RouterMode::Agg,
-        ServingMode::Disagg => RouterMode::Disagg,
-        ServingMode::Conditional => RouterMode::Conditional,
-    }
-}
-
 /// Replays every plan in virtual time, with `gateways[i]` as the cost in front of the
 /// engines of plan `i` and `sent[i]` as its requests' send times (the real run's, modelled
 /// ms by id; see [`StackSpec::sent_ms`]), writes its records next to the real ones, and
@@ -119,7 +109,7 @@ pub fn virtual_reports(
     let source = prepared.prompt_source();
     let mut reports = Vec::new();
     for ((plan, gateway), sent) in plans.iter().zip(gateways).zip(sent) {
-        let mode = router_mode(plan.serving_mode());
+        let mode = RouterMode::from(plan.serving_mode());
         let workers = u32::try_from(plan.split.total()).unwrap_or(u32::MAX);
         let prefill = u32::try_from(plan.split.prefill).unwrap_or(u32::MAX);
         let mut spec = StackSpec::new(mode, workers, prefill);
