@@ -1,6 +1,6 @@
 //! One child process: started with its output in a log file (or discarded), stopped by PID.
 //!
-//! Stopping sends SIGTERM (through the `kill` program: the workspace forbids `unsafe`, so
+//! Stopping sends SIGTERM (through the `kill` program: the workspace denies `unsafe`, so
 //! there is no direct `kill(2)`), waits a bounded grace period, then SIGKILLs, and always
 //! reaps the child. [`Drop`] stops the process, so a panicking test or a returning `main`
 //! never leaves a child behind.

@@ -24,6 +24,7 @@
 //! hold 15-bit integers instead of names.
 
 mod pages;
+mod prefetch;
 mod query;
 mod records;
 pub(crate) mod table;
@@ -33,7 +34,6 @@ mod worker_set;
 mod tests;
 
 use std::collections::HashMap;
-use std::hint::black_box;
 
 use switchyard_protocol::hash::SequenceHash;
 use switchyard_protocol::kv::{EngineBlockId, StoredBlock};
@@ -44,8 +44,8 @@ use worker_set::{PackedSet, SetArena};
 
 pub use worker_set::MAX_SLOT;
 
-/// Blocks whose cache misses are started together (see `U64Table::touch`): enough to keep
-/// a core's outstanding-miss buffers busy.
+/// Blocks whose cache misses are started together (see `U64Table::prefetch`): enough to
+/// keep a core's outstanding-miss buffers busy.
 const PREFETCH: usize = 16;
 
 /// Dense index of a worker in the KV index (`0..=MAX_SLOT`), allocated by the owner.
@@ -212,22 +212,19 @@ impl KvIndex {
             sets: &mut self.sets,
             pairs: &mut self.pairs,
         };
-        // Start every cache miss of a chunk at once (see `U64Table::touch`), one chunk ahead
-        // of the one being applied, so that misses are always in flight.
-        #[inline(always)]
-        fn touch(engine: &U64Table, holders: &U64Table, chunk: &[StoredBlock]) {
-            black_box(engine.touch(chunk.iter().map(|b| b.block_id.0)));
-            black_box(holders.touch(chunk.iter().map(|b| b.seq_hash.0)));
-        }
-        touch(engine, p.holders, &blocks[..blocks.len().min(PREFETCH)]);
+        // Start every cache miss of a chunk at once (see `U64Table::prefetch`), one chunk
+        // ahead of the one being applied, so that misses are always in flight.
+        let first = &blocks[..blocks.len().min(PREFETCH)];
+        engine.prefetch(first.iter().map(|b| b.block_id.0));
+        p.holders.prefetch(first.iter().map(|b| b.seq_hash.0));
         for (c, chunk) in blocks.chunks(PREFETCH).enumerate() {
             let next = blocks.get((c + 1) * PREFETCH..).unwrap_or_default();
             let next = &next[..next.len().min(PREFETCH)];
-            black_box(engine.touch(next.iter().map(|b| b.block_id.0)));
+            engine.prefetch(next.iter().map(|b| b.block_id.0));
             // The hash table is viewed once per chunk (see `U64Table::batch`); the view ends
             // where dropping a replaced block may remove keys from it.
             let mut holders = p.holders.batch(chunk.len());
-            black_box(holders.touch(next.iter().map(|b| b.seq_hash.0)));
+            holders.prefetch(next.iter().map(|b| b.seq_hash.0));
             for b in chunk {
                 let hash = b.seq_hash.0;
                 let (engine_slot, fresh_id) = engine.entry(b.block_id.0);
@@ -285,7 +282,7 @@ impl KvIndex {
         };
         let mut found = [0u32; PREFETCH];
         for chunk in block_ids.chunks(PREFETCH) {
-            black_box(worker.engine.touch(chunk.iter().map(|id| id.0)));
+            worker.engine.prefetch(chunk.iter().map(|id| id.0));
             let mut n = 0;
             for id in chunk {
                 match worker.engine.remove(id.0) {
@@ -297,10 +294,8 @@ impl KvIndex {
                 }
             }
             let records: &[Record] = &p.records.all;
-            black_box(
-                p.holders
-                    .touch(found[..n].iter().map(|&i| records[i as usize].hash())),
-            );
+            p.holders
+                .prefetch(found[..n].iter().map(|&i| records[i as usize].hash()));
             for &record in &found[..n] {
                 if !release_copy(&mut worker.extra_copies, record) {
                     drop_holder(p.reborrow(), record, slot.0);

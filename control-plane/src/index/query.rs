@@ -10,17 +10,16 @@
 //! lives on one worker), so a step is two compares; larger sets are bitsets ANDed word by
 //! word.
 
-use std::hint::black_box;
-
 use switchyard_protocol::hash::SequenceHash;
 
+use super::prefetch::prefetch;
 use super::records::Record;
 use super::worker_set::{slots_of, PackedSet, SetView};
 use super::{KvIndex, OverlapScores, WorkerSlot};
 
 /// Records whose cache lines are loaded ahead when a query enters a stored chain: a whole
 /// long prompt's chain, while bounding the wasted loads if chains turn out short.
-const TOUCH_AHEAD: usize = 128;
+const PREFETCH_AHEAD: usize = 128;
 
 /// The live candidates: inline while there are at most two, else the bitset in
 /// `OverlapScores::candidates`.
@@ -60,10 +59,11 @@ impl KvIndex {
                 let ahead = &ahead[..ahead.len().min(rest.len())];
                 if ahead.first().is_some_and(|r| r.hash() == h.0) {
                     // The chain goes on: start loading its next cache lines at once (5 records
-                    // per 64-byte line, at most `TOUCH_AHEAD` records per entry) so that the compare
-                    // loop below mostly hits lines already in flight.
-                    let lines = ahead[..ahead.len().min(TOUCH_AHEAD)].iter().step_by(5);
-                    black_box(lines.fold(0, |acc, r| acc ^ r.set.0));
+                    // per 64-byte line, at most `PREFETCH_AHEAD` records per entry) so that
+                    // the compare loop below mostly hits lines already in flight.
+                    for r in ahead[..ahead.len().min(PREFETCH_AHEAD)].iter().step_by(5) {
+                        prefetch(r);
+                    }
                 }
                 // The common record is held by exactly this worker: compare it whole.
                 let only_w = PackedSet::one(w);

@@ -32,6 +32,7 @@ use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 #[cfg(test)]
 use super::pages::HUGE_PAGE;
 use super::pages::{HugeMap, MAP_MIN_BYTES};
+use super::prefetch::prefetch;
 
 /// Load factor above which the table grows, as a fraction `MAX_LOAD_NUM / MAX_LOAD_DEN`.
 const MAX_LOAD_NUM: usize = 4;
@@ -266,13 +267,12 @@ impl U64Table {
         self.lines.bytes()
     }
 
-    /// Loads the home line of every key, without branching on the result, so that their
-    /// cache misses overlap (memory-level parallelism); the caller then looks them up while
-    /// they are in flight or cached. Returns a value that the caller must consume with
-    /// `std::hint::black_box` so the loads are not optimised away.
+    /// Starts loading the home line of every key (a prefetch hint, see `super::prefetch`),
+    /// so that their cache misses overlap (memory-level parallelism); the caller then looks
+    /// them up while they are in flight or cached.
     #[inline(always)]
-    pub(crate) fn touch(&self, keys: impl Iterator<Item = u64>) -> u32 {
-        touch_lines(self.lines.get(), keys)
+    pub(crate) fn prefetch(&self, keys: impl Iterator<Item = u64>) {
+        prefetch_lines(self.lines.get(), keys);
     }
 
     /// The value of `key`, inserting `0` if absent; `true` when inserted. One probe instead
@@ -430,21 +430,23 @@ impl Batch<'_> {
         entry_in_lines(self.lines, self.len, key)
     }
 
-    /// As [`U64Table::touch`].
+    /// As [`U64Table::prefetch`].
     #[inline(always)]
-    pub(crate) fn touch(&self, keys: impl Iterator<Item = u64>) -> u32 {
-        touch_lines(self.lines, keys)
+    pub(crate) fn prefetch(&self, keys: impl Iterator<Item = u64>) {
+        prefetch_lines(self.lines, keys);
     }
 }
 
-/// Loads the home line of every key (see [`U64Table::touch`]).
+/// Starts loading the home line of every key (see [`U64Table::prefetch`]).
 #[inline(always)]
-fn touch_lines(lines: &[Line], keys: impl Iterator<Item = u64>) -> u32 {
+fn prefetch_lines(lines: &[Line], keys: impl Iterator<Item = u64>) {
     let n = lines.len();
     if n == 0 {
-        return 0;
+        return;
     }
-    keys.fold(0, |acc, k| acc ^ lines[home(k, n)].overflow)
+    for k in keys {
+        prefetch(&lines[home(k, n)]);
+    }
 }
 
 /// The insert or lookup of a nonzero `key` in a table with room for it.
