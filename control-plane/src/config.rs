@@ -24,8 +24,11 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-/// How requests are served.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+/// How requests are served: set by `--serving-mode` (clap names, the same as the JSON's) and
+/// by `PUT /v1/config`.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default, clap::ValueEnum,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum ServingMode {
     /// No prefill pool: every request goes to a decode (or agg) worker, which prefills.
@@ -35,6 +38,17 @@ pub enum ServingMode {
     /// The policy decides per request (bypass or disaggregate).
     #[default]
     Conditional,
+}
+
+impl ServingMode {
+    /// Lower-case name, as on the command line, in JSON and in metric labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ServingMode::Agg => "agg",
+            ServingMode::Disagg => "disagg",
+            ServingMode::Conditional => "conditional",
+        }
+    }
 }
 
 /// Which conditional-disaggregation rule decides bypass (see `docs/policies.md`).

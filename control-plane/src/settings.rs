@@ -10,34 +10,11 @@ use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 
-use crate::config::{ConfigError, RouterConfig};
+use crate::config::{ConfigError, RouterConfig, ServingMode};
 
 /// Default largest `POST /v1/route` body. Long agentic prompts (250k tokens of text plus tool
 /// schemas) are a few MiB; anything far beyond that is a client error, not a prompt.
 pub const DEFAULT_MAX_ROUTE_BODY_BYTES: usize = 16 * 1024 * 1024;
-
-/// How the deployment serves requests, which decides what the router may answer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ServingMode {
-    /// Aggregated workers only: every verdict is `agg`.
-    Agg,
-    /// Always disaggregate when a prefill worker is live.
-    Disagg,
-    /// Decide per request (bypass or disaggregate) by policy.
-    Conditional,
-}
-
-impl ServingMode {
-    /// Lower-case name, as on the command line and in metric labels.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ServingMode::Agg => "agg",
-            ServingMode::Disagg => "disagg",
-            ServingMode::Conditional => "conditional",
-        }
-    }
-}
 
 /// Log line format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -121,16 +98,6 @@ pub struct Settings {
     pub log_format: LogFormat,
 }
 
-impl From<ServingMode> for crate::config::ServingMode {
-    fn from(mode: ServingMode) -> Self {
-        match mode {
-            ServingMode::Agg => crate::config::ServingMode::Agg,
-            ServingMode::Disagg => crate::config::ServingMode::Disagg,
-            ServingMode::Conditional => crate::config::ServingMode::Conditional,
-        }
-    }
-}
-
 impl Settings {
     /// The router's start-up config: defaults, then `--serving-mode`, then the
     /// `--conditional-disagg-config` JSON as a patch (so a `serving_mode` key in the JSON
@@ -141,7 +108,7 @@ impl Settings {
     /// the text is not JSON).
     pub fn router_config(&self) -> Result<RouterConfig, ConfigError> {
         let mut config = RouterConfig {
-            serving_mode: self.serving_mode.into(),
+            serving_mode: self.serving_mode,
             ..RouterConfig::default()
         };
         if let Some(text) = &self.conditional_disagg_config {
@@ -216,7 +183,7 @@ mod tests {
         ])
         .unwrap();
         let c = s.router_config().unwrap();
-        assert_eq!(c.serving_mode, crate::config::ServingMode::Agg);
+        assert_eq!(c.serving_mode, ServingMode::Agg);
         assert_eq!(c.conditional.eff_isl_threshold, 512);
 
         let mut s = Settings::try_parse_from(["x"]).unwrap();

@@ -14,7 +14,10 @@ fn replay(args: &[&str]) -> Output {
 #[test]
 fn bad_input_exits_64_with_a_clear_message() {
     let cases: [(&[&str], &str); 6] = [
-        (&["--modes", "agg,fast"], "unknown mode \"fast\""),
+        (
+            &["--modes", "agg,fast"],
+            "invalid value 'fast' for '--modes",
+        ),
         (
             &["--trace", "/nonexistent/trace.jsonl"],
             "cannot read trace",

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use switchyard_control_plane::config::ServingMode;
 use switchyard_protocol::route::ApiKind;
 use switchyard_protocol::tokenize::{default_model_dir, ModelTokenizer};
 use switchyard_sim::loadgen::agentic::generate_agentic;
@@ -116,7 +117,7 @@ struct RunArgs {
     label: Option<String>,
     /// Serving mode measured, for comparisons.
     #[arg(long, value_enum)]
-    mode: Option<Mode>,
+    mode: Option<ServingMode>,
     /// Bearer token for the endpoint.
     #[arg(long, env = "OPENAI_API_KEY", hide_env_values = true)]
     api_key: Option<String>,
@@ -142,13 +143,6 @@ struct CompareArgs {
 enum Api {
     Chat,
     Completions,
-}
-
-#[derive(Clone, Copy, ValueEnum)]
-enum Mode {
-    Agg,
-    Disagg,
-    Conditional,
 }
 
 fn main() -> Result<()> {
@@ -248,11 +242,7 @@ fn run(args: RunArgs) -> Result<()> {
         framing.prefix_tokens(),
         framing.suffix_tokens()
     );
-    let mode = args.mode.map(|m| match m {
-        Mode::Agg => "agg",
-        Mode::Disagg => "disagg",
-        Mode::Conditional => "conditional",
-    });
+    let mode = args.mode.map(ServingMode::as_str);
     let label = args
         .label
         .clone()

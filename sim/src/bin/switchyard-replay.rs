@@ -24,9 +24,8 @@ use switchyard_sim::loadgen::trace::{plan_trace, read_trace};
 use switchyard_sim::loadgen::vocab::Vocabulary;
 use switchyard_sim::loadgen::{Workload, WorkloadArgs};
 use switchyard_sim::replay::{
-    mode_name, pick_from_sweep, recommend_thresholds, report_run, run_mode, sweep_markdown,
-    sweep_thresholds, tuning_markdown, EffIslDistribution, GatewayModel, PromptSource, StackSpec,
-    ThresholdGrid,
+    pick_from_sweep, recommend_thresholds, report_run, run_mode, sweep_markdown, sweep_thresholds,
+    tuning_markdown, EffIslDistribution, GatewayModel, PromptSource, StackSpec, ThresholdGrid,
 };
 use switchyard_sim::worker::config::DEFAULT_MODEL_NAME;
 
@@ -50,7 +49,7 @@ struct Cli {
     prefill_workers: Option<u32>,
     /// Modes to run, comma-separated: agg, disagg, conditional.
     #[arg(long, value_delimiter = ',', default_value = "agg,disagg,conditional")]
-    modes: Vec<String>,
+    modes: Vec<ServingMode>,
     /// Multiplies arrival times (0.5 = twice the trace's rate).
     #[arg(long, default_value_t = 1.0)]
     time_scale: f64,
@@ -185,16 +184,7 @@ fn default_trace() -> PathBuf {
 }
 
 fn plan(cli: &Cli) -> Result<Plan> {
-    let modes = cli
-        .modes
-        .iter()
-        .map(|m| match m.trim() {
-            "agg" => Ok(ServingMode::Agg),
-            "disagg" => Ok(ServingMode::Disagg),
-            "conditional" => Ok(ServingMode::Conditional),
-            other => bail!("unknown mode {other:?} in --modes (agg, disagg, conditional)"),
-        })
-        .collect::<Result<Vec<_>>>()?;
+    let modes = cli.modes.clone();
     let preset: PerfPreset = cli
         .perf_preset
         .parse()
@@ -359,7 +349,7 @@ fn run(cli: &Cli, plan: Plan) -> Result<()> {
             let (start, _) = wall_s(None);
             let run = run_mode(&workload, &source, spec)?;
             let (_, secs) = wall_s(Some(start));
-            let label = format!("{}@x{scale}", mode_name(mode));
+            let label = format!("{}@x{scale}", mode.as_str());
             eprintln!(
                 "{label}: {} requests in {:.1} s wall ({:.0} s virtual)",
                 run.records.len(),

@@ -8,7 +8,7 @@
 use serde::Serialize;
 use switchyard_control_plane::config::ServingMode;
 
-use super::spec::{mode_name, ReplayRun, StackSpec};
+use super::spec::{ReplayRun, StackSpec};
 use super::stack::VirtualStack;
 use super::tokens::PromptSource;
 use super::ReplayError;
@@ -47,7 +47,7 @@ pub fn report_run(
     label: Option<String>,
 ) -> RunReport {
     let spec = &run.spec;
-    let mode = mode_name(spec.mode);
+    let mode = spec.mode.as_str();
     let meta = RunMeta {
         label: label.unwrap_or_else(|| format!("{mode}@x{}", spec.time_scale)),
         mode: Some(mode.to_string()),

@@ -76,7 +76,7 @@ impl StackSpec {
         if self.prefill_workers == 0 || self.prefill_workers >= self.workers {
             return bad(format!(
                 "{} mode needs 1 to {} prefill workers out of {}, got {}",
-                mode_name(self.mode),
+                self.mode.as_str(),
                 self.workers.saturating_sub(1),
                 self.workers,
                 self.prefill_workers
@@ -90,15 +90,6 @@ impl StackSpec {
     /// GPUs in the deployment (for throughput per GPU).
     pub fn gpus(&self) -> u32 {
         self.workers * self.preset.gpus_per_worker()
-    }
-}
-
-/// The wire name of a serving mode.
-pub fn mode_name(mode: ServingMode) -> &'static str {
-    match mode {
-        ServingMode::Agg => "agg",
-        ServingMode::Disagg => "disagg",
-        ServingMode::Conditional => "conditional",
     }
 }
 

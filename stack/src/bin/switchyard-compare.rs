@@ -43,7 +43,7 @@ struct Cli {
     prefill_ratio: f64,
     /// Modes to run, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "agg,disagg,conditional")]
-    modes: Vec<String>,
+    modes: Vec<ServingMode>,
     /// Keep only the first N requests.
     #[arg(long, default_value_t = 200)]
     max_requests: usize,
@@ -150,18 +150,7 @@ fn config(cli: Cli) -> Result<CompareConfig, String> {
         }
         None => WorkloadSpec::Agentic(cli.workload.agentic_config()?),
     };
-    let modes = cli
-        .modes
-        .iter()
-        .map(|m| match m.trim() {
-            "agg" => Ok(ServingMode::Agg),
-            "disagg" => Ok(ServingMode::Disagg),
-            "conditional" => Ok(ServingMode::Conditional),
-            other => Err(format!(
-                "unknown mode {other:?} in --modes (agg, disagg, conditional)"
-            )),
-        })
-        .collect::<Result<Vec<_>, _>>()?;
+    let modes = cli.modes.clone();
     if let Some(text) = &cli.conditional_disagg_config {
         serde_json::from_str::<serde_json::Value>(text)
             .map_err(|e| format!("--conditional-disagg-config is not JSON: {e}"))?;

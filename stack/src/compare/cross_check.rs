@@ -15,7 +15,7 @@ use std::collections::BTreeSet;
 use std::fmt::Write as _;
 
 use serde::Serialize;
-use switchyard_control_plane::config::{RouterConfig, ServingMode as RouterMode};
+use switchyard_control_plane::config::RouterConfig;
 use switchyard_sim::engine::PerfPreset;
 use switchyard_sim::loadgen::record::RequestRecord;
 use switchyard_sim::loadgen::report::RunReport;
@@ -109,7 +109,7 @@ pub fn virtual_reports(
     let source = prepared.prompt_source();
     let mut reports = Vec::new();
     for ((plan, gateway), sent) in plans.iter().zip(gateways).zip(sent) {
-        let mode = RouterMode::from(plan.serving_mode());
+        let mode = plan.serving_mode();
         let workers = u32::try_from(plan.split.total()).unwrap_or(u32::MAX);
         let prefill = u32::try_from(plan.split.prefill).unwrap_or(u32::MAX);
         let mut spec = StackSpec::new(mode, workers, prefill);
