@@ -4,10 +4,10 @@
 //! so that they overlap, and only then works through the batch. A plain load (what this
 //! module replaced) must complete before it can retire, so a batch of missing loads fills the
 //! core's reorder buffer and stalls the work behind it; a prefetch instruction retires at
-//! once. Measured on the `kv_index` bench: ingest while building 4 M pairs went from 18.4 to
-//! 22.3 M blocks/s (see `docs/kv-index.md`).
+//! once. Measured on the `kv_index` bench, interleaved runs: ingest while building 4 M pairs
+//! went from 19.2–19.6 to 24.0–24.8 M blocks/s (see `docs/kv-index.md`).
 //!
-//! This is the crate's only `unsafe`: the intrinsic takes a raw pointer. A prefetch never
+//! This is the workspace's only `unsafe`: the intrinsic takes a raw pointer. A prefetch never
 //! faults and has no architectural effect (it is a hint the CPU may drop), and the pointer
 //! here always comes from a live reference. On targets other than x86-64 the hint is an
 //! ordinary load, which keeps the batching's overlap, minus the early retirement.
