@@ -29,6 +29,31 @@ fn first_token(events: &[ClusterEvent], engine: EngineIdx, id: u64) -> f64 {
         .expect("first token")
 }
 
+/// When `engine` finished request `id`.
+fn finished_at(events: &[ClusterEvent], engine: EngineIdx, id: u64) -> f64 {
+    events
+        .iter()
+        .find_map(|e| match e {
+            ClusterEvent::Output {
+                engine: en,
+                output: EngineOutput::Finished { id: i, at_ms, .. },
+            } if *en == engine && *i == id => Some(*at_ms),
+            _ => None,
+        })
+        .expect("finished")
+}
+
+/// When the first KV transfer completes.
+fn transfer_until(events: &[ClusterEvent]) -> f64 {
+    events
+        .iter()
+        .find_map(|e| match e {
+            ClusterEvent::TransferStarted { until_ms, .. } => Some(*until_ms),
+            _ => None,
+        })
+        .expect("transfer")
+}
+
 /// A cluster of one prefill engine (`pcfg`) and one decode engine (`dcfg`), in that order.
 fn prefill_decode(pcfg: EngineConfig, dcfg: EngineConfig) -> (Cluster, EngineIdx, EngineIdx) {
     let mut cluster = Cluster::new();
@@ -339,27 +364,10 @@ fn a_full_decode_worker_queues_the_decode_leg_until_kv_frees() {
         },
     );
     let events = collect(&mut cluster);
-    let finish = |id: u64| {
-        events
-            .iter()
-            .find_map(|e| match e {
-                ClusterEvent::Output {
-                    engine,
-                    output: EngineOutput::Finished { id: i, at_ms, .. },
-                } if *engine == d && *i == id => Some(*at_ms),
-                _ => None,
-            })
-            .unwrap()
-    };
+    let finish = |id: u64| finished_at(&events, d, id);
     // Request 1 holds 30-33 of the 40 blocks; the decode leg needs 24. Waiting requests
     // never preempt running ones (vLLM), so the leg waits for request 1 to finish.
-    let transfer_done = events
-        .iter()
-        .find_map(|e| match e {
-            ClusterEvent::TransferStarted { until_ms, .. } => Some(*until_ms),
-            _ => None,
-        })
-        .unwrap();
+    let transfer_done = transfer_until(&events);
     assert!(
         transfer_done < finish(1),
         "the KV arrived while the worker was full"
@@ -387,13 +395,7 @@ fn handoff_cpu_time_delays_the_transfer_by_the_prompt_length() {
     );
     let events = collect(&mut cluster);
     let prefill_done = first_token(&events, p, 7);
-    let until = events
-        .iter()
-        .find_map(|e| match e {
-            ClusterEvent::TransferStarted { until_ms, .. } => Some(*until_ms),
-            _ => None,
-        })
-        .expect("transfer");
+    let until = transfer_until(&events);
     let xfer = cluster.engine(p).transfer_time_ms(4_096);
     assert!(
         (until - prefill_done - 40.96 - xfer).abs() < 1e-9,
