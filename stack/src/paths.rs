@@ -172,23 +172,25 @@ mod tests {
 
     use super::*;
 
-    #[test]
-    fn a_missing_binary_names_the_build_command() {
-        let dir = std::env::temp_dir();
-        let existing = dir.to_string_lossy().to_string();
-        let vars: HashMap<&str, String> = [
-            ("SWITCHYARD_ENVOY", existing.clone()),
-            ("SWITCHYARD_NATS_SERVER", existing.clone()),
-            ("SWITCHYARD_MODEL_DIR", existing.clone()),
-            (
-                "CARGO_TARGET_DIR",
-                dir.join("switchyard-no-such-target")
-                    .to_string_lossy()
-                    .into(),
-            ),
+    /// An environment where the external tools and the model resolve to an existing path
+    /// (the temp dir), plus `more`.
+    fn env_with(more: &[(&'static str, String)]) -> HashMap<&'static str, String> {
+        let existing = std::env::temp_dir().to_string_lossy().to_string();
+        [
+            "SWITCHYARD_ENVOY",
+            "SWITCHYARD_NATS_SERVER",
+            "SWITCHYARD_MODEL_DIR",
         ]
         .into_iter()
-        .collect();
+        .map(|k| (k, existing.clone()))
+        .chain(more.iter().cloned())
+        .collect()
+    }
+
+    #[test]
+    fn a_missing_binary_names_the_build_command() {
+        let no_target = std::env::temp_dir().join("switchyard-no-such-target");
+        let vars = env_with(&[("CARGO_TARGET_DIR", no_target.to_string_lossy().into())]);
         let env = |k: &str| vars.get(k).cloned();
         let err = Artifacts::locate_with(Profile::Release, &env).unwrap_err();
         let message = err.to_string();
@@ -207,19 +209,14 @@ mod tests {
     fn overrides_win_and_the_filter_hint_names_the_wasm_build() {
         let dir = std::env::temp_dir();
         let existing = dir.to_string_lossy().to_string();
-        let vars: HashMap<&str, String> = [
-            ("SWITCHYARD_ENVOY", existing.clone()),
-            ("SWITCHYARD_NATS_SERVER", existing.clone()),
-            ("SWITCHYARD_MODEL_DIR", existing.clone()),
+        let vars = env_with(&[
             ("SWITCHYARD_CONTROL_PLANE_BIN", existing.clone()),
-            ("SWITCHYARD_SIM_WORKER_BIN", existing.clone()),
+            ("SWITCHYARD_SIM_WORKER_BIN", existing),
             (
                 "SWITCHYARD_FILTER_WASM",
                 dir.join("nope.wasm").to_string_lossy().into(),
             ),
-        ]
-        .into_iter()
-        .collect();
+        ]);
         let env = |k: &str| vars.get(k).cloned();
         let message = Artifacts::locate_with(Profile::Debug, &env)
             .unwrap_err()
