@@ -71,9 +71,8 @@ pub(crate) struct RecordVec {
     /// `Some` once the records moved to a mapping; `heap` is then empty.
     map: Option<HugeMap>,
     heap: Vec<Record>,
-    /// Records in the mapping, and records that fit in it.
+    /// Records in the mapping.
     mapped_len: usize,
-    mapped_cap: usize,
 }
 
 impl std::fmt::Debug for RecordVec {
@@ -103,7 +102,7 @@ impl RecordVec {
     #[inline]
     pub(crate) fn capacity(&self) -> usize {
         match self.map {
-            Some(_) => self.mapped_cap,
+            Some(ref map) => map.len() / RECORD_BYTES,
             None => self.heap.capacity(),
         }
     }
@@ -134,7 +133,6 @@ impl RecordVec {
                 let bytes = old.as_bytes();
                 map.bytes_mut()[..bytes.len()].copy_from_slice(bytes);
                 self.mapped_len = old.len();
-                self.mapped_cap = map.len() / RECORD_BYTES;
                 self.map = Some(map);
                 self.heap = Vec::new();
                 return;

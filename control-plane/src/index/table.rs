@@ -306,11 +306,7 @@ impl U64Table {
     #[inline(never)]
     fn entry_zero_or_growing(&mut self, key: u64) -> (&mut u32, bool) {
         if key == 0 {
-            let inserted = self.zero.is_none();
-            if inserted {
-                self.len += 1;
-            }
-            return (self.zero.get_or_insert(0), inserted);
+            return zero_entry(&mut self.zero, &mut self.len);
         }
         let n = self.lines.get().len();
         let grown = (n + n / 4).max(lines_for(self.len + 1)).max(MIN_LINES);
@@ -421,11 +417,7 @@ impl Batch<'_> {
     #[inline(always)]
     pub(crate) fn entry(&mut self, key: u64) -> (&mut u32, bool) {
         if key == 0 {
-            let inserted = self.zero.is_none();
-            if inserted {
-                *self.len += 1;
-            }
-            return (self.zero.get_or_insert(0), inserted);
+            return zero_entry(self.zero, self.len);
         }
         entry_in_lines(self.lines, self.len, key)
     }
@@ -435,6 +427,15 @@ impl Batch<'_> {
     pub(crate) fn prefetch(&self, keys: impl Iterator<Item = u64>) {
         prefetch_lines(self.lines, keys);
     }
+}
+
+/// The entry of key `0`, which lives in its side slot; `true` when inserted.
+fn zero_entry<'a>(zero: &'a mut Option<u32>, len: &mut usize) -> (&'a mut u32, bool) {
+    let inserted = zero.is_none();
+    if inserted {
+        *len += 1;
+    }
+    (zero.get_or_insert(0), inserted)
 }
 
 /// Starts loading the home line of every key (see [`U64Table::prefetch`]).

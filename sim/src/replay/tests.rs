@@ -33,6 +33,14 @@ fn planned(id: usize, arrival_ms: u64, after: Vec<usize>, think_ms: u64) -> Plan
     }
 }
 
+fn workload_of(requests: Vec<PlannedRequest>) -> Workload {
+    Workload {
+        name: "w".into(),
+        content_seed: 0,
+        requests,
+    }
+}
+
 fn note(isl: u32, eff_isl: u32) -> RouteNote {
     RouteNote {
         id: 0,
@@ -69,15 +77,11 @@ fn roles_split_prefill_first_and_agg_uses_every_worker() {
 
 #[test]
 fn dependents_wait_for_the_last_dependency_plus_think_time() {
-    let workload = Workload {
-        name: "w".into(),
-        content_seed: 0,
-        requests: vec![
-            planned(0, 0, vec![], 0),
-            planned(1, 100, vec![], 0),
-            planned(2, 50, vec![0, 1], 1_000),
-        ],
-    };
+    let workload = workload_of(vec![
+        planned(0, 0, vec![], 0),
+        planned(1, 100, vec![], 0),
+        planned(2, 50, vec![0, 1], 1_000),
+    ]);
     let mut t = Tracker::new(&workload, 0.5);
     let ready: Vec<_> = t.initially_ready(&workload).collect();
     assert_eq!(ready, vec![(0, 0.0), (1, 50.0)]);
@@ -100,16 +104,12 @@ fn dependents_wait_for_the_last_dependency_plus_think_time() {
 
 #[test]
 fn measured_send_times_replace_planned_arrivals_of_open_loop_requests_only() {
-    let workload = Workload {
-        name: "w".into(),
-        content_seed: 0,
-        requests: vec![
-            planned(0, 10, vec![], 0),
-            planned(1, 10, vec![], 0),
-            planned(2, 20, vec![], 0),
-            planned(3, 0, vec![0], 7),
-        ],
-    };
+    let workload = workload_of(vec![
+        planned(0, 10, vec![], 0),
+        planned(1, 10, vec![], 0),
+        planned(2, 20, vec![], 0),
+        planned(3, 0, vec![0], 7),
+    ]);
     let mut t = Tracker::new(&workload, 2.0);
     // Request 1 was really sent before request 0; request 2's entry is missing (NaN).
     t.set_sent_override(vec![20.6, 20.2, f64::NAN, 1.0]);
