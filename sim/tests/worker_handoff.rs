@@ -35,9 +35,14 @@ fn prefill_leg(body: &Value) -> Value {
     leg
 }
 
-/// POSTs a chat request that must succeed; returns who served it and the answer.
-async fn post(client: &reqwest::Client, w: &RunningWorker, body: &Value) -> (String, Value) {
-    let resp = post_json(client, w, CHAT, body).await;
+/// POSTs to `path` a request that must succeed; returns who served it and the answer.
+async fn post(
+    client: &reqwest::Client,
+    w: &RunningWorker,
+    path: &str,
+    body: &Value,
+) -> (String, Value) {
+    let resp = post_json(client, w, path, body).await;
     assert_eq!(resp.status(), 200);
     let served_by = resp.headers()["x-switchyard-worker"]
         .to_str()
@@ -46,9 +51,15 @@ async fn post(client: &reqwest::Client, w: &RunningWorker, body: &Value) -> (Str
     (served_by, resp.json().await.unwrap())
 }
 
-/// Runs the prefill leg on `prefill` and returns its `kv_transfer_params`.
-async fn run_prefill_leg(client: &reqwest::Client, prefill: &RunningWorker, body: &Value) -> Value {
-    let (served_by, v) = post(client, prefill, &prefill_leg(body)).await;
+/// Runs the prefill leg of a request to `path` on `prefill` (which must serve it, with one
+/// token) and returns its `kv_transfer_params`.
+async fn run_prefill_leg(
+    client: &reqwest::Client,
+    prefill: &RunningWorker,
+    path: &str,
+    body: &Value,
+) -> Value {
+    let (served_by, v) = post(client, prefill, path, &prefill_leg(body)).await;
     assert_eq!(served_by, prefill.id().0);
     assert_eq!(v["usage"]["completion_tokens"], 1);
     v["kv_transfer_params"].clone()
@@ -68,17 +79,6 @@ async fn collect_batches(
             .expect("subscription open");
         out.push(serde_json::from_slice(&msg.payload).expect("a KvEventBatch"));
     }
-}
-
-/// Runs the prefill leg of a completions request on `prefill` and returns its
-/// `kv_transfer_params`.
-async fn run_completions_prefill_leg(
-    client: &reqwest::Client,
-    prefill: &RunningWorker,
-    body: &Value,
-) -> Value {
-    post_for_json(client, prefill, COMPLETIONS, &prefill_leg(body)).await["kv_transfer_params"]
-        .clone()
 }
 
 /// A worker config whose heartbeats and load reports come every 100 ms.
@@ -186,7 +186,7 @@ async fn prefill_to_decode_handoff_over_real_http_with_kv_events_on_nats() {
     );
 
     // 1. Prefill leg: vLLM NixlConnector's response fields, naming the prefill worker.
-    let params = run_prefill_leg(&client, &prefill, &body).await;
+    let params = run_prefill_leg(&client, &prefill, CHAT, &body).await;
     assert_eq!(params["do_remote_prefill"], true);
     assert_eq!(params["do_remote_decode"], false);
     assert_eq!(params["remote_engine_id"], "prefill-0");
@@ -204,7 +204,7 @@ async fn prefill_to_decode_handoff_over_real_http_with_kv_events_on_nats() {
     // 2. Decode leg: the prefill response's params go verbatim into the decode request.
     let mut decode_req = body.clone();
     decode_req["kv_transfer_params"] = params.clone();
-    let (served_by, v) = post(&client, &decode, &decode_req).await;
+    let (served_by, v) = post(&client, &decode, CHAT, &decode_req).await;
     assert_eq!(served_by, "decode-0");
     assert_eq!(v["usage"]["completion_tokens"], 8);
     assert_eq!(v["usage"]["prompt_tokens"], tokens.len());
@@ -255,7 +255,7 @@ async fn prefill_to_decode_handoff_over_real_http_with_kv_events_on_nats() {
     }
 
     // 4. Pulling the same hold again fails (already released): local prefill, counted.
-    let (_, v) = post(&client, &decode, &decode_req).await;
+    let (_, v) = post(&client, &decode, CHAT, &decode_req).await;
     assert_eq!(v["usage"]["completion_tokens"], 8);
     let text = metrics_text(&client, &decode).await;
     assert_eq!(pull_failures(&text, "not_held"), 1.0);
@@ -316,14 +316,14 @@ async fn failed_pulls_fall_back_to_local_prefill_and_are_counted() {
 
     // Lease expired.
     let body = chat_body("lease", 300, 4);
-    let params = run_prefill_leg(&client, &prefill_lease, &body).await;
+    let params = run_prefill_leg(&client, &prefill_lease, CHAT, &body).await;
     let released =
         worker_support::eventually(WAIT, || async { prefill_lease.engine().load().held == 0 })
             .await;
     assert!(released, "the lease never expired");
     let mut req = body.clone();
     req["kv_transfer_params"] = params;
-    let (served_by, v) = post(&client, &decode, &req).await;
+    let (served_by, v) = post(&client, &decode, CHAT, &req).await;
     assert_eq!(served_by, "decode-fallback");
     assert_eq!(v["usage"]["completion_tokens"], 4);
     assert_eq!(v["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
@@ -331,17 +331,17 @@ async fn failed_pulls_fall_back_to_local_prefill_and_are_counted() {
 
     // Prefill worker gone.
     let body2 = chat_body("gone", 300, 4);
-    let params = run_prefill_leg(&client, &gone, &body2).await;
+    let params = run_prefill_leg(&client, &gone, CHAT, &body2).await;
     gone.stop();
     let mut req2 = body2.clone();
     req2["kv_transfer_params"] = params;
-    let (_, v2) = post(&client, &decode, &req2).await;
+    let (_, v2) = post(&client, &decode, CHAT, &req2).await;
     assert_eq!(v2["usage"]["completion_tokens"], 4);
 
     // Params naming nobody.
     let mut req3 = chat_body("nobody", 50, 2);
     req3["kv_transfer_params"] = json!({"do_remote_prefill": true});
-    post(&client, &decode, &req3).await;
+    post(&client, &decode, CHAT, &req3).await;
 
     let text = metrics_text(&client, &decode).await;
     for reason in ["not_held", "unreachable", "invalid_params"] {
@@ -362,16 +362,16 @@ async fn a_pull_for_a_different_prompt_is_a_mismatch() {
     let decode = start(config(WorkerRole::Decode, "decode-mm"), &tok, None).await;
 
     // A different length.
-    let params = run_prefill_leg(&client, &prefill, &chat_body("one", 200, 2)).await;
+    let params = run_prefill_leg(&client, &prefill, CHAT, &chat_body("one", 200, 2)).await;
     let mut other = chat_body("another prompt entirely", 50, 2);
     other["kv_transfer_params"] = params;
-    let (_, v) = post(&client, &decode, &other).await;
+    let (_, v) = post(&client, &decode, CHAT, &other).await;
     assert_eq!(v["usage"]["completion_tokens"], 2);
     assert_eq!(decode.metrics().pull_failures(PullFailure::Mismatch), 1);
 
     // The same length, different tokens (completions with token-id prompts).
     let ids = |t: u32| json!((0..300).map(|i| 1_000 + i * 7 + t).collect::<Vec<u32>>());
-    let params = run_completions_prefill_leg(&client, &prefill, &json!({"prompt": ids(0)})).await;
+    let params = run_prefill_leg(&client, &prefill, COMPLETIONS, &json!({"prompt": ids(0)})).await;
     assert_eq!(params["do_remote_prefill"], true);
     let decode_req = json!({"prompt": ids(1), "max_tokens": 2, "kv_transfer_params": params});
     let resp = post_json(&client, &decode, COMPLETIONS, &decode_req).await;
@@ -380,7 +380,7 @@ async fn a_pull_for_a_different_prompt_is_a_mismatch() {
     assert_eq!(kv_pulls(&decode), 0);
 
     // And the matching prompt pulls fine.
-    let params = run_completions_prefill_leg(&client, &prefill, &json!({"prompt": ids(2)})).await;
+    let params = run_prefill_leg(&client, &prefill, COMPLETIONS, &json!({"prompt": ids(2)})).await;
     let decode_req = json!({"prompt": ids(2), "max_tokens": 2, "kv_transfer_params": params});
     let v = post_for_json(&client, &decode, COMPLETIONS, &decode_req).await;
     assert_eq!(v["usage"]["prompt_tokens_details"]["cached_tokens"], 300);
@@ -402,7 +402,7 @@ async fn missing_suffix_mode_transfers_only_what_the_decode_worker_lacks() {
     let resp = post_json(&client, &decode, COMPLETIONS, &warm).await;
     assert_eq!(resp.status(), 200);
 
-    let params = run_completions_prefill_leg(&client, &prefill, &json!({"prompt": ids})).await;
+    let params = run_prefill_leg(&client, &prefill, COMPLETIONS, &json!({"prompt": ids})).await;
     let req = json!({"prompt": ids, "max_tokens": 2, "kv_transfer_params": params});
     let v = post_for_json(&client, &decode, COMPLETIONS, &req).await;
     assert_eq!(v["usage"]["prompt_tokens_details"]["cached_tokens"], 1_000);

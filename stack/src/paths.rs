@@ -129,7 +129,7 @@ impl Artifacts {
             .resolve(env)?,
             nats_server: Wanted {
                 what: "nats-server",
-                env_var: "SWITCHYARD_NATS_SERVER",
+                env_var: switchyard_support::nats::PROGRAM_ENV,
                 default: root.join(".venv/bin/nats-server"),
                 hint: setup.clone(),
             }

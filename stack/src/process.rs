@@ -5,19 +5,17 @@
 //! A parent killed with SIGKILL cannot clean up; its children are then orphans that the run
 //! directory's `pids` file lists.
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use switchyard_support::nats::{NatsConfig, NatsServer};
-use switchyard_support::process::{Process, Stopped};
+use switchyard_support::nats::NatsConfig;
+use switchyard_support::process::{Process, Stopped, DROP_GRACE};
 
 use crate::error::StackError;
 
-pub use switchyard_support::process::{log_tail, process_state};
+pub use switchyard_support::process::process_state;
 pub use switchyard_support::Signal;
-
-/// The grace a dropped process gets between SIGTERM and SIGKILL.
-const DROP_GRACE: Duration = Duration::from_secs(3);
 
 /// A running child with its log file.
 #[derive(Debug)]
@@ -43,57 +41,28 @@ impl Supervised {
         Ok(Supervised::adopt(process, log))
     }
 
-    /// Starts nats-server with JetStream on 127.0.0.1:`port`, its store and its log
-    /// (`<name>.log`) in `run_dir`, and waits at most `timeout` until it accepts connections.
+    /// Starts nats-server with JetStream on 127.0.0.1:`port` only (the support crate's
+    /// command line, shared with the tests' fixture), its store and its log (`<name>.log`) in
+    /// `run_dir`. Returns it and the address to wait for: the caller lists it for cleanup
+    /// first, then waits (`crate::readiness`), so an interrupt while it starts stops it too.
     ///
     /// # Errors
-    /// As [`Supervised::spawn`]; [`StackError::ExitedEarly`] if it exits while starting,
-    /// [`StackError::NotReady`] if it does not accept connections in time. It is stopped
-    /// before the error returns.
-    pub async fn start_nats(
+    /// As [`Supervised::spawn`].
+    pub fn spawn_nats(
         name: &str,
         program: &Path,
         port: u16,
         run_dir: &Path,
-        timeout: Duration,
-    ) -> Result<Supervised, StackError> {
-        let log = run_dir.join(format!("{name}.log"));
+    ) -> Result<(Supervised, SocketAddr), StackError> {
         let config = NatsConfig {
             program: program.to_path_buf(),
             port,
             store_dir: run_dir.join("nats-store"),
-            log: Some(log.clone()),
+            log: None,
         };
-        let mut server = NatsServer::spawn(&config).map_err(|e| stack_error(e, &log))?;
-        // Listed before the wait, so an interrupt while it starts stops it too.
-        let pid = server.pid();
-        if let Some(pid) = pid {
-            crate::cleanup::register(pid);
-        }
-        tracing::debug!(name, pid, log = %log.display(), "started");
-        // The wait sleeps between connection attempts: off the async threads.
-        let waited = tokio::task::spawn_blocking(move || {
-            let ready = server.wait_ready(timeout);
-            (server, ready)
-        })
-        .await;
-        let (server, ready) = match waited {
-            Ok(done) => done,
-            Err(e) => {
-                // The server was dropped (so stopped) with the failed task.
-                if let Some(pid) = pid {
-                    crate::cleanup::unregister(pid);
-                }
-                return Err(StackError::Io {
-                    context: format!("waiting for {name}"),
-                    source: std::io::Error::other(e.to_string()),
-                });
-            }
-        };
-        // Supervised from here on: dropped, and so stopped, if it is not ready.
-        let supervised = Supervised::adopt(server.into_process(), log);
-        ready.map_err(|e| stack_error(e, &supervised.log))?;
-        Ok(supervised)
+        let log = run_dir.join(format!("{name}.log"));
+        let nats = Supervised::spawn(name, program, &config.args(), log)?;
+        Ok((nats, config.addr()))
     }
 
     fn adopt(process: Process, log: PathBuf) -> Supervised {
@@ -254,20 +223,32 @@ mod tests {
         let _ = std::fs::remove_file(log);
     }
 
+    /// Waits for a spawned nats-server as the stack does.
+    async fn wait_for(
+        nats: &mut Supervised,
+        addr: SocketAddr,
+        run_dir: &Path,
+    ) -> Result<(), StackError> {
+        crate::readiness::wait_until(
+            "nats-server",
+            Duration::from_secs(10),
+            &mut || nats.check_running(),
+            run_dir,
+            || crate::readiness::tcp_open(addr),
+        )
+        .await
+    }
+
     #[tokio::test]
     async fn nats_starts_in_the_run_directory_and_stops_on_drop() {
         let run_dir = switchyard_support::TempDir::new("stack-nats-test").expect("run dir");
         let port = switchyard_support::free_port();
         let program = switchyard_support::nats::default_program();
-        let nats = Supervised::start_nats(
-            "nats-server",
-            &program,
-            port,
-            run_dir.path(),
-            Duration::from_secs(10),
-        )
-        .await
-        .expect("nats-server starts");
+        let (mut nats, addr) =
+            Supervised::spawn_nats("nats-server", &program, port, run_dir.path()).expect("spawn");
+        wait_for(&mut nats, addr, run_dir.path())
+            .await
+            .expect("nats-server starts");
         let pid = nats.pid().expect("running");
         std::net::TcpStream::connect(("127.0.0.1", port)).expect("accepts connections");
         assert_eq!(nats.log_path(), run_dir.path().join("nats-server.log"));
@@ -283,15 +264,16 @@ mod tests {
     async fn a_server_that_exits_while_starting_is_an_early_exit_with_its_log() {
         let run_dir = switchyard_support::TempDir::new("stack-nats-test").expect("run dir");
         // `sh` refuses nats-server's flags and exits at once, saying so in its log.
-        let err = Supervised::start_nats(
+        let (mut nats, addr) = Supervised::spawn_nats(
             "nats-server",
             Path::new("/bin/sh"),
             switchyard_support::free_port(),
             run_dir.path(),
-            Duration::from_secs(10),
         )
-        .await
-        .expect_err("sh is no nats-server");
+        .expect("spawn");
+        let err = wait_for(&mut nats, addr, run_dir.path())
+            .await
+            .expect_err("sh is no nats-server");
         assert!(matches!(err, StackError::ExitedEarly { .. }), "{err}");
         assert!(err.to_string().contains("Illegal option"), "{err}");
     }

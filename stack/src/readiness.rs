@@ -55,6 +55,14 @@ where
     })
 }
 
+/// Something must accept TCP connections on `addr`.
+pub async fn tcp_open(addr: std::net::SocketAddr) -> Result<(), String> {
+    tokio::net::TcpStream::connect(addr)
+        .await
+        .map(drop)
+        .map_err(|e| format!("connect {addr}: {e}"))
+}
+
 /// `GET url` must answer 200.
 pub async fn http_ok(client: &reqwest::Client, url: &str) -> Result<(), String> {
     match client.get(url).send().await {

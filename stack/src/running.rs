@@ -9,7 +9,7 @@ use crate::envoy::{self, EnvoySettings, DECODE_CLUSTER, PREFILL_CLUSTER};
 use crate::error::StackError;
 use crate::paths::Artifacts;
 use crate::process::{Signal, Supervised};
-use crate::readiness::{http_ok, wait_until};
+use crate::readiness::{http_ok, tcp_open, wait_until};
 use crate::stack::{Component, StackBuilder, WorkerSpec};
 
 /// Largest body Envoy buffers per connection: long agentic prompts run to megabytes of JSON.
@@ -75,17 +75,23 @@ impl Stack {
         artifacts: &Artifacts,
     ) -> Result<(), StackError> {
         let timeout = b.ready_timeout_value();
-        let nats = Supervised::start_nats(
+        let (nats, nats_addr) = Supervised::spawn_nats(
             Component::Nats.name(),
             &artifacts.nats_server,
             self.nats_port,
             &self.run_dir,
-            timeout,
-        )
-        .await?;
+        )?;
         self.processes.push((Component::Nats, nats));
         self.write_pids();
         let run_dir = self.run_dir.clone();
+        wait_until(
+            Component::Nats.name(),
+            timeout,
+            &mut || all_running(&mut self.processes),
+            &run_dir,
+            || tcp_open(nats_addr),
+        )
+        .await?;
 
         let model_dir = artifacts.model_dir.to_string_lossy().into_owned();
         let mut cp_args = vec![

@@ -160,13 +160,6 @@ impl NatsServer {
     pub fn log_path(&self) -> Option<&Path> {
         self.process.log_path()
     }
-
-    /// The process, for a supervisor that controls it with others (signals, freezing); the
-    /// server keeps running. For launched servers: a fixture's scratch directory (its store
-    /// and log) would be removed here, under the running server.
-    pub fn into_process(self) -> Process {
-        self.process
-    }
 }
 
 #[cfg(test)]

@@ -195,7 +195,9 @@ impl Process {
         let mut last = String::from("not tried");
         for _ in 0..polls(timeout) {
             self.check_running()?;
-            match TcpStream::connect_timeout(&addr, POLL * 10) {
+            // One poll interval per attempt (loopback answers in microseconds), so the
+            // attempts fit the poll count and the wait stays within about twice `timeout`.
+            match TcpStream::connect_timeout(&addr, POLL) {
                 Ok(_) => return Ok(()),
                 Err(e) => last = e.to_string(),
             }
@@ -268,7 +270,7 @@ pub fn process_state(pid: u32) -> Option<char> {
 }
 
 /// The last few lines of a log, for error messages.
-pub fn log_tail(path: &Path) -> String {
+fn log_tail(path: &Path) -> String {
     let Ok(mut file) = File::open(path) else {
         return String::from("(no log)");
     };

@@ -95,7 +95,7 @@ fn config_file(path: &Path) -> Result<AgenticConfig, String> {
 ///
 /// # Errors
 /// A message naming the part that is not a number.
-pub fn parse_range(s: &str) -> Result<(u64, u64), String> {
+fn parse_range(s: &str) -> Result<(u64, u64), String> {
     let (a, b) = s.split_once(',').ok_or("expected MIN,MAX")?;
     let parse = |x: &str| x.trim().parse::<u64>().map_err(|e| format!("{x:?}: {e}"));
     Ok((parse(a)?, parse(b)?))

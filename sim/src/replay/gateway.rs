@@ -265,17 +265,18 @@ impl GatewayQueue {
         job.awaits_verdict().then_some(job.dispatched_ms + timeout)
     }
 
-    /// Request `id`, sent at `t`, enters the stage with its body, route and worker CPU work.
-    pub(crate) fn push(&mut self, t: f64, id: usize, work: [f64; 3]) {
+    /// Request `id` with a prompt of `prompt_tokens`, sent at `t`, enters the stage with the
+    /// body, route and worker CPU work the model gives it.
+    pub(crate) fn push(&mut self, t: f64, id: usize, prompt_tokens: u64) {
         self.advance_to(t);
-        let [body_ms, route_ms, worker_ms] = work.map(|w| w.max(0.0));
+        let body_ms = self.model.body_work_ms(prompt_tokens);
         let job = Job {
             id,
             sent_ms: t,
             stage: Stage::Body,
             remaining_ms: body_ms,
-            route_ms,
-            worker_ms,
+            route_ms: self.model.route_work_ms(prompt_tokens),
+            worker_ms: self.model.worker_work_ms(prompt_tokens),
             dispatched_ms: t,
             seq: 0,
         };
@@ -385,16 +386,6 @@ mod tests {
         }
     }
 
-    fn push(q: &mut GatewayQueue, t: f64, id: usize, tokens: u64) {
-        let m = q.model;
-        let work = [
-            m.body_work_ms(tokens),
-            m.route_work_ms(tokens),
-            m.worker_work_ms(tokens),
-        ];
-        q.push(t, id, work);
-    }
-
     /// Every event until the stage is empty, with its time.
     fn drain(q: &mut GatewayQueue) -> Vec<(GatewayEvent, f64)> {
         let mut out = Vec::new();
@@ -443,7 +434,7 @@ mod tests {
         let mut q = GatewayQueue::new(model(0.01, 0.0, 0, 1.0, None));
         // Sent together, longest first (as a trace burst in id order can be).
         for (id, tokens) in [(0, 3000u64), (1, 1000), (2, 2000)] {
-            push(&mut q, 0.0, id, tokens);
+            q.push(0.0, id, tokens);
         }
         let ready = ready_order(&drain(&mut q));
         let order: Vec<usize> = ready.iter().map(|o| o.0).collect();
@@ -460,8 +451,8 @@ mod tests {
     fn route_threads_serve_route_calls_in_arrival_order() {
         // One route thread, two cores: the 1000-token call waits for the 3000-token one.
         let mut q = GatewayQueue::new(model(0.01, 0.01, 1, 2.0, None));
-        push(&mut q, 0.0, 0, 3000);
-        push(&mut q, 0.0, 1, 1000);
+        q.push(0.0, 0, 3000);
+        q.push(0.0, 1, 1000);
         let events = drain(&mut q);
         let routed = routed(&events);
         // Request 0 routes at 30 ms; then request 1's route call (10 ms) and request 0's
@@ -487,8 +478,8 @@ mod tests {
         let mut m = model(0.01, 0.0, 1, 2.0, Some(35.0));
         m.body_ms_per_prompt_token = 0.001;
         let mut q = GatewayQueue::new(m);
-        push(&mut q, 0.0, 0, 3000);
-        push(&mut q, 0.0, 1, 1000);
+        q.push(0.0, 0, 3000);
+        q.push(0.0, 1, 1000);
         let events = drain(&mut q);
         let routed = routed(&events);
         // Bodies: 1 ms and 3 ms on two cores. Request 1's call runs 1–11 ms; request 0's,
@@ -510,8 +501,8 @@ mod tests {
         // orphan shares the core with its own worker tokenization from 25 ms on); request 1,
         // queued behind it, times out at 26 ms without ever starting.
         let mut q = GatewayQueue::new(model(0.01, 0.01, 1, 1.0, Some(25.0)));
-        push(&mut q, 0.0, 0, 3000);
-        push(&mut q, 1.0, 1, 100);
+        q.push(0.0, 0, 3000);
+        q.push(1.0, 1, 100);
         let events = drain(&mut q);
         let failed: Vec<(usize, f64)> = events
             .iter()
@@ -544,7 +535,7 @@ mod tests {
     #[test]
     fn a_verdict_on_its_deadline_is_in_time() {
         let mut q = GatewayQueue::new(model(0.01, 0.0, 1, 1.0, Some(10.0)));
-        push(&mut q, 0.0, 0, 1000);
+        q.push(0.0, 0, 1000);
         let events = drain(&mut q);
         assert_eq!(
             events,
@@ -570,8 +561,8 @@ mod tests {
     #[test]
     fn spare_cores_do_not_speed_up_one_request() {
         let mut q = GatewayQueue::new(model(0.01, 0.0, 0, 4.0, None));
-        push(&mut q, 5.0, 7, 1000);
-        push(&mut q, 5.0, 8, 500);
+        q.push(5.0, 7, 1000);
+        q.push(5.0, 8, 500);
         assert_eq!(q.next_event_ms(), Some(10.0));
         let got = q.take_events(10.0);
         assert!(
@@ -602,7 +593,7 @@ mod tests {
     #[test]
     fn a_cancelled_worker_tokenization_never_ends() {
         let mut q = GatewayQueue::new(model(0.01, 0.01, 0, 1.0, None));
-        push(&mut q, 0.0, 1, 100);
+        q.push(0.0, 1, 100);
         assert_eq!(
             q.take_events(1.0),
             vec![GatewayEvent::Routed {

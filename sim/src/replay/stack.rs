@@ -377,13 +377,7 @@ impl<'a> VirtualStack<'a> {
             return;
         }
         let tokens = self.source.prompt_tokens(&self.workload.requests[id]);
-        let g = self.spec.gateway;
-        let work = [
-            g.body_work_ms(tokens),
-            g.route_work_ms(tokens),
-            g.worker_work_ms(tokens),
-        ];
-        self.gateway.push(at_ms, id, work);
+        self.gateway.push(at_ms, id, tokens);
     }
 
     fn on_gateway(&mut self, event: GatewayEvent, at_ms: f64) {

@@ -16,24 +16,17 @@ use serde::Serialize;
 /// matters here).
 const TICKS_PER_S: f64 = 100.0;
 
+/// Name of this process (the load generator's client) in [`CpuSnapshot::processes_ms`].
+pub const CLIENT: &str = "client";
+
 /// CPU times at one instant, ms.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct CpuSnapshot {
     /// Busy time of the whole machine (all cores: user, nice, system, irq, softirq, steal).
     pub machine_busy_ms: Option<f64>,
-    /// nats-server, control plane, decode/agg workers, prefill workers, Envoy, this process.
-    pub processes_ms: [Option<f64>; 6],
+    /// Each stack process by its component name, then this process ([`CLIENT`]).
+    pub processes_ms: Vec<(&'static str, Option<f64>)>,
 }
-
-/// Names of [`CpuSnapshot::processes_ms`], in order.
-pub const PROCESS_NAMES: [&str; 6] = [
-    "nats-server",
-    "control-plane",
-    "sim-workers",
-    "sim-prefill-workers",
-    "envoy",
-    "client",
-];
 
 /// A run's CPU use: the difference of two snapshots.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
@@ -42,7 +35,7 @@ pub struct CpuUsage {
     pub wall_ms: f64,
     /// Busy ms of the whole machine.
     pub machine_busy_ms: Option<f64>,
-    /// CPU ms per process, named as [`PROCESS_NAMES`].
+    /// CPU ms per process, named as in [`CpuSnapshot::processes_ms`].
     pub processes: Vec<(String, Option<f64>)>,
     /// Machine busy ms not spent by the stack or the client (other work on the machine).
     pub other_ms: Option<f64>,
@@ -52,10 +45,14 @@ impl CpuUsage {
     /// From snapshots `before` and `after`, `wall_ms` apart.
     pub fn between(before: &CpuSnapshot, after: &CpuSnapshot, wall_ms: f64) -> CpuUsage {
         let diff = |a: Option<f64>, b: Option<f64>| Some(b? - a?).filter(|d| *d >= 0.0);
-        let processes: Vec<(String, Option<f64>)> = PROCESS_NAMES
+        // Paired by name: a process missing from either snapshot has no figure.
+        let processes: Vec<(String, Option<f64>)> = after
+            .processes_ms
             .iter()
-            .zip(before.processes_ms.iter().zip(after.processes_ms.iter()))
-            .map(|(name, (a, b))| ((*name).to_string(), diff(*a, *b)))
+            .map(|&(name, b)| {
+                let a = before.processes_ms.iter().find(|p| p.0 == name);
+                (name.to_string(), diff(a.and_then(|p| p.1), b))
+            })
             .collect();
         let machine = diff(before.machine_busy_ms, after.machine_busy_ms);
         let ours: f64 = processes.iter().filter_map(|p| p.1).sum();
@@ -138,29 +135,44 @@ mod tests {
         assert_eq!(parse_process_ticks("garbage"), None);
     }
 
+    /// The stack's processes and the client, as the runner names them.
+    fn named(ms: [Option<f64>; 6]) -> Vec<(&'static str, Option<f64>)> {
+        [
+            "nats-server",
+            "control-plane",
+            "sim-workers",
+            "sim-prefill-workers",
+            "envoy",
+            CLIENT,
+        ]
+        .into_iter()
+        .zip(ms)
+        .collect()
+    }
+
     #[test]
     fn usage_is_the_difference_and_other_work_the_rest() {
         let before = CpuSnapshot {
             machine_busy_ms: Some(1_000.0),
-            processes_ms: [
+            processes_ms: named([
                 Some(0.0),
                 Some(100.0),
                 Some(50.0),
                 None,
                 Some(10.0),
                 Some(5.0),
-            ],
+            ]),
         };
         let after = CpuSnapshot {
             machine_busy_ms: Some(3_000.0),
-            processes_ms: [
+            processes_ms: named([
                 Some(10.0),
                 Some(600.0),
                 Some(450.0),
                 None,
                 Some(60.0),
                 Some(105.0),
-            ],
+            ]),
         };
         let u = CpuUsage::between(&before, &after, 2_000.0);
         assert_eq!(u.process_ms("control-plane"), Some(500.0));

@@ -18,10 +18,10 @@ use serde::Serialize;
 use switchyard_control_plane::config::RouterConfig;
 use switchyard_sim::engine::PerfPreset;
 use switchyard_sim::loadgen::record::RequestRecord;
-use switchyard_sim::loadgen::report::RunReport;
+use switchyard_sim::loadgen::report::{parse_route, RunReport};
 use switchyard_sim::replay::{report_run, run_mode, GatewayModel, StackSpec};
 
-use super::plan::RunPlan;
+use super::runner::ModeRunOutcome;
 use super::workload::PreparedWorkload;
 use super::{CompareConfig, CompareError};
 
@@ -78,11 +78,10 @@ impl CrossCheckRow {
     }
 }
 
-/// Replays every plan in virtual time, with `gateways[i]` as the cost in front of the
-/// engines of plan `i` and `sent[i]` as its requests' send times (the real run's, modelled
-/// ms by id; see [`StackSpec::sent_ms`]), writes its records next to the real ones, and
-/// reports each like the real run (label, modelled time, same SLOs). Returns the reports and
-/// the records.
+/// Replays every real run's plan in virtual time, with `gateway` as the cost in front of the
+/// engines and the real run's send times (see [`real_send_times`]), writes its records next
+/// to the real ones, and reports each like the real run (label, modelled time, same SLOs).
+/// Returns the reports and the records.
 ///
 /// # Errors
 /// [`CompareError::InvalidSetting`] for a router config the router rejects,
@@ -91,9 +90,8 @@ pub fn virtual_reports(
     config: &CompareConfig,
     prepared: &PreparedWorkload,
     preset: PerfPreset,
-    plans: &[RunPlan],
-    gateways: &[GatewayModel],
-    sent: &[Vec<f64>],
+    runs: &[ModeRunOutcome],
+    gateway: GatewayModel,
 ) -> Result<Vec<(RunReport, Vec<RequestRecord>)>, CompareError> {
     let router = match &config.conditional_disagg_config {
         Some(text) => {
@@ -108,7 +106,8 @@ pub fn virtual_reports(
     };
     let source = prepared.prompt_source();
     let mut reports = Vec::new();
-    for ((plan, gateway), sent) in plans.iter().zip(gateways).zip(sent) {
+    for run in runs {
+        let plan = &run.plan;
         let mode = plan.serving_mode();
         let workers = u32::try_from(plan.split.total()).unwrap_or(u32::MAX);
         let prefill = u32::try_from(plan.split.prefill).unwrap_or(u32::MAX);
@@ -117,8 +116,8 @@ pub fn virtual_reports(
         spec.router = router.clone();
         spec.seed = config.seed;
         spec.time_scale = plan.arrival_multiplier;
-        spec.gateway = *gateway;
-        spec.sent_ms = Some(sent.clone());
+        spec.gateway = gateway;
+        spec.sent_ms = Some(real_send_times(run, prepared.workload.requests.len()));
         eprintln!("{}: replaying in virtual time", plan.label);
         let run = run_mode(&prepared.workload, &source, spec).map_err(|source| {
             CompareError::Virtual {
@@ -140,14 +139,27 @@ pub fn virtual_reports(
     Ok(reports)
 }
 
-/// Ids of the records that failed open.
+/// When the real client sent each request, in modelled ms by request id (NaN for requests
+/// it did not send): wall ms × the workers' time scale. Both sides then get the same
+/// arrival process (see [`StackSpec::sent_ms`]).
+fn real_send_times(run: &ModeRunOutcome, requests: usize) -> Vec<f64> {
+    let mut sent = vec![f64::NAN; requests];
+    for record in &run.records {
+        if let Some(slot) = sent.get_mut(record.id) {
+            *slot = record.sent_ms * run.plan.worker_time_scale;
+        }
+    }
+    sent
+}
+
+/// Ids of the records that failed open (by the same parse as the report's route counts).
 fn failed_open(records: &[RequestRecord]) -> BTreeSet<usize> {
     records
         .iter()
         .filter(|r| {
             r.route
                 .as_deref()
-                .is_some_and(|h| h.starts_with("fail-open"))
+                .is_some_and(|h| parse_route(h).0 == "fail-open")
         })
         .map(|r| r.id)
         .collect()

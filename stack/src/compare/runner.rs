@@ -126,7 +126,6 @@ pub async fn run_comparison(config: &CompareConfig) -> Result<Comparison, Compar
         runs.push(outcome);
     }
     let (virtual_runs, cross_check, gateway_model) = if config.cross_check {
-        let plans: Vec<RunPlan> = runs.iter().map(|r| r.plan.clone()).collect();
         let measured = measure(&prepared, &artifacts.model_dir)?;
         let gateway = gateway_model(
             measured,
@@ -148,22 +147,7 @@ pub async fn run_comparison(config: &CompareConfig) -> Result<Comparison, Compar
         // usual (563 ms) while the reduced virtual gateway failed 45 requests open
         // (docs/benchmarks.md); bursty tokenization threads get their share back from the
         // scheduler. The CPU figures are reported per run instead.
-        let gateways = vec![gateway; runs.len()];
-        // Both sides get the same arrival process: each request is sent in virtual time when
-        // the real client sent it (wall ms × the workers' time scale = modelled ms).
-        let sent: Vec<Vec<f64>> = runs
-            .iter()
-            .map(|r| {
-                let mut sent = vec![f64::NAN; prepared.workload.requests.len()];
-                for record in &r.records {
-                    if let Some(slot) = sent.get_mut(record.id) {
-                        *slot = record.sent_ms * r.plan.worker_time_scale;
-                    }
-                }
-                sent
-            })
-            .collect();
-        let virtual_runs = virtual_reports(config, &prepared, preset, &plans, &gateways, &sent)?;
+        let virtual_runs = virtual_reports(config, &prepared, preset, &runs, gateway)?;
         let real: Vec<(&RunReport, &[RequestRecord])> = runs
             .iter()
             .map(|r| (&r.report, r.records.as_slice()))
@@ -256,12 +240,10 @@ async fn run_one(
             Component::PrefillWorkers,
             Component::Envoy,
         ]
-        .map(|c| stack.pid(c).and_then(cpu::process_ms))
+        .map(|c| (c.name(), stack.pid(c).and_then(cpu::process_ms)))
         .into_iter()
-        .chain([cpu::own_ms()])
-        .collect::<Vec<_>>()
-        .try_into()
-        .unwrap_or_default(),
+        .chain([(cpu::CLIENT, cpu::own_ms())])
+        .collect(),
     };
     let cpu_before = snapshot();
     let started = Instant::now();
