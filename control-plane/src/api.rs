@@ -16,6 +16,7 @@
 
 pub mod admin;
 pub mod route;
+pub mod serve;
 
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
@@ -52,6 +53,8 @@ pub struct ApiState {
     pub nats: async_nats::Client,
     /// `--max-route-body-bytes`.
     pub max_route_body_bytes: usize,
+    /// The model's context length: longer prompts and larger `max_tokens` are refused.
+    pub max_model_len: u32,
     /// Makes ids for route requests that arrive without `x-request-id`.
     pub request_ids: Arc<route::RequestIds>,
     /// Tokenizer cache counters already folded into the metrics.

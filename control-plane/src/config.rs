@@ -142,6 +142,11 @@ pub struct LoadConfig {
     pub prefill_timeout_ms: u64,
     /// A routed request is forgotten after this long without `done`. Default 600 000 ms.
     pub request_timeout_ms: u64,
+    /// A verdict's prompt blocks count as cached on its workers for this long, until their
+    /// own KV events tell (`crate::predict`); 0 turns predictions off. Default 30 000 ms:
+    /// longer than a long prefill plus the events' trip, short enough that a prediction a
+    /// worker never confirms does not steer traffic for long.
+    pub kv_prediction_ms: u64,
 }
 
 impl Default for LoadConfig {
@@ -149,6 +154,7 @@ impl Default for LoadConfig {
         LoadConfig {
             prefill_timeout_ms: 60_000,
             request_timeout_ms: 600_000,
+            kv_prediction_ms: 30_000,
         }
     }
 }
@@ -304,6 +310,7 @@ impl LoadConfig {
             let slot = match key.as_str() {
                 "prefill_timeout_ms" => &mut self.prefill_timeout_ms,
                 "request_timeout_ms" => &mut self.request_timeout_ms,
+                "kv_prediction_ms" => &mut self.kv_prediction_ms,
                 _ => return Err(unknown(&path)),
             };
             *slot = parse(&path, v)?;

@@ -17,6 +17,7 @@ use futures::StreamExt;
 use tokio::time::Instant;
 
 use switchyard_protocol::kv::{KvEventBatch, ResyncRequest};
+use switchyard_protocol::registration::{RegistrationError, RegistrationSecret};
 use switchyard_protocol::worker::{LoadReport, WorkerHeartbeat, WorkerId};
 use switchyard_protocol::{subjects, PROTOCOL_VERSION};
 
@@ -72,9 +73,64 @@ impl ResyncLimiter {
     }
 }
 
+/// Which heartbeats may register (or refresh) a worker.
+#[derive(Debug, Clone)]
+pub enum Admission {
+    /// Only heartbeats signed with this secret (`switchyard_protocol::registration`).
+    Signed(RegistrationSecret),
+    /// Any heartbeat (`--allow-unsigned-registrations`, development only).
+    Unsigned,
+    /// None: no worker joins over NATS.
+    Closed,
+}
+
+impl Admission {
+    /// Checks a heartbeat against the policy at `now_unix_ms` (this host's wall clock).
+    ///
+    /// # Errors
+    /// The `workers_rejected` reason label.
+    pub fn check(&self, hb: &WorkerHeartbeat, now_unix_ms: u64) -> Result<(), &'static str> {
+        match self {
+            Admission::Unsigned => Ok(()),
+            Admission::Closed => Err("unsigned"),
+            Admission::Signed(secret) => secret
+                .verify(
+                    &hb.worker,
+                    hb.sent_at_ms,
+                    hb.signature.as_deref(),
+                    now_unix_ms,
+                )
+                .map_err(|e| match e {
+                    RegistrationError::Unsigned => "unsigned",
+                    RegistrationError::Stale { .. } => "stale",
+                    _ => "bad_signature",
+                }),
+        }
+    }
+}
+
+/// Unix milliseconds now. Registrations are signed with the sender's wall clock, so they are
+/// checked against this host's: the one reason the consumer reads it.
+fn unix_now_ms() -> u64 {
+    #[allow(clippy::disallowed_methods)]
+    let now = std::time::SystemTime::now();
+    now.duration_since(std::time::UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+/// How many distinct refused worker ids get a warning each; beyond it refusals are only
+/// counted, so a flood of spoofed ids cannot flood the log.
+const MAX_WARNED_REFUSALS: usize = 1_024;
+
 /// Subscribes (retrying until NATS accepts) and forwards messages until the router task
 /// stops. Returns only then.
-pub async fn run(client: async_nats::Client, service: ServiceHandle, metrics: Metrics) {
+pub async fn run(
+    client: async_nats::Client,
+    service: ServiceHandle,
+    metrics: Metrics,
+    admission: Admission,
+) {
     let mut subs = Vec::new();
     for (kind, subject) in [
         (Kind::Heartbeat, subjects::HEARTBEAT),
@@ -91,6 +147,8 @@ pub async fn run(client: async_nats::Client, service: ServiceHandle, metrics: Me
         service,
         metrics,
         limiter: ResyncLimiter::default(),
+        admission,
+        warned: std::collections::HashSet::new(),
     };
     while let Some((kind, message)) = messages.next().await {
         if consumer
@@ -126,6 +184,9 @@ struct Consumer {
     service: ServiceHandle,
     metrics: Metrics,
     limiter: ResyncLimiter,
+    admission: Admission,
+    /// Worker ids already warned about a refused heartbeat.
+    warned: std::collections::HashSet<WorkerId>,
 }
 
 /// Decodes a message, rejecting newer protocol versions than this build understands.
@@ -153,6 +214,7 @@ impl Consumer {
     ) -> Result<(), crate::service::ServiceStopped> {
         match kind {
             Kind::Heartbeat => match decode::<WorkerHeartbeat>(payload, |m| m.v) {
+                Ok(hb) if self.refuse(&hb) => {}
                 Ok(hb) => {
                     let worker = hb.worker.worker_id.clone();
                     let instance = hb.worker.instance_id;
@@ -167,7 +229,7 @@ impl Consumer {
                         }
                         WorkerChange::Refreshed => {}
                         WorkerChange::Rejected => {
-                            self.metrics.workers_rejected.inc();
+                            self.metrics.worker_rejected("invalid");
                             tracing::warn!(worker = %worker, "heartbeat refused: invalid block size or too many workers");
                         }
                     }
@@ -207,6 +269,21 @@ impl Consumer {
             },
         }
         Ok(())
+    }
+
+    /// Whether the admission policy refuses `hb` (counted, and warned once per worker id).
+    fn refuse(&mut self, hb: &WorkerHeartbeat) -> bool {
+        let Err(reason) = self.admission.check(hb, unix_now_ms()) else {
+            return false;
+        };
+        self.metrics.worker_rejected(reason);
+        let id = &hb.worker.worker_id;
+        if self.warned.len() < MAX_WARNED_REFUSALS && self.warned.insert(id.clone()) {
+            tracing::warn!(worker = %id, address = %hb.worker.address, reason, "heartbeat refused: not a registration this control plane accepts (see --registration-secret-file)");
+        } else {
+            tracing::debug!(worker = %id, reason, "heartbeat refused");
+        }
+        true
     }
 
     fn bad(&self, kind: Kind, subject: &str, error: &str) {

@@ -6,6 +6,7 @@
 //! - [`router`]: the routing state machine the service and the simulator drive.
 //! - [`index`]: which workers cache which block sequences.
 //! - [`load`]: predicted and reported load per worker.
+//! - [`predict`]: blocks just routed to a worker, counted as cached until its events tell.
 //! - [`select`]: choosing decode and prefill workers by cost.
 //! - [`policy`]: the conditional-disaggregation rules (bypass or disaggregate).
 //! - [`config`]: runtime configuration, validated.
@@ -27,6 +28,7 @@ pub mod index;
 pub mod load;
 pub mod metrics;
 pub mod policy;
+pub mod predict;
 pub mod router;
 pub mod select;
 pub mod service;

@@ -319,6 +319,18 @@ impl LoadTracker {
         }
     }
 
+    /// Leading blocks of `hashes` already active on `slot` (held by a request routed there
+    /// and not done): a request that shares them adds no new active blocks for them.
+    pub fn active_prefix(&self, slot: WorkerSlot, hashes: &[SequenceHash]) -> u64 {
+        let Some(Some(w)) = self.workers.get(usize::from(slot.0)) else {
+            return 0;
+        };
+        hashes
+            .iter()
+            .take_while(|h| w.refs.get(h.0).is_some())
+            .count() as u64
+    }
+
     /// Requests currently tracked.
     pub fn active_requests(&self) -> usize {
         self.requests.len()

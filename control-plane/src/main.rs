@@ -3,7 +3,6 @@
 //! config, 1 on other start-up failures.
 
 use std::process::ExitCode;
-use std::time::Duration;
 
 use clap::Parser;
 
@@ -151,20 +150,19 @@ async fn main() -> ExitCode {
     };
     // Connect in the background and keep retrying: the route API must serve (and the
     // filter fail open on stale state at worst) while NATS is unreachable.
-    let nats = match async_nats::ConnectOptions::new()
-        .name("switchyard-control-plane")
-        .retry_on_initial_connect()
-        .max_reconnects(None)
-        .reconnect_delay_callback(|attempt| {
-            Duration::from_millis(100u64.saturating_mul(1 << attempt.min(6)))
-        })
-        .event_callback(|event| async move { log_nats_event(event) })
-        .connect(settings.nats_url.as_str())
-        .await
+    if !settings.nats.has_credentials() {
+        tracing::warn!("connecting to NATS without credentials (see --nats-token-file and docs/control-plane.md)");
+    }
+    let nats = match switchyard_bus::connect(
+        &settings.nats,
+        "switchyard-control-plane",
+        |event| async move { log_nats_event(event) },
+    )
+    .await
     {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("error: --nats-url {}: {e}", settings.nats_url);
+            eprintln!("error: {e}");
             return ExitCode::from(EXIT_USAGE);
         }
     };
@@ -174,7 +172,7 @@ async fn main() -> ExitCode {
             eprintln!("error: {e}");
             ExitCode::from(EXIT_USAGE)
         }
-        Err(e @ RunError::Tokenizer(_)) => {
+        Err(e @ (RunError::Tokenizer(_) | RunError::Registration(_))) => {
             eprintln!("error: {e}");
             ExitCode::from(EXIT_USAGE)
         }

@@ -70,8 +70,12 @@ pub struct Metrics {
     pub live_workers: Family<RoleLabels, Gauge>,
     /// Workers expired because their heartbeats stopped.
     pub workers_expired: Counter,
-    /// Workers whose heartbeat was refused (invalid block size, or too many workers).
-    pub workers_rejected: Counter,
+    /// Heartbeats refused, by reason: `invalid` (block size, too many workers), `unsigned`,
+    /// `bad_signature`, `stale` (a signature too far from this host's clock).
+    pub workers_rejected: Family<ReasonLabels, Counter>,
+    /// Times the control plane found it had not run for a while (stopped, starved) and gave
+    /// every worker a fresh heartbeat window.
+    pub stalls: Counter,
     /// (worker, block) pairs held in the KV index.
     pub index_blocks: Gauge,
     /// Distinct sequence hashes in the KV index.
@@ -116,7 +120,8 @@ impl Default for Metrics {
             bad_requests: Family::default(),
             live_workers: Family::default(),
             workers_expired: Counter::default(),
-            workers_rejected: Counter::default(),
+            workers_rejected: Family::default(),
+            stalls: Counter::default(),
             index_blocks: Gauge::default(),
             index_hashes: Gauge::default(),
             index_bytes: Gauge::default(),
@@ -187,8 +192,13 @@ impl Metrics {
         );
         r.register(
             "workers_rejected",
-            "Heartbeats refused (invalid block size or too many workers)",
+            "Heartbeats refused, by reason (invalid, unsigned, bad_signature, stale)",
             m.workers_rejected.clone(),
+        );
+        r.register(
+            "stalls",
+            "Times the control plane had not run for over a second and granted workers a fresh heartbeat window",
+            m.stalls.clone(),
         );
         r.register(
             "index_blocks",
@@ -273,6 +283,15 @@ impl Metrics {
         self.bad_requests
             .get_or_create(&CodeLabels {
                 code: code.to_string(),
+            })
+            .inc();
+    }
+
+    /// Counts a refused heartbeat.
+    pub fn worker_rejected(&self, reason: &str) {
+        self.workers_rejected
+            .get_or_create(&ReasonLabels {
+                reason: reason.to_string(),
             })
             .inc();
     }

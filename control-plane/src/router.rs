@@ -34,6 +34,7 @@ use switchyard_protocol::worker::{LoadReport, WorkerId, WorkerInfo};
 use crate::config::{ConfigError, RouterConfig};
 use crate::index::{IndexStats, KvIndex, OverlapScores, WorkerSlot};
 use crate::load::{LoadTracker, WorkerLoad};
+use crate::predict::Predictions;
 
 pub use crate::policy::REASONS;
 
@@ -162,6 +163,14 @@ pub struct Router {
     load: LoadTracker,
     scores: OverlapScores,
     kv_counters: KvCounters,
+    /// Blocks just routed to workers whose events have not told yet (see [`crate::predict`]).
+    predictions: Predictions,
+    /// Whether heartbeats can arrive at all (the caller's NATS connection is up). While they
+    /// cannot, silence says nothing about a worker, so nobody is expired.
+    heartbeats_reachable: bool,
+    /// Liveness counts from here for every worker heard before (see
+    /// [`Router::grant_liveness_grace`]).
+    grace_from_ms: u64,
 }
 
 impl Default for Router {
@@ -191,6 +200,9 @@ impl Router {
             load: LoadTracker::new(),
             scores: OverlapScores::default(),
             kv_counters: KvCounters::default(),
+            predictions: Predictions::new(),
+            heartbeats_reachable: true,
+            grace_from_ms: 0,
         }
     }
 
@@ -225,6 +237,29 @@ impl Router {
             LifecycleEvent::Done { request_id, .. } => self.load.on_done(request_id),
         }
         self.load.expire(now_ms, &self.config.load);
+    }
+
+    /// Records whether heartbeats can reach the router (the caller's event-bus connection).
+    /// While they cannot, no worker expires; when they can again, every worker gets a full
+    /// expiry window from `now_ms` to be heard from.
+    pub fn set_heartbeats_reachable(&mut self, reachable: bool, now_ms: u64) {
+        if reachable && !self.heartbeats_reachable {
+            self.grant_liveness_grace(now_ms);
+        }
+        self.heartbeats_reachable = reachable;
+    }
+
+    /// Counts every known worker as heard from at `now_ms`: after a stall of the caller (the
+    /// process was stopped, the host froze), heartbeats sent meanwhile could not be
+    /// processed, and silence in that time says nothing about the workers.
+    pub fn grant_liveness_grace(&mut self, now_ms: u64) {
+        self.grace_from_ms = self.grace_from_ms.max(now_ms);
+    }
+
+    /// Whether `w` counts as live at `now_ms` (see [`Router::set_heartbeats_reachable`]).
+    fn is_live(&self, w: &WorkerState, now_ms: u64) -> bool {
+        !self.heartbeats_reachable
+            || now_ms.saturating_sub(w.last_seen_ms.max(self.grace_from_ms)) <= w.expires_after_ms
     }
 
     /// Live workers, for the API and EDS.

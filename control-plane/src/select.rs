@@ -3,13 +3,15 @@
 //! **Decode cost** (KV-affine, so multi-turn sessions keep landing where their cache is):
 //!
 //! ```text
-//! decode_blocks_weight × (active_blocks + request_blocks)
+//! decode_blocks_weight × (active_blocks + request_blocks − shared_active_blocks)
 //!   + decode_prefill_weight × queued_prefill_tokens / block_size
 //!   − overlap_weight × overlap_blocks
 //! ```
 //!
-//! i.e. the worker's potential active KV blocks if it takes the request, plus its queued
-//! prefill work in blocks, minus a credit for each leading prompt block it already caches.
+//! i.e. the worker's potential active KV blocks if it takes the request (its active blocks
+//! plus the request's, less the leading ones it already has active for another request of
+//! the same conversation), plus its queued prefill work in blocks, minus a credit for each
+//! leading prompt block it already caches.
 //!
 //! **Prefill cost** (a prefill worker's own cache saves it work, its queue delays the request):
 //!
@@ -39,6 +41,8 @@ pub struct DecodeInputs {
     pub overlap_blocks: u32,
     /// Blocks the request occupies (full and partial) in this block size.
     pub request_blocks: u64,
+    /// Leading request blocks already active on the worker (another request holds them).
+    pub shared_active_blocks: u64,
     /// Its predicted load.
     pub load: WorkerLoad,
 }
@@ -46,7 +50,8 @@ pub struct DecodeInputs {
 /// Cost of serving a request's decode on a worker (see the module docs).
 pub fn decode_cost(c: &DecodeInputs, w: &SelectionWeights) -> f64 {
     let bs = f64::from(c.block_size.max(1));
-    w.decode_blocks_weight * (c.load.active_blocks as f64 + c.request_blocks as f64)
+    let new_blocks = c.request_blocks.saturating_sub(c.shared_active_blocks);
+    w.decode_blocks_weight * (c.load.active_blocks as f64 + new_blocks as f64)
         + w.decode_prefill_weight * c.load.prefill_tokens as f64 / bs
         - w.overlap_weight * f64::from(c.overlap_blocks)
 }
@@ -138,6 +143,7 @@ mod tests {
             block_size: 64,
             overlap_blocks: 0,
             request_blocks: 10,
+            shared_active_blocks: 0,
             load: load(0, 0),
         };
         assert_eq!(decode_cost(&cold, &w), 10.0);
@@ -156,6 +162,16 @@ mod tests {
             ..w
         };
         assert_eq!(decode_cost(&warm, &heavier_overlap), -6.0);
+        // The previous turn of the conversation still holds 8 of the blocks active there:
+        // they are not new load.
+        let same_conversation = DecodeInputs {
+            shared_active_blocks: 8,
+            ..busy
+        };
+        assert_eq!(
+            decode_cost(&same_conversation, &w),
+            100.0 + 2.0 + 10.0 - 8.0
+        );
     }
 
     #[test]

@@ -70,12 +70,16 @@ pub enum Command {
     },
     /// Decide where a tokenized prompt goes.
     Route {
-        /// Request id to echo and track.
-        request_id: String,
-        /// Prompt token ids.
-        tokens: Vec<u32>,
+        /// The request.
+        request: RouteRequest,
         /// The verdict, or why there is none.
         reply: oneshot::Sender<Result<Verdict, RouteError>>,
+    },
+    /// Whether heartbeats can reach the control plane (its NATS connection is up). While
+    /// they cannot, no worker is expired for silence.
+    HeartbeatsReachable {
+        /// Connected or not.
+        reachable: bool,
     },
     /// Snapshot of live workers.
     Workers {
@@ -94,6 +98,17 @@ pub enum Command {
         /// The new config, or the field that was refused (config unchanged).
         reply: oneshot::Sender<Result<RouterConfig, ConfigError>>,
     },
+}
+
+/// A tokenized request to route.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RouteRequest {
+    /// Request id to echo and track.
+    pub request_id: String,
+    /// Prompt token ids.
+    pub tokens: Vec<u32>,
+    /// Choices the client asked for (`n`).
+    pub choices: u32,
 }
 
 /// A live worker with its predicted load and cache size, as `GET /v1/workers` shows it.
@@ -184,15 +199,20 @@ impl ServiceHandle {
     /// [`ServiceStopped`] during shutdown.
     pub async fn route(
         &self,
-        request_id: String,
-        tokens: Vec<u32>,
+        request: RouteRequest,
     ) -> Result<Result<Verdict, RouteError>, ServiceStopped> {
-        self.call(|reply| Command::Route {
-            request_id,
-            tokens,
-            reply,
-        })
-        .await
+        self.call(|reply| Command::Route { request, reply }).await
+    }
+
+    /// Tells the owner whether heartbeats can reach it.
+    ///
+    /// # Errors
+    /// [`ServiceStopped`] during shutdown.
+    pub async fn heartbeats_reachable(&self, reachable: bool) -> Result<(), ServiceStopped> {
+        self.tx
+            .send(Command::HeartbeatsReachable { reachable })
+            .await
+            .map_err(|_| ServiceStopped)
     }
 
     /// Live workers.

@@ -10,6 +10,8 @@ use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 
+use switchyard_bus::{NatsArgs, RegistrationArgs};
+
 use crate::config::{ConfigError, RouterConfig, ServingMode};
 
 /// Default largest `POST /v1/route` body. Long agentic prompts (250k tokens of text plus tool
@@ -37,13 +39,28 @@ pub struct Settings {
     #[arg(long, env = "SWITCHYARD_LISTEN", default_value = "127.0.0.1:8090")]
     pub listen: SocketAddr,
 
-    /// NATS server the workers publish heartbeats, load reports and KV events to.
-    #[arg(
-        long,
-        env = "SWITCHYARD_NATS_URL",
-        default_value = "nats://127.0.0.1:4222"
-    )]
-    pub nats_url: String,
+    /// NATS, where the workers publish heartbeats, load reports and KV events, and its
+    /// credentials.
+    #[command(flatten)]
+    pub nats: NatsArgs,
+
+    /// The registration secret workers sign their heartbeats with.
+    #[command(flatten)]
+    pub registration: RegistrationArgs,
+
+    /// Accept worker heartbeats that are not signed with a registration secret. For
+    /// development only: anyone who can publish on NATS can then add a worker to Envoy's
+    /// pools and receive client prompts. Without it (and without a secret) the control plane
+    /// registers no worker from NATS.
+    #[arg(long, env = "SWITCHYARD_ALLOW_UNSIGNED_REGISTRATIONS")]
+    pub allow_unsigned_registrations: bool,
+
+    /// The model's context length in tokens: longer prompts and larger `max_tokens` get a
+    /// 400 before any worker sees them. Default: the model directory's `config.json`
+    /// (`max_position_embeddings`), else its `tokenizer_config.json` (`model_max_length`).
+    #[arg(long, env = "SWITCHYARD_MAX_MODEL_LEN",
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_model_len: Option<u32>,
 
     /// Directory with the served model's `tokenizer.json` and `tokenizer_config.json`
     /// (chat template). Defaults to the workspace's `.cache/models/qwen3` when it exists.
@@ -156,7 +173,9 @@ mod tests {
     fn defaults_match_the_documented_ones() {
         let s = Settings::try_parse_from(["x"]).expect("defaults parse");
         assert_eq!(s.listen.to_string(), "127.0.0.1:8090");
-        assert_eq!(s.nats_url, "nats://127.0.0.1:4222");
+        assert_eq!(s.nats.nats_url, "nats://127.0.0.1:4222");
+        assert!(!s.allow_unsigned_registrations);
+        assert_eq!(s.registration.registration_secret_file, None);
         assert_eq!(s.serving_mode, ServingMode::Conditional);
         assert_eq!(s.heartbeat_misses, 3);
         assert_eq!(s.expires_after_ms(1_000), 3_000);

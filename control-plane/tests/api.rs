@@ -6,7 +6,7 @@ mod common;
 use common::*;
 use serde_json::json;
 use switchyard_control_plane::settings::Settings;
-use switchyard_protocol::route::ApiError;
+use switchyard_protocol::route::{ApiError, REJECT_HEADER};
 use switchyard_protocol::worker::WorkerRole;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -16,8 +16,10 @@ async fn bad_route_bodies_get_400_naming_the_problem() {
     let (_server, svc, nats) = service_with_nats(settings).await;
     register_worker(&svc, &nats, "decode-0", WorkerRole::Decode, 9001).await;
 
+    /// Our own error (not the client's request at fault).
     async fn expect(resp: reqwest::Response, status: u16, code: &str, mentions: &str) {
         assert_eq!(resp.status(), status);
+        assert!(resp.headers().get(REJECT_HEADER).is_none());
         let err: ApiError = resp.json().await.unwrap();
         assert_eq!(err.code, code, "{err:?}");
         assert!(
@@ -25,29 +27,56 @@ async fn bad_route_bodies_get_400_naming_the_problem() {
             "{err:?} should mention {mentions}"
         );
     }
+    /// A request the engine would refuse: the OpenAI error the client gets, with the
+    /// reason the filter relays it under.
+    async fn refused(resp: reqwest::Response, reason: &str, param: &str, mentions: &str) {
+        assert_eq!(resp.status(), 400);
+        assert_eq!(
+            resp.headers()
+                .get(REJECT_HEADER)
+                .and_then(|v| v.to_str().ok()),
+            Some(reason)
+        );
+        let body: serde_json::Value = resp.json().await.unwrap();
+        assert_eq!(body["error"]["type"], "BadRequestError", "{body}");
+        assert_eq!(body["error"]["code"], 400, "{body}");
+        assert_eq!(body["error"]["param"], param, "{body}");
+        let message = body["error"]["message"].as_str().unwrap_or("");
+        assert!(
+            message.contains(mentions),
+            "{body} should mention {mentions}"
+        );
+    }
 
-    expect(
+    let chat_with = |extra: serde_json::Value| {
+        let mut body = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]});
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        body.to_string()
+    };
+    refused(
         route(&svc.base, "chat", None, "{\"messages\": [").await,
-        400,
-        "invalid_json",
+        "invalid_request",
+        "body",
         "EOF",
     )
     .await;
-    expect(
+    refused(
         route(&svc.base, "chat", None, "[1, 2]").await,
-        400,
         "invalid_request",
+        "body",
         "object",
     )
     .await;
-    expect(
+    refused(
         route(&svc.base, "chat", None, json!({"model": "m"}).to_string()).await,
-        400,
         "invalid_request",
+        "messages",
         "messages",
     )
     .await;
-    expect(
+    refused(
         route(
             &svc.base,
             "chat",
@@ -55,12 +84,12 @@ async fn bad_route_bodies_get_400_naming_the_problem() {
             json!({"messages": [{"role": "user", "content": 7}]}).to_string(),
         )
         .await,
-        400,
         "invalid_request",
+        "messages[0].content",
         "content",
     )
     .await;
-    expect(
+    refused(
         route(
             &svc.base,
             "completions",
@@ -68,11 +97,32 @@ async fn bad_route_bodies_get_400_naming_the_problem() {
             json!({"model": "m"}).to_string(),
         )
         .await,
-        400,
         "invalid_request",
+        "prompt",
         "prompt",
     )
     .await;
+    // What the engine refuses is refused before any worker does work for it.
+    for (extra, param) in [
+        (json!({"max_tokens": -1}), "max_tokens"),
+        (json!({"max_tokens": 0}), "max_tokens"),
+        (json!({"max_tokens": 1e12}), "max_tokens"),
+        (json!({"max_tokens": "x"}), "max_tokens"),
+        (json!({"stream": "maybe"}), "stream"),
+        (
+            json!({"stream_options": {"include_usage": true}}),
+            "stream_options",
+        ),
+        (json!({"n": 0}), "n"),
+    ] {
+        refused(
+            route(&svc.base, "chat", None, chat_with(extra)).await,
+            "invalid_request",
+            param,
+            param,
+        )
+        .await;
+    }
     expect(
         route(&svc.base, "embeddings", None, chat("x")).await,
         400,
@@ -91,13 +141,8 @@ async fn bad_route_bodies_get_400_naming_the_problem() {
     let m = svc.metrics().await;
     assert_metric(
         &m,
-        "switchyard_route_bad_requests_total{code=\"invalid_json\"}",
-        1.0,
-    );
-    assert_metric(
-        &m,
         "switchyard_route_bad_requests_total{code=\"invalid_request\"}",
-        4.0,
+        12.0,
     );
     assert_metric(
         &m,
@@ -109,6 +154,15 @@ async fn bad_route_bodies_get_400_naming_the_problem() {
         "switchyard_route_bad_requests_total{code=\"body_too_large\"}",
         1.0,
     );
+    // Vaguely lax values vLLM accepts are accepted, and n > 1 is served, undisaggregated.
+    let ok = route(
+        &svc.base,
+        "chat",
+        None,
+        chat_with(json!({"max_tokens": "5", "stream": "yes", "n": 2})),
+    )
+    .await;
+    assert_eq!(ok.status(), 200);
 
     // Unknown paths and methods answer JSON errors too.
     let resp = reqwest::get(format!("{}/v1/nope", svc.base)).await.unwrap();
@@ -359,4 +413,61 @@ async fn run_refuses_to_start_on_bad_config_or_a_missing_tokenizer() {
         .unwrap_err();
     assert!(matches!(err, RunError::Config(_)), "{err}");
     assert!(err.to_string().contains("policy"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prompts_beyond_the_context_are_refused_before_routing() {
+    let mut settings = Settings::for_tests();
+    settings.max_model_len = Some(64);
+    let (_server, svc, nats) = service_with_nats(settings).await;
+    register_worker(&svc, &nats, "decode-0", WorkerRole::Decode, 9001).await;
+    let long = route(
+        &svc.base,
+        "chat",
+        None,
+        chat(&"many words here ".repeat(40)),
+    )
+    .await;
+    assert_eq!(long.status(), 400);
+    assert_eq!(
+        long.headers()
+            .get(REJECT_HEADER)
+            .and_then(|v| v.to_str().ok()),
+        Some("prompt_too_long")
+    );
+    let body: serde_json::Value = long.json().await.unwrap();
+    assert_eq!(body["error"]["param"], "input_tokens", "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("64 tokens"),
+        "{body}"
+    );
+    let too_many = route(
+        &svc.base,
+        "chat",
+        None,
+        json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 65}).to_string(),
+    )
+    .await;
+    assert_eq!(too_many.status(), 400);
+    assert_eq!(
+        route(&svc.base, "chat", None, chat("short")).await.status(),
+        200
+    );
+    let m = svc.metrics().await;
+    assert_metric(
+        &m,
+        "switchyard_route_bad_requests_total{code=\"prompt_too_long\"}",
+        1.0,
+    );
+    // Refused requests are not routed: nothing is predicted or tracked for them.
+    let decisions: f64 = m
+        .lines()
+        .filter(|l| l.starts_with("switchyard_route_decisions_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert_eq!(decisions, 1.0, "{m}");
+    svc.stop().await;
 }

@@ -11,9 +11,10 @@ use futures::StreamExt;
 use serde_json::json;
 use switchyard_control_plane::settings::Settings;
 use switchyard_protocol::kv::ResyncRequest;
+use switchyard_protocol::registration::RegistrationSecret;
 use switchyard_protocol::route::{ApiError, RouteMode, Verdict};
 use switchyard_protocol::subjects;
-use switchyard_protocol::worker::WorkerRole;
+use switchyard_protocol::worker::{WorkerHeartbeat, WorkerRole};
 
 const WAIT: Duration = Duration::from_secs(10);
 
@@ -121,7 +122,7 @@ async fn malformed_nats_messages_are_counted_and_harmless() {
         metric_value(&m, "switchyard_bad_messages_total{kind=\"heartbeat\"}") == 2.0
             && metric_value(&m, "switchyard_bad_messages_total{kind=\"load\"}") == 1.0
             && metric_value(&m, "switchyard_bad_messages_total{kind=\"kv_events\"}") == 2.0
-            && metric_value(&m, "switchyard_workers_rejected_total") == 1.0
+            && metric_value(&m, "switchyard_workers_rejected_total{reason=\"invalid\"}") == 1.0
     })
     .await;
     assert!(!svc.worker_ids().await.contains(&"broken".to_string()));
@@ -210,4 +211,163 @@ async fn http_serves_while_nats_is_down_and_catches_up_when_it_comes() {
         200
     );
     svc.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_registrations_signed_with_the_secret_join_and_spoofs_are_counted() {
+    let dir = TempDir::new("cp-secret").unwrap();
+    let secret_file = dir.path().join("secret");
+    std::fs::write(&secret_file, "0123456789abcdef-test-secret\n").unwrap();
+    let secret = RegistrationSecret::new("0123456789abcdef-test-secret").unwrap();
+    let mut settings = Settings::for_tests();
+    settings.registration.registration_secret_file = Some(secret_file);
+    let (_server, svc, nats) = service_with_nats(settings).await;
+
+    // The real worker, signed.
+    let real = worker("decode-0", WorkerRole::Decode, 9001, 1);
+    eventually(WAIT, "the signed worker registered", || async {
+        let sent = unix_now_ms();
+        publish_heartbeat(&nats, &signed(&secret, &real, sent)).await;
+        svc.worker_ids().await.contains(&"decode-0".to_string())
+    })
+    .await;
+
+    // A stray publisher: unsigned, signed with another secret, a recorded signature moved to
+    // its own address, and a recording replayed too late.
+    let spoof = worker("evil", WorkerRole::Decode, 18999, 1);
+    let other = RegistrationSecret::new("not-the-deployment-secret").unwrap();
+    let now = unix_now_ms();
+    heartbeat(&nats, &spoof, 60_000).await;
+    publish_heartbeat(&nats, &signed(&other, &spoof, now)).await;
+    let mut moved = signed(&secret, &real, now);
+    moved.worker = spoof.clone();
+    publish_heartbeat(&nats, &moved).await;
+    let old = now - 10 * 60_000;
+    publish_heartbeat(&nats, &signed(&secret, &spoof, old)).await;
+    eventually(WAIT, "every spoof counted", || async {
+        let m = svc.metrics().await;
+        metric_value(&m, "switchyard_workers_rejected_total{reason=\"unsigned\"}") == 1.0
+            && metric_value(
+                &m,
+                "switchyard_workers_rejected_total{reason=\"bad_signature\"}",
+            ) == 2.0
+            && metric_value(&m, "switchyard_workers_rejected_total{reason=\"stale\"}") == 1.0
+    })
+    .await;
+    assert_eq!(svc.worker_ids().await, ["decode-0"], "no spoof joined");
+    let verdict: Verdict = route(&svc.base, "chat", None, chat("who serves me?"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(verdict.decode.address, "127.0.0.1:9001");
+    svc.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_secret_or_the_development_flag_no_worker_joins() {
+    let mut settings = Settings::for_tests();
+    // As the binary starts by default: neither a secret nor --allow-unsigned-registrations.
+    settings.registration.registration_secret_file = Some("/nonexistent".into());
+    assert!(
+        switchyard_bus::RegistrationArgs::default()
+            .secret()
+            .unwrap()
+            .is_none(),
+        "the default has no secret"
+    );
+    let server = NatsServer::start();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let nats = client(&server.url).await;
+    let err = switchyard_control_plane::service::run_with_tokenizer(
+        settings,
+        tokenizer(),
+        listener,
+        nats,
+        async {},
+    )
+    .await
+    .unwrap_err();
+    assert!(err.to_string().contains("/nonexistent"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nats_outage_expires_no_worker_and_expiry_resumes_after_a_window() {
+    let mut server = NatsServer::start();
+    let svc = Service::start(Settings::for_tests(), tokenizer(), &server.url).await;
+    let nats = client(&server.url).await;
+    // Heartbeats every 200 ms: expired 600 ms after the last one.
+    let a = worker("decode-0", WorkerRole::Decode, 9001, 1);
+    let b = worker("decode-1", WorkerRole::Decode, 9002, 1);
+    register(&svc, &nats, &a, 200).await;
+    register(&svc, &nats, &b, 200).await;
+
+    server.stop(Duration::from_secs(2));
+    assert_ne!(svc.get_json("/healthz").await["nats"], "connected");
+    // Four times the expiry window without a heartbeat: nobody is expired, EDS keeps both.
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    let mut ids = svc.worker_ids().await;
+    ids.sort();
+    assert_eq!(ids, ["decode-0", "decode-1"]);
+    let eds: serde_json::Value = reqwest::Client::new()
+        .post(format!("{}/v3/discovery:endpoints", svc.base))
+        .json(&json!({"resource_names": ["switchyard_decode"]}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let endpoints = &eds["resources"][0]["endpoints"][0]["lb_endpoints"];
+    assert_eq!(endpoints.as_array().map(Vec::len), Some(2), "{eds}");
+    assert_eq!(
+        route(&svc.base, "chat", None, chat("still routed?"))
+            .await
+            .status(),
+        200
+    );
+
+    // NATS returns; only decode-0 heartbeats again. decode-1 gets one full window from the
+    // reconnection, then goes.
+    server.restart(Duration::from_secs(10)).unwrap();
+    let nats = client(&server.url).await;
+    eventually(WAIT, "reconnected", || async {
+        svc.get_json("/healthz").await["nats"] == "connected"
+    })
+    .await;
+    let beats = tokio::spawn({
+        let nats = nats.clone();
+        async move {
+            for _ in 0..40 {
+                heartbeat(&nats, &a, 200).await;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    });
+    eventually(WAIT, "decode-1 expired after its window", || async {
+        svc.worker_ids().await == ["decode-0"]
+    })
+    .await;
+    beats.abort();
+    assert_metric(
+        &svc.metrics().await,
+        "switchyard_workers_expired_total",
+        1.0,
+    );
+    svc.stop().await;
+}
+
+/// `info`'s heartbeat sent at `sent_at_ms`, signed with `secret`.
+fn signed(
+    secret: &RegistrationSecret,
+    info: &switchyard_protocol::worker::WorkerInfo,
+    sent_at_ms: u64,
+) -> WorkerHeartbeat {
+    WorkerHeartbeat {
+        v: 1,
+        worker: info.clone(),
+        interval_ms: 60_000,
+        sent_at_ms,
+        signature: Some(secret.sign(info, sent_at_ms)),
+    }
 }

@@ -1,5 +1,17 @@
-//! Request bodies: the cheap validity check every routed request gets, and the rewrites of the
-//! disaggregated path (the prefill leg's body, the decode leg's injected `kv_transfer_params`).
+//! Request bodies: the screen every body the filter passes gets, and the rewrites of the
+//! disaggregated path.
+//!
+//! **The screen.** Some body keys make a worker reach out to another host
+//! ([`CLIENT_STEERING_KEYS`]: vLLM's `kv_transfer_params` would make a decode worker pull KV
+//! from any `remote_host` a client names). Only the gateway may set them, so every body the
+//! filter passes — on every path, routed or not — is screened: a JSON object loses those keys;
+//! a body that is not a JSON object cannot be stripped, so on the API paths it is refused with
+//! a 400, and elsewhere it is refused only when it might still carry such a key for a more
+//! lenient parser (Python's `json` reads `NaN`, for one) ([`may_steer`]).
+//!
+//! Screening costs one pass over the bytes when no steering key is present: a probe
+//! deserializes only those keys and skips the rest without building a tree. Anything else
+//! (a key found, a duplicated key, not JSON) takes the slow path: a full parse.
 //!
 //! Pure and panic-free on any input (property tests and a fuzz target drive arbitrary bytes
 //! through it). The workspace builds `serde_json` with `preserve_order`, so a parsed body keeps
@@ -11,31 +23,24 @@ use std::fmt;
 use serde::de::IgnoredAny;
 use serde::Deserialize;
 use serde_json::{Map, Value};
-use switchyard_protocol::route::ApiKind;
+use switchyard_protocol::handoff::{DecodeLeg, Handoff};
+use switchyard_protocol::openai::CLIENT_STEERING_KEYS;
 
-/// The request-body key of vLLM's KV connector handshake.
-pub const KV_TRANSFER_PARAMS: &str = "kv_transfer_params";
-
-/// Why a body is not routed (it is passed to a worker untouched, which answers with the
-/// engine's own canonical error).
+/// Why a body cannot be passed on (the client gets a 400 from the gateway).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum InvalidBody {
-    /// Not JSON (syntax error, truncated).
+    /// Not JSON (syntax error, truncated, `NaN`).
     NotJson,
-    /// JSON, but not an object with the API's prompt field of a plausible type (also a
-    /// duplicated known key).
-    BadShape,
-    /// A JSON object without `messages` (chat) or `prompt` (completions).
-    NoPrompt,
+    /// JSON, but not an object.
+    NotAnObject,
 }
 
 impl InvalidBody {
-    /// Label for logs and the response header.
+    /// Label for logs, stats and the response header.
     pub fn as_str(self) -> &'static str {
         match self {
             InvalidBody::NotJson => "not_json",
-            InvalidBody::BadShape => "bad_shape",
-            InvalidBody::NoPrompt => "no_prompt",
+            InvalidBody::NotAnObject => "not_an_object",
         }
     }
 }
@@ -46,63 +51,87 @@ impl fmt::Display for InvalidBody {
     }
 }
 
-/// What the cheap check found in a body worth routing.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ValidBody {
-    /// The client sent its own `kv_transfer_params`. The filter removes them: they would make
-    /// the decode worker pull KV from any `remote_host` the client names.
-    pub has_client_kv_params: bool,
+/// What the screen found.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Screened {
+    /// A JSON object without steering keys: pass the bytes on as they are.
+    Clean,
+    /// A JSON object whose steering keys (`removed` of them) were dropped: pass `body` on.
+    Stripped {
+        /// The parsed body without them.
+        doc: RequestDoc,
+        /// `doc` serialized.
+        body: Vec<u8>,
+        /// How many keys were removed.
+        removed: usize,
+    },
+    /// Not a JSON object: nothing could be stripped.
+    Invalid(InvalidBody),
 }
 
-/// Only the keys the filter cares about; everything else is skipped without building a tree
-/// (`IgnoredAny` still checks the JSON syntax), so the check costs one pass over the bytes.
+/// The keys the fast path looks at: every steering key. A duplicated one fails the probe,
+/// which sends the body down the slow path, where the last duplicate wins as in the
+/// worker's own parser.
 #[derive(Deserialize)]
 struct Probe {
-    messages: Option<IgnoredAny>,
-    prompt: Option<IgnoredAny>,
     kv_transfer_params: Option<IgnoredAny>,
+    disaggregated_params: Option<IgnoredAny>,
+    bootstrap_host: Option<IgnoredAny>,
+    bootstrap_port: Option<IgnoredAny>,
+    bootstrap_room: Option<IgnoredAny>,
+    bootstrap_pair_key: Option<IgnoredAny>,
 }
 
-/// Checks that `body` is a JSON object carrying the API's prompt field.
-///
-/// # Errors
-/// The [`InvalidBody`] reason.
-pub fn inspect(api: ApiKind, body: &[u8]) -> Result<ValidBody, InvalidBody> {
-    let probe: Probe = serde_json::from_slice(body).map_err(|e| {
-        if e.is_data() {
-            InvalidBody::BadShape
-        } else {
-            InvalidBody::NotJson
+impl Probe {
+    fn any(&self) -> bool {
+        self.kv_transfer_params.is_some()
+            || self.disaggregated_params.is_some()
+            || self.bootstrap_host.is_some()
+            || self.bootstrap_port.is_some()
+            || self.bootstrap_room.is_some()
+            || self.bootstrap_pair_key.is_some()
+    }
+}
+
+// The probe must know every steering key.
+const _: () = assert!(CLIENT_STEERING_KEYS.len() == 6);
+
+/// Screens a body (see the module docs).
+pub fn screen(body: &[u8]) -> Screened {
+    if let Ok(probe) = serde_json::from_slice::<Probe>(body) {
+        if !probe.any() {
+            return Screened::Clean;
         }
-    })?;
-    let has_prompt = match api {
-        ApiKind::Chat => probe.messages.is_some(),
-        ApiKind::Completions => probe.prompt.is_some(),
+    }
+    let mut doc = match RequestDoc::parse(body) {
+        Ok(doc) => doc,
+        Err(invalid) => return Screened::Invalid(invalid),
     };
-    if !has_prompt {
-        return Err(InvalidBody::NoPrompt);
+    let removed = doc.strip_steering_keys();
+    if removed == 0 {
+        // The probe failed on something else (a duplicated key): the object is fine as is.
+        return Screened::Clean;
     }
-    Ok(ValidBody {
-        has_client_kv_params: probe.kv_transfer_params.is_some(),
-    })
+    match doc.to_bytes() {
+        Ok(body) => Screened::Stripped { doc, body, removed },
+        Err(_) => Screened::Invalid(InvalidBody::NotJson),
+    }
 }
 
-/// Why a rewrite could not be made (the caller then sends the body as it is).
+/// Whether a body that is not a JSON object might still carry a steering key for a parser
+/// more lenient than ours: it names one, or holds a `\u` escape that could spell one.
+pub fn may_steer(body: &[u8]) -> bool {
+    let has = |needle: &[u8]| body.windows(needle.len()).any(|w| w == needle);
+    has(b"\\u") || CLIENT_STEERING_KEYS.iter().any(|k| has(k.as_bytes()))
+}
+
+/// The decode leg of a handoff, serialized.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RewriteError {
-    /// The body is not a JSON object.
-    NotAnObject,
-    /// Serialisation failed (not expected for a parsed value; kept so nothing unwraps).
-    Serialize(String),
-}
-
-impl fmt::Display for RewriteError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            RewriteError::NotAnObject => f.write_str("the body is not a JSON object"),
-            RewriteError::Serialize(e) => write!(f, "cannot serialise the body: {e}"),
-        }
-    }
+pub struct DecodeBody {
+    /// The decode leg's body.
+    pub body: Vec<u8>,
+    /// The hold to release should the decode leg fail or never come.
+    pub hold: Option<String>,
 }
 
 /// A parsed request body (a JSON object in the client's key order).
@@ -113,99 +142,84 @@ impl RequestDoc {
     /// Parses a body.
     ///
     /// # Errors
-    /// [`RewriteError::NotAnObject`] if it is not a JSON object.
-    pub fn parse(body: &[u8]) -> Result<RequestDoc, RewriteError> {
+    /// The [`InvalidBody`] reason when it is not a JSON object.
+    pub fn parse(body: &[u8]) -> Result<RequestDoc, InvalidBody> {
         match serde_json::from_slice::<Value>(body) {
             Ok(Value::Object(map)) => Ok(RequestDoc(map)),
-            _ => Err(RewriteError::NotAnObject),
+            Ok(_) => Err(InvalidBody::NotAnObject),
+            Err(_) => Err(InvalidBody::NotJson),
         }
     }
 
     /// The body as bytes.
     ///
     /// # Errors
-    /// [`RewriteError::Serialize`] (not expected).
-    pub fn to_bytes(&self) -> Result<Vec<u8>, RewriteError> {
-        serde_json::to_vec(&self.0).map_err(|e| RewriteError::Serialize(e.to_string()))
+    /// A serialization error (not expected for a parsed value; kept so nothing unwraps).
+    pub fn to_bytes(&self) -> Result<Vec<u8>, serde_json::Error> {
+        serde_json::to_vec(&self.0)
     }
 
-    /// Removes client-supplied `kv_transfer_params`; true if there were any.
-    pub fn strip_kv_params(&mut self) -> bool {
-        self.0.shift_remove(KV_TRANSFER_PARAMS).is_some()
+    /// Removes every client steering key; returns how many there were.
+    pub fn strip_steering_keys(&mut self) -> usize {
+        CLIENT_STEERING_KEYS
+            .iter()
+            .filter(|k| self.0.shift_remove(**k).is_some())
+            .count()
     }
 
-    /// The prefill leg's body (vLLM's disaggregated-prefill proxy protocol): the same request
-    /// with `max_tokens: 1` (and `max_completion_tokens: 1` when the client set it, since it
-    /// wins over `max_tokens` for chat), `stream: false`, no `stream_options`, and
-    /// `kv_transfer_params` asking the prefill worker to hold the KV for a remote decode.
-    /// Every other key stays where it was.
+    /// The prefill leg's body under `handoff`.
     ///
     /// # Errors
-    /// [`RewriteError::Serialize`] (not expected).
-    pub fn prefill_body(&self) -> Result<Vec<u8>, RewriteError> {
-        let mut map = self.0.clone();
-        map.insert("max_tokens".to_string(), Value::from(1));
-        if map.contains_key("max_completion_tokens") {
-            map.insert("max_completion_tokens".to_string(), Value::from(1));
-        }
-        map.insert("stream".to_string(), Value::Bool(false));
-        map.shift_remove("stream_options");
-        map.insert(KV_TRANSFER_PARAMS.to_string(), prefill_kv_request());
-        serde_json::to_vec(&map).map_err(|e| RewriteError::Serialize(e.to_string()))
+    /// A serialization error (not expected).
+    pub fn prefill_body(&self, handoff: Handoff) -> Result<Vec<u8>, serde_json::Error> {
+        serde_json::to_vec(&handoff.prefill_body(&self.0))
     }
 
-    /// The decode leg's body: the client's request with the prefill worker's
-    /// `kv_transfer_params` set verbatim.
+    /// The decode leg from the prefill worker's answer, or `None` when the decode worker is
+    /// to prefill locally (the answer hands nothing over).
     ///
     /// # Errors
-    /// [`RewriteError::Serialize`] (not expected).
-    pub fn decode_body(&self, kv_params: &Value) -> Result<Vec<u8>, RewriteError> {
-        let mut map = self.0.clone();
-        map.insert(KV_TRANSFER_PARAMS.to_string(), kv_params.clone());
-        serde_json::to_vec(&map).map_err(|e| RewriteError::Serialize(e.to_string()))
-    }
-}
-
-/// `kv_transfer_params` of the prefill request (the field set vLLM's NixlConnector expects).
-pub fn prefill_kv_request() -> Value {
-    serde_json::json!({
-        "do_remote_decode": true,
-        "do_remote_prefill": false,
-        "remote_engine_id": null,
-        "remote_block_ids": null,
-        "remote_host": null,
-        "remote_port": null,
-    })
-}
-
-#[derive(Deserialize)]
-struct PrefillAnswer {
-    kv_transfer_params: Option<Value>,
-}
-
-/// The `kv_transfer_params` object of a prefill worker's answer, if it has one. `None` (absent,
-/// `null`, not an object, or the body is not JSON) means the decode worker prefills locally:
-/// vLLM sends none when the prefill already finished the request (EOS on the first token).
-pub fn kv_params_from_prefill_answer(body: &[u8]) -> Option<Value> {
-    let answer: PrefillAnswer = serde_json::from_slice(body).ok()?;
-    match answer.kv_transfer_params? {
-        params @ Value::Object(_) => Some(params),
-        _ => None,
-    }
-}
-
-/// The OpenAI-style error body of a 413 the filter answers itself.
-pub fn too_large_error(size: u64, limit: u64) -> Vec<u8> {
-    serde_json::json!({
-        "error": {
-            "message": format!("request body of {size} bytes exceeds the gateway's limit of {limit} bytes"),
-            "type": "BadRequestError",
-            "param": null,
-            "code": 413,
+    /// A serialization error (not expected).
+    pub fn decode_leg(
+        &self,
+        handoff: Handoff,
+        prefill_answer: &[u8],
+    ) -> Result<Option<DecodeBody>, serde_json::Error> {
+        match handoff.decode_leg(&self.0, prefill_answer) {
+            DecodeLeg::Local => Ok(None),
+            DecodeLeg::Handoff { body, hold } => Ok(Some(DecodeBody {
+                body: serde_json::to_vec(&body)?,
+                hold,
+            })),
         }
+    }
+}
+
+/// An OpenAI-style error body the filter answers itself.
+fn error_body(status: u16, kind: &str, message: String) -> Vec<u8> {
+    serde_json::json!({
+        "error": { "message": message, "type": kind, "param": null, "code": status }
     })
     .to_string()
     .into_bytes()
+}
+
+/// The body of a 413 the filter answers itself.
+pub fn too_large_error(size: u64, limit: u64) -> Vec<u8> {
+    error_body(
+        413,
+        "BadRequestError",
+        format!("request body of {size} bytes exceeds the gateway's limit of {limit} bytes"),
+    )
+}
+
+/// The body of the 400 for a body the filter refuses.
+pub fn invalid_body_error(invalid: InvalidBody) -> Vec<u8> {
+    let message = match invalid {
+        InvalidBody::NotJson => "the request body is not valid JSON",
+        InvalidBody::NotAnObject => "the request body must be a JSON object",
+    };
+    error_body(400, "BadRequestError", message.to_string())
 }
 
 #[cfg(test)]
@@ -213,110 +227,98 @@ mod tests {
     use super::*;
 
     #[test]
-    fn valid_bodies_need_the_apis_prompt_field() {
+    fn clean_objects_pass_as_they_are() {
         let chat = br#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
+        assert_eq!(screen(chat), Screened::Clean);
         assert_eq!(
-            inspect(ApiKind::Chat, chat),
-            Ok(ValidBody {
-                has_client_kv_params: false
-            })
+            screen(br#"{"model":"m"}"#),
+            Screened::Clean,
+            "the control plane checks the rest"
         );
         assert_eq!(
-            inspect(ApiKind::Completions, chat),
-            Err(InvalidBody::NoPrompt)
-        );
-        assert!(inspect(ApiKind::Completions, br#"{"prompt":"x"}"#).is_ok());
-        assert!(inspect(ApiKind::Completions, br#"{"prompt":[1,2,3]}"#).is_ok());
-        assert_eq!(
-            inspect(ApiKind::Chat, br#"{"messages":[],"kv_transfer_params":{}}"#),
-            Ok(ValidBody {
-                has_client_kv_params: true
-            })
+            screen(br#"{"messages":[],"messages":[1]}"#),
+            Screened::Clean,
+            "a duplicate of another key"
         );
     }
 
     #[test]
-    fn invalid_bodies_are_named() {
-        assert_eq!(
-            inspect(ApiKind::Chat, b"{\"model\": \"q\", "),
-            Err(InvalidBody::NotJson)
-        );
-        assert_eq!(inspect(ApiKind::Chat, b""), Err(InvalidBody::NotJson));
-        assert_eq!(inspect(ApiKind::Chat, b"[1,2]"), Err(InvalidBody::BadShape));
-        assert_eq!(inspect(ApiKind::Chat, b"42"), Err(InvalidBody::BadShape));
-        assert_eq!(
-            inspect(ApiKind::Chat, br#"{"messages":null}"#),
-            Err(InvalidBody::NoPrompt)
-        );
-        assert_eq!(
-            inspect(ApiKind::Chat, br#"{"messages":[],"messages":[]}"#),
-            Err(InvalidBody::BadShape)
-        );
-    }
-
-    const BODY: &str = r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":64,"stream":true,"stream_options":{"include_usage":true},"tools":[{"b":1,"a":2}],"temperature":0.5}"#;
-
-    #[test]
-    fn the_prefill_body_asks_for_one_token_and_a_remote_decode_keeping_key_order() {
-        let doc = RequestDoc::parse(BODY.as_bytes()).expect("object");
-        let prefill = String::from_utf8(doc.prefill_body().expect("body")).expect("utf8");
-        assert_eq!(
-            prefill,
-            r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":1,"stream":false,"tools":[{"b":1,"a":2}],"temperature":0.5,"kv_transfer_params":{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null}}"#
-        );
+    fn every_steering_key_is_stripped_however_it_is_spelled() {
+        let cases: [&[u8]; 5] = [
+            br#"{"kv_transfer_params":{"remote_host":"evil"},"prompt":"p"}"#,
+            br#"{"prompt":"p","kv\u005ftransfer_params":{"remote_host":"evil"}}"#,
+            br#"{"prompt":"p","kv_transfer_params":null,"kv_transfer_params":{"remote_port":1}}"#,
+            br#"{"prompt":"p","bootstrap_host":"evil","bootstrap_port":1,"bootstrap_room":7}"#,
+            br#"{"prompt":"p","disaggregated_params":{"request_type":"generation_only"}}"#,
+        ];
+        for body in cases {
+            match screen(body) {
+                Screened::Stripped {
+                    body: out, removed, ..
+                } => {
+                    assert!(removed >= 1);
+                    assert_eq!(
+                        out,
+                        br#"{"prompt":"p"}"#,
+                        "{}",
+                        String::from_utf8_lossy(body)
+                    );
+                }
+                other => panic!("{other:?} for {}", String::from_utf8_lossy(body)),
+            }
+        }
     }
 
     #[test]
-    fn max_completion_tokens_is_capped_only_when_present() {
-        let doc = RequestDoc::parse(br#"{"prompt":"x","max_completion_tokens":99}"#).unwrap();
-        let prefill: Value = serde_json::from_slice(&doc.prefill_body().unwrap()).unwrap();
-        assert_eq!(prefill["max_completion_tokens"], 1);
+    fn what_is_not_an_object_is_named() {
+        assert_eq!(
+            screen(b"{\"model\": \"q\", "),
+            Screened::Invalid(InvalidBody::NotJson)
+        );
+        assert_eq!(screen(b""), Screened::Invalid(InvalidBody::NotJson));
+        assert_eq!(
+            screen(br#"{"a":NaN,"kv_transfer_params":{}}"#),
+            Screened::Invalid(InvalidBody::NotJson)
+        );
+        assert_eq!(
+            screen(b"[1,2]"),
+            Screened::Invalid(InvalidBody::NotAnObject)
+        );
+        assert_eq!(screen(b"42"), Screened::Invalid(InvalidBody::NotAnObject));
+    }
+
+    #[test]
+    fn unparsable_bodies_that_could_still_steer_are_flagged() {
+        assert!(may_steer(br#"{"a":NaN,"kv_transfer_params":{}}"#));
+        assert!(may_steer(br#"{"a":NaN,"kv\u005ftransfer_params":{}}"#));
+        assert!(!may_steer(b"--boundary\r\nplain form data"));
+    }
+
+    #[test]
+    fn legs_follow_the_handoff() {
+        let doc = RequestDoc::parse(br#"{"model":"m","max_tokens":8,"stream":true}"#).unwrap();
+        let prefill: Value =
+            serde_json::from_slice(&doc.prefill_body(Handoff::VllmNixl).unwrap()).unwrap();
         assert_eq!(prefill["max_tokens"], 1);
-        let doc = RequestDoc::parse(br#"{"prompt":"x"}"#).unwrap();
-        let prefill: Value = serde_json::from_slice(&doc.prefill_body().unwrap()).unwrap();
-        assert!(prefill.get("max_completion_tokens").is_none());
+        assert_eq!(prefill["stream"], false);
+        let answer = br#"{"kv_transfer_params":{"remote_request_id":"h"}}"#;
+        let DecodeBody { body, hold } = doc.decode_leg(Handoff::VllmNixl, answer).unwrap().unwrap();
+        assert_eq!(body, br#"{"model":"m","max_tokens":8,"stream":true,"kv_transfer_params":{"remote_request_id":"h"}}"#);
+        assert_eq!(hold.as_deref(), Some("h"));
+        assert_eq!(doc.decode_leg(Handoff::VllmNixl, b"{}").unwrap(), None);
     }
 
     #[test]
-    fn the_decode_body_carries_the_prefill_answer_verbatim() {
-        let answer = br#"{"id":"x","choices":[],"kv_transfer_params":{"do_remote_prefill":true,"remote_engine_id":"prefill-0","remote_block_ids":[1,2],"remote_request_id":"h-1","remote_host":"127.0.0.1","remote_port":9,"tp_size":1}}"#;
-        let params = kv_params_from_prefill_answer(answer).expect("params");
-        let doc = RequestDoc::parse(BODY.as_bytes()).unwrap();
-        let decode = String::from_utf8(doc.decode_body(&params).unwrap()).unwrap();
-        assert!(decode.starts_with(r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":64,"stream":true,"stream_options":{"include_usage":true},"tools":[{"b":1,"a":2}],"temperature":0.5,"kv_transfer_params":{"do_remote_prefill":true,"remote_engine_id":"prefill-0""#), "{decode}");
-        assert!(
-            decode.ends_with(r#""remote_port":9,"tp_size":1}}"#),
-            "{decode}"
-        );
-    }
-
-    #[test]
-    fn a_client_kv_params_key_keeps_its_place_when_replaced_and_can_be_stripped() {
-        let mut doc =
-            RequestDoc::parse(br#"{"kv_transfer_params":{"remote_host":"evil"},"prompt":"p"}"#)
-                .unwrap();
-        let decode = doc.decode_body(&serde_json::json!({"a": 1})).unwrap();
-        assert_eq!(decode, br#"{"kv_transfer_params":{"a":1},"prompt":"p"}"#);
-        assert!(doc.strip_kv_params());
-        assert_eq!(doc.to_bytes().unwrap(), br#"{"prompt":"p"}"#);
-        assert!(!doc.strip_kv_params());
-    }
-
-    #[test]
-    fn prefill_answers_without_usable_params_mean_local_decode() {
-        assert!(kv_params_from_prefill_answer(br#"{"id":"x"}"#).is_none());
-        assert!(kv_params_from_prefill_answer(br#"{"kv_transfer_params":null}"#).is_none());
-        assert!(kv_params_from_prefill_answer(br#"{"kv_transfer_params":[1]}"#).is_none());
-        assert!(kv_params_from_prefill_answer(b"upstream connect error").is_none());
-    }
-
-    #[test]
-    fn the_413_body_is_openai_shaped() {
+    fn the_gateways_own_errors_are_openai_shaped() {
         let body: Value = serde_json::from_slice(&too_large_error(20, 10)).unwrap();
         assert_eq!(body["error"]["code"], 413);
         assert!(body["error"]["message"]
             .as_str()
             .unwrap()
             .contains("20 bytes"));
+        let body: Value =
+            serde_json::from_slice(&invalid_body_error(InvalidBody::NotJson)).unwrap();
+        assert_eq!(body["error"]["code"], 400);
+        assert_eq!(body["error"]["type"], "BadRequestError");
     }
 }

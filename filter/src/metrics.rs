@@ -7,7 +7,7 @@
 
 use switchyard_protocol::route::RouteMode;
 
-use crate::outcome::FallbackReason;
+use crate::outcome::{FallbackReason, Rejection};
 use crate::verdict::{FailOpenReason, RouteOutcome};
 
 /// Every request that failed open, whatever the reason.
@@ -16,12 +16,15 @@ pub const FAIL_OPEN_TOTAL: &str = "switchyard.fail_open_total";
 pub const ROUTE_CALLS_TOTAL: &str = "switchyard.route_calls_total";
 /// Client-supplied routing headers removed.
 pub const STRIPPED_HEADERS_TOTAL: &str = "switchyard.stripped_headers_total";
-/// Bodies passed through unrouted because they are not a routable request.
-pub const INVALID_BODY_TOTAL: &str = "switchyard.invalid_body_total";
-/// Bodies refused with 413.
-pub const OVERSIZED_BODY_TOTAL: &str = "switchyard.oversized_body_total";
-/// Client-supplied `kv_transfer_params` removed from a body.
-pub const CLIENT_KV_PARAMS_STRIPPED_TOTAL: &str = "switchyard.client_kv_params_stripped_total";
+/// Requests the gateway refused, every reason (each has its own counter too).
+pub const REJECTED_TOTAL: &str = "switchyard.rejected_total";
+/// Client bodies that carried steering keys (`kv_transfer_params`, ...), which were removed.
+pub const CLIENT_STEERING_STRIPPED_TOTAL: &str = "switchyard.client_steering_stripped_total";
+/// Prefill holds released because their decode leg failed or never came.
+pub const PREFILL_RELEASES_TOTAL: &str = "switchyard.prefill.releases_total";
+/// Release calls that were refused or failed (a real vLLM has no release endpoint: its own
+/// timeout frees the KV).
+pub const PREFILL_RELEASE_FAILURES_TOTAL: &str = "switchyard.prefill.release_failures_total";
 /// Prefill-leg attempts dispatched (retries included).
 pub const PREFILL_ATTEMPTS_TOTAL: &str = "switchyard.prefill.attempts_total";
 /// Prefill-leg retries (502/503/504).
@@ -52,6 +55,11 @@ pub fn routed_stat_name(mode: RouteMode) -> String {
     format!("switchyard.routed.{}", mode.as_str())
 }
 
+/// Name of the per-reason rejection counter.
+pub fn rejected_stat_name(stat_key: &str) -> String {
+    format!("switchyard.rejected.{stat_key}")
+}
+
 /// Name of the per-reason fallback counter (mode label `fallback:<reason>`).
 pub fn fallback_stat_name(reason: FallbackReason) -> String {
     format!("switchyard.fallback.{}", reason.as_str())
@@ -72,12 +80,16 @@ pub struct StatIds {
     pub route_calls_total: u32,
     /// Id of [`STRIPPED_HEADERS_TOTAL`].
     pub stripped_headers_total: u32,
-    /// Id of [`INVALID_BODY_TOTAL`].
-    pub invalid_body_total: u32,
-    /// Id of [`OVERSIZED_BODY_TOTAL`].
-    pub oversized_body_total: u32,
-    /// Id of [`CLIENT_KV_PARAMS_STRIPPED_TOTAL`].
-    pub client_kv_params_stripped_total: u32,
+    /// Id of [`REJECTED_TOTAL`].
+    pub rejected_total: u32,
+    /// Ids of the per-reason rejection counters, in [`Rejection::STAT_KEYS`] order.
+    pub rejected: Vec<u32>,
+    /// Id of [`CLIENT_STEERING_STRIPPED_TOTAL`].
+    pub client_steering_stripped_total: u32,
+    /// Id of [`PREFILL_RELEASES_TOTAL`].
+    pub prefill_releases_total: u32,
+    /// Id of [`PREFILL_RELEASE_FAILURES_TOTAL`].
+    pub prefill_release_failures_total: u32,
     /// Id of [`PREFILL_ATTEMPTS_TOTAL`].
     pub prefill_attempts_total: u32,
     /// Id of [`PREFILL_RETRIES_TOTAL`].
@@ -115,7 +127,19 @@ impl StatIds {
                 ids.extend(index.and_then(|i| self.fail_open.get(i)).copied());
                 ids
             }
+            RouteOutcome::Rejected { reason, .. } => {
+                self.for_rejection(Rejection::ControlPlane(*reason))
+            }
         }
+    }
+
+    /// The counters to increment by one for a refused request.
+    pub fn for_rejection(&self, rejection: Rejection) -> Vec<u32> {
+        let key = rejection.as_str();
+        let index = Rejection::STAT_KEYS.iter().position(|k| *k == key);
+        let mut ids = vec![self.rejected_total];
+        ids.extend(index.and_then(|i| self.rejected.get(i)).copied());
+        ids
     }
 
     /// The counter of a fallback reason (0 if undefined).
@@ -161,6 +185,21 @@ mod tests {
             prefill: None,
         };
         assert_eq!(ids().for_outcome(&outcome), vec![22]);
+    }
+
+    #[test]
+    fn rejections_count_the_total_and_their_reason() {
+        let ids = StatIds {
+            rejected_total: 40,
+            rejected: (41..47).collect(),
+            ..StatIds::default()
+        };
+        assert_eq!(ids.for_rejection(Rejection::TooLarge), vec![40, 46]);
+        let outcome = RouteOutcome::Rejected {
+            status: 400,
+            reason: switchyard_protocol::route::RejectReason::PromptTooLong,
+        };
+        assert_eq!(ids.for_outcome(&outcome), vec![40, 42]);
     }
 
     #[test]

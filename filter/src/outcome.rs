@@ -9,6 +9,8 @@ use std::fmt;
 
 use switchyard_protocol::route::RouteMode;
 
+use switchyard_protocol::route::RejectReason;
+
 use crate::body::InvalidBody;
 use crate::verdict::{FailOpenReason, RouteOutcome};
 
@@ -61,8 +63,41 @@ pub enum Served {
     },
     /// No verdict: Envoy's fallback load balancer picked the worker.
     FailOpen(FailOpenReason),
-    /// The body is not a request the filter can route; it went to a worker untouched.
-    InvalidBody(InvalidBody),
+    /// Refused before any worker saw it, by the gateway (a 400, 404 or 413 answered to the
+    /// client).
+    Rejected(Rejection),
+}
+
+/// Why the gateway refused a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Rejection {
+    /// The control plane found a field the engine would refuse (its OpenAI error relayed).
+    ControlPlane(RejectReason),
+    /// The filter found a body that is not a JSON object (or could still steer a worker).
+    Body(InvalidBody),
+    /// The body is larger than `max_body_bytes` (413).
+    TooLarge,
+}
+
+impl Rejection {
+    /// Every label, in a fixed order (the root context defines one counter each).
+    pub const STAT_KEYS: [&'static str; 6] = [
+        "invalid_request",
+        "prompt_too_long",
+        "unknown_model",
+        "not_json",
+        "not_an_object",
+        "too_large",
+    ];
+
+    /// The label: the header reason and stat key.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Rejection::ControlPlane(reason) => reason.as_str(),
+            Rejection::Body(invalid) => invalid.as_str(),
+            Rejection::TooLarge => "too_large",
+        }
+    }
 }
 
 impl Served {
@@ -76,18 +111,20 @@ impl Served {
                 destination: destination.clone(),
             },
             RouteOutcome::FailOpen(reason) => Served::FailOpen(*reason),
+            RouteOutcome::Rejected { reason, .. } => {
+                Served::Rejected(Rejection::ControlPlane(*reason))
+            }
         }
     }
 
     /// Value of the `x-switchyard-route` response header: `bypass`, `disagg`, `agg`,
-    /// `fallback;reason=<reason>`, `fail-open;reason=<reason>` or
-    /// `pass-through;reason=invalid_body`.
+    /// `fallback;reason=<reason>`, `fail-open;reason=<reason>` or `rejected;reason=<reason>`.
     pub fn route_header_value(&self) -> String {
         match self {
             Served::Routed { mode, .. } => mode.as_str().to_string(),
             Served::Fallback { reason, .. } => format!("fallback;reason={reason}"),
             Served::FailOpen(reason) => format!("fail-open;reason={reason}"),
-            Served::InvalidBody(_) => "pass-through;reason=invalid_body".to_string(),
+            Served::Rejected(why) => format!("rejected;reason={}", why.as_str()),
         }
     }
 
@@ -97,18 +134,18 @@ impl Served {
             Served::Routed { destination, .. } | Served::Fallback { destination, .. } => {
                 Some(destination)
             }
-            Served::FailOpen(_) | Served::InvalidBody(_) => None,
+            Served::FailOpen(_) | Served::Rejected(_) => None,
         }
     }
 
     /// The mode label of logs and docs: `bypass`, `disagg`, `agg`, `fallback:<reason>`,
-    /// `fail_open:<reason>`, `invalid_body:<what>`.
+    /// `fail_open:<reason>`, `rejected:<reason>`.
     pub fn mode_label(&self) -> String {
         match self {
             Served::Routed { mode, .. } => mode.as_str().to_string(),
             Served::Fallback { reason, .. } => format!("fallback:{reason}"),
             Served::FailOpen(reason) => format!("fail_open:{}", reason.stat_key()),
-            Served::InvalidBody(what) => format!("invalid_body:{what}"),
+            Served::Rejected(why) => format!("rejected:{}", why.as_str()),
         }
     }
 
@@ -141,20 +178,37 @@ mod tests {
         );
         assert_eq!(fallback.mode_label(), "fallback:prefill_failed");
         assert!(fallback.has_verdict());
-        let invalid = Served::InvalidBody(InvalidBody::NotJson);
-        assert_eq!(
-            invalid.route_header_value(),
-            "pass-through;reason=invalid_body"
-        );
-        assert_eq!(invalid.mode_label(), "invalid_body:not_json");
+        let invalid = Served::Rejected(Rejection::Body(InvalidBody::NotJson));
+        assert_eq!(invalid.route_header_value(), "rejected;reason=not_json");
+        assert_eq!(invalid.mode_label(), "rejected:not_json");
         assert!(!invalid.has_verdict());
         assert_eq!(invalid.destination(), None);
+        let refused = Served::Rejected(Rejection::ControlPlane(RejectReason::PromptTooLong));
+        assert_eq!(
+            refused.route_header_value(),
+            "rejected;reason=prompt_too_long"
+        );
         let failed = Served::FailOpen(FailOpenReason::BadStatus(503));
         assert_eq!(
             failed.route_header_value(),
             "fail-open;reason=bad_status_503"
         );
         assert_eq!(failed.mode_label(), "fail_open:bad_status");
+    }
+
+    #[test]
+    fn rejection_stat_keys_cover_every_reason() {
+        let mut all: Vec<Rejection> = RejectReason::ALL
+            .into_iter()
+            .map(Rejection::ControlPlane)
+            .collect();
+        all.extend([
+            Rejection::Body(InvalidBody::NotJson),
+            Rejection::Body(InvalidBody::NotAnObject),
+            Rejection::TooLarge,
+        ]);
+        let keys: Vec<&str> = all.iter().map(|r| r.as_str()).collect();
+        assert_eq!(keys, Rejection::STAT_KEYS);
     }
 
     #[test]

@@ -3,20 +3,14 @@
 //! vLLM's disaggregated-prefill proxies retry a prefill only when the answer says the worker
 //! or a proxy in front of it is unavailable (502/503/504); anything else is final. A failed
 //! `dispatch_http_call` calls back with Envoy's synthetic 503 (unreachable) or 504 (timeout),
-//! so those are retried too, within the configured bound.
-
-use serde_json::Value;
-
-use crate::body::kv_params_from_prefill_answer;
+//! so those are retried too, within the configured bound. A 200's body goes to the engine's
+//! [`switchyard_protocol::handoff::Handoff`], which reads the decode leg out of it.
 
 /// What to do after a prefill-leg answer.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PrefillStep {
-    /// Hand these `kv_transfer_params` to the decode worker.
-    Handoff(Value),
-    /// 200 without `kv_transfer_params`: the decode worker prefills locally (vLLM's answer
-    /// when the prefill already finished the request).
-    NoHandoff,
+    /// A 200: the handoff reads the decode leg from its body.
+    Answered,
     /// Try again (502/503/504 and retries left).
     Retry,
     /// Give up: the decode worker prefills locally.
@@ -32,10 +26,9 @@ pub enum PrefillFailure {
     Status(u16),
 }
 
-/// Classifies a prefill answer. `retries_done` counts retries already made.
+/// Classifies a prefill answer's status. `retries_done` counts retries already made.
 pub fn classify_prefill_answer(
     status: Option<&str>,
-    body: &[u8],
     retries_done: u32,
     max_retries: u32,
 ) -> PrefillStep {
@@ -43,10 +36,7 @@ pub fn classify_prefill_answer(
         return PrefillStep::Failed(PrefillFailure::NoStatus);
     };
     match code {
-        200 => match kv_params_from_prefill_answer(body) {
-            Some(params) => PrefillStep::Handoff(params),
-            None => PrefillStep::NoHandoff,
-        },
+        200 => PrefillStep::Answered,
         502..=504 if retries_done < max_retries => PrefillStep::Retry,
         other => PrefillStep::Failed(PrefillFailure::Status(other)),
     }
@@ -57,15 +47,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_200_with_params_hands_off_and_without_decodes_locally() {
-        let with = br#"{"kv_transfer_params":{"remote_host":"h","remote_port":1}}"#;
-        assert!(matches!(
-            classify_prefill_answer(Some("200"), with, 0, 1),
-            PrefillStep::Handoff(_)
-        ));
+    fn a_200_is_answered() {
         assert_eq!(
-            classify_prefill_answer(Some("200"), br#"{"id":"x"}"#, 0, 1),
-            PrefillStep::NoHandoff
+            classify_prefill_answer(Some("200"), 0, 1),
+            PrefillStep::Answered
+        );
+        assert_eq!(
+            classify_prefill_answer(Some(" 200 "), 3, 1),
+            PrefillStep::Answered
         );
     }
 
@@ -73,26 +62,26 @@ mod tests {
     fn only_502_503_504_are_retried_and_only_within_the_bound() {
         for code in ["502", "503", "504"] {
             assert_eq!(
-                classify_prefill_answer(Some(code), b"", 0, 1),
+                classify_prefill_answer(Some(code), 0, 1),
                 PrefillStep::Retry
             );
             assert_eq!(
-                classify_prefill_answer(Some(code), b"", 1, 1),
+                classify_prefill_answer(Some(code), 1, 1),
                 PrefillStep::Failed(PrefillFailure::Status(code.parse().unwrap()))
             );
         }
         for code in ["400", "500", "429"] {
             assert!(matches!(
-                classify_prefill_answer(Some(code), b"", 0, 5),
+                classify_prefill_answer(Some(code), 0, 5),
                 PrefillStep::Failed(_)
             ));
         }
         assert_eq!(
-            classify_prefill_answer(None, b"", 0, 5),
+            classify_prefill_answer(None, 0, 5),
             PrefillStep::Failed(PrefillFailure::NoStatus)
         );
         assert_eq!(
-            classify_prefill_answer(Some("503"), b"", 0, 0),
+            classify_prefill_answer(Some("503"), 0, 0),
             PrefillStep::Failed(PrefillFailure::Status(503))
         );
     }

@@ -11,13 +11,61 @@ pub const SWITCHYARD_HEADER_PREFIX: &str = "x-switchyard-";
 /// client cannot blow up the route call's headers or the control plane's logs.
 pub const MAX_REQUEST_ID_LEN: usize = 128;
 
-/// The API of a request the filter routes: `POST` to one of the OpenAI paths. Everything else
-/// (GET /v1/models, health checks, ...) passes untouched.
+/// The API of a request the filter routes: `POST` to one of the OpenAI paths, as a worker
+/// would see it ([`canonical_path`]). Everything else (GET /v1/models, health checks, ...)
+/// is not routed; its body is still screened for steering keys.
 pub fn routable_api(method: Option<&str>, path: Option<&str>) -> Option<ApiKind> {
     if !method?.eq_ignore_ascii_case("POST") {
         return None;
     }
-    ApiKind::from_path(path?)
+    ApiKind::from_path(&canonical_path(path?)?)
+}
+
+/// The path a worker's router matches for `raw` (a `:path`, query included): query and
+/// fragment dropped, percent-escapes decoded (Starlette routes on the decoded path, so
+/// `/v1/chat/%63ompletions` reaches the chat handler), repeated slashes merged, `.` and `..`
+/// segments resolved, and a trailing slash dropped (vLLM redirects `/v1/chat/completions/` to
+/// the handler, warp matches it directly). `None` for a path that is not one: no leading
+/// slash, a bad or NUL escape, non-UTF-8 after decoding.
+pub fn canonical_path(raw: &str) -> Option<String> {
+    let path = raw.split(['?', '#']).next().unwrap_or("");
+    if !path.starts_with('/') {
+        return None;
+    }
+    let decoded = percent_decode(path)?;
+    let mut segments: Vec<&str> = Vec::new();
+    for segment in decoded.split('/') {
+        match segment {
+            "" | "." => {}
+            ".." => {
+                segments.pop();
+            }
+            s => segments.push(s),
+        }
+    }
+    Some(format!("/{}", segments.join("/")))
+}
+
+/// Decodes `%XX` escapes; `None` for a malformed escape, an escaped NUL, or invalid UTF-8.
+fn percent_decode(s: &str) -> Option<String> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = std::str::from_utf8(bytes.get(i + 1..i + 3)?).ok()?;
+            let byte = u8::from_str_radix(hex, 16).ok()?;
+            if byte == 0 {
+                return None;
+            }
+            out.push(byte);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
 }
 
 /// Whether a client request header must be removed before anything else sees it: the
@@ -80,6 +128,43 @@ mod tests {
         assert_eq!(routable_api(Some("POST"), Some("/v1/models")), None);
         assert_eq!(routable_api(None, chat), None);
         assert_eq!(routable_api(Some("POST"), None), None);
+    }
+
+    #[test]
+    fn every_spelling_a_worker_routes_to_an_api_is_routed() {
+        for path in [
+            "/v1/chat/completions/",
+            "//v1//chat/completions",
+            "/v1/chat/%63ompletions",
+            "/v1/chat/completions?stream=1",
+            "/v1/./chat/x/../completions",
+            "/v1%2Fchat%2Fcompletions",
+            "/v1/chat/completions#frag",
+        ] {
+            assert_eq!(
+                routable_api(Some("POST"), Some(path)),
+                Some(ApiKind::Chat),
+                "{path}"
+            );
+        }
+        assert_eq!(
+            routable_api(Some("POST"), Some("/v1/completions/")),
+            Some(ApiKind::Completions)
+        );
+        for path in [
+            "/v1/chat/completion",
+            "/v1/chat/completions%00",
+            "/v1/%zz",
+            "v1/completions",
+            "/V1/completions",
+        ] {
+            assert_eq!(routable_api(Some("POST"), Some(path)), None, "{path}");
+        }
+        assert_eq!(
+            canonical_path("/../../etc/passwd").as_deref(),
+            Some("/etc/passwd")
+        );
+        assert_eq!(canonical_path("/").as_deref(), Some("/"));
     }
 
     #[test]

@@ -2,19 +2,22 @@
 //! sends the queued lifecycle reports from its timer.
 
 use std::cell::RefCell;
+use std::collections::VecDeque;
 use std::rc::Rc;
 
 use log::{debug, error, info, warn};
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, ContextType, MetricType};
+use switchyard_protocol::handoff::{release_body, RELEASE_PATH};
 use switchyard_protocol::lifecycle::{LifecycleEvent, LIFECYCLE_PATH};
+use switchyard_protocol::route::DESTINATION_HEADER;
 
 use crate::config::Config;
 use crate::http::SwitchyardRequest;
 use crate::lifecycle::LifecycleQueue;
 use crate::metrics::{self, StatIds};
-use crate::outcome::FallbackReason;
+use crate::outcome::{FallbackReason, Rejection};
 use crate::request::headers_to_strip;
 use crate::verdict::FailOpenReason;
 
@@ -28,9 +31,41 @@ pub(crate) struct Shared {
     /// Lifecycle events waiting for the root's timer (one queue per VM, i.e. per Envoy worker
     /// thread; the VM is single-threaded, so a `RefCell` is all the sharing needs).
     pub(crate) reports: Rc<RefCell<LifecycleQueue>>,
+    /// Holds to release, waiting for the root's timer (a request context may be gone by the
+    /// time the call answers; the root is not).
+    pub(crate) releases: Rc<RefCell<VecDeque<Release>>>,
 }
 
+/// KV a prefill worker holds for a decode leg that failed or never came.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Release {
+    /// The prefill worker (`host:port`).
+    pub(crate) prefill: String,
+    /// The hold's id (the handoff's `remote_request_id`).
+    pub(crate) hold: String,
+}
+
+/// Most releases queued per VM; beyond it they are counted as failed (the worker's own lease
+/// frees the KV later).
+const MAX_QUEUED_RELEASES: usize = 1_024;
+/// Budget of one release call.
+const RELEASE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
 impl Shared {
+    /// Queues a release for the root's timer (or counts it failed when the queue is full).
+    pub(crate) fn release(&self, release: Release) {
+        let queued = match self.releases.try_borrow_mut() {
+            Ok(mut queue) if queue.len() < MAX_QUEUED_RELEASES => {
+                queue.push_back(release);
+                true
+            }
+            _ => false,
+        };
+        if !queued {
+            increment(self.stats.prefill_release_failures_total, 1);
+        }
+    }
+
     /// Queues a lifecycle event, or counts it dropped when the queue is full or the queue is
     /// busy (never blocks, never fails the request).
     pub(crate) fn report(&self, event: LifecycleEvent) {
@@ -67,6 +102,9 @@ pub(crate) struct SwitchyardRoot {
     /// The lifecycle POST in flight (token, events in it). One at a time: a slow control plane
     /// then backs the queue up to its bound instead of piling calls onto Envoy.
     in_flight: Option<(u32, usize)>,
+    /// Release calls in flight.
+    releases: Rc<RefCell<VecDeque<Release>>>,
+    releases_in_flight: Vec<u32>,
 }
 
 impl SwitchyardRoot {
@@ -78,6 +116,41 @@ impl SwitchyardRoot {
                 crate::config::DEFAULT_LIFECYCLE_QUEUE_MAX,
             ))),
             in_flight: None,
+            releases: Rc::new(RefCell::new(VecDeque::new())),
+            releases_in_flight: Vec::new(),
+        }
+    }
+
+    /// Sends the queued releases: `POST /switchyard/kv/release` to each hold's prefill worker
+    /// through the prefill cluster.
+    fn send_releases(&mut self, shared: &Shared) {
+        let queued: Vec<Release> = match self.releases.try_borrow_mut() {
+            Ok(mut queue) => queue.drain(..).collect(),
+            Err(_) => return,
+        };
+        for release in queued {
+            let body = release_body(&release.hold);
+            let config = &shared.config;
+            let headers = vec![
+                (":method", "POST"),
+                (":path", RELEASE_PATH),
+                (":authority", config.prefill_cluster.as_str()),
+                ("content-type", "application/json"),
+                (DESTINATION_HEADER, release.prefill.as_str()),
+            ];
+            match self.dispatch_http_call(
+                &config.prefill_cluster,
+                headers,
+                Some(&body),
+                vec![],
+                RELEASE_TIMEOUT,
+            ) {
+                Ok(token) => self.releases_in_flight.push(token),
+                Err(status) => {
+                    debug!("#{} release dispatch refused: {status:?}", self.context_id);
+                    increment(shared.stats.prefill_release_failures_total, 1);
+                }
+            }
         }
     }
 
@@ -128,6 +201,18 @@ impl SwitchyardRoot {
     }
 }
 
+/// Whether the call whose answer is being handled got a 2xx.
+fn call_succeeded() -> bool {
+    hostcalls::get_map_value(
+        proxy_wasm::types::MapType::HttpCallResponseHeaders,
+        ":status",
+    )
+    .ok()
+    .flatten()
+    .and_then(|s| s.parse::<u16>().ok())
+    .is_some_and(|code| (200..300).contains(&code))
+}
+
 /// Defines a metric. `define_metric` is idempotent per name in Envoy, so a reconfigure gets
 /// the same ids; a failure leaves id 0, whose increments are skipped.
 fn define(kind: MetricType, name: &str) -> u32 {
@@ -164,9 +249,14 @@ fn define_stats() -> StatIds {
         .collect(),
         route_calls_total: define_counter(metrics::ROUTE_CALLS_TOTAL),
         stripped_headers_total: define_counter(metrics::STRIPPED_HEADERS_TOTAL),
-        invalid_body_total: define_counter(metrics::INVALID_BODY_TOTAL),
-        oversized_body_total: define_counter(metrics::OVERSIZED_BODY_TOTAL),
-        client_kv_params_stripped_total: define_counter(metrics::CLIENT_KV_PARAMS_STRIPPED_TOTAL),
+        rejected_total: define_counter(metrics::REJECTED_TOTAL),
+        rejected: Rejection::STAT_KEYS
+            .iter()
+            .map(|key| define_counter(&metrics::rejected_stat_name(key)))
+            .collect(),
+        client_steering_stripped_total: define_counter(metrics::CLIENT_STEERING_STRIPPED_TOTAL),
+        prefill_releases_total: define_counter(metrics::PREFILL_RELEASES_TOTAL),
+        prefill_release_failures_total: define_counter(metrics::PREFILL_RELEASE_FAILURES_TOTAL),
         prefill_attempts_total: define_counter(metrics::PREFILL_ATTEMPTS_TOTAL),
         prefill_retries_total: define_counter(metrics::PREFILL_RETRIES_TOTAL),
         prefill_failures_total: define_counter(metrics::PREFILL_FAILURES_TOTAL),
@@ -186,6 +276,19 @@ impl Context for SwitchyardRoot {
         _body_size: usize,
         _num_trailers: usize,
     ) {
+        if let Some(i) = self.releases_in_flight.iter().position(|t| *t == token_id) {
+            self.releases_in_flight.swap_remove(i);
+            if let Some(shared) = self.shared.clone() {
+                let released = call_succeeded();
+                let id = if released {
+                    shared.stats.prefill_releases_total
+                } else {
+                    shared.stats.prefill_release_failures_total
+                };
+                increment(id, 1);
+            }
+            return;
+        }
         let Some((token, count)) = self.in_flight else {
             return;
         };
@@ -196,23 +299,13 @@ impl Context for SwitchyardRoot {
         let Some(shared) = self.shared.clone() else {
             return;
         };
-        let status = hostcalls::get_map_value(
-            proxy_wasm::types::MapType::HttpCallResponseHeaders,
-            ":status",
-        )
-        .ok()
-        .flatten();
-        let ok = status
-            .as_deref()
-            .and_then(|s| s.parse::<u16>().ok())
-            .is_some_and(|code| (200..300).contains(&code));
-        if ok {
+        if call_succeeded() {
             increment(shared.stats.reports_sent_total, count as i64);
             // Drain a backlog promptly instead of one batch per tick.
             self.flush_reports(&shared);
         } else {
             debug!(
-                "#{} lifecycle batch of {count} dropped: status {status:?}",
+                "#{} lifecycle batch of {count} dropped: not a 2xx",
                 self.context_id
             );
             increment(shared.stats.reports_dropped_total, count as i64);
@@ -236,18 +329,18 @@ impl RootContext for SwitchyardRoot {
                 if let Ok(mut queue) = self.reports.try_borrow_mut() {
                     queue.set_max(config.lifecycle_queue_max);
                 }
-                if config.lifecycle_reports {
-                    if let Err(status) = hostcalls::set_tick_period(config.lifecycle_flush()) {
-                        warn!(
-                            "#{} cannot set the tick period: {status:?}",
-                            self.context_id
-                        );
-                    }
+                // The timer sends lifecycle reports and hold releases.
+                if let Err(status) = hostcalls::set_tick_period(config.lifecycle_flush()) {
+                    warn!(
+                        "#{} cannot set the tick period: {status:?}",
+                        self.context_id
+                    );
                 }
                 self.shared = Some(Rc::new(Shared {
                     config,
                     stats: define_stats(),
                     reports: self.reports.clone(),
+                    releases: self.releases.clone(),
                 }));
                 true
             }
@@ -261,6 +354,7 @@ impl RootContext for SwitchyardRoot {
     fn on_tick(&mut self) {
         if let Some(shared) = self.shared.clone() {
             self.flush_reports(&shared);
+            self.send_releases(&shared);
         }
     }
 

@@ -9,7 +9,7 @@
 
 use std::fmt;
 
-use switchyard_protocol::route::{ApiError, RouteMode, Verdict};
+use switchyard_protocol::route::{ApiError, RejectReason, RouteMode, Verdict};
 
 /// Why a request failed open (went to Envoy's fallback load balancer).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -78,6 +78,14 @@ pub enum RouteOutcome {
     },
     /// Leave the destination unset: Envoy's fallback load balancer picks a worker.
     FailOpen(FailOpenReason),
+    /// The control plane refused the client's request (a request the engine would refuse):
+    /// answer the client with `status` and the route answer's body, as they are.
+    Rejected {
+        /// The route answer's 4xx status.
+        status: u16,
+        /// Why.
+        reason: RejectReason,
+    },
 }
 
 impl RouteOutcome {
@@ -86,6 +94,7 @@ impl RouteOutcome {
         match self {
             RouteOutcome::Routed { mode, .. } => mode.as_str().to_string(),
             RouteOutcome::FailOpen(reason) => format!("fail-open;reason={reason}"),
+            RouteOutcome::Rejected { reason, .. } => format!("rejected;reason={}", reason.as_str()),
         }
     }
 
@@ -93,16 +102,31 @@ impl RouteOutcome {
     pub fn destination(&self) -> Option<&str> {
         match self {
             RouteOutcome::Routed { destination, .. } => Some(destination),
-            RouteOutcome::FailOpen(_) => None,
+            RouteOutcome::FailOpen(_) | RouteOutcome::Rejected { .. } => None,
         }
     }
 }
 
-/// Turns a route call's `:status` and body into an outcome. Never panics.
-pub fn classify_route_response(status: Option<&str>, body: &[u8]) -> RouteOutcome {
+/// Turns a route call's `:status`, its `x-switchyard-reject` header and its body into an
+/// outcome. Never panics. A refusal counts only as a 4xx naming a known reason: anything
+/// else that is not a usable verdict fails open, so a broken control plane can never make the
+/// gateway refuse requests.
+pub fn classify_route_response(
+    status: Option<&str>,
+    reject: Option<&str>,
+    body: &[u8],
+) -> RouteOutcome {
     let Some(code) = status.and_then(|s| s.trim().parse::<u16>().ok()) else {
         return RouteOutcome::FailOpen(FailOpenReason::ControlPlaneUnavailable);
     };
+    if let Some(reason) = reject.and_then(|r| RejectReason::parse(r.trim())) {
+        if (400..500).contains(&code) {
+            return RouteOutcome::Rejected {
+                status: code,
+                reason,
+            };
+        }
+    }
     if code == 200 {
         return match serde_json::from_slice::<Verdict>(body) {
             Ok(verdict) if is_valid_endpoint_address(&verdict.decode.address) => {
@@ -163,7 +187,7 @@ mod tests {
     #[test]
     fn a_200_verdict_routes_to_its_decode_worker() {
         let outcome =
-            classify_route_response(Some("200"), &verdict_json("bypass", "127.0.0.1:9001"));
+            classify_route_response(Some("200"), None, &verdict_json("bypass", "127.0.0.1:9001"));
         assert_eq!(outcome.destination(), Some("127.0.0.1:9001"));
         assert_eq!(outcome.route_header_value(), "bypass");
     }
@@ -173,7 +197,7 @@ mod tests {
         let mut verdict: serde_json::Value =
             serde_json::from_slice(&verdict_json("disagg", "10.0.0.2:80")).unwrap();
         verdict["prefill"] = serde_json::json!({"worker_id": "p", "address": "10.0.0.3:81"});
-        let outcome = classify_route_response(Some("200"), verdict.to_string().as_bytes());
+        let outcome = classify_route_response(Some("200"), None, verdict.to_string().as_bytes());
         assert_eq!(
             outcome,
             RouteOutcome::Routed {
@@ -184,7 +208,7 @@ mod tests {
         );
         assert_eq!(outcome.route_header_value(), "disagg");
         verdict["prefill"]["address"] = "no port".into();
-        let outcome = classify_route_response(Some("200"), verdict.to_string().as_bytes());
+        let outcome = classify_route_response(Some("200"), None, verdict.to_string().as_bytes());
         assert!(
             matches!(outcome, RouteOutcome::Routed { prefill: None, .. }),
             "{outcome:?}"
@@ -214,7 +238,7 @@ mod tests {
         ];
         for (status, body, expected) in cases {
             assert_eq!(
-                classify_route_response(status, body).route_header_value(),
+                classify_route_response(status, None, body).route_header_value(),
                 expected
             );
         }
@@ -223,7 +247,7 @@ mod tests {
     #[test]
     fn control_plane_errors_are_bad_status_with_the_code() {
         let api_error = br#"{"code":"no_workers","message":"no decode worker is live"}"#;
-        let outcome = classify_route_response(Some("503"), api_error);
+        let outcome = classify_route_response(Some("503"), None, api_error);
         assert_eq!(
             outcome,
             RouteOutcome::FailOpen(FailOpenReason::BadStatus(503))
@@ -232,11 +256,49 @@ mod tests {
             outcome.route_header_value(),
             "fail-open;reason=bad_status_503"
         );
-        let outcome = classify_route_response(Some("400"), b"");
+        let outcome = classify_route_response(Some("400"), None, b"");
         assert_eq!(
             outcome.route_header_value(),
             "fail-open;reason=bad_status_400"
         );
+    }
+
+    #[test]
+    fn a_4xx_naming_a_reason_is_relayed_and_anything_else_fails_open() {
+        let body = br#"{"error":{"message":"max_tokens must be at least 1","type":"BadRequestError","param":"max_tokens","code":400}}"#;
+        let outcome = classify_route_response(Some("400"), Some("invalid_request"), body);
+        assert_eq!(
+            outcome,
+            RouteOutcome::Rejected {
+                status: 400,
+                reason: RejectReason::InvalidRequest
+            }
+        );
+        assert_eq!(
+            outcome.route_header_value(),
+            "rejected;reason=invalid_request"
+        );
+        assert_eq!(
+            classify_route_response(Some("404"), Some("unknown_model"), b"{}"),
+            RouteOutcome::Rejected {
+                status: 404,
+                reason: RejectReason::UnknownModel
+            }
+        );
+        // A 5xx or an unknown reason is not the client's fault.
+        for (status, reject) in [
+            ("503", "invalid_request"),
+            ("400", "teapot"),
+            ("200", "invalid_request"),
+        ] {
+            assert!(
+                !matches!(
+                    classify_route_response(Some(status), Some(reject), body),
+                    RouteOutcome::Rejected { .. }
+                ),
+                "{status} {reject}"
+            );
+        }
     }
 
     #[test]
@@ -252,7 +314,7 @@ mod tests {
             &verdict_json("bypass", "evil\r\nx: y:80"),
         ] {
             assert_eq!(
-                classify_route_response(Some("200"), body),
+                classify_route_response(Some("200"), None, body),
                 RouteOutcome::FailOpen(FailOpenReason::BadVerdict)
             );
         }

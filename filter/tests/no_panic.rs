@@ -2,7 +2,9 @@
 //! the outcome always respects the verdict or fails open.
 
 use proptest::prelude::*;
-use switchyard_filter::request::{choose_request_id, headers_to_strip, is_client_routing_header};
+use switchyard_filter::request::{
+    canonical_path, choose_request_id, headers_to_strip, routable_api,
+};
 use switchyard_filter::verdict::{
     classify_route_response, is_valid_endpoint_address, RouteOutcome,
 };
@@ -22,7 +24,7 @@ proptest! {
 
     #[test]
     fn arbitrary_answers_never_panic(status in proptest::option::of(".{0,6}"), body in proptest::collection::vec(any::<u8>(), 0..512)) {
-        let outcome = classify_route_response(status.as_deref(), &body);
+        let outcome = classify_route_response(status.as_deref(), None, &body);
         // Whatever came back, a destination is only ever a usable address.
         if let Some(destination) = outcome.destination() {
             prop_assert!(is_valid_endpoint_address(destination));
@@ -37,7 +39,7 @@ proptest! {
         address in prop_oneof!["127\\.0\\.0\\.1:[0-9]{1,6}", "[a-z0-9.:\\[\\]-]{0,20}", ".{0,20}"],
         extra in ".{0,40}",
     ) {
-        let outcome = classify_route_response(Some("200"), &verdict_body(&mode, &address, &extra));
+        let outcome = classify_route_response(Some("200"), None, &verdict_body(&mode, &address, &extra));
         match outcome {
             RouteOutcome::Routed { mode: routed_mode, destination, .. } => {
                 prop_assert_eq!(destination, address);
@@ -47,22 +49,59 @@ proptest! {
                 let known = ["bypass", "disagg", "agg"].contains(&mode.as_str());
                 prop_assert!(!known || !is_valid_endpoint_address(&address));
             }
+            RouteOutcome::Rejected { .. } => prop_assert!(false, "a 200 is never a refusal"),
         }
     }
 
     #[test]
-    fn non_200_statuses_never_route(code in 100u16..1000, body in proptest::collection::vec(any::<u8>(), 0..128)) {
+    fn non_200_statuses_never_route(code in 100u16..1000, reject in proptest::option::of("[a-z_]{0,16}"), body in proptest::collection::vec(any::<u8>(), 0..128)) {
         prop_assume!(code != 200);
-        let outcome = classify_route_response(Some(&code.to_string()), &body);
-        prop_assert!(matches!(outcome, RouteOutcome::FailOpen(_)));
+        let outcome = classify_route_response(Some(&code.to_string()), reject.as_deref(), &body);
+        match outcome {
+            RouteOutcome::FailOpen(_) => {}
+            RouteOutcome::Rejected { status, .. } => prop_assert!((400..500).contains(&status) && status == code),
+            RouteOutcome::Routed { .. } => prop_assert!(false, "{code} routed"),
+        }
     }
 
     #[test]
-    fn stripping_removes_every_routing_header_and_nothing_else(names in proptest::collection::vec("(x-switchyard-|x-gateway-destination-endpoint|x-|)[a-zA-Z-]{0,10}", 0..16)) {
+    fn stripping_removes_every_routing_header_and_nothing_else(names in proptest::collection::vec("(x-switchyard-|X-Switchyard-|x-gateway-destination-endpoint|X-Gateway-Destination-Endpoint|x-|)[a-zA-Z-]{0,10}", 0..16)) {
         let stripped = headers_to_strip(names.iter().map(String::as_str));
         for name in &names {
             let removed = stripped.iter().any(|s| s.eq_ignore_ascii_case(name));
-            prop_assert_eq!(removed, is_client_routing_header(name));
+            // The rule, written out independently of the filter's own predicate.
+            let lower = name.to_ascii_lowercase();
+            let routing = lower.starts_with("x-switchyard-") || lower == "x-gateway-destination-endpoint";
+            prop_assert_eq!(removed, routing, "{}", name);
+        }
+        // Each name at most once, lower-case.
+        let mut unique = stripped.clone();
+        unique.sort();
+        unique.dedup();
+        prop_assert_eq!(unique.len(), stripped.len());
+        prop_assert!(stripped.iter().all(|n| n.bytes().all(|b| !b.is_ascii_uppercase())));
+    }
+
+    #[test]
+    fn canonical_paths_are_fixed_points_and_never_panic(path in "(/|%2[fF]|\\.|\\.\\.|[a-z]{1,3}|%[0-9a-fA-F]{2}|%|\\?[a-z=]{0,4}){0,12}") {
+        if let Some(canonical) = canonical_path(&path) {
+            prop_assert!(canonical.starts_with('/'));
+            prop_assert!(!canonical.contains("//"));
+            prop_assert!(canonical == "/" || !canonical.ends_with('/'));
+            // Without escapes left, canonicalizing again changes nothing.
+            if !canonical.contains('%') {
+                let again = canonical_path(&canonical);
+                prop_assert_eq!(again.as_deref(), Some(canonical.as_str()));
+            }
+            // A routed path's canonical form is exactly the API's path: what the filter
+            // rewrites `:path` to, and the worker decodes no further.
+            if let Some(api) = routable_api(Some("POST"), Some(&path)) {
+                let exact = match api {
+                    switchyard_protocol::route::ApiKind::Chat => "/v1/chat/completions",
+                    switchyard_protocol::route::ApiKind::Completions => "/v1/completions",
+                };
+                prop_assert_eq!(canonical, exact);
+            }
         }
     }
 
@@ -76,10 +115,10 @@ proptest! {
 mod bodies {
     use proptest::prelude::*;
     use serde_json::Value;
-    use switchyard_filter::body::{inspect, kv_params_from_prefill_answer, RequestDoc};
+    use switchyard_filter::body::{may_steer, screen, RequestDoc, Screened};
     use switchyard_filter::lifecycle::{usage_from_tail, Tail};
     use switchyard_filter::prefill::{classify_prefill_answer, PrefillStep};
-    use switchyard_protocol::route::ApiKind;
+    use switchyard_protocol::handoff::Handoff;
 
     /// JSON-ish bytes: fragments of request bodies glued at random, so the parser sees
     /// near-valid input, not only noise.
@@ -131,22 +170,34 @@ mod bodies {
 
         #[test]
         fn no_body_makes_the_body_logic_panic(body in prop_oneof![jsonish(), proptest::collection::vec(any::<u8>(), 0..256)]) {
-            let _ = inspect(ApiKind::Chat, &body);
-            let _ = inspect(ApiKind::Completions, &body);
-            let _ = kv_params_from_prefill_answer(&body);
+            let screened = screen(&body);
+            let _ = may_steer(&body);
             let _ = usage_from_tail(&body);
             let mut tail = Tail::default();
             tail.push(&body);
             let _ = usage_from_tail(tail.as_bytes());
             for status in [Some("200"), Some("503"), None] {
-                let _ = classify_prefill_answer(status, &body, 0, 1);
+                let _ = classify_prefill_answer(status, 0, 1);
+            }
+            // Whatever passes the screen carries no steering key for the worker's parser.
+            let passed = match &screened {
+                Screened::Clean => Some(body.clone()),
+                Screened::Stripped { body, .. } => Some(body.clone()),
+                Screened::Invalid(_) => None,
+            };
+            if let Some(passed) = passed {
+                let value: Value = serde_json::from_slice(&passed).expect("what passes is JSON");
+                for key in switchyard_protocol::openai::CLIENT_STEERING_KEYS {
+                    prop_assert!(value.get(key).is_none(), "{} passed in {}", key, String::from_utf8_lossy(&passed));
+                }
             }
             if let Ok(doc) = RequestDoc::parse(&body) {
                 // Whatever parses as an object rewrites into JSON objects again.
-                let prefill: Value = serde_json::from_slice(&doc.prefill_body().unwrap()).unwrap();
+                let prefill: Value = serde_json::from_slice(&doc.prefill_body(Handoff::VllmNixl).unwrap()).unwrap();
                 prop_assert_eq!(&prefill["max_tokens"], &Value::from(1));
                 prop_assert_eq!(&prefill["stream"], &Value::Bool(false));
-                let decode = doc.decode_body(&serde_json::json!({"x": 1})).unwrap();
+                let answer = br#"{"kv_transfer_params":{"x":1}}"#;
+                let decode = doc.decode_leg(Handoff::VllmNixl, answer).unwrap().unwrap().body;
                 prop_assert!(serde_json::from_slice::<Value>(&decode).unwrap().is_object());
             }
         }
@@ -154,11 +205,11 @@ mod bodies {
         #[test]
         fn rewrites_keep_every_other_key_in_order(request in request_object(), params in proptest::collection::btree_map("[a-z]{1,6}", any::<u32>(), 0..4)) {
             let body = serde_json::to_vec(&request).unwrap();
-            prop_assert!(inspect(ApiKind::Chat, &body).is_ok());
+            prop_assert_eq!(screen(&body), Screened::Clean);
             let doc = RequestDoc::parse(&body).unwrap();
             let original: Vec<String> = request.as_object().unwrap().keys().cloned().collect();
 
-            let prefill: Value = serde_json::from_slice(&doc.prefill_body().unwrap()).unwrap();
+            let prefill: Value = serde_json::from_slice(&doc.prefill_body(Handoff::VllmNixl).unwrap()).unwrap();
             let prefill = prefill.as_object().unwrap();
             let kept: Vec<&String> = prefill.keys().filter(|k| original.contains(k)).collect();
             let expected: Vec<&String> = original.iter().filter(|k| *k != "stream_options").collect();
@@ -176,9 +227,12 @@ mod bodies {
 
             let params = serde_json::to_value(&params).unwrap();
             let answer = serde_json::json!({"id": "x", "kv_transfer_params": params});
-            let handed = kv_params_from_prefill_answer(answer.to_string().as_bytes()).unwrap();
-            prop_assert_eq!(&handed, &params);
-            let decode: Value = serde_json::from_slice(&doc.decode_body(&handed).unwrap()).unwrap();
+            let decode = doc
+                .decode_leg(Handoff::VllmNixl, answer.to_string().as_bytes())
+                .unwrap()
+                .expect("params hand the KV over")
+                .body;
+            let decode: Value = serde_json::from_slice(&decode).unwrap();
             let decode = decode.as_object().unwrap();
             let mut without: serde_json::Map<String, Value> = decode.clone();
             prop_assert_eq!(without.shift_remove("kv_transfer_params"), Some(params));
@@ -187,7 +241,7 @@ mod bodies {
 
         #[test]
         fn prefill_steps_respect_the_retry_bound(code in 100u16..600, done in 0u32..8, max in 0u32..6) {
-            let step = classify_prefill_answer(Some(&code.to_string()), b"{}", done, max);
+            let step = classify_prefill_answer(Some(&code.to_string()), done, max);
             if step == PrefillStep::Retry {
                 prop_assert!((502..=504).contains(&code) && done < max);
             }

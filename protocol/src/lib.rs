@@ -9,18 +9,26 @@
 //!
 //! # Layout
 //! - [`hash`]: token ids -> block hashes (the scheme NVIDIA Dynamo's router uses).
+//! - [`handoff`]: the prefill -> decode handoff of each engine protocol (vLLM's NIXL).
 //! - [`route`]: the route request the filter sends and the verdict it gets back.
 //! - [`worker`]: worker identity, registration/heartbeat, load reports.
 //! - [`kv`]: KV cache events and resync requests.
 //! - [`lifecycle`]: the filter's per-request lifecycle reports.
+//! - [`openai`]: the request fields that change what an engine does, validated as vLLM does,
+//!   and the OpenAI error a refused request gets.
+//! - `registration` (feature `registration`): signed worker registrations.
 //! - [`subjects`]: NATS subject names.
 //! - `tokenize` (feature `tokenizer`): prompt -> token ids as vLLM computes them (chat
 //!   template rendering, HF tokenizer, segment cache).
 #![deny(missing_docs)]
 
+pub mod handoff;
 pub mod hash;
 pub mod kv;
 pub mod lifecycle;
+pub mod openai;
+#[cfg(feature = "registration")]
+pub mod registration;
 pub mod route;
 pub mod subjects;
 #[cfg(feature = "tokenizer")]

@@ -22,6 +22,45 @@ pub const DESTINATION_HEADER: &str = "x-gateway-destination-endpoint";
 pub const ROUTE_HEADER: &str = "x-switchyard-route";
 /// Annotation on bypassed requests (the name NVIDIA Dynamo's backends use).
 pub const BYPASS_HEADER: &str = "x-bypass-remote-prefill";
+/// Header on a route answer that refuses the client's request (a 4xx whose body is the
+/// OpenAI error for the client): the filter answers the client with that status and body as
+/// they are. Its value is a [`RejectReason`].
+pub const REJECT_HEADER: &str = "x-switchyard-reject";
+
+/// Why the control plane refused a client's request before any worker saw it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RejectReason {
+    /// A field the engine would refuse (type, range, `stream_options` without `stream`), or a
+    /// body that is not a request of its API.
+    InvalidRequest,
+    /// The prompt is longer than the model's context.
+    PromptTooLong,
+    /// The body names a model the gateway does not serve.
+    UnknownModel,
+}
+
+impl RejectReason {
+    /// Every reason, in a fixed order (the filter keeps one counter each).
+    pub const ALL: [RejectReason; 3] = [
+        RejectReason::InvalidRequest,
+        RejectReason::PromptTooLong,
+        RejectReason::UnknownModel,
+    ];
+
+    /// Wire name: the [`REJECT_HEADER`] value and a metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RejectReason::InvalidRequest => "invalid_request",
+            RejectReason::PromptTooLong => "prompt_too_long",
+            RejectReason::UnknownModel => "unknown_model",
+        }
+    }
+
+    /// Parses the wire name.
+    pub fn parse(s: &str) -> Option<RejectReason> {
+        RejectReason::ALL.into_iter().find(|r| r.as_str() == s)
+    }
+}
 
 /// Which OpenAI API a request body is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

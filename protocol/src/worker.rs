@@ -100,6 +100,18 @@ pub struct WorkerHeartbeat {
     /// Interval the worker promises between heartbeats, so the control plane can expire it
     /// after missing a few.
     pub interval_ms: u64,
+    /// When the worker sent it (Unix milliseconds); covered by `signature`.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub sent_at_ms: u64,
+    /// HMAC-SHA256 of the worker's description and `sent_at_ms` under the deployment's
+    /// registration secret (hex), when the worker has one (`registration` module, feature
+    /// `registration`). A control plane with a secret refuses heartbeats without it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signature: Option<String>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// The worker's own view of its load, published every interval on [`crate::subjects::LOAD`].

@@ -15,7 +15,7 @@ use switchyard_protocol::kv::{KvEvent, KvEventBatch, ResyncRequest};
 use switchyard_protocol::route::ApiKind;
 use switchyard_protocol::subjects;
 use switchyard_protocol::worker::{LoadReport, WorkerHeartbeat, WorkerId, WorkerRole};
-use switchyard_sim::worker::{nats, PullFailure, RunningWorker, WorkerConfig};
+use switchyard_sim::worker::{PullFailure, RunningWorker, WorkerConfig};
 use worker_support::{
     chat_body, config, metric, metrics_text, post_for_json, post_json, start, tokenizer,
     NatsServer, CHAT, COMPLETIONS,
@@ -131,7 +131,13 @@ async fn prefill_to_decode_handoff_over_real_http_with_kv_events_on_nats() {
     observer.flush().await.unwrap();
 
     let tok = tokenizer();
-    let workers_nats = nats::connect(&nats_server.url).await.unwrap();
+    let workers_nats = switchyard_bus::connect(
+        &switchyard_bus::NatsArgs::plain(nats_server.url.clone()),
+        "test-workers",
+        |_| async {},
+    )
+    .await
+    .unwrap();
     let prefill_cfg = reporting_often(WorkerRole::Prefill, "prefill-0");
     let prefill = start(prefill_cfg, &tok, Some(&workers_nats)).await;
     let decode_cfg = reporting_often(WorkerRole::Decode, "decode-0");

@@ -167,6 +167,26 @@ async fn streamed_completions_use_text_completion_chunks() {
 }
 
 #[tokio::test]
+async fn prompts_beyond_the_models_context_are_refused_as_vllm_refuses_them() {
+    let tok = tokenizer();
+    let mut cfg = config(WorkerRole::Agg, "agg-short");
+    cfg.max_model_len = 64;
+    let w = start(cfg, &tok, None).await;
+    let client = reqwest::Client::new();
+    let long = json!({"messages": [{"role": "user", "content": "many words here ".repeat(40)}], "max_tokens": 2});
+    let resp = post_json(&client, &w, CHAT, &long).await;
+    assert_eq!(resp.status(), 400);
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(v["error"]["param"], "input_tokens", "{v}");
+    let short =
+        json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": "2", "stream": "no"});
+    let resp = post_json(&client, &w, CHAT, &short).await;
+    assert_eq!(resp.status(), 200, "lax values vLLM accepts are accepted");
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(v["usage"]["completion_tokens"], 2, "{v}");
+}
+
+#[tokio::test]
 async fn malformed_requests_get_openai_errors_and_are_counted() {
     let tok = tokenizer();
     let w = start(config(WorkerRole::Agg, "agg-bad"), &tok, None).await;
@@ -177,8 +197,9 @@ async fn malformed_requests_get_openai_errors_and_are_counted() {
         ("not an object", "[1]".into(), None),
         ("n = 2", json!({"messages": [{"role": "user", "content": "hi"}], "n": 2}).to_string(), Some("n")),
         ("max_tokens 0", json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}).to_string(), Some("max_tokens")),
-        ("max_tokens string", json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": "9"}).to_string(), Some("max_tokens")),
-        ("stream not bool", json!({"messages": [{"role": "user", "content": "hi"}], "stream": "yes"}).to_string(), Some("stream")),
+        ("max_tokens not an integer", json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": "nine"}).to_string(), Some("max_tokens")),
+        ("max_tokens beyond the context", json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1e12}).to_string(), Some("max_tokens")),
+        ("stream not bool", json!({"messages": [{"role": "user", "content": "hi"}], "stream": "maybe"}).to_string(), Some("stream")),
         ("stream_options without stream", json!({"messages": [{"role": "user", "content": "hi"}], "stream_options": {"include_usage": true}}).to_string(), Some("stream_options")),
         ("no messages", json!({"model": "x"}).to_string(), Some("messages")),
         ("bad kv_transfer_params", json!({"messages": [{"role": "user", "content": "hi"}], "kv_transfer_params": {"do_remote_decode": "yes"}}).to_string(), Some("kv_transfer_params")),

@@ -47,9 +47,12 @@ fn worker_configs_reject_unusable_values() {
     assert!(cfg.validate().unwrap_err().contains("kv_capacity_blocks"));
 }
 
+/// The simulated model's context.
+const CONTEXT: u32 = switchyard_sim::worker::config::DEFAULT_MAX_MODEL_LEN;
+
 #[test]
 fn request_fields_have_vllm_defaults_and_precedence() {
-    let r = parse_request(ApiKind::Chat, json!({"messages": []})).unwrap();
+    let r = parse_request(ApiKind::Chat, json!({"messages": []}), CONTEXT).unwrap();
     assert_eq!(r.max_tokens, DEFAULT_MAX_TOKENS);
     assert!(!r.stream && !r.include_usage && r.kv_transfer.is_none() && r.model.is_none());
 
@@ -57,6 +60,7 @@ fn request_fields_have_vllm_defaults_and_precedence() {
         ApiKind::Chat,
         json!({"messages": [], "max_tokens": 9, "max_completion_tokens": 4, "stream": true,
                "stream_options": {"include_usage": true}, "n": 1, "model": "m"}),
+        CONTEXT,
     )
     .unwrap();
     assert_eq!(r.max_tokens, 4);
@@ -67,6 +71,7 @@ fn request_fields_have_vllm_defaults_and_precedence() {
     let r = parse_request(
         ApiKind::Completions,
         json!({"prompt": "x", "max_completion_tokens": 4}),
+        CONTEXT,
     )
     .unwrap();
     assert_eq!(r.max_tokens, DEFAULT_MAX_TOKENS);
@@ -82,7 +87,7 @@ fn request_fields_have_vllm_defaults_and_precedence() {
             "stream_options",
         ),
     ] {
-        let e = parse_request(ApiKind::Completions, body.clone()).unwrap_err();
+        let e = parse_request(ApiKind::Completions, body.clone(), CONTEXT).unwrap_err();
         assert_eq!(e.status, 400, "{body}");
         assert_eq!(e.param.as_deref(), Some(param), "{body}");
     }
@@ -94,8 +99,7 @@ fn kv_transfer_params_accept_vllm_shapes() {
     let r = parse_request(
         ApiKind::Chat,
         json!({"kv_transfer_params": {"do_remote_decode": true, "do_remote_prefill": false,
-               "remote_engine_id": null, "remote_block_ids": null, "remote_host": null, "remote_port": null}}),
-    )
+               "remote_engine_id": null, "remote_block_ids": null, "remote_host": null, "remote_port": null}}), CONTEXT)
     .unwrap();
     let p = r.kv_transfer.unwrap();
     assert!(p.do_remote_decode && !p.do_remote_prefill);
@@ -106,6 +110,7 @@ fn kv_transfer_params_accept_vllm_shapes() {
         json!({"kv_transfer_params": {"do_remote_prefill": true, "remote_block_ids": [[1, 2]],
                "remote_engine_id": "p", "remote_request_id": "r", "remote_host": "10.0.0.1",
                "remote_port": 8100, "tp_size": 4, "something_new": 1}}),
+        CONTEXT,
     )
     .unwrap();
     let p = r.kv_transfer.unwrap();

@@ -25,9 +25,9 @@ pub enum StackError {
         /// The OS error.
         source: std::io::Error,
     },
-    /// A process exited while the stack was starting.
-    #[error("{name} exited during start-up ({status}); last log lines from {log}:\n{tail}")]
-    ExitedEarly {
+    /// A process of the stack exited (while starting, or later).
+    #[error("{name} exited ({status}); last log lines from {log}:\n{tail}")]
+    Exited {
         /// Component name.
         name: String,
         /// Its exit status.

@@ -53,13 +53,18 @@ impl Supervised {
         program: &Path,
         port: u16,
         run_dir: &Path,
+        token: &str,
     ) -> Result<(Supervised, SocketAddr), StackError> {
         let config = NatsConfig {
             program: program.to_path_buf(),
             port,
             store_dir: run_dir.join("nats-store"),
             log: None,
+            token: Some(token.to_string()),
         };
+        config
+            .write_auth_file()
+            .map_err(|e| stack_error(e, &run_dir.join(format!("{name}.log"))))?;
         let log = run_dir.join(format!("{name}.log"));
         let nats = Supervised::spawn(name, program, &config.args(), log)?;
         Ok((nats, config.addr()))
@@ -91,7 +96,7 @@ impl Supervised {
     /// Ok while the process runs.
     ///
     /// # Errors
-    /// [`StackError::ExitedEarly`] with the end of its log once it has exited.
+    /// [`StackError::Exited`] with the end of its log once it has exited.
     pub fn check_running(&mut self) -> Result<(), StackError> {
         self.process
             .check_running()
@@ -156,7 +161,7 @@ fn stack_error(e: switchyard_support::Error, log: &Path) -> StackError {
         },
         Error::Exited {
             name, status, tail, ..
-        } => StackError::ExitedEarly {
+        } => StackError::Exited {
             name,
             status,
             log: log.to_path_buf(),
@@ -245,14 +250,23 @@ mod tests {
         let port = switchyard_support::free_port();
         let program = switchyard_support::nats::default_program();
         let (mut nats, addr) =
-            Supervised::spawn_nats("nats-server", &program, port, run_dir.path()).expect("spawn");
+            Supervised::spawn_nats("nats-server", &program, port, run_dir.path(), "tok3n")
+                .expect("spawn");
         wait_for(&mut nats, addr, run_dir.path())
             .await
             .expect("nats-server starts");
         let pid = nats.pid().expect("running");
         std::net::TcpStream::connect(("127.0.0.1", port)).expect("accepts connections");
         assert_eq!(nats.log_path(), run_dir.path().join("nats-server.log"));
-        assert!(run_dir.path().join("nats-store").is_dir());
+        assert!(
+            run_dir.path().join("nats-store").is_dir() || {
+                std::thread::sleep(std::time::Duration::from_millis(500));
+                run_dir.path().join("nats-store").is_dir()
+            }
+        );
+        let auth =
+            std::fs::read_to_string(run_dir.path().join("nats-auth.conf")).expect("auth config");
+        assert!(auth.contains("tok3n"), "{auth}");
         drop(nats);
         assert!(
             !Path::new(&format!("/proc/{pid}")).exists(),
@@ -263,18 +277,22 @@ mod tests {
     #[tokio::test]
     async fn a_server_that_exits_while_starting_is_an_early_exit_with_its_log() {
         let run_dir = switchyard_support::TempDir::new("stack-nats-test").expect("run dir");
-        // `sh` refuses nats-server's flags and exits at once, saying so in its log.
+        // `sh` cannot run nats-server's command line and exits at once, saying so in its log.
         let (mut nats, addr) = Supervised::spawn_nats(
             "nats-server",
             Path::new("/bin/sh"),
             switchyard_support::free_port(),
             run_dir.path(),
+            "tok3n",
         )
         .expect("spawn");
         let err = wait_for(&mut nats, addr, run_dir.path())
             .await
             .expect_err("sh is no nats-server");
-        assert!(matches!(err, StackError::ExitedEarly { .. }), "{err}");
-        assert!(err.to_string().contains("Illegal option"), "{err}");
+        assert!(matches!(err, StackError::Exited { .. }), "{err}");
+        let StackError::Exited { tail, .. } = &err else {
+            unreachable!()
+        };
+        assert!(!tail.trim().is_empty(), "the log's end is quoted: {err}");
     }
 }

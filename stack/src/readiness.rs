@@ -17,7 +17,7 @@ pub const POLL_INTERVAL: Duration = Duration::from_millis(100);
 /// log instead of as a timeout.
 ///
 /// # Errors
-/// [`StackError::ExitedEarly`] if a watched process exits, [`StackError::NotReady`] with the
+/// [`StackError::Exited`] if a watched process exits, [`StackError::NotReady`] with the
 /// last check's message on timeout.
 pub async fn wait_until<F, Fut>(
     name: &str,

@@ -34,6 +34,29 @@ pub struct Stack {
     pub(crate) client: reqwest::Client,
     /// Remove `run_dir` on a drop that is not part of a panic.
     pub(crate) remove_run_dir: bool,
+    /// The nats-server binary (for [`Stack::restart_nats`]).
+    pub(crate) nats_program: PathBuf,
+    /// This run's NATS token and registration secret (see [`Stack::launch`]).
+    pub(crate) nats_token: String,
+}
+
+/// File in the run directory holding this run's NATS token.
+pub const NATS_TOKEN_FILE: &str = "nats-token";
+/// File in the run directory holding this run's registration secret.
+pub const REGISTRATION_SECRET_FILE: &str = "registration-secret";
+/// Default context length the control plane and workers enforce: the simulated model's.
+pub const MAX_MODEL_LEN: u32 = 262_144;
+
+/// Writes a secret readable by this user only.
+fn write_secret(path: &Path, secret: &str) -> Result<(), StackError> {
+    let io = || StackError::io(format!("writing {}", path.display()));
+    std::fs::write(path, format!("{secret}\n")).map_err(io())?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(io())?;
+    }
+    Ok(())
 }
 
 /// Every supervised process must still run.
@@ -68,20 +91,16 @@ impl Stack {
         let _ = std::fs::write(self.run_dir.join("pids"), lines);
     }
 
-    /// Starts the processes in dependency order, waiting for each to be ready.
-    pub(crate) async fn launch(
-        &mut self,
-        b: &StackBuilder,
-        artifacts: &Artifacts,
-    ) -> Result<(), StackError> {
-        let timeout = b.ready_timeout_value();
+    /// Starts nats-server with this run's token and waits (bounded) until it listens.
+    async fn start_nats(&mut self, timeout: Duration) -> Result<(), StackError> {
         let (nats, nats_addr) = Supervised::spawn_nats(
             Component::Nats.name(),
-            &artifacts.nats_server,
+            &self.nats_program,
             self.nats_port,
             &self.run_dir,
+            &self.nats_token,
         )?;
-        self.processes.push((Component::Nats, nats));
+        self.processes.insert(0, (Component::Nats, nats));
         self.write_pids();
         let run_dir = self.run_dir.clone();
         wait_until(
@@ -91,19 +110,57 @@ impl Stack {
             &run_dir,
             || tcp_open(nats_addr),
         )
-        .await?;
+        .await
+    }
+
+    /// The credentials every component gets: NATS's token and the registration secret, as
+    /// files in the run directory (never on a command line).
+    fn credential_args(&self) -> Vec<String> {
+        vec![
+            "--nats-url".into(),
+            self.nats_url(),
+            "--nats-token-file".into(),
+            self.run_dir
+                .join(NATS_TOKEN_FILE)
+                .to_string_lossy()
+                .into_owned(),
+            "--registration-secret-file".into(),
+            self.run_dir
+                .join(REGISTRATION_SECRET_FILE)
+                .to_string_lossy()
+                .into_owned(),
+        ]
+    }
+
+    /// Starts the processes in dependency order, waiting for each to be ready. NATS runs
+    /// with a fresh token, and workers sign their registrations with a fresh secret, so
+    /// nothing outside the stack can read the bus or join a pool.
+    pub(crate) async fn launch(
+        &mut self,
+        b: &StackBuilder,
+        artifacts: &Artifacts,
+    ) -> Result<(), StackError> {
+        let timeout = b.ready_timeout_value();
+        write_secret(&self.run_dir.join(NATS_TOKEN_FILE), &self.nats_token)?;
+        write_secret(
+            &self.run_dir.join(REGISTRATION_SECRET_FILE),
+            &switchyard_support::random_token(),
+        )?;
+        self.start_nats(timeout).await?;
+        let run_dir = self.run_dir.clone();
 
         let model_dir = artifacts.model_dir.to_string_lossy().into_owned();
         let mut cp_args = vec![
             "--listen".into(),
             format!("127.0.0.1:{}", self.control_plane_port),
-            "--nats-url".into(),
-            self.nats_url(),
             "--model-dir".into(),
             model_dir.clone(),
+            "--max-model-len".into(),
+            b.max_model_len_value().to_string(),
             "--serving-mode".into(),
             b.serving_mode_value().as_str().into(),
         ];
+        cp_args.extend(self.credential_args());
         if let Some(config) = b.conditional_disagg_config_value() {
             cp_args.extend([
                 "--conditional-disagg-config".to_string(),
@@ -136,11 +193,12 @@ impl Stack {
                 continue;
             }
             let mut worker_args = vec![
-                "--nats-url".into(),
-                self.nats_url(),
                 "--model-dir".into(),
                 model_dir.clone(),
+                "--max-model-len".into(),
+                b.max_model_len_value().to_string(),
             ];
+            worker_args.extend(self.credential_args());
             for worker in &workers {
                 worker_args.extend(["--worker".to_string(), worker.flag()]);
             }
@@ -341,10 +399,47 @@ impl Stack {
         }
     }
 
+    /// Starts nats-server again on the same port with the same token, after
+    /// [`Stack::stop_component`] stopped it (an outage); waits until it listens.
+    ///
+    /// # Errors
+    /// As starting the stack's NATS.
+    pub async fn restart_nats(&mut self) -> Result<(), StackError> {
+        self.stop_component(Component::Nats);
+        self.start_nats(Duration::from_secs(30)).await
+    }
+
+    /// The file holding this run's NATS token (for clients of the stack's NATS).
+    pub fn nats_token_file(&self) -> PathBuf {
+        self.run_dir.join(NATS_TOKEN_FILE)
+    }
+
+    /// The file holding this run's registration secret.
+    pub fn registration_secret_file(&self) -> PathBuf {
+        self.run_dir.join(REGISTRATION_SECRET_FILE)
+    }
+
+    /// Takes every process that has exited out of the stack's care and says, for each, what
+    /// it was and why it ended, with its log's end. The rest keep running.
+    pub fn reap_exited(&mut self) -> Vec<StackError> {
+        let mut exited = Vec::new();
+        self.processes.retain_mut(|(_, p)| match p.check_running() {
+            Ok(()) => true,
+            Err(e) => {
+                exited.push(e);
+                false
+            }
+        });
+        if !exited.is_empty() {
+            self.write_pids();
+        }
+        exited
+    }
+
     /// Ok while every process of the stack runs.
     ///
     /// # Errors
-    /// [`StackError::ExitedEarly`] for the first that has exited, with its log's end.
+    /// [`StackError::Exited`] for the first that has exited, with its log's end.
     pub fn check_running(&mut self) -> Result<(), StackError> {
         all_running(&mut self.processes)
     }

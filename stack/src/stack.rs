@@ -85,6 +85,7 @@ pub struct StackBuilder {
     keep_logs: bool,
     filter_overrides: serde_json::Map<String, serde_json::Value>,
     plain_listen_port: Option<u16>,
+    max_model_len: u32,
 }
 
 impl Default for StackBuilder {
@@ -109,6 +110,7 @@ impl Default for StackBuilder {
             keep_logs: true,
             filter_overrides: serde_json::Map::new(),
             plain_listen_port: None,
+            max_model_len: crate::running::MAX_MODEL_LEN,
         }
     }
 }
@@ -158,6 +160,9 @@ impl StackBuilder {
         route_timeout_ms: u64 => route_timeout_ms);
     setter!(/// Envoy worker threads (each runs its own wasm VM).
         envoy_concurrency: u32 => envoy_concurrency);
+    setter!(/// The model's context length, enforced by the control plane and the workers
+        /// (default: the simulated Qwen3-235B-A22B's 262,144 tokens).
+        max_model_len: u32 => max_model_len);
     setter!(/// Budget for each readiness stage.
         ready_timeout: Duration => ready_timeout);
     setter!(/// Keep the run directory when the stack is dropped (default). With `false` it is
@@ -200,6 +205,9 @@ impl StackBuilder {
     }
     pub(crate) fn envoy_concurrency_value(&self) -> u32 {
         self.envoy_concurrency
+    }
+    pub(crate) fn max_model_len_value(&self) -> u32 {
+        self.max_model_len
     }
 
     fn workers(&self, ports: &[u16]) -> Vec<WorkerSpec> {
@@ -265,6 +273,8 @@ impl StackBuilder {
             plain_listen_port,
             client: http_client(),
             remove_run_dir: !self.keep_logs,
+            nats_program: artifacts.nats_server.clone(),
+            nats_token: switchyard_support::random_token(),
         };
         stack.launch(&self, &artifacts).await?;
         Ok(stack)

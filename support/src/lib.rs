@@ -20,7 +20,7 @@ pub mod scratch;
 
 pub use nats::{NatsConfig, NatsServer};
 pub use process::{Process, Signal};
-pub use scratch::{free_port, TempDir};
+pub use scratch::{free_port, random_token, TempDir};
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

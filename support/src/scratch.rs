@@ -16,6 +16,21 @@ pub fn free_port() -> u16 {
         .expect("bind 127.0.0.1:0 to find a free port")
 }
 
+/// A random 128-bit token as 32 hex digits (NATS tokens, registration secrets of a local
+/// stack). Drawn from the OS-seeded keys of std's `RandomState`, so it needs no RNG crate;
+/// good for one run's credentials, not for long-lived keys.
+pub fn random_token() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let mut out = String::with_capacity(32);
+    for part in 0..2u8 {
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u8(part);
+        h.write_u32(std::process::id());
+        out.push_str(&format!("{:016x}", h.finish()));
+    }
+    out
+}
+
 /// A new directory under the system temp directory, removed with its contents on drop.
 #[derive(Debug)]
 pub struct TempDir {
@@ -58,6 +73,14 @@ impl Drop for TempDir {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn random_tokens_are_32_hex_digits_and_differ() {
+        let (a, b) = (super::random_token(), super::random_token());
+        assert_eq!(a.len(), 32);
+        assert!(a.bytes().all(|c| c.is_ascii_hexdigit()));
+        assert_ne!(a, b);
+    }
+
     use super::*;
 
     #[test]

@@ -3,8 +3,9 @@
 //! control plane in `conditional` mode, simulated prefill and decode workers).
 //!
 //! - A client's own `kv_transfer_params` never reach a worker.
-//! - Invalid bodies pass through to a worker's own 400 without a route call; an oversized
-//!   body gets the filter's JSON 413.
+//! - Bodies that are not JSON objects get the filter's 400 without a route call; a body the
+//!   engine would refuse gets the control plane's 400; an oversized body gets the filter's
+//!   JSON 413. None is a fail-open.
 //! - A hung prefill pool (SIGSTOP) costs two bounded attempts, then local prefill.
 //! - A dead prefill pool: local prefill until the control plane expires it, then `agg`.
 //!
@@ -65,28 +66,29 @@ async fn bad_input_and_a_failing_prefill_pool_never_fail_a_request() {
     }
     assert_eq!(failures, 0.0, "a forged pull was attempted");
 
-    // (2) Invalid bodies pass through to a worker, which answers with its own error; oversized
-    // ones get the filter's 413 without reaching anyone.
+    // (2) Bodies the filter cannot screen get its own 400 without reaching anyone; bodies the
+    // engine would refuse get the control plane's 400, relayed as it is; oversized ones get
+    // the filter's 413.
     let before = envoy_stats(&http, &stack.admin_url()).await.expect("stats");
-    for bad in [
-        &b"{\"model\": \"qwen3\", "[..],
-        br#"{"model":"qwen3"}"#,
-        b"[1,2]",
+    for (bad, reason) in [
+        (&b"{\"model\": \"qwen3\", "[..], "not_json"),
+        (&b"[1,2]"[..], "not_an_object"),
+        (&br#"{"model":"qwen3"}"#[..], "invalid_request"),
     ] {
         let response = post_raw_observed(&http, &url, bad.to_vec(), &[], REQUEST_TIMEOUT)
             .await
             .expect("invalid body");
-        assert_eq!(
-            response.status,
-            400,
-            "the worker's own error: {}",
-            response.body()
-        );
+        assert_eq!(response.status, 400, "{}", response.body());
         assert_eq!(
             response.header(ROUTE_HEADER),
-            "pass-through;reason=invalid_body"
+            format!("rejected;reason={reason}")
         );
-        assert!(!response.header(WORKER_HEADER).is_empty());
+        assert!(
+            response.header(WORKER_HEADER).is_empty(),
+            "no worker saw it"
+        );
+        let error: Value = serde_json::from_str(&response.body()).expect("JSON error");
+        assert_eq!(error["error"]["code"], 400, "{error}");
     }
     let huge = chat(
         json!([{"role": "user", "content": "x".repeat(MAX_BODY_BYTES as usize)}]),
@@ -105,13 +107,21 @@ async fn bad_input_and_a_failing_prefill_pool_never_fail_a_request() {
         .expect("chunked oversized");
     assert_eq!(response.status().as_u16(), 413);
     let after = envoy_stats(&http, &stack.admin_url()).await.expect("stats");
-    assert_eq!(stat(&after, "invalid_body_total"), 3);
-    assert_eq!(stat(&after, "oversized_body_total"), 2);
-    assert_eq!(stat(&after, "client_kv_params_stripped_total"), 1);
+    assert_eq!(stat(&after, "rejected.not_json"), 1);
+    assert_eq!(stat(&after, "rejected.not_an_object"), 1);
+    assert_eq!(stat(&after, "rejected.invalid_request"), 1);
+    assert_eq!(stat(&after, "rejected.too_large"), 2);
+    assert_eq!(stat(&after, "rejected_total"), 5);
+    assert_eq!(stat(&after, "client_steering_stripped_total"), 1);
     assert_eq!(
         stat(&after, "route_calls_total"),
-        stat(&before, "route_calls_total"),
-        "invalid and oversized bodies are not sent to the control plane"
+        stat(&before, "route_calls_total") + 1,
+        "only the JSON object went to the control plane"
+    );
+    assert_eq!(
+        stat(&after, "fail_open_total"),
+        0,
+        "refusals are not fail-opens"
     );
 
     // (3) The prefill pool hangs (SIGSTOP): each attempt times out after

@@ -174,8 +174,8 @@ async fn routes_to_the_chosen_worker_streams_and_ignores_a_forged_destination() 
         "nothing should fail open"
     );
 
-    // A body that is not a routable request is not sent to the control plane: it passes
-    // through untouched to a worker, which gives the client the engine's own error.
+    // A body that is not JSON is not sent to the control plane or a worker: the gateway
+    // answers the client's mistake itself, and it is not a fail-open.
     let malformed = post_raw_observed(
         &http,
         &url,
@@ -185,21 +185,18 @@ async fn routes_to_the_chosen_worker_streams_and_ignores_a_forged_destination() 
     )
     .await
     .expect("malformed request");
-    assert_eq!(
-        malformed.header(ROUTE_HEADER),
-        "pass-through;reason=invalid_body"
-    );
+    assert_eq!(malformed.header(ROUTE_HEADER), "rejected;reason=not_json");
     assert_eq!(malformed.status, 400, "{}", malformed.body());
     assert!(
-        !malformed.header(WORKER_HEADER).is_empty(),
-        "a worker answered: {:?}",
+        malformed.header(WORKER_HEADER).is_empty(),
+        "no worker saw it: {:?}",
         malformed.headers
     );
     let stats = envoy_stats(&http, &stack.admin_url())
         .await
         .expect("envoy stats");
     assert_eq!(
-        stats.get("wasmcustom.switchyard.invalid_body_total"),
+        stats.get("wasmcustom.switchyard.rejected.not_json"),
         Some(&1)
     );
     assert_eq!(stats.get("wasmcustom.switchyard.fail_open_total"), Some(&0));

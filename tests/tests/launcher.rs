@@ -1,5 +1,6 @@
 //! `switchyard-local` as a person uses it: start it, read where to send requests, send one,
-//! stop it with SIGTERM, and find every process it started gone.
+//! see a dead child named (and the rest kept running), stop it with SIGTERM, and find every
+//! process it started gone.
 
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -48,12 +49,25 @@ async fn switchyard_local_serves_and_stops_everything_on_sigterm() {
         .env("RUST_LOG", "warn")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
+        .stderr(Stdio::piped())
         .spawn()
         .expect("start switchyard-local");
     let mut launcher = Launcher(child);
     let stdout = launcher.0.stdout.take().expect("piped stdout");
     let mut lines = BufReader::new(stdout).lines();
+    // What it says on stderr, collected as it comes (and echoed for the test's log).
+    let stderr = launcher.0.stderr.take().expect("piped stderr");
+    let said = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let collector = tokio::spawn({
+        let said = said.clone();
+        async move {
+            let mut lines = BufReader::new(stderr).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                eprintln!("{line}");
+                said.lock().unwrap().push_str(&(line + "\n"));
+            }
+        }
+    });
 
     // Read the banner: the run directory and the gateway URL, within a bounded time.
     let mut run_dir: Option<PathBuf> = None;
@@ -91,17 +105,65 @@ async fn switchyard_local_serves_and_stops_everything_on_sigterm() {
         response.headers
     );
 
-    let pids: Vec<u32> = std::fs::read_to_string(run_dir.join("pids"))
+    let listed: Vec<(u32, String)> = std::fs::read_to_string(run_dir.join("pids"))
         .expect("pids file")
         .lines()
-        .filter_map(|line| line.split_whitespace().next()?.parse().ok())
+        .filter_map(|line| {
+            let (pid, name) = line.split_once(' ')?;
+            Some((pid.parse().ok()?, name.to_string()))
+        })
         .collect();
+    let pids: Vec<u32> = listed.iter().map(|(pid, _)| *pid).collect();
     assert_eq!(
         pids.len(),
         4,
-        "nats, control plane, workers, envoy: {pids:?}"
+        "nats, control plane, workers, envoy: {listed:?}"
     );
     assert!(pids.iter().all(|&pid| alive(pid)));
+
+    // The workers die: the launcher names them and why, and keeps the rest running.
+    let (workers, _) = listed
+        .iter()
+        .find(|(_, name)| name == "sim-workers")
+        .expect("the workers are listed");
+    let _ = std::process::Command::new("kill")
+        .args(["-KILL", &workers.to_string()])
+        .status();
+    let named = async {
+        loop {
+            if said
+                .lock()
+                .unwrap()
+                .contains("sim-workers exited (signal: 9")
+            {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), named)
+        .await
+        .unwrap_or_else(|_| {
+            panic!(
+                "the launcher did not name the dead child: {}",
+                said.lock().unwrap()
+            )
+        });
+    assert!(
+        !said.lock().unwrap().contains("during start-up"),
+        "{}",
+        said.lock().unwrap()
+    );
+    assert!(
+        pids.iter()
+            .filter(|&&pid| pid != *workers)
+            .all(|&pid| alive(pid)),
+        "the rest keeps running"
+    );
+    assert!(
+        matches!(launcher.0.try_wait(), Ok(None)),
+        "the launcher keeps running"
+    );
 
     let pid = launcher.0.id().expect("launcher pid");
     let _ = std::process::Command::new("kill")
@@ -112,6 +174,7 @@ async fn switchyard_local_serves_and_stops_everything_on_sigterm() {
         .expect("the launcher exits within 20 s of SIGTERM")
         .expect("wait for the launcher");
     assert!(status.success(), "launcher exit status {status}");
+    collector.abort();
     let left: Vec<u32> = pids.into_iter().filter(|&pid| alive(pid)).collect();
     assert!(
         left.is_empty(),

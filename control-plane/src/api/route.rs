@@ -14,12 +14,16 @@ use warp::http::{HeaderMap, StatusCode};
 use warp::reply::Response;
 use warp::Reply;
 
-use switchyard_protocol::route::{ApiKind, Verdict, API_HEADER, REQUEST_ID_HEADER};
+use switchyard_protocol::openai::{check_prompt_length, generation_params, InvalidRequest};
+use switchyard_protocol::route::{
+    ApiKind, RejectReason, Verdict, API_HEADER, REJECT_HEADER, REQUEST_ID_HEADER,
+};
 
 use super::{error_reply, read_body, ApiState};
 use crate::metrics::DecisionLabels;
 use crate::router::RouteError;
 use crate::service::tokenizer::TokenizeFailure;
+use crate::service::RouteRequest;
 
 /// Longest accepted `x-request-id`; ids travel in headers and logs.
 pub const MAX_REQUEST_ID_LEN: usize = 256;
@@ -33,16 +37,14 @@ pub enum RouteFailure {
     /// `x-request-id` unusable.
     #[error("header {REQUEST_ID_HEADER}: {0}")]
     BadRequestId(String),
-    /// The body is not JSON.
-    #[error("body is not valid JSON: {0}")]
-    InvalidJson(String),
-    /// The body is JSON but not a valid request for its API.
-    #[error("{field}: {message}")]
-    InvalidRequest {
-        /// The offending field.
-        field: String,
-        /// What is wrong.
-        message: String,
+    /// The client's request is one the engine would refuse: the answer is the OpenAI error
+    /// for the client, which the filter relays as is.
+    #[error("{reason:?}: {error}")]
+    Client {
+        /// Which kind of refusal (the `x-switchyard-reject` value).
+        reason: RejectReason,
+        /// The field and message.
+        error: InvalidRequest,
     },
     /// The tokenizer failed on a valid body.
     #[error("tokenizer failed: {0}")]
@@ -56,16 +58,43 @@ pub enum RouteFailure {
 }
 
 impl RouteFailure {
-    /// HTTP status and stable error code.
+    /// A client error about the body as a whole or one of its fields; the message names the
+    /// field too (`messages[1].content: must be a string`).
+    fn invalid(param: impl Into<String>, message: impl std::fmt::Display) -> Self {
+        let param = param.into();
+        RouteFailure::Client {
+            reason: RejectReason::InvalidRequest,
+            error: InvalidRequest::bad(param.clone(), format!("{param}: {message}")),
+        }
+    }
+
+    /// HTTP status and stable error code (the `switchyard_route_errors_total` label).
     pub fn status_and_code(&self) -> (StatusCode, &'static str) {
         match self {
             RouteFailure::UnknownApi(_) => (StatusCode::BAD_REQUEST, "unknown_api"),
-            RouteFailure::BadRequestId(_) => (StatusCode::BAD_REQUEST, "invalid_request"),
-            RouteFailure::InvalidJson(_) => (StatusCode::BAD_REQUEST, "invalid_json"),
-            RouteFailure::InvalidRequest { .. } => (StatusCode::BAD_REQUEST, "invalid_request"),
+            RouteFailure::BadRequestId(_) => (StatusCode::BAD_REQUEST, "invalid_request_id"),
+            RouteFailure::Client { reason, error } => (
+                StatusCode::from_u16(error.kind.status()).unwrap_or(StatusCode::BAD_REQUEST),
+                reason.as_str(),
+            ),
             RouteFailure::Tokenizer(_) => (StatusCode::INTERNAL_SERVER_ERROR, "tokenizer"),
             RouteFailure::NoWorkers => (StatusCode::SERVICE_UNAVAILABLE, "no_workers"),
             RouteFailure::Unavailable => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
+        }
+    }
+
+    /// The HTTP answer: the client's OpenAI error with [`REJECT_HEADER`] for client errors,
+    /// our own [`ApiError`](switchyard_protocol::route::ApiError) otherwise.
+    pub fn into_reply(self) -> Response {
+        let (status, code) = self.status_and_code();
+        match self {
+            RouteFailure::Client { reason, error } => warp::reply::with_header(
+                warp::reply::with_status(warp::reply::json(&error.to_json()), status),
+                REJECT_HEADER,
+                reason.as_str(),
+            )
+            .into_response(),
+            other => error_reply(status, code, other.to_string()),
         }
     }
 }
@@ -143,7 +172,7 @@ async fn tokenize(
     match joined {
         Ok(Ok(tokens)) => Ok(tokens),
         Ok(Err(TokenizeFailure::InvalidRequest { field, message })) => {
-            Err(RouteFailure::InvalidRequest { field, message })
+            Err(RouteFailure::invalid(field, message))
         }
         Ok(Err(TokenizeFailure::Internal(message))) => Err(RouteFailure::Tokenizer(message)),
         Err(join) => Err(RouteFailure::Tokenizer(format!(
@@ -161,23 +190,39 @@ where
     S: futures::Stream<Item = Result<B, warp::Error>> + Send,
     B: warp::Buf,
 {
-    let fail = |f: RouteFailure| {
-        let (status, code) = f.status_and_code();
-        (code, error_reply(status, code, f.to_string()))
-    };
+    let fail = |f: RouteFailure| (f.status_and_code().1, f.into_reply());
     let api = api_kind(headers).map_err(fail)?;
     let request_id = request_id(headers, &state.request_ids).map_err(fail)?;
     let bytes = read_body(body, state.max_route_body_bytes).await?;
-    let json: serde_json::Value = serde_json::from_slice(&bytes)
-        .map_err(|e| fail(RouteFailure::InvalidJson(e.to_string())))?;
-    if !json.is_object() {
-        return Err(fail(RouteFailure::InvalidRequest {
-            field: "body".into(),
-            message: "must be a JSON object".into(),
-        }));
-    }
+    let json: serde_json::Value = serde_json::from_slice(&bytes).map_err(|e| {
+        fail(RouteFailure::invalid(
+            "body",
+            format!("not valid JSON: {e}"),
+        ))
+    })?;
+    let Some(object) = json.as_object() else {
+        return Err(fail(RouteFailure::invalid("body", "must be a JSON object")));
+    };
+    // Before tokenizing: a request the engine would refuse costs nothing more.
+    let params = generation_params(api, object, state.max_model_len).map_err(|error| {
+        fail(RouteFailure::Client {
+            reason: RejectReason::InvalidRequest,
+            error,
+        })
+    })?;
     let tokens = tokenize(state, api, json).await.map_err(fail)?;
-    match state.service.route(request_id, tokens).await {
+    check_prompt_length(tokens.len(), state.max_model_len).map_err(|error| {
+        fail(RouteFailure::Client {
+            reason: RejectReason::PromptTooLong,
+            error,
+        })
+    })?;
+    let request = RouteRequest {
+        request_id,
+        tokens,
+        choices: params.n,
+    };
+    match state.service.route(request).await {
         Ok(Ok(verdict)) => Ok(verdict),
         Ok(Err(RouteError::NoDecodeWorkers)) => Err(fail(RouteFailure::NoWorkers)),
         Err(_) => Err(fail(RouteFailure::Unavailable)),

@@ -37,6 +37,7 @@ fn disagg(blocks: std::ops::Range<u64>, tokens: u64) -> RoutedLoad {
 const TIMEOUTS: LoadConfig = LoadConfig {
     prefill_timeout_ms: 100,
     request_timeout_ms: 1000,
+    kv_prediction_ms: 0,
 };
 
 fn tracker() -> LoadTracker {

@@ -20,6 +20,9 @@ use crate::config::{ConditionalDisaggConfig, PolicyKind};
 pub const BYPASS_ISL_BOUNDING: &str = "bypass:isl_bounding";
 /// Reason: bypassed because the prefill worker is busy (`prefill_load`).
 pub const BYPASS_PREFILL_BUSY: &str = "bypass:prefill_busy";
+/// Reason: bypassed because the client asked for several choices (`n > 1`), which the KV
+/// handoffs cannot carry.
+pub const BYPASS_MULTIPLE_CHOICES: &str = "bypass:multiple_choices";
 /// Reason: disaggregated because `eff_isl >= eff_isl_threshold`.
 pub const DISAGG_EFF_ISL_ABOVE_THRESHOLD: &str = "disagg:eff_isl_above_threshold";
 /// Reason: disaggregated because `eff_isl / isl >= eff_isl_ratio_threshold`.
@@ -99,6 +102,7 @@ pub const AGG_NO_PREFILL_WORKERS: &str = "agg:no_prefill_workers";
 pub const REASONS: &[&str] = &[
     BYPASS_ISL_BOUNDING,
     BYPASS_PREFILL_BUSY,
+    BYPASS_MULTIPLE_CHOICES,
     DISAGG_EFF_ISL_ABOVE_THRESHOLD,
     DISAGG_EFF_ISL_RATIO_ABOVE_THRESHOLD,
     DISAGG_PREFILL_NOT_BUSY,

@@ -24,7 +24,8 @@ struct Candidate {
 }
 
 impl Router {
-    /// Decides where and how to serve a request whose prompt is `tokens`.
+    /// Decides where and how to serve a one-choice request whose prompt is `tokens` (see
+    /// [`Router::route_request`]).
     ///
     /// # Errors
     /// [`RouteError::NoDecodeWorkers`] when no live worker can decode.
@@ -34,12 +35,28 @@ impl Router {
         tokens: &[u32],
         now_ms: u64,
     ) -> Result<Verdict, RouteError> {
+        self.route_request(request_id, tokens, 1, now_ms)
+    }
+
+    /// Decides where and how to serve a request whose prompt is `tokens` and that asks for
+    /// `choices` choices (`n`). A request of more than one choice is never disaggregated:
+    /// the KV handoffs carry one sequence.
+    ///
+    /// # Errors
+    /// [`RouteError::NoDecodeWorkers`] when no live worker can decode.
+    pub fn route_request(
+        &mut self,
+        request_id: &str,
+        tokens: &[u32],
+        choices: u32,
+        now_ms: u64,
+    ) -> Result<Verdict, RouteError> {
         self.load.expire(now_ms, &self.config.load);
         let mode = self.config.serving_mode;
         let mut by_size: Vec<(u32, Vec<SequenceHash>)> = Vec::new();
         let mut decode = Vec::new();
         let mut prefill = Vec::new();
-        for w in self.workers.values().filter(|w| w.is_live(now_ms)) {
+        for w in self.workers.values().filter(|w| self.is_live(w, now_ms)) {
             let is_prefill = w.info.role == WorkerRole::Prefill;
             if !(w.info.role.serves_decode() || (is_prefill && mode != ServingMode::Agg)) {
                 continue;
@@ -80,7 +97,8 @@ impl Router {
             self.index.find_matches(hashes, &mut self.scores);
             for c in decode.iter_mut().chain(prefill.iter_mut()) {
                 if c.hashes == i {
-                    c.overlap_blocks = self.scores.blocks_for(c.slot);
+                    let cached = self.scores.blocks_for(c.slot);
+                    c.overlap_blocks = self.predictions.extend(c.slot, hashes, cached, now_ms);
                 }
             }
         }
@@ -95,6 +113,7 @@ impl Router {
                         block_size: c.block_size,
                         overlap_blocks: c.overlap_blocks,
                         request_blocks: request_blocks(isl, c.block_size),
+                        shared_active_blocks: self.load.active_prefix(c.slot, &by_size[c.hashes].1),
                         load: c.load,
                     },
                     weights,
@@ -129,6 +148,9 @@ impl Router {
         let (route_mode, reason, p) = match (mode, chosen_prefill) {
             (ServingMode::Agg, _) => (RouteMode::Agg, policy::AGG_SERVING_MODE, None),
             (_, None) => (RouteMode::Agg, policy::AGG_NO_PREFILL_WORKERS, None),
+            (_, Some(_)) if choices > 1 => {
+                (RouteMode::Bypass, policy::BYPASS_MULTIPLE_CHOICES, None)
+            }
             (ServingMode::Disagg, Some(p)) => (RouteMode::Disagg, policy::DISAGG_ALWAYS, Some(p)),
             (ServingMode::Conditional, Some(p)) => {
                 let input = PolicyInput {
@@ -166,6 +188,13 @@ impl Router {
             eff_isl,
             reason: reason.to_string(),
         };
+        let ttl = self.config.load.kv_prediction_ms;
+        self.predictions
+            .predict(d.slot, &by_size[d.hashes].1, now_ms, ttl);
+        if let Some(p) = p {
+            self.predictions
+                .predict(p.slot, &by_size[p.hashes].1, now_ms, ttl);
+        }
         self.load.on_route(request_id, routed, now_ms);
         Ok(verdict)
     }

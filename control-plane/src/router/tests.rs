@@ -585,3 +585,101 @@ fn lost_lifecycle_reports_expire_with_routing_time() {
     assert_eq!(r.tracked_requests(), 2, "`lost` forgotten");
     assert_eq!(load(&r).in_flight, 2);
 }
+
+#[test]
+fn while_heartbeats_cannot_arrive_no_worker_expires_and_each_gets_a_window_after() {
+    let mut r = router_with(&[("decode-0", WorkerRole::Decode)]);
+    // Heard at 0, expires after 3 s; NATS goes away at 1 s and is back at 60 s.
+    r.set_heartbeats_reachable(false, 1_000);
+    assert!(r.expire_workers(59_000).is_empty());
+    assert!(
+        r.route("a", &prompt(1, 100), 59_000).is_ok(),
+        "still routable"
+    );
+    r.set_heartbeats_reachable(true, 60_000);
+    assert!(
+        r.expire_workers(62_999).is_empty(),
+        "a full window from the return"
+    );
+    assert!(r.route("b", &prompt(1, 100), 63_000).is_ok());
+    assert_eq!(
+        r.expire_workers(63_001).len(),
+        1,
+        "then silence counts again"
+    );
+}
+
+#[test]
+fn a_stall_of_the_caller_grants_every_worker_a_fresh_window() {
+    let mut r = router_with(&[
+        ("decode-0", WorkerRole::Decode),
+        ("decode-1", WorkerRole::Decode),
+    ]);
+    // The process was stopped from 500 ms to 5.5 s; nobody was heard meanwhile.
+    r.grant_liveness_grace(5_500);
+    assert!(r.expire_workers(5_600).is_empty());
+    // One worker's heartbeat arrives, the other has really gone.
+    r.upsert_worker(&info("decode-0", WorkerRole::Decode), 3_000, 7_000);
+    assert_eq!(r.expire_workers(8_501), vec![WorkerId("decode-1".into())]);
+}
+
+#[test]
+fn back_to_back_turns_stay_on_one_worker_before_its_kv_events_arrive() {
+    let mut r = router_with(&[
+        ("decode-0", WorkerRole::Decode),
+        ("decode-1", WorkerRole::Decode),
+        ("prefill-0", WorkerRole::Prefill),
+    ]);
+    // Four turns of a growing conversation, sent with no gap: no KV event arrives between.
+    let conversation = prompt(3, 4_000);
+    let mut workers = Vec::new();
+    for (turn, len) in [1_000, 2_000, 3_000, 4_000].into_iter().enumerate() {
+        let v = r
+            .route(&format!("t{turn}"), &conversation[..len], turn as u64)
+            .unwrap();
+        workers.push(v.decode.worker_id.0.clone());
+        if turn > 0 {
+            assert!(
+                v.cached_tokens as usize >= (len - 1_000) / BS as usize * BS as usize,
+                "turn {turn} counts the earlier turns as cached: {v:?}"
+            );
+        }
+    }
+    assert!(workers.iter().all(|w| *w == workers[0]), "{workers:?}");
+}
+
+#[test]
+fn predictions_run_out_and_can_be_turned_off() {
+    let mut r = pool();
+    // Heartbeats keep coming for this whole test; only predictions run out.
+    r.set_heartbeats_reachable(false, 0);
+    let p = prompt(4, 1_000);
+    r.route("a", &p, 0).unwrap();
+    let ttl = r.config().load.kv_prediction_ms;
+    assert!(r.route("b", &p, ttl - 1).unwrap().cached_tokens > 0);
+    assert_eq!(
+        r.route("c", &p, 2 * ttl + 1).unwrap().cached_tokens,
+        0,
+        "b's prediction ran out too"
+    );
+    let mut config = r.config().clone();
+    config.load.kv_prediction_ms = 0;
+    r.set_config(config).unwrap();
+    let q = prompt(5, 1_000);
+    r.route("d", &q, 3 * ttl).unwrap();
+    assert_eq!(r.route("e", &q, 3 * ttl + 1).unwrap().cached_tokens, 0);
+}
+
+#[test]
+fn several_choices_are_never_disaggregated() {
+    let mut r = pool();
+    let cold = prompt(6, 8_000);
+    let v = r.route_request("n2", &cold, 2, 0).unwrap();
+    assert_eq!(v.mode, RouteMode::Bypass);
+    assert_eq!(v.reason, crate::policy::BYPASS_MULTIPLE_CHOICES);
+    assert!(v.prefill.is_none());
+    assert_eq!(
+        r.route_request("n1", &prompt(7, 8_000), 1, 0).unwrap().mode,
+        RouteMode::Disagg
+    );
+}

@@ -33,6 +33,7 @@ impl Router {
                     .add_worker_with_capacity(slot, engine_table_size(info));
                 self.load.remove_worker(slot);
                 self.load.add_worker(slot, info.kv_capacity_blocks);
+                self.predictions.forget_worker(slot);
                 return WorkerChange::Restarted;
             }
             self.load
@@ -80,7 +81,7 @@ impl Router {
         let expired: Vec<WorkerId> = self
             .workers
             .iter()
-            .filter(|(_, w)| !w.is_live(now_ms))
+            .filter(|(_, w)| !self.is_live(w, now_ms))
             .map(|(id, _)| id.clone())
             .collect();
         for id in &expired {
@@ -99,6 +100,7 @@ impl Router {
             .reserved_blocks
             .saturating_sub(engine_table_size(&state.info));
         self.load.remove_worker(state.slot);
+        self.predictions.forget_worker(state.slot);
         self.slots[usize::from(state.slot.0)] = None;
         self.free_slots.push(state.slot.0);
     }
@@ -109,11 +111,4 @@ impl Router {
 fn engine_table_size(info: &WorkerInfo) -> usize {
     const CAP: u64 = 1 << 20;
     info.kv_capacity_blocks.min(CAP) as usize
-}
-
-impl WorkerState {
-    /// Whether the worker's last heartbeat is recent enough to route to it.
-    pub(super) fn is_live(&self, now_ms: u64) -> bool {
-        now_ms.saturating_sub(self.last_seen_ms) <= self.expires_after_ms
-    }
 }

@@ -9,12 +9,19 @@ use super::{Command, WorkerEntry, MIN_HEARTBEAT_INTERVAL_MS};
 use crate::metrics::{Metrics, RoleLabels};
 use crate::router::{KvCounters, Router, WorkerChange};
 
+/// A gap this long between two things the owner does (it ticks every
+/// [`super::EXPIRY_TICK`]) means the process or its host was stalled: heartbeats that arrived
+/// meanwhile could not be processed, so silence in it says nothing about the workers.
+pub const STALL_GAP_MS: u64 = 1_000;
+
 /// The owner's state: the router plus what it needs to timestamp and count.
 pub(super) struct Owner {
     router: Router,
     metrics: Metrics,
     heartbeat_misses: u32,
     started: Instant,
+    /// When the owner last did anything, ms since `started`.
+    last_active_ms: u64,
     /// Router KV counters already folded into the metrics.
     kv_seen: KvCounters,
 }
@@ -31,14 +38,28 @@ impl Owner {
             metrics,
             heartbeat_misses,
             started,
+            last_active_ms: 0,
             kv_seen: KvCounters::default(),
         };
         owner.update_worker_gauges();
         owner
     }
 
-    fn now_ms(&self) -> u64 {
-        u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)
+    /// Milliseconds since start; a jump of more than [`STALL_GAP_MS`] since the last call
+    /// grants every worker a fresh expiry window (see [`Router::grant_liveness_grace`]).
+    fn now_ms(&mut self) -> u64 {
+        let now = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let gap = now.saturating_sub(self.last_active_ms);
+        if gap > STALL_GAP_MS {
+            tracing::warn!(
+                gap_ms = gap,
+                "the control plane did not run for a while (stopped or starved); workers get a fresh heartbeat window"
+            );
+            self.metrics.stalls.inc();
+            self.router.grant_liveness_grace(now);
+        }
+        self.last_active_ms = now;
+        now
     }
 
     pub(super) fn handle(&mut self, command: Command) {
@@ -64,12 +85,22 @@ impl Owner {
                     self.router.apply_lifecycle(event, now_ms);
                 }
             }
-            Command::Route {
-                request_id,
-                tokens,
-                reply,
-            } => {
-                let _ = reply.send(self.router.route(&request_id, &tokens, now_ms));
+            Command::Route { request, reply } => {
+                let verdict = self.router.route_request(
+                    &request.request_id,
+                    &request.tokens,
+                    request.choices,
+                    now_ms,
+                );
+                let _ = reply.send(verdict);
+            }
+            Command::HeartbeatsReachable { reachable } => {
+                if reachable {
+                    tracing::info!("heartbeats reachable again: worker expiry resumes after a full heartbeat window");
+                } else {
+                    tracing::warn!("heartbeats unreachable (NATS down): keeping every known worker until they can arrive again");
+                }
+                self.router.set_heartbeats_reachable(reachable, now_ms);
             }
             Command::Workers { reply } => {
                 let _ = reply.send(self.worker_entries());
@@ -120,7 +151,8 @@ impl Owner {
     }
 
     fn expire(&mut self) {
-        let expired = self.router.expire_workers(self.now_ms());
+        let now_ms = self.now_ms();
+        let expired = self.router.expire_workers(now_ms);
         if !expired.is_empty() {
             for id in &expired {
                 tracing::info!(worker = %id, "worker expired (heartbeats stopped)");
@@ -162,5 +194,60 @@ impl Owner {
                 })
                 .set(i64::try_from(live).unwrap_or(i64::MAX));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use switchyard_protocol::worker::{WorkerHeartbeat, WorkerId, WorkerInfo, WorkerRole};
+    use tokio::sync::oneshot;
+
+    use super::*;
+
+    fn heartbeat(id: &str) -> Command {
+        let (reply, _) = oneshot::channel();
+        Command::Heartbeat {
+            heartbeat: WorkerHeartbeat {
+                v: 1,
+                worker: WorkerInfo {
+                    worker_id: WorkerId(id.into()),
+                    instance_id: 1,
+                    role: WorkerRole::Decode,
+                    address: "127.0.0.1:9000".into(),
+                    model: "m".into(),
+                    block_size: 16,
+                    kv_capacity_blocks: 100,
+                },
+                interval_ms: 1_000,
+                sent_at_ms: 0,
+                signature: None,
+            },
+            reply,
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stall_longer_than_the_heartbeat_window_expires_nobody() {
+        let metrics = Metrics::default();
+        let mut owner = Owner::new(Router::new(), metrics.clone(), 3, Instant::now());
+        owner.handle(heartbeat("decode-0"));
+        owner.tick();
+        // The process is stopped for 5 s (SIGSTOP): no tick, no heartbeat processed.
+        tokio::time::advance(Duration::from_secs(5)).await;
+        owner.tick();
+        assert_eq!(owner.router.workers().len(), 1, "not expired by the stall");
+        assert_eq!(metrics.stalls.get(), 1);
+        // Heartbeats really stop: ordinary expiry after the window.
+        for _ in 0..16 {
+            tokio::time::advance(Duration::from_millis(200)).await;
+            owner.tick();
+        }
+        assert!(
+            owner.router.workers().is_empty(),
+            "expired after the window"
+        );
+        assert_eq!(metrics.stalls.get(), 1, "ticks 200 ms apart are no stall");
     }
 }

@@ -10,7 +10,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{oneshot, Semaphore};
 
 use crate::api::{self, route::RequestIds, ApiState};
-use crate::consumers;
+use crate::consumers::{self, Admission};
 use crate::metrics::Metrics;
 use crate::router::Router;
 use crate::service::tokenizer::{
@@ -27,6 +27,9 @@ pub enum RunError {
     /// `--conditional-disagg-config` is invalid.
     #[error("invalid --conditional-disagg-config: {0}")]
     Config(String),
+    /// The registration secret cannot be read or is too short.
+    #[error(transparent)]
+    Registration(#[from] switchyard_bus::BusError),
     /// The listener has no local address.
     #[error("listener: {0}")]
     Listener(#[from] std::io::Error),
@@ -53,6 +56,24 @@ pub async fn run(
             })
         })??;
     run_with_tokenizer(settings, tokenizer, listener, nats, shutdown).await
+}
+
+/// Context length assumed when neither `--max-model-len` nor the model folder gives one.
+pub const DEFAULT_MAX_MODEL_LEN: u32 = 131_072;
+
+/// Tells the router owner whenever the NATS connection comes or goes, so it never expires a
+/// worker for heartbeats that could not arrive.
+async fn forward_reachability(nats: async_nats::Client, service: crate::service::ServiceHandle) {
+    let (mut connected, poller) = switchyard_bus::watch_connection(nats);
+    loop {
+        let reachable = *connected.borrow_and_update();
+        if service.heartbeats_reachable(reachable).await.is_err()
+            || connected.changed().await.is_err()
+        {
+            break;
+        }
+    }
+    poller.abort();
 }
 
 /// A process-unique prefix for made-up request ids: the start time.
@@ -89,13 +110,39 @@ pub async fn run_with_tokenizer(
     let config = settings
         .router_config()
         .map_err(|e| RunError::Config(e.to_string()))?;
+    let admission = match (
+        settings.registration.secret()?,
+        settings.allow_unsigned_registrations,
+    ) {
+        (Some(secret), _) => Admission::Signed(secret),
+        (None, true) => {
+            tracing::warn!("--allow-unsigned-registrations: any NATS client can register a worker and receive prompts; use --registration-secret-file outside development");
+            Admission::Unsigned
+        }
+        (None, false) => {
+            tracing::warn!(
+                "no --registration-secret-file: heartbeats from NATS register no worker"
+            );
+            Admission::Closed
+        }
+    };
+    let max_model_len = settings
+        .max_model_len
+        .or(tokenizer.context_length())
+        .unwrap_or(DEFAULT_MAX_MODEL_LEN);
+    tracing::info!(
+        max_model_len,
+        "longer prompts and larger max_tokens are refused"
+    );
     let router = Router::with_config(config, settings.seed);
     let (service, owner) = super::spawn(router, metrics.clone(), settings.heartbeat_misses);
     let consumer = tokio::spawn(consumers::run(
         nats.clone(),
         service.clone(),
         metrics.clone(),
+        admission,
     ));
+    let reachability = tokio::spawn(forward_reachability(nats.clone(), service.clone()));
 
     let permits = usize::try_from(settings.route_tokenize_threads)
         .unwrap_or(1)
@@ -108,6 +155,7 @@ pub async fn run_with_tokenizer(
         registry: Arc::new(registry),
         nats,
         max_route_body_bytes: settings.max_route_body_bytes,
+        max_model_len,
         request_ids: Arc::new(RequestIds::new(request_id_prefix())),
         cache_stats_seen: Arc::new(Mutex::new(SegmentCacheStats::default())),
     };
@@ -115,12 +163,9 @@ pub async fn run_with_tokenizer(
     let addr = listener.local_addr()?;
     tracing::info!("listening on {addr}");
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
-    let server = warp::serve(api::routes(state))
-        .incoming(listener)
-        .graceful(async move {
-            let _ = stop_rx.await;
-        })
-        .run();
+    let server = api::serve::serve(listener, api::routes(state), async move {
+        let _ = stop_rx.await;
+    });
     let mut server = Box::pin(server);
     tokio::select! {
         () = &mut server => tracing::warn!("HTTP server stopped by itself"),
@@ -134,7 +179,9 @@ pub async fn run_with_tokenizer(
     }
     drop(server);
     consumer.abort();
+    reachability.abort();
     let _ = consumer.await;
+    let _ = reachability.await;
     // The last ServiceHandle went with the server and the consumer: the owner ends.
     let _ = tokio::time::timeout(std::time::Duration::from_secs(1), owner).await;
     tracing::info!("stopped");

@@ -51,6 +51,11 @@ pub trait PromptTokenizer: Send + Sync + 'static {
     fn cache_stats(&self) -> SegmentCacheStats {
         SegmentCacheStats::default()
     }
+
+    /// The model's context length, when the tokenizer's model folder says.
+    fn context_length(&self) -> Option<u32> {
+        None
+    }
 }
 
 /// Why the model's tokenizer could not be loaded at start.
@@ -91,6 +96,10 @@ impl PromptTokenizer for ModelTokenizer {
             }
             other => TokenizeFailure::Internal(other.to_string()),
         })
+    }
+
+    fn context_length(&self) -> Option<u32> {
+        ModelTokenizer::context_length(self)
     }
 
     fn cache_stats(&self) -> SegmentCacheStats {

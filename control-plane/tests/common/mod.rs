@@ -45,11 +45,18 @@ impl Service {
         let addr = listener.local_addr().unwrap();
         settings.listen = addr;
         settings.shutdown_grace_secs = 2;
-        let nats = async_nats::ConnectOptions::new()
-            .retry_on_initial_connect()
-            .connect(nats_url)
-            .await
-            .expect("nats client");
+        // Tests register workers with plain heartbeats unless they test signed ones.
+        if settings.registration.registration_secret_file.is_none() {
+            settings.allow_unsigned_registrations = true;
+        }
+        // Connected as the binary connects (reconnects at most a second apart).
+        let nats = switchyard_bus::connect(
+            &switchyard_bus::NatsArgs::plain(nats_url),
+            "test-control-plane",
+            |_| async {},
+        )
+        .await
+        .expect("nats client");
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(async move {
             switchyard_control_plane::service::run_with_tokenizer(
@@ -165,16 +172,36 @@ pub fn worker(id: &str, role: WorkerRole, port: u16, instance: u64) -> WorkerInf
     }
 }
 
-/// Publishes a heartbeat for `info`.
+/// Publishes an unsigned heartbeat for `info` (the test services accept those, see
+/// [`Service::start`]).
 pub async fn heartbeat(nats: &async_nats::Client, info: &WorkerInfo, interval_ms: u64) {
-    let hb = WorkerHeartbeat {
-        v: 1,
-        worker: info.clone(),
-        interval_ms,
-    };
+    publish_heartbeat(
+        nats,
+        &WorkerHeartbeat {
+            v: 1,
+            worker: info.clone(),
+            interval_ms,
+            sent_at_ms: 0,
+            signature: None,
+        },
+    )
+    .await;
+}
+
+/// Unix milliseconds now (heartbeat signatures carry the send time).
+pub fn unix_now_ms() -> u64 {
+    #[allow(clippy::disallowed_methods)]
+    let now = std::time::SystemTime::now();
+    now.duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+/// Publishes a heartbeat message as it is.
+pub async fn publish_heartbeat(nats: &async_nats::Client, hb: &WorkerHeartbeat) {
     nats.publish(
         switchyard_protocol::subjects::HEARTBEAT,
-        serde_json::to_vec(&hb).unwrap().into(),
+        serde_json::to_vec(hb).unwrap().into(),
     )
     .await
     .unwrap();

@@ -22,11 +22,12 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let status = STATUSES[usize::from(*first) % STATUSES.len()];
-    let outcome = classify_route_response(status, body);
+    let reject = ["invalid_request", "teapot", ""][usize::from(*first) % 3];
+    let outcome = classify_route_response(status, Some(reject), body);
     if let Some(destination) = outcome.destination() {
         assert!(is_valid_endpoint_address(destination));
     }
-    let _ = classify_prefill_answer(status, body, u32::from(*first % 3), 1);
+    let _ = classify_prefill_answer(status, u32::from(*first % 3), 1);
     let mut tail = Tail::default();
     for chunk in body.chunks(usize::from(*first).max(1)) {
         tail.push(chunk);

@@ -1,5 +1,10 @@
-//! Per-request context: strip, buffer, check, ask the control plane, run the prefill leg,
+//! Per-request context: strip, screen, buffer, ask the control plane, run the prefill leg,
 //! set the destination, annotate, report.
+//!
+//! A request is always in exactly one [`Phase`]; each carries the data that phase needs and
+//! nothing else, and the callbacks move it on with the pure decisions of the sibling modules
+//! (`request`, `body`, `verdict`, `prefill`, `outcome`). Only this module and its submodules
+//! make hostcalls.
 //!
 //! Phase rules that shape this code:
 //! - Request headers may be changed while the request is paused, including from a call-back:
@@ -9,14 +14,15 @@
 //!   load balancer see the new destination.
 //! - Pausing in the headers phase matters: were headers to continue, the router would pick
 //!   an upstream host before the body (and so the verdict) exists. It also keeps
-//!   `content-length` writable until the body is final (the decode leg's body is rewritten).
+//!   `content-length` writable until the body is final (a screened or decode body is
+//!   rewritten).
 //! - The body callback returns `Pause` (StopIterationAndBuffer) until `end_of_stream`; the
 //!   buffered body stays readable and replaceable (`set_buffer`) from call-backs until the
 //!   request resumes.
 //! - Response headers are only writable in `on_http_response_headers`.
 //!
-//! Submodules: `route_call` (body check, route call, verdict), `prefill_leg` (the
-//! disaggregated path), `response` (annotations, lifecycle).
+//! Submodules: `route_call` (screening, the route call, the verdict), `prefill_leg` (the
+//! disaggregated path), `response` (annotations, lifecycle, releases).
 
 mod prefill_leg;
 mod response;
@@ -29,14 +35,14 @@ use log::{debug, warn};
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action, BufferType};
-use switchyard_protocol::route::{ApiKind, BYPASS_HEADER, DESTINATION_HEADER, REQUEST_ID_HEADER};
+use switchyard_protocol::route::{ApiKind, REJECT_HEADER, REQUEST_ID_HEADER, ROUTE_HEADER};
 
 use crate::body::{self, RequestDoc};
 use crate::lifecycle::Tail;
-use crate::outcome::Served;
-use crate::request::{choose_request_id, headers_to_strip, routable_api};
+use crate::outcome::{Rejection, Served};
+use crate::request::{canonical_path, choose_request_id, headers_to_strip, routable_api};
 use crate::root::{increment, Shared};
-use crate::verdict::{classify_route_response, FailOpenReason, RouteOutcome};
+use crate::verdict::{classify_route_response, FailOpenReason};
 
 /// Response header naming the `host:port` the filter routed to.
 pub const DESTINATION_RESPONSE_HEADER: &str = "x-switchyard-destination";
@@ -47,44 +53,68 @@ pub const PREFILL_RESPONSE_HEADER: &str = "x-switchyard-prefill";
 /// to what is buffered; `max_body_bytes` is checked on the size read).
 const MAX_TRAILERS_BODY_READ: usize = 256 << 20;
 
-/// The outstanding call of a paused request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Pending {
-    Route(u32),
-    Prefill(u32),
+/// The disaggregated path of a request, from the verdict on.
+#[derive(Debug)]
+struct PrefillLeg {
+    /// The client's body, parsed (the decode leg is built from it).
+    doc: RequestDoc,
+    /// The verdict's decode worker.
+    decode: String,
+    /// The verdict's prefill worker.
+    prefill: String,
+    /// Retries made so far.
+    retries: u32,
+    /// When the first attempt was dispatched (ms, host clock).
+    started_ms: u64,
+}
+
+/// Where a request is.
+#[derive(Debug)]
+enum Phase {
+    /// Not a routed API request: its body (it has one) is buffered to be screened.
+    Screening,
+    /// An API request whose body is buffering.
+    Buffering(ApiKind),
+    /// Waiting for the answer to route call `token`; `doc` is the body if screening parsed it.
+    AwaitingVerdict { token: u32, doc: Option<RequestDoc> },
+    /// The prefill leg's attempt `token` is in flight.
+    Prefilling { token: u32, leg: PrefillLeg },
+    /// Handed to Envoy (or answered by the filter) as `served`. `prefill` is the verdict's
+    /// prefill worker; `hold` the KV it holds for this request's decode leg, to release if
+    /// that leg fails or never comes.
+    Done {
+        served: Served,
+        prefill: Option<String>,
+        hold: Option<String>,
+    },
+    /// Nothing for the filter to do (headers not seen yet, a bodiless or screened request).
+    Passing,
+}
+
+/// The response as seen so far (for annotations and lifecycle reports).
+#[derive(Debug, Default)]
+struct ResponseSide {
+    status: Option<u16>,
+    first_bytes_reported: bool,
+    complete: bool,
+    tail: Tail,
 }
 
 /// State of one request. Holds nothing but what this request needs.
 pub(crate) struct SwitchyardRequest {
     context_id: u32,
     shared: Rc<Shared>,
-    /// Set when the request is one we route (POST to an OpenAI path with a body).
-    api: Option<ApiKind>,
+    phase: Phase,
     request_id: String,
-    /// `:path` and `:authority` of the client request (the prefill leg reuses them).
+    /// `:path` (canonical, query kept) and `:authority` of the client request; the prefill
+    /// leg reuses them.
     path: String,
     authority: String,
     /// Whether the client sent `content-length` (kept correct when the body is rewritten).
     had_content_length: bool,
     /// Size of the buffered body as Envoy holds it (what a rewrite replaces).
     body_len: usize,
-    /// The parsed body, kept for the decode leg's rewrite.
-    doc: Option<RequestDoc>,
-    pending: Option<Pending>,
-    /// The verdict.
-    verdict: Option<RouteOutcome>,
-    /// What happened, for the response header and the reports.
-    served: Option<Served>,
-    /// Prefill-leg state.
-    prefill_retries_done: u32,
-    prefill_started_ms: u64,
-    /// Response side.
-    response_status: Option<u16>,
-    first_token_reported: bool,
-    response_complete: bool,
-    tail: Tail,
-    /// A local reply (413) was sent: nothing else to do.
-    replied: bool,
+    response: ResponseSide,
 }
 
 impl SwitchyardRequest {
@@ -92,80 +122,59 @@ impl SwitchyardRequest {
         SwitchyardRequest {
             context_id,
             shared,
-            api: None,
+            phase: Phase::Passing,
             request_id: String::new(),
             path: String::new(),
             authority: String::new(),
             had_content_length: false,
             body_len: 0,
-            doc: None,
-            pending: None,
-            verdict: None,
-            served: None,
-            prefill_retries_done: 0,
-            prefill_started_ms: 0,
-            response_status: None,
-            first_token_reported: false,
-            response_complete: false,
-            tail: Tail::default(),
-            replied: false,
+            response: ResponseSide::default(),
         }
     }
 
-    fn now(&self) -> std::time::Duration {
+    fn now_ms(&self) -> u64 {
         // The host's clock (a hostcall, not std's).
         self.get_current_time()
             .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
             .unwrap_or_default()
     }
 
-    /// Whether the request still waits for the filter (routed, body not yet handled).
-    fn routing_open(&self) -> bool {
-        self.api.is_some() && self.served.is_none() && self.pending.is_none() && !self.replied
-    }
-
-    /// Answers 413 with an OpenAI-style error without contacting anyone.
-    fn reply_too_large(&mut self, size: u64) {
-        let limit = self.shared.config.max_body_bytes;
-        increment(self.shared.stats.oversized_body_total, 1);
-        debug!(
-            "#{} {} body of {size} bytes over {limit}: 413",
-            self.context_id, self.request_id
-        );
-        let body = body::too_large_error(size, limit);
-        if let Err(status) = hostcalls::send_http_response(
-            413,
-            vec![("content-type", "application/json")],
-            Some(&body),
-        ) {
-            warn!("#{} cannot send the 413: {status:?}", self.context_id);
-        }
-        self.replied = true;
-    }
-
-    /// Records the final outcome and, when a decode worker was chosen, names it for Envoy.
-    fn finish(&mut self, served: Served, bypass: bool) {
-        if let Some(destination) = served.destination() {
-            self.set_http_request_header(DESTINATION_HEADER, Some(destination));
-        }
-        if bypass {
-            self.set_http_request_header(BYPASS_HEADER, Some("true"));
-        }
-        if let Served::Fallback { reason, .. } = &served {
-            increment(self.shared.stats.for_fallback(*reason), 1);
-            warn!(
-                "#{} {} falls back to local prefill: {reason}",
-                self.context_id, self.request_id
-            );
+    /// Answers the client without contacting anyone, as `rejection` with `status` and an
+    /// OpenAI-style `body`; the request is done.
+    fn reject(&mut self, rejection: Rejection, status: u16, body: &[u8]) {
+        for id in self.shared.stats.for_rejection(rejection) {
+            increment(id, 1);
         }
         debug!(
-            "#{} {} -> {:?} ({})",
+            "#{} {} rejected ({}): {status}",
             self.context_id,
             self.request_id,
-            served.destination(),
-            served.mode_label()
+            rejection.as_str()
         );
-        self.served = Some(served);
+        let served = Served::Rejected(rejection);
+        let route = served.route_header_value();
+        if let Err(status) = hostcalls::send_http_response(
+            u32::from(status),
+            vec![("content-type", "application/json"), (ROUTE_HEADER, &route)],
+            Some(body),
+        ) {
+            warn!("#{} cannot send a local reply: {status:?}", self.context_id);
+        }
+        self.phase = Phase::Done {
+            served,
+            prefill: None,
+            hold: None,
+        };
+    }
+
+    fn reply_too_large(&mut self, size: u64) {
+        let limit = self.shared.config.max_body_bytes;
+        self.reject(
+            Rejection::TooLarge,
+            413,
+            &body::too_large_error(size, limit),
+        );
     }
 
     /// Replaces the buffered body (and keeps `content-length` true). False if Envoy refused.
@@ -187,6 +196,57 @@ impl SwitchyardRequest {
             }
         }
     }
+
+    /// Whether the body callbacks still have work: the body is being buffered.
+    fn buffering(&self) -> bool {
+        matches!(self.phase, Phase::Screening | Phase::Buffering(_))
+    }
+
+    /// The complete buffered body arrived (`size` bytes at most): screen it and move on.
+    /// Returns the body or trailers callback's action.
+    fn on_complete_body(&mut self, size: usize) -> Action {
+        let body = self.get_http_request_body(0, size).unwrap_or_default();
+        if body.len() as u64 > self.shared.config.max_body_bytes {
+            self.reply_too_large(body.len() as u64);
+            return Action::Pause;
+        }
+        self.body_len = body.len();
+        match self.phase {
+            Phase::Buffering(api) => self.route_body(api, body),
+            _ => self.pass_screened(&body),
+        }
+    }
+
+    /// A request the filter does not route: strip steering keys from a JSON object body;
+    /// refuse a body that is not one yet might still steer a worker; pass everything else.
+    fn pass_screened(&mut self, body: &[u8]) -> Action {
+        self.phase = Phase::Passing;
+        match body::screen(body) {
+            body::Screened::Clean => Action::Continue,
+            body::Screened::Stripped { body, .. } => {
+                if self.replace_body(&body) {
+                    increment(self.shared.stats.client_steering_stripped_total, 1);
+                    Action::Continue
+                } else {
+                    self.reject(
+                        Rejection::Body(body::InvalidBody::NotJson),
+                        400,
+                        &body::invalid_body_error(body::InvalidBody::NotJson),
+                    );
+                    Action::Pause
+                }
+            }
+            body::Screened::Invalid(invalid) if body::may_steer(body) => {
+                self.reject(
+                    Rejection::Body(invalid),
+                    400,
+                    &body::invalid_body_error(invalid),
+                );
+                Action::Pause
+            }
+            body::Screened::Invalid(_) => Action::Continue,
+        }
+    }
 }
 
 impl Context for SwitchyardRequest {
@@ -201,16 +261,16 @@ impl Context for SwitchyardRequest {
         let body = self
             .get_http_call_response_body(0, body_size)
             .unwrap_or_default();
-        match self.pending {
-            Some(Pending::Route(token)) if token == token_id => {
-                self.pending = None;
-                self.apply_verdict(classify_route_response(status.as_deref(), &body));
+        match std::mem::replace(&mut self.phase, Phase::Passing) {
+            Phase::AwaitingVerdict { token, doc } if token == token_id => {
+                let reject = self.get_http_call_response_header(REJECT_HEADER);
+                let outcome = classify_route_response(status.as_deref(), reject.as_deref(), &body);
+                self.apply_verdict(outcome, doc, &body);
             }
-            Some(Pending::Prefill(token)) if token == token_id => {
-                self.pending = None;
-                self.on_prefill_answer(status.as_deref(), &body);
+            Phase::Prefilling { token, leg } if token == token_id => {
+                self.on_prefill_answer(status.as_deref(), &body, leg);
             }
-            _ => {}
+            other => self.phase = other,
         }
     }
 }
@@ -223,15 +283,14 @@ impl HttpContext for SwitchyardRequest {
             self.set_http_request_header(name, None);
             increment(self.shared.stats.stripped_headers_total, 1);
         }
-
-        let method = self.get_http_request_header(":method");
-        let path = self.get_http_request_header(":path");
-        let Some(api) = routable_api(method.as_deref(), path.as_deref()) else {
-            return Action::Continue;
-        };
-        self.api = Some(api);
         if end_of_stream {
-            self.fail_open(FailOpenReason::EmptyBody);
+            // No body: nothing to screen. A routed API request without one has nothing to
+            // route on either: it fails open.
+            let method = self.get_http_request_header(":method");
+            let path = self.get_http_request_header(":path");
+            if routable_api(method.as_deref(), path.as_deref()).is_some() {
+                self.fail_open(FailOpenReason::EmptyBody);
+            }
             return Action::Continue;
         }
         let content_length = self.get_http_request_header("content-length");
@@ -243,9 +302,25 @@ impl HttpContext for SwitchyardRequest {
                 return Action::Pause;
             }
         }
-
+        let method = self.get_http_request_header(":method");
+        let path = self.get_http_request_header(":path").unwrap_or_default();
+        let Some(api) = routable_api(method.as_deref(), Some(&path)) else {
+            // Not routed, but its body is screened before anything passes on.
+            self.phase = Phase::Screening;
+            return Action::Pause;
+        };
+        // The worker gets the path its router matches, whatever spelling the client used.
+        let query = path.find('?').map(|i| &path[i..]).unwrap_or("");
+        let canonical = format!("{}{query}", canonical_path(&path).unwrap_or_default());
+        if canonical != path {
+            self.set_http_request_header(":path", Some(&canonical));
+        }
         let existing = self.get_http_request_header(REQUEST_ID_HEADER);
-        let now_nanos = self.now().as_nanos();
+        let now_nanos = self
+            .get_current_time()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos();
         let (request_id, generated) =
             choose_request_id(existing.as_deref(), self.context_id, now_nanos);
         if generated {
@@ -253,20 +328,23 @@ impl HttpContext for SwitchyardRequest {
             self.set_http_request_header(REQUEST_ID_HEADER, Some(&request_id));
         }
         self.request_id = request_id;
-        self.path = path.unwrap_or_default();
+        self.path = canonical;
         self.authority = self
             .get_http_request_header(":authority")
             .unwrap_or_default();
+        self.phase = Phase::Buffering(api);
         // Hold the headers until the verdict: the router must not pick a host yet.
         Action::Pause
     }
 
     fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
-        if !self.routing_open() {
-            return if self.replied {
-                Action::Pause
-            } else {
-                Action::Continue
+        if !self.buffering() {
+            return match self.phase {
+                Phase::Done {
+                    served: Served::Rejected(_),
+                    ..
+                } => Action::Pause,
+                _ => Action::Continue,
             };
         }
         if body_size as u64 > self.shared.config.max_body_bytes {
@@ -278,20 +356,20 @@ impl HttpContext for SwitchyardRequest {
             // StopIterationAndBuffer: Envoy keeps the chunks; at the end `body_size` is all.
             return Action::Pause;
         }
-        self.route_buffered_body(body_size)
+        self.on_complete_body(body_size)
     }
 
     fn on_http_request_trailers(&mut self, _num_trailers: usize) -> Action {
         // A body that ends in trailers (HTTP/2 clients may send them) never reaches
         // `end_of_stream` in the body callback; the buffered body is complete now.
-        if !self.routing_open() {
+        if !self.buffering() {
             return Action::Continue;
         }
-        self.route_buffered_body(MAX_TRAILERS_BODY_READ)
+        self.on_complete_body(MAX_TRAILERS_BODY_READ)
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
-        self.annotate_response(end_of_stream);
+        self.on_response_headers(end_of_stream);
         Action::Continue
     }
 
@@ -301,6 +379,6 @@ impl HttpContext for SwitchyardRequest {
     }
 
     fn on_log(&mut self) {
-        self.report_done();
+        self.on_request_end();
     }
 }

@@ -1,44 +1,91 @@
-//! The response side: annotations, and the lifecycle reports that let the control plane free
-//! predicted load (first bytes = prefill done; end of stream = request done, with `usage`).
+//! Handing the request to Envoy, and the response side: annotations, the lifecycle reports
+//! that let the control plane free predicted load (first bytes = prefill done; end of stream
+//! = request done, with `usage`), and the release of KV a prefill worker holds for a decode
+//! leg that failed or never came.
 
+use log::{debug, warn};
 use proxy_wasm::traits::HttpContext;
 use switchyard_protocol::lifecycle::LifecycleEvent;
-use switchyard_protocol::route::ROUTE_HEADER;
+use switchyard_protocol::route::{BYPASS_HEADER, DESTINATION_HEADER, ROUTE_HEADER};
 
-use super::{SwitchyardRequest, DESTINATION_RESPONSE_HEADER, PREFILL_RESPONSE_HEADER};
+use super::{Phase, SwitchyardRequest, DESTINATION_RESPONSE_HEADER, PREFILL_RESPONSE_HEADER};
 use crate::lifecycle::{usage_from_tail, TAIL_BYTES};
 use crate::outcome::Served;
-use crate::verdict::RouteOutcome;
+use crate::root::{increment, Release};
 
 impl SwitchyardRequest {
+    /// Records how the request is served and, when a decode worker was chosen, names it for
+    /// Envoy. `prefill` is the verdict's prefill worker, `hold` the KV it holds for this
+    /// request's decode leg.
+    pub(super) fn forward(
+        &mut self,
+        served: Served,
+        prefill: Option<String>,
+        hold: Option<String>,
+    ) {
+        if let Some(destination) = served.destination() {
+            self.set_http_request_header(DESTINATION_HEADER, Some(destination));
+        }
+        if matches!(
+            served,
+            Served::Routed {
+                mode: switchyard_protocol::route::RouteMode::Bypass,
+                ..
+            }
+        ) {
+            self.set_http_request_header(BYPASS_HEADER, Some("true"));
+        }
+        if let Served::Fallback { reason, .. } = &served {
+            increment(self.shared.stats.for_fallback(*reason), 1);
+            warn!(
+                "#{} {} falls back to local prefill: {reason}",
+                self.context_id, self.request_id
+            );
+        }
+        debug!(
+            "#{} {} -> {:?} ({})",
+            self.context_id,
+            self.request_id,
+            served.destination(),
+            served.mode_label()
+        );
+        self.phase = Phase::Done {
+            served,
+            prefill,
+            hold,
+        };
+    }
+
     /// Reports go for every request the control plane made a verdict for: it predicted load
     /// for them. That includes a request whose client left during the prefill leg (`done`
     /// with `ok: false`), so its load is freed too.
     fn wants_reports(&self) -> bool {
         self.shared.config.lifecycle_reports
-            && matches!(self.verdict, Some(RouteOutcome::Routed { .. }))
+            && match &self.phase {
+                Phase::Done { served, .. } => served.has_verdict(),
+                Phase::Prefilling { .. } => true,
+                _ => false,
+            }
     }
 
-    /// Sets `x-switchyard-route`, `x-switchyard-destination`, `x-switchyard-prefill`.
-    pub(super) fn annotate_response(&mut self, end_of_stream: bool) {
-        self.response_status = self
+    /// Sets `x-switchyard-route`, `x-switchyard-destination`, `x-switchyard-prefill`; gives
+    /// up the prefill worker's hold if the decode worker refused the handoff.
+    pub(super) fn on_response_headers(&mut self, end_of_stream: bool) {
+        self.response.status = self
             .get_http_response_header(":status")
             .and_then(|s| s.parse().ok());
         if end_of_stream {
-            self.response_complete = true;
+            self.response.complete = true;
         }
-        let Some(served) = &self.served else {
+        let Phase::Done {
+            served, prefill, ..
+        } = &self.phase
+        else {
             return;
         };
         let value = served.route_header_value();
         let destination = served.destination().map(str::to_string);
-        let prefill = match (&self.verdict, served) {
-            (
-                Some(RouteOutcome::Routed { prefill, .. }),
-                Served::Routed { .. } | Served::Fallback { .. },
-            ) => prefill.clone(),
-            _ => None,
-        };
+        let prefill = prefill.clone();
         self.set_http_response_header(ROUTE_HEADER, Some(&value));
         if let Some(destination) = destination {
             self.set_http_response_header(DESTINATION_RESPONSE_HEADER, Some(&destination));
@@ -46,44 +93,79 @@ impl SwitchyardRequest {
         if let Some(prefill) = prefill {
             self.set_http_response_header(PREFILL_RESPONSE_HEADER, Some(&prefill));
         }
+        let refused = self
+            .response
+            .status
+            .is_none_or(|code| !(200..300).contains(&code));
+        if refused {
+            self.release_hold("the decode leg was answered with an error");
+        }
     }
 
     /// Reports the first response bytes and keeps the response's tail for `usage`; the body
     /// itself streams on untouched.
     pub(super) fn observe_response_body(&mut self, body_size: usize, end_of_stream: bool) {
         if end_of_stream {
-            self.response_complete = true;
+            self.response.complete = true;
         }
         if !self.wants_reports() || body_size == 0 {
             return;
         }
-        if !self.first_token_reported {
-            self.first_token_reported = true;
+        if !self.response.first_bytes_reported {
+            self.response.first_bytes_reported = true;
             self.shared.report(LifecycleEvent::FirstToken {
                 request_id: self.request_id.clone(),
             });
         }
         let keep = body_size.min(TAIL_BYTES);
         if let Some(bytes) = self.get_http_response_body(body_size - keep, keep) {
-            self.tail.push(&bytes);
+            self.response.tail.push(&bytes);
         }
     }
 
-    /// At the end of the stream (or when the client went away): `done` with what is known.
-    pub(super) fn report_done(&mut self) {
+    /// The request is over (done, or the client went away): `done` with what is known, and
+    /// the hold given up if no decode worker ever answered.
+    pub(super) fn on_request_end(&mut self) {
+        if self.response.status.is_none() {
+            self.release_hold("the client left before the decode leg answered");
+        }
         if !self.wants_reports() {
             return;
         }
-        let usage = usage_from_tail(self.tail.as_bytes()).unwrap_or_default();
-        let ok = self.response_complete
+        let usage = usage_from_tail(self.response.tail.as_bytes()).unwrap_or_default();
+        let ok = self.response.complete
             && self
-                .response_status
+                .response
+                .status
                 .is_some_and(|code| (200..300).contains(&code));
         self.shared.report(LifecycleEvent::Done {
             request_id: self.request_id.clone(),
             prompt_tokens: usage.prompt_tokens,
             completion_tokens: usage.completion_tokens,
             ok,
+        });
+    }
+
+    /// Queues the release of the prefill worker's hold, once (the root context sends it).
+    fn release_hold(&mut self, why: &str) {
+        let Phase::Done {
+            prefill: Some(prefill),
+            hold,
+            ..
+        } = &mut self.phase
+        else {
+            return;
+        };
+        let Some(hold) = hold.take() else {
+            return;
+        };
+        debug!(
+            "#{} {} releases hold {hold} on {prefill}: {why}",
+            self.context_id, self.request_id
+        );
+        self.shared.release(Release {
+            prefill: prefill.clone(),
+            hold,
         });
     }
 }

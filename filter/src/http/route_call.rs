@@ -1,72 +1,71 @@
-//! The route call: the body check, `POST /v1/route`, and applying the verdict (route now, or
-//! start the prefill leg while the request stays paused).
+//! The route call: the screened body to `POST /v1/route`, and the verdict applied (route now,
+//! relay a refusal, or start the prefill leg while the request stays paused).
 
 use log::{debug, warn};
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action;
 use switchyard_protocol::route::{ApiKind, RouteMode, API_HEADER, REQUEST_ID_HEADER, ROUTE_PATH};
 
-use super::{Pending, SwitchyardRequest};
-use crate::body::{self, RequestDoc};
-use crate::outcome::{FallbackReason, Served};
+use super::{Phase, SwitchyardRequest};
+use crate::body::{self, RequestDoc, Screened};
+use crate::outcome::{FallbackReason, Rejection, Served};
 use crate::root::increment;
 use crate::verdict::{FailOpenReason, RouteOutcome};
 
 impl SwitchyardRequest {
-    /// Reads the complete buffered body (up to `size` bytes), checks it, and dispatches the
-    /// route call. Returns the action for the body/trailers callback.
-    pub(super) fn route_buffered_body(&mut self, size: usize) -> Action {
-        let Some(api) = self.api else {
-            return Action::Continue;
-        };
-        let body = self.get_http_request_body(0, size).unwrap_or_default();
-        if body.len() as u64 > self.shared.config.max_body_bytes {
-            self.reply_too_large(body.len() as u64);
-            return Action::Pause;
-        }
-        self.body_len = body.len();
+    /// A routed API request's complete body: screen it, then ask the control plane. Returns
+    /// the body or trailers callback's action.
+    pub(super) fn route_body(&mut self, api: ApiKind, body: Vec<u8>) -> Action {
         if body.is_empty() {
             self.fail_open(FailOpenReason::EmptyBody);
             return Action::Continue;
         }
-        let valid = match body::inspect(api, &body) {
-            Ok(valid) => valid,
-            Err(invalid) => {
-                increment(self.shared.stats.invalid_body_total, 1);
-                debug!(
-                    "#{} {} invalid body: {invalid}",
-                    self.context_id, self.request_id
+        let (body, doc) = match body::screen(&body) {
+            Screened::Clean => (body, None),
+            Screened::Stripped {
+                doc,
+                body: stripped,
+                ..
+            } => {
+                // A client must not make a worker reach a host of its choosing.
+                if !self.replace_body(&stripped) {
+                    let invalid = body::InvalidBody::NotJson;
+                    self.reject(
+                        Rejection::Body(invalid),
+                        400,
+                        &body::invalid_body_error(invalid),
+                    );
+                    return Action::Pause;
+                }
+                increment(self.shared.stats.client_steering_stripped_total, 1);
+                (stripped, Some(doc))
+            }
+            Screened::Invalid(invalid) => {
+                self.reject(
+                    Rejection::Body(invalid),
+                    400,
+                    &body::invalid_body_error(invalid),
                 );
-                self.served = Some(Served::InvalidBody(invalid));
-                return Action::Continue;
+                return Action::Pause;
             }
         };
-        let mut body = body;
-        if valid.has_client_kv_params {
-            // A client must not make a decode worker pull KV from a host of its choosing.
-            if let Ok(mut doc) = RequestDoc::parse(&body) {
-                doc.strip_kv_params();
-                if let Ok(stripped) = doc.to_bytes() {
-                    if self.replace_body(&stripped) {
-                        increment(self.shared.stats.client_kv_params_stripped_total, 1);
-                        body = stripped;
-                        self.doc = Some(doc);
-                    }
-                }
+        match self.dispatch_route_call(api, &body) {
+            Some(token) => {
+                self.phase = Phase::AwaitingVerdict { token, doc };
+                Action::Pause
             }
-        }
-        if self.dispatch_route_call(api, &body) {
-            Action::Pause
-        } else {
-            self.fail_open(FailOpenReason::DispatchFailed);
-            Action::Continue
+            None => {
+                self.fail_open(FailOpenReason::DispatchFailed);
+                Action::Continue
+            }
         }
     }
 
+    /// No verdict: Envoy's fallback load balancer picks the worker.
     pub(super) fn fail_open(&mut self, reason: FailOpenReason) {
         let outcome = RouteOutcome::FailOpen(reason);
         self.count_verdict(&outcome);
-        self.finish(Served::from_outcome(&outcome), false);
+        self.forward(Served::from_outcome(&outcome), None, None);
     }
 
     fn count_verdict(&self, outcome: &RouteOutcome) {
@@ -94,9 +93,9 @@ impl SwitchyardRequest {
         }
     }
 
-    /// Sends the buffered body to the control plane. Returns false if the call could not
-    /// even be dispatched.
-    fn dispatch_route_call(&mut self, api: ApiKind, body: &[u8]) -> bool {
+    /// Sends the screened body to the control plane; `None` if the call could not even be
+    /// dispatched.
+    fn dispatch_route_call(&mut self, api: ApiKind, body: &[u8]) -> Option<u32> {
         let config = &self.shared.config;
         let headers = vec![
             (":method", "POST"),
@@ -106,70 +105,62 @@ impl SwitchyardRequest {
             (API_HEADER, api.as_str()),
             (REQUEST_ID_HEADER, self.request_id.as_str()),
         ];
-        let result = self.dispatch_http_call(
+        match self.dispatch_http_call(
             &config.control_plane_cluster,
             headers,
             Some(body),
             vec![],
             config.route_timeout(),
-        );
-        match result {
+        ) {
             Ok(token) => {
-                self.pending = Some(Pending::Route(token));
                 increment(self.shared.stats.route_calls_total, 1);
-                true
+                Some(token)
             }
             Err(status) => {
                 warn!("#{} dispatch_http_call failed: {status:?}", self.context_id);
-                false
+                None
             }
         }
     }
 
-    /// Applies the verdict: route, or start the prefill leg (the request stays paused).
-    pub(super) fn apply_verdict(&mut self, outcome: RouteOutcome) {
-        self.count_verdict(&outcome);
-        self.verdict = Some(outcome.clone());
+    /// Applies the route call's outcome. `doc` is the body if screening parsed it; `answer`
+    /// is the route answer's body (relayed to the client on a refusal).
+    pub(super) fn apply_verdict(
+        &mut self,
+        outcome: RouteOutcome,
+        doc: Option<RequestDoc>,
+        answer: &[u8],
+    ) {
         match outcome {
+            RouteOutcome::Rejected { status, reason } => {
+                // The client's own mistake, in the engine's words: its 4xx as it is.
+                self.reject(Rejection::ControlPlane(reason), status, answer);
+            }
             RouteOutcome::Routed {
                 mode: RouteMode::Disagg,
                 destination,
-                prefill: Some(prefill),
+                prefill,
             } => {
-                if !self.start_prefill_leg(&prefill) {
-                    self.finish(
-                        Served::Fallback {
-                            reason: FallbackReason::PrefillFailed,
+                self.count_verdict(&RouteOutcome::Routed {
+                    mode: RouteMode::Disagg,
+                    destination: destination.clone(),
+                    prefill: prefill.clone(),
+                });
+                match prefill {
+                    Some(prefill) => self.start_prefill_leg(doc, destination, prefill),
+                    None => {
+                        let served = Served::Fallback {
+                            reason: FallbackReason::NoPrefillWorker,
                             destination,
-                        },
-                        false,
-                    );
-                    self.resume_http_request();
+                        };
+                        self.forward(served, None, None);
+                        self.resume_http_request();
+                    }
                 }
             }
-            RouteOutcome::Routed {
-                mode: RouteMode::Disagg,
-                destination,
-                prefill: None,
-            } => {
-                self.finish(
-                    Served::Fallback {
-                        reason: FallbackReason::NoPrefillWorker,
-                        destination,
-                    },
-                    false,
-                );
-                self.resume_http_request();
-            }
             other => {
-                let bypass = matches!(
-                    other,
-                    RouteOutcome::Routed {
-                        mode: RouteMode::Bypass,
-                        ..
-                    }
-                );
-                self.finish(Served::from_outcome(&other), bypass);
+                self.count_verdict(&other);
+                self.forward(Served::from_outcome(&other), None, None);
                 self.resume_http_request();
             }
         }

@@ -76,6 +76,7 @@ pub struct ModelTokenizer {
     tool_use_template: Option<ChatTemplate>,
     special_tokens: Vec<(&'static str, String)>,
     eos_token_id: Option<u32>,
+    context_length: Option<u32>,
     splitter: AddedTokenSplitter,
     /// Ids the post-processor puts before and after a single text with
     /// `add_special_tokens=True`; `None` if they could not be derived (then such texts are
@@ -147,6 +148,7 @@ impl ModelTokenizer {
             tool_use_template: compile(&files.tool_use_template)?,
             special_tokens: files.special_tokens,
             eos_token_id,
+            context_length: files.context_length,
             splitter,
             special_wrap,
             cache: SegmentCache::new(cache_bytes),
@@ -177,6 +179,12 @@ impl ModelTokenizer {
                 } => self.encode_text(text, add_special_tokens),
             },
         }
+    }
+
+    /// The model's context length in tokens, when its folder says (`config.json`'s
+    /// `max_position_embeddings`, else `tokenizer_config.json`'s `model_max_length`).
+    pub fn context_length(&self) -> Option<u32> {
+        self.context_length
     }
 
     /// The chat template's output for a chat body (`messages`, `tools`,

@@ -30,6 +30,8 @@ pub(crate) struct ModelFiles {
     pub tool_use_template: Option<String>,
     /// `bos_token`, `eos_token`, ... as set in the config.
     pub special_tokens: Vec<(&'static str, String)>,
+    /// The model's context length, if the folder says (see [`context_length`]).
+    pub context_length: Option<u32>,
 }
 
 /// Loads the folder.
@@ -93,12 +95,31 @@ pub(crate) fn load(dir: &Path) -> Result<ModelFiles, TokenizeError> {
             std::fs::read_to_string(&jinja_path).map_err(|e| dir_err(jinja_path, e.to_string()))?,
         );
     }
+    let model_config: Option<Json> = std::fs::read_to_string(dir.join("config.json"))
+        .ok()
+        .and_then(|text| serde_json::from_str(&text).ok());
     Ok(ModelFiles {
         tokenizer,
         chat_template,
         tool_use_template,
         special_tokens,
+        context_length: context_length(model_config.as_ref(), &config),
     })
+}
+
+/// The context length vLLM would derive: the model config's `max_position_embeddings`, else
+/// the tokenizer config's `model_max_length`. Transformers writes a huge sentinel
+/// (about 1e30) for "no limit"; anything above `u32::MAX` counts as unknown.
+fn context_length(model_config: Option<&Json>, tokenizer_config: &Json) -> Option<u32> {
+    let read = |doc: &Json, key: &str| {
+        doc.get(key)?
+            .as_u64()
+            .and_then(|n| u32::try_from(n).ok())
+            .filter(|n| *n > 0)
+    };
+    model_config
+        .and_then(|c| read(c, "max_position_embeddings"))
+        .or_else(|| read(tokenizer_config, "model_max_length"))
 }
 
 /// A special token in the config: a string or an `AddedToken` object `{content: ...}`.
@@ -124,6 +145,17 @@ mod tests {
             Some("</s>")
         );
         assert_eq!(token_content(&json!(null)), None);
+    }
+
+    #[test]
+    fn the_context_length_comes_from_the_model_then_the_tokenizer_config() {
+        let tokenizer = json!({"model_max_length": 131072});
+        let model = json!({"max_position_embeddings": 40960});
+        assert_eq!(context_length(Some(&model), &tokenizer), Some(40960));
+        assert_eq!(context_length(None, &tokenizer), Some(131072));
+        let sentinel = json!({"model_max_length": 1e30});
+        assert_eq!(context_length(None, &sentinel), None);
+        assert_eq!(context_length(Some(&json!({})), &json!({})), None);
     }
 
     #[test]

@@ -7,8 +7,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use anyhow::Context as _;
 use clap::Parser;
+use switchyard_bus::{NatsArgs, RegistrationArgs};
 use switchyard_protocol::tokenize::{default_model_dir, ModelTokenizer};
 use switchyard_sim::cli::{parse_args, EXIT_USAGE};
 use switchyard_sim::engine::{EngineConfig, PerfPreset, TransferMode};
@@ -18,13 +18,15 @@ use switchyard_sim::worker::{self, WorkerConfig, WorkerDeps, WorkerSpec, DEFAULT
 #[derive(Debug, Parser)]
 #[command(name = "switchyard-sim-worker", version)]
 struct Args {
-    /// NATS server for heartbeats, load reports and KV events.
-    #[arg(
-        long,
-        env = "SWITCHYARD_NATS_URL",
-        default_value = "nats://127.0.0.1:4222"
-    )]
-    nats_url: String,
+    /// NATS, for heartbeats, load reports and KV events, and its credentials.
+    #[command(flatten)]
+    nats: NatsArgs,
+    /// The registration secret heartbeats are signed with.
+    #[command(flatten)]
+    registration: RegistrationArgs,
+    /// The model's context length in tokens (the simulated Qwen3-235B-A22B's by default).
+    #[arg(long, env = "SWITCHYARD_MAX_MODEL_LEN", default_value_t = worker::config::DEFAULT_MAX_MODEL_LEN)]
+    max_model_len: u32,
     /// Run without NATS (HTTP only).
     #[arg(long)]
     no_nats: bool,
@@ -151,6 +153,7 @@ impl Args {
                 time_scale: self.time_scale,
                 heartbeat_interval_ms: self.heartbeat_interval_ms,
                 load_interval_ms: self.load_interval_ms,
+                max_model_len: self.max_model_len,
                 spec: spec.clone(),
             };
             cfg.validate()
@@ -205,15 +208,15 @@ async fn run(args: Args, configs: Vec<WorkerConfig>) -> anyhow::Result<()> {
                 dir.display()
             )
         })?;
+    let registration = args.registration.secret()?;
     let nats = if args.no_nats {
         None
     } else {
-        let client = worker::nats::connect(&args.nats_url)
-            .await
-            .with_context(|| format!("bad NATS URL {:?}", args.nats_url))?;
+        let client =
+            switchyard_bus::connect(&args.nats, "switchyard-sim-worker", |_| async {}).await?;
         Some(client)
     };
-    let deps = WorkerDeps::new(Arc::new(tokenizer), nats);
+    let deps = WorkerDeps::new(Arc::new(tokenizer), nats).with_registration(registration);
     let mut running = Vec::new();
     for cfg in configs {
         let role = cfg.spec.role;

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use serde_json::Value;
+use switchyard_protocol::openai::check_prompt_length;
 use switchyard_protocol::route::ApiKind;
 use switchyard_protocol::tokenize::TokenizeError;
 use switchyard_protocol::worker::WorkerRole;
@@ -65,8 +66,9 @@ pub async fn serve(
 ) -> Result<Answer, ApiError> {
     let body: Value = serde_json::from_slice(&body)
         .map_err(|e| ApiError::bad_request(format!("request body is not valid JSON: {e}"), None))?;
-    let req = parse_request(api, body)?;
+    let req = parse_request(api, body, ctx.max_model_len)?;
     let tokens = tokenize(&ctx, api, &req.body).await?;
+    check_prompt_length(tokens.len(), ctx.max_model_len).map_err(ApiError::from)?;
     match api {
         ApiKind::Chat => ctx.metrics.requests_chat.fetch_add(1, Ordering::Relaxed),
         ApiKind::Completions => ctx

@@ -11,6 +11,8 @@ use crate::engine::EngineConfig;
 pub const DEFAULT_MODEL_NAME: &str = "Qwen/Qwen3-235B-A22B";
 /// Default interval between load reports.
 pub const DEFAULT_LOAD_INTERVAL_MS: u64 = 500;
+/// Context length of the simulated model (Qwen3-235B-A22B's 262,144 tokens).
+pub const DEFAULT_MAX_MODEL_LEN: u32 = 262_144;
 
 /// One `--worker ROLE:ID@HOST:PORT` flag.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -95,6 +97,8 @@ pub struct WorkerConfig {
     pub heartbeat_interval_ms: u64,
     /// Interval between load reports (ms).
     pub load_interval_ms: u64,
+    /// The model's context length: longer prompts and larger `max_tokens` get a 400.
+    pub max_model_len: u32,
 }
 
 impl WorkerConfig {
@@ -107,6 +111,7 @@ impl WorkerConfig {
             time_scale: 1.0,
             heartbeat_interval_ms: switchyard_protocol::worker::DEFAULT_HEARTBEAT_INTERVAL_MS,
             load_interval_ms: DEFAULT_LOAD_INTERVAL_MS,
+            max_model_len: DEFAULT_MAX_MODEL_LEN,
         }
     }
 
@@ -123,6 +128,9 @@ impl WorkerConfig {
         }
         if self.heartbeat_interval_ms == 0 || self.load_interval_ms == 0 {
             return Err("heartbeat and load intervals must be at least 1 ms".into());
+        }
+        if self.max_model_len == 0 {
+            return Err("max model length must be at least 1 token".into());
         }
         if self.model_name.is_empty() {
             return Err("model name must not be empty".into());

@@ -4,8 +4,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use switchyard_protocol::hash::{sequence_hashes, SequenceHash};
+use switchyard_protocol::registration::RegistrationSecret;
 use switchyard_protocol::tokenize::ModelTokenizer;
-use switchyard_protocol::worker::{WorkerId, WorkerInfo, WorkerRole};
+use switchyard_protocol::worker::{WorkerHeartbeat, WorkerId, WorkerInfo, WorkerRole};
+use switchyard_protocol::PROTOCOL_VERSION;
 
 use crate::engine::EngineConfig;
 
@@ -42,6 +44,10 @@ pub struct WorkerContext {
     pub metrics: Arc<WorkerMetrics>,
     /// Prefill legs' holds (prefix hashes for the pull check).
     pub holds: HoldRegistry,
+    /// The model's context length: longer prompts and larger `max_tokens` get a 400.
+    pub max_model_len: u32,
+    /// The deployment's registration secret, signing every heartbeat.
+    pub registration: Option<RegistrationSecret>,
     next_request: AtomicU64,
 }
 
@@ -61,6 +67,8 @@ impl WorkerContext {
         tokenizer: Arc<ModelTokenizer>,
         http: reqwest::Client,
         metrics: Arc<WorkerMetrics>,
+        max_model_len: u32,
+        registration: Option<RegistrationSecret>,
     ) -> Self {
         WorkerContext {
             id,
@@ -76,6 +84,8 @@ impl WorkerContext {
             http,
             metrics,
             holds: HoldRegistry::default(),
+            max_model_len,
+            registration,
             next_request: AtomicU64::new(1),
         }
     }
@@ -101,6 +111,23 @@ impl WorkerContext {
             format!("[{}]:{}", self.advertised_host, self.port)
         } else {
             format!("{}:{}", self.advertised_host, self.port)
+        }
+    }
+
+    /// A heartbeat sent at `sent_at_ms` (Unix milliseconds), signed when the worker has the
+    /// registration secret.
+    pub fn heartbeat(&self, interval_ms: u64, sent_at_ms: u64) -> WorkerHeartbeat {
+        let worker = self.info();
+        let signature = self
+            .registration
+            .as_ref()
+            .map(|secret| secret.sign(&worker, sent_at_ms));
+        WorkerHeartbeat {
+            v: PROTOCOL_VERSION,
+            worker,
+            interval_ms,
+            sent_at_ms,
+            signature,
         }
     }
 

@@ -1,6 +1,7 @@
 //! Errors of the simulated worker: HTTP errors in OpenAI's JSON shape, and start-up errors.
 
 use serde_json::{json, Value};
+use switchyard_protocol::openai::InvalidRequest;
 
 /// An error answered to an HTTP client, in the shape vLLM's OpenAI server uses:
 /// `{"error": {"message", "type", "param", "code"}}`.
@@ -15,6 +16,17 @@ pub struct ApiError {
     pub message: String,
     /// The request field at fault, if one is.
     pub param: Option<String>,
+}
+
+impl From<InvalidRequest> for ApiError {
+    fn from(e: InvalidRequest) -> Self {
+        ApiError {
+            status: e.kind.status(),
+            kind: e.kind.type_name(),
+            message: e.message,
+            param: e.param,
+        }
+    }
 }
 
 impl ApiError {

@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 use switchyard_protocol::hash::SequenceHash;
 
 use super::metrics::PullFailure;
-use super::openai::KvTransferParams;
+use switchyard_protocol::handoff::VllmKvTransferParams as KvTransferParams;
 
 /// Path of the side-channel endpoint on every worker's HTTP port.
 pub const PULL_PATH: &str = "/switchyard/kv/pull";
@@ -134,6 +134,7 @@ pub fn prefill_response_params(
         remote_host: Some(host.to_owned()),
         remote_port: Some(port),
         tp_size: Some(1),
+        extra: serde_json::Map::new(),
     }
 }
 

@@ -17,7 +17,8 @@ use super::completion::{self, Answer};
 use super::context::WorkerContext;
 use super::error::ApiError;
 use super::handoff::{parse_hold_id, PullRequest, PullResponse};
-use super::openai::MAX_MAX_TOKENS;
+use crate::engine::HeldKv;
+use switchyard_protocol::hash::SequenceHash;
 
 /// Header naming the worker that served a response.
 pub const WORKER_HEADER: &str = "x-switchyard-worker";
@@ -67,6 +68,11 @@ pub fn routes(
         .and(with_ctx.clone())
         .and(limited_body(64 << 10))
         .then(pull_reply);
+    let release = warp::path!("switchyard" / "kv" / "release")
+        .and(warp::post())
+        .and(with_ctx.clone())
+        .and(limited_body(64 << 10))
+        .then(release_reply);
     let worker_id = ctx.id.0.clone();
     let recover_ctx = ctx;
     chat.or(completions)
@@ -78,6 +84,8 @@ pub fn routes(
         .or(metrics)
         .unify()
         .or(pull)
+        .unify()
+        .or(release)
         .unify()
         .recover(move |rejection| recover(recover_ctx.clone(), rejection))
         .unify()
@@ -120,34 +128,36 @@ fn models_reply(ctx: &WorkerContext) -> Response {
             "owned_by": "switchyard-sim",
             "root": ctx.model_name,
             "parent": null,
-            "max_model_len": MAX_MAX_TOKENS,
+            "max_model_len": ctx.max_model_len,
         }],
     });
     warp::reply::json(&body).into_response()
 }
 
-async fn pull_reply(ctx: Arc<WorkerContext>, body: Result<Bytes, ApiError>) -> Response {
-    let body = match body {
-        Ok(b) => b,
-        Err(e) => return error_reply(&ctx, &e),
-    };
-    let req: PullRequest = match serde_json::from_slice(&body) {
-        Ok(r) => r,
-        Err(e) => {
-            return error_reply(
-                &ctx,
-                &ApiError::bad_request(format!("invalid pull request: {e}"), None),
-            )
-        }
-    };
+/// Releases the hold a side-channel request names; the shared first half of pull and
+/// release.
+async fn take_hold(
+    ctx: &WorkerContext,
+    body: Result<Bytes, ApiError>,
+) -> Result<(PullRequest, HeldKv, Option<SequenceHash>), ApiError> {
+    let req: PullRequest = serde_json::from_slice(&body?)
+        .map_err(|e| ApiError::bad_request(format!("invalid pull request: {e}"), None))?;
     let not_held = || ApiError::not_found(format!("no KV held under {:?}", req.remote_request_id));
     let Some(id) = parse_hold_id(&req.remote_request_id, &ctx.id.0, ctx.instance_id) else {
-        return error_reply(&ctx, &not_held());
+        return Err(not_held());
     };
     // Forget the record whatever the engine says: an expired hold is gone either way.
     let prefix_hash = ctx.holds.take(id).flatten();
     match ctx.engine.release_held(id).await {
-        Ok(Some(held)) => {
+        Ok(Some(held)) => Ok((req, held, prefix_hash)),
+        Ok(None) => Err(not_held()),
+        Err(_) => Err(ApiError::unavailable("the worker is shutting down")),
+    }
+}
+
+async fn pull_reply(ctx: Arc<WorkerContext>, body: Result<Bytes, ApiError>) -> Response {
+    match take_hold(&ctx, body).await {
+        Ok((req, held, prefix_hash)) => {
             ctx.metrics.kv_holds_pulled.fetch_add(1, Ordering::Relaxed);
             tracing::debug!(worker = %ctx.id, hold = %req.remote_request_id, requester = %req.requester, "KV pulled");
             let body = PullResponse {
@@ -158,8 +168,23 @@ async fn pull_reply(ctx: Arc<WorkerContext>, body: Result<Bytes, ApiError>) -> R
             };
             warp::reply::json(&body).into_response()
         }
-        Ok(None) => error_reply(&ctx, &not_held()),
-        Err(_) => error_reply(&ctx, &ApiError::unavailable("the worker is shutting down")),
+        Err(e) => error_reply(&ctx, &e),
+    }
+}
+
+/// `POST /switchyard/kv/release`: the gateway gives up a hold whose decode leg will never
+/// come (the client left, or the decode worker refused the request), so its blocks are free
+/// now instead of at the end of the lease.
+async fn release_reply(ctx: Arc<WorkerContext>, body: Result<Bytes, ApiError>) -> Response {
+    match take_hold(&ctx, body).await {
+        Ok((req, _, _)) => {
+            ctx.metrics
+                .kv_holds_released
+                .fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(worker = %ctx.id, hold = %req.remote_request_id, "KV released unpulled");
+            warp::reply::json(&json!({"released": req.remote_request_id})).into_response()
+        }
+        Err(e) => error_reply(&ctx, &e),
     }
 }
 

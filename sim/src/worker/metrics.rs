@@ -69,6 +69,8 @@ pub struct WorkerMetrics {
     pub kv_holds: AtomicU64,
     /// Hold releases requested by decode workers that found the KV.
     pub kv_holds_pulled: AtomicU64,
+    /// Holds the gateway released unpulled (`POST /switchyard/kv/release`).
+    pub kv_holds_released: AtomicU64,
     /// Successful pulls (decode side).
     pub kv_pulls: AtomicU64,
     /// Tokens of KV pulled (the transfer's size under the transfer mode).
@@ -271,6 +273,13 @@ impl WorkerMetrics {
             "Held KV released to a decode worker's pull.",
             "",
             get(&self.kv_holds_pulled).to_string(),
+        );
+        put(
+            "switchyard_kv_holds_released_total",
+            "counter",
+            "Held KV released unpulled because its decode leg will not come.",
+            "",
+            get(&self.kv_holds_released).to_string(),
         );
         put(
             "switchyard_kv_pulls_total",

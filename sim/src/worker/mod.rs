@@ -33,6 +33,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use switchyard_protocol::registration::RegistrationSecret;
 use switchyard_protocol::tokenize::ModelTokenizer;
 use switchyard_protocol::worker::WorkerId;
 use tokio::sync::mpsc;
@@ -50,20 +51,29 @@ pub use runtime::EngineHandle;
 pub struct WorkerDeps {
     /// The prompt tokenizer (block hashes must equal the control plane's).
     pub tokenizer: Arc<ModelTokenizer>,
-    /// NATS, if configured (see [`nats::connect`]); `None` runs the worker without it.
+    /// NATS, if configured (see `switchyard_bus::connect`); `None` runs the worker without it.
     pub nats: Option<async_nats::Client>,
     /// Client for KV pulls from prefill workers.
     pub http: reqwest::Client,
+    /// The registration secret heartbeats are signed with, if the deployment has one.
+    pub registration: Option<RegistrationSecret>,
 }
 
 impl WorkerDeps {
-    /// Dependencies with a fresh HTTP client.
+    /// Dependencies with a fresh HTTP client and unsigned heartbeats.
     pub fn new(tokenizer: Arc<ModelTokenizer>, nats: Option<async_nats::Client>) -> Self {
         WorkerDeps {
             tokenizer,
             nats,
             http: reqwest::Client::new(),
+            registration: None,
         }
+    }
+
+    /// Signs heartbeats with `secret`.
+    pub fn with_registration(mut self, secret: Option<RegistrationSecret>) -> Self {
+        self.registration = secret;
+        self
     }
 }
 
@@ -180,6 +190,8 @@ pub async fn start_worker(
         deps.tokenizer,
         deps.http,
         metrics,
+        cfg.max_model_len,
+        deps.registration,
     ));
 
     let mut tasks = vec![engine_task];

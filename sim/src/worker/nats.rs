@@ -14,8 +14,6 @@ use futures::StreamExt;
 use serde::Serialize;
 use switchyard_protocol::kv::{KvEventBatch, ResyncRequest};
 use switchyard_protocol::subjects;
-use switchyard_protocol::worker::WorkerHeartbeat;
-use switchyard_protocol::PROTOCOL_VERSION;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
@@ -24,24 +22,14 @@ use super::context::WorkerContext;
 /// Longest a single publish may wait for room in the client's outgoing buffer.
 const PUBLISH_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// A client that connects in the background and reconnects forever, so a worker started
-/// before its NATS server still joins once the server is up.
-///
-/// # Errors
-/// Only for an unparsable URL.
-pub async fn connect(url: &str) -> Result<async_nats::Client, async_nats::ConnectError> {
-    async_nats::ConnectOptions::new()
-        .name("switchyard-sim-worker")
-        .retry_on_initial_connect()
-        .max_reconnects(None)
-        .connection_timeout(Duration::from_secs(2))
-        // Retry quickly (the default backs off to 4 s): a worker should rejoin within about
-        // one heartbeat interval of the server coming back.
-        .reconnect_delay_callback(|attempts| {
-            Duration::from_millis((attempts as u64 * 100).min(1_000))
-        })
-        .connect(url)
-        .await
+/// Unix milliseconds now: heartbeats are signed with the sender's wall clock (the control
+/// plane checks it against its own), the one reason the worker reads it.
+fn unix_now_ms() -> u64 {
+    #[allow(clippy::disallowed_methods)]
+    let now = std::time::SystemTime::now();
+    now.duration_since(std::time::UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
 }
 
 /// Starts the worker's NATS tasks: heartbeats, load reports, the KV event publisher (fed by
@@ -62,7 +50,7 @@ pub fn spawn_nats_tasks(
 }
 
 fn connected(client: &async_nats::Client) -> bool {
-    client.connection_state() == async_nats::connection::State::Connected
+    switchyard_bus::is_connected(client)
 }
 
 async fn publish_json<T: Serialize>(
@@ -88,14 +76,11 @@ async fn publish_json<T: Serialize>(
 async fn heartbeats(ctx: Arc<WorkerContext>, client: async_nats::Client, interval: Duration) {
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let heartbeat = WorkerHeartbeat {
-        v: PROTOCOL_VERSION,
-        worker: ctx.info(),
-        interval_ms: u64::try_from(interval.as_millis()).unwrap_or(u64::MAX),
-    };
+    let interval_ms = u64::try_from(interval.as_millis()).unwrap_or(u64::MAX);
     loop {
         ticker.tick().await;
         if connected(&client) {
+            let heartbeat = ctx.heartbeat(interval_ms, unix_now_ms());
             publish_json(&ctx, &client, subjects::HEARTBEAT.to_owned(), &heartbeat).await;
         }
     }

@@ -7,8 +7,10 @@
 //! Switchyard filter cannot tell a simulated worker from a real one. **The generated text is
 //! filler**: no model runs, so every token is a word from [`FILLER_WORDS`].
 
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use serde_json::{json, Map, Value};
+use switchyard_protocol::handoff::VllmKvTransferParams as KvTransferParams;
+use switchyard_protocol::openai::generation_params;
 use switchyard_protocol::route::ApiKind;
 
 use super::error::ApiError;
@@ -16,8 +18,6 @@ use super::error::ApiError;
 /// `max_tokens` when a request names none (vLLM would fill the context; a short default keeps
 /// forgotten fields from tying a simulated worker up for minutes).
 pub const DEFAULT_MAX_TOKENS: u32 = 16;
-/// Largest `max_tokens` accepted (Qwen3's context length).
-pub const MAX_MAX_TOKENS: u32 = 262_144;
 
 /// The words simulated tokens decode to, cycled.
 pub const FILLER_WORDS: [&str; 8] = [
@@ -30,37 +30,6 @@ pub const FILLER_WORDS: [&str; 8] = [
     " on",
     " GB200",
 ];
-
-/// `kv_transfer_params` as vLLM's NixlConnector reads and writes them. Unknown fields are
-/// ignored, missing ones default, so bodies from real proxies and from our filter both parse.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct KvTransferParams {
-    /// Set on the prefill leg: compute the KV and hold it for a decode worker.
-    #[serde(default)]
-    pub do_remote_decode: bool,
-    /// Set on the decode leg: pull the KV named below instead of prefilling.
-    #[serde(default)]
-    pub do_remote_prefill: bool,
-    /// The prefill worker (its worker id).
-    #[serde(default)]
-    pub remote_engine_id: Option<String>,
-    /// Engine block ids held on the prefill worker. Kept as JSON: newer vLLM sends one list
-    /// per KV cache group (`[[...]]`), and the simulated pull does not need them.
-    #[serde(default)]
-    pub remote_block_ids: Option<Value>,
-    /// The hold's id on the prefill worker (vLLM: the prefill request's id).
-    #[serde(default)]
-    pub remote_request_id: Option<String>,
-    /// Host of the prefill worker's side channel (here: its HTTP API).
-    #[serde(default)]
-    pub remote_host: Option<String>,
-    /// Port of the prefill worker's side channel (here: its HTTP API).
-    #[serde(default)]
-    pub remote_port: Option<u16>,
-    /// Tensor-parallel size of the prefill worker.
-    #[serde(default)]
-    pub tp_size: Option<u32>,
-}
 
 /// What the worker must do with a request, pulled out of its body.
 #[derive(Debug, Clone)]
@@ -104,11 +73,17 @@ impl Usage {
     }
 }
 
-/// Reads the fields the worker acts on and rejects what vLLM would reject.
+/// Reads the fields the worker acts on and rejects what vLLM would reject (the checks the
+/// control plane runs too, `switchyard_protocol::openai`), for a model of `max_model_len`
+/// tokens. Only one choice (`n = 1`) is simulated.
 ///
 /// # Errors
 /// [`ApiError`] (400) naming the offending field.
-pub fn parse_request(endpoint: ApiKind, body: Value) -> Result<ParsedRequest, ApiError> {
+pub fn parse_request(
+    endpoint: ApiKind,
+    body: Value,
+    max_model_len: u32,
+) -> Result<ParsedRequest, ApiError> {
     let obj = body
         .as_object()
         .ok_or_else(|| ApiError::bad_request("request body must be a JSON object", None))?;
@@ -122,44 +97,13 @@ pub fn parse_request(endpoint: ApiKind, body: Value) -> Result<ParsedRequest, Ap
             ))
         }
     };
-    let stream = opt_bool(obj, "stream")?.unwrap_or(false);
-    let include_usage = match obj.get("stream_options") {
-        None | Some(Value::Null) => false,
-        Some(Value::Object(opts)) => {
-            if !stream {
-                return Err(ApiError::bad_request(
-                    "stream_options can only be set when stream is true",
-                    Some("stream_options"),
-                ));
-            }
-            opt_bool(opts, "include_usage")?.unwrap_or(false)
-        }
-        Some(_) => {
-            return Err(ApiError::bad_request(
-                "`stream_options` must be an object",
-                Some("stream_options"),
-            ))
-        }
-    };
-    match obj.get("n") {
-        None | Some(Value::Null) => {}
-        Some(n) if n.as_u64() == Some(1) => {}
-        Some(_) => {
-            return Err(ApiError::bad_request(
-                "only n = 1 is supported by the simulated worker",
-                Some("n"),
-            ))
-        }
+    let params = generation_params(endpoint, obj, max_model_len).map_err(ApiError::from)?;
+    if params.n != 1 {
+        return Err(ApiError::bad_request(
+            "only n = 1 is supported by the simulated worker",
+            Some("n"),
+        ));
     }
-    let max_tokens = match endpoint {
-        // Chat: the newer name wins when both are present, as in vLLM.
-        ApiKind::Chat => match opt_max_tokens(obj, "max_completion_tokens")? {
-            Some(n) => Some(n),
-            None => opt_max_tokens(obj, "max_tokens")?,
-        },
-        ApiKind::Completions => opt_max_tokens(obj, "max_tokens")?,
-    }
-    .unwrap_or(DEFAULT_MAX_TOKENS);
     let kv_transfer = match obj.get("kv_transfer_params") {
         None | Some(Value::Null) => None,
         Some(v) => Some(KvTransferParams::deserialize(v).map_err(|e| {
@@ -172,36 +116,12 @@ pub fn parse_request(endpoint: ApiKind, body: Value) -> Result<ParsedRequest, Ap
     Ok(ParsedRequest {
         endpoint,
         model,
-        stream,
-        include_usage,
-        max_tokens,
+        stream: params.stream,
+        include_usage: params.include_usage,
+        max_tokens: params.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS),
         kv_transfer,
         body,
     })
-}
-
-fn opt_bool(obj: &Map<String, Value>, field: &'static str) -> Result<Option<bool>, ApiError> {
-    match obj.get(field) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::Bool(b)) => Ok(Some(*b)),
-        Some(_) => Err(ApiError::bad_request(
-            format!("`{field}` must be a boolean"),
-            Some(field),
-        )),
-    }
-}
-
-fn opt_max_tokens(obj: &Map<String, Value>, field: &'static str) -> Result<Option<u32>, ApiError> {
-    match obj.get(field) {
-        None | Some(Value::Null) => Ok(None),
-        Some(v) => match v.as_u64() {
-            Some(n) if (1..=u64::from(MAX_MAX_TOKENS)).contains(&n) => Ok(Some(n as u32)),
-            _ => Err(ApiError::bad_request(
-                format!("`{field}` must be an integer between 1 and {MAX_MAX_TOKENS}, got {v}"),
-                Some(field),
-            )),
-        },
-    }
 }
 
 /// The filler text of generated token number `index` (0-based).

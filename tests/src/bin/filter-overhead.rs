@@ -127,7 +127,7 @@ async fn timed(http: &reqwest::Client, url: &str, body: &[u8]) -> anyhow::Result
         .headers()
         .get("x-switchyard-route")
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| !v.starts_with("fail-open") && !v.starts_with("pass-through"));
+        .is_some_and(|v| !v.starts_with("fail-open") && !v.starts_with("rejected"));
     response.bytes().await?;
     if !status.is_success() {
         bail!("{url}: {status}");

@@ -1,0 +1,368 @@
+//! Switchyard's connection to its event bus, NATS, as every component makes it.
+//!
+//! Workers publish heartbeats (their registrations), load reports and KV events on NATS; the
+//! control plane consumes them. Anyone who can publish there can register a worker and so
+//! receive client prompts, so deployments run NATS with credentials ([`NatsArgs`]: a token,
+//! a user and password, an nkey seed or a `.creds` file, optionally over TLS) and the control
+//! plane accepts only registrations signed with the deployment's registration secret
+//! ([`RegistrationArgs`], `switchyard_protocol::registration`). Secrets come from files (a
+//! mounted Kubernetes Secret, say), never from the command line, where `ps` would show them.
+//!
+//! Connections are made the same way everywhere ([`connect`]): in the background, retrying
+//! forever at most a second apart, so a component started before its NATS server still
+//! joins, and one that lost NATS is back within about a second of the server's return.
+//! [`watch_connection`] turns the client's connection state into a watch channel, which the
+//! control plane uses to stop expiring workers while it cannot hear them.
+#![deny(missing_docs)]
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use switchyard_protocol::registration::{RegistrationError, RegistrationSecret};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+/// Longest wait between two reconnection attempts.
+pub const MAX_RECONNECT_DELAY: Duration = Duration::from_secs(1);
+/// How often [`watch_connection`] looks at the client's state.
+pub const CONNECTION_POLL: Duration = Duration::from_millis(100);
+
+/// How to reach NATS: the URL and the credentials, as flags with environment fallbacks.
+#[derive(Debug, Clone, Default, PartialEq, Eq, clap::Args)]
+pub struct NatsArgs {
+    /// NATS server URL; several may be given comma-separated. `tls://` requires TLS.
+    #[arg(
+        long,
+        env = "SWITCHYARD_NATS_URL",
+        default_value = "nats://127.0.0.1:4222"
+    )]
+    pub nats_url: String,
+    /// File holding the NATS token (nats-server `authorization { token: ... }` or `--auth`).
+    #[arg(long, env = "SWITCHYARD_NATS_TOKEN_FILE")]
+    pub nats_token_file: Option<PathBuf>,
+    /// NATS user name; needs `--nats-password-file`.
+    #[arg(long, env = "SWITCHYARD_NATS_USER")]
+    pub nats_user: Option<String>,
+    /// File holding the NATS user's password.
+    #[arg(long, env = "SWITCHYARD_NATS_PASSWORD_FILE")]
+    pub nats_password_file: Option<PathBuf>,
+    /// File holding an nkey seed (`SU...`).
+    #[arg(long, env = "SWITCHYARD_NATS_NKEY_FILE")]
+    pub nats_nkey_file: Option<PathBuf>,
+    /// A NATS `.creds` file (user JWT and nkey seed, as `nsc` writes them).
+    #[arg(long, env = "SWITCHYARD_NATS_CREDS_FILE")]
+    pub nats_creds_file: Option<PathBuf>,
+    /// PEM file of the CA that signed the server's certificate; turns TLS on.
+    #[arg(long, env = "SWITCHYARD_NATS_TLS_CA_FILE")]
+    pub nats_tls_ca_file: Option<PathBuf>,
+    /// PEM client certificate for mutual TLS (with `--nats-tls-key-file`).
+    #[arg(long, env = "SWITCHYARD_NATS_TLS_CERT_FILE")]
+    pub nats_tls_cert_file: Option<PathBuf>,
+    /// PEM private key of `--nats-tls-cert-file`.
+    #[arg(long, env = "SWITCHYARD_NATS_TLS_KEY_FILE")]
+    pub nats_tls_key_file: Option<PathBuf>,
+}
+
+/// The workers' registration secret, as a flag with an environment fallback.
+#[derive(Debug, Clone, Default, PartialEq, Eq, clap::Args)]
+pub struct RegistrationArgs {
+    /// File holding the registration secret (at least 16 bytes). Workers sign their
+    /// heartbeats with it; a control plane that has it refuses unsigned ones.
+    #[arg(long, env = "SWITCHYARD_REGISTRATION_SECRET_FILE")]
+    pub registration_secret_file: Option<PathBuf>,
+}
+
+/// Why a connection could not even be attempted.
+#[derive(Debug, thiserror::Error)]
+pub enum BusError {
+    /// A credentials file could not be read.
+    #[error("--{flag} {}: {source}", path.display())]
+    ReadFile {
+        /// The flag naming the file.
+        flag: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// What went wrong.
+        source: std::io::Error,
+    },
+    /// A file that must hold a secret is empty.
+    #[error("--{flag} {}: the file is empty", path.display())]
+    EmptyFile {
+        /// The flag naming the file.
+        flag: &'static str,
+        /// The file.
+        path: PathBuf,
+    },
+    /// The flags do not make one way of authenticating.
+    #[error("NATS credentials: {0}")]
+    Conflict(String),
+    /// The registration secret is unusable.
+    #[error("--registration-secret-file {}: {source}", path.display())]
+    Secret {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: RegistrationError,
+    },
+    /// The URL is unusable.
+    #[error("--nats-url {url}: {message}")]
+    Url {
+        /// The URL given.
+        url: String,
+        /// What async-nats said.
+        message: String,
+    },
+}
+
+/// Reads a secret file, trimmed.
+fn read_secret(flag: &'static str, path: &Path) -> Result<String, BusError> {
+    let text = std::fs::read_to_string(path).map_err(|source| BusError::ReadFile {
+        flag,
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let text = text.trim().to_string();
+    if text.is_empty() {
+        return Err(BusError::EmptyFile {
+            flag,
+            path: path.to_path_buf(),
+        });
+    }
+    Ok(text)
+}
+
+impl NatsArgs {
+    /// Connects with the defaults (`nats://127.0.0.1:4222`, no credentials) to `url`.
+    pub fn plain(url: impl Into<String>) -> Self {
+        NatsArgs {
+            nats_url: url.into(),
+            ..NatsArgs::default()
+        }
+    }
+
+    /// Whether any credentials are configured.
+    pub fn has_credentials(&self) -> bool {
+        self.nats_token_file.is_some()
+            || self.nats_user.is_some()
+            || self.nats_nkey_file.is_some()
+            || self.nats_creds_file.is_some()
+    }
+
+    /// The connect options these flags describe: credentials read, TLS set, reconnects
+    /// forever at most [`MAX_RECONNECT_DELAY`] apart. `name` is the client name the server
+    /// shows.
+    ///
+    /// # Errors
+    /// [`BusError`] naming the flag at fault.
+    pub async fn options(&self, name: &str) -> Result<async_nats::ConnectOptions, BusError> {
+        let ways = [
+            self.nats_token_file.is_some(),
+            self.nats_user.is_some() || self.nats_password_file.is_some(),
+            self.nats_nkey_file.is_some(),
+            self.nats_creds_file.is_some(),
+        ];
+        if ways.iter().filter(|w| **w).count() > 1 {
+            return Err(BusError::Conflict(
+                "give one of --nats-token-file, --nats-user/--nats-password-file, --nats-nkey-file or --nats-creds-file".into(),
+            ));
+        }
+        let mut options = async_nats::ConnectOptions::new()
+            .name(name)
+            .retry_on_initial_connect()
+            .max_reconnects(None)
+            .connection_timeout(Duration::from_secs(2))
+            .reconnect_delay_callback(reconnect_delay);
+        if let Some(path) = &self.nats_token_file {
+            options = options.token(read_secret("nats-token-file", path)?);
+        }
+        match (&self.nats_user, &self.nats_password_file) {
+            (Some(user), Some(path)) => {
+                let password = read_secret("nats-password-file", path)?;
+                options = options.user_and_password(user.clone(), password);
+            }
+            (None, None) => {}
+            _ => {
+                return Err(BusError::Conflict(
+                    "--nats-user and --nats-password-file go together".into(),
+                ))
+            }
+        }
+        if let Some(path) = &self.nats_nkey_file {
+            options = options.nkey(read_secret("nats-nkey-file", path)?);
+        }
+        if let Some(path) = &self.nats_creds_file {
+            options =
+                options
+                    .credentials_file(path)
+                    .await
+                    .map_err(|source| BusError::ReadFile {
+                        flag: "nats-creds-file",
+                        path: path.clone(),
+                        source,
+                    })?;
+        }
+        if let Some(ca) = &self.nats_tls_ca_file {
+            options = options.require_tls(true).add_root_certificates(ca.clone());
+        }
+        match (&self.nats_tls_cert_file, &self.nats_tls_key_file) {
+            (Some(cert), Some(key)) => {
+                options = options
+                    .require_tls(true)
+                    .add_client_certificate(cert.clone(), key.clone());
+            }
+            (None, None) => {}
+            _ => {
+                return Err(BusError::Conflict(
+                    "--nats-tls-cert-file and --nats-tls-key-file go together".into(),
+                ))
+            }
+        }
+        Ok(options)
+    }
+}
+
+/// The pause before reconnection attempt `attempts`: 100 ms more each time, at most
+/// [`MAX_RECONNECT_DELAY`]. Short on purpose: routing state goes stale while NATS is away,
+/// and a reconnect attempt costs the server next to nothing.
+pub fn reconnect_delay(attempts: usize) -> Duration {
+    let ms = (attempts as u64).saturating_mul(100);
+    Duration::from_millis(ms).min(MAX_RECONNECT_DELAY)
+}
+
+impl RegistrationArgs {
+    /// The secret, if a file is configured.
+    ///
+    /// # Errors
+    /// [`BusError`] when the file cannot be read or the secret is too short.
+    pub fn secret(&self) -> Result<Option<RegistrationSecret>, BusError> {
+        let Some(path) = &self.registration_secret_file else {
+            return Ok(None);
+        };
+        let text = read_secret("registration-secret-file", path)?;
+        RegistrationSecret::new(&text)
+            .map(Some)
+            .map_err(|source| BusError::Secret {
+                path: path.clone(),
+                source,
+            })
+    }
+}
+
+/// Connects as `args` say, in the background (the client is returned at once and retries
+/// until the server accepts it). `on_event` sees every connection event.
+///
+/// # Errors
+/// [`BusError`] for unusable flags or URL; an unreachable server is not an error.
+pub async fn connect<F, Fut>(
+    args: &NatsArgs,
+    name: &str,
+    on_event: F,
+) -> Result<async_nats::Client, BusError>
+where
+    F: Fn(async_nats::Event) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = ()> + Send + Sync + 'static,
+{
+    let options = args.options(name).await?.event_callback(on_event);
+    options
+        .connect(args.nats_url.as_str())
+        .await
+        .map_err(|e| BusError::Url {
+            url: args.nats_url.clone(),
+            message: e.to_string(),
+        })
+}
+
+/// Whether the client is connected now.
+pub fn is_connected(client: &async_nats::Client) -> bool {
+    client.connection_state() == async_nats::connection::State::Connected
+}
+
+/// A watch of the client's connection (true: connected), refreshed every
+/// [`CONNECTION_POLL`] by a task that ends when every receiver is dropped.
+pub fn watch_connection(client: async_nats::Client) -> (watch::Receiver<bool>, JoinHandle<()>) {
+    let (tx, rx) = watch::channel(is_connected(&client));
+    let task = tokio::spawn(async move {
+        let mut tick = tokio::time::interval(CONNECTION_POLL);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let now = is_connected(&client);
+            if tx.send_if_modified(|seen| std::mem::replace(seen, now) != now) {
+                tracing::debug!(connected = now, "NATS connection state changed");
+            }
+            if tx.is_closed() {
+                break;
+            }
+        }
+    });
+    (rx, task)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(dir: &Path, name: &str, text: &str) -> PathBuf {
+        let path = dir.join(name);
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    fn scratch() -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("switchyard-bus-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    #[test]
+    fn reconnects_back_off_to_a_second() {
+        assert_eq!(reconnect_delay(0), Duration::ZERO);
+        assert_eq!(reconnect_delay(3), Duration::from_millis(300));
+        assert_eq!(reconnect_delay(50), MAX_RECONNECT_DELAY);
+        assert_eq!(reconnect_delay(usize::MAX), MAX_RECONNECT_DELAY);
+    }
+
+    #[tokio::test]
+    async fn credentials_conflicts_and_files_are_named() {
+        let dir = scratch();
+        let token = file(&dir, "token", "s3cret\n");
+        let empty = file(&dir, "empty", " \n");
+        let mut args = NatsArgs::plain("nats://127.0.0.1:1");
+        args.nats_token_file = Some(token.clone());
+        assert!(args.options("t").await.is_ok());
+        assert!(args.has_credentials());
+        args.nats_user = Some("u".into());
+        let err = args.options("t").await.unwrap_err();
+        assert!(matches!(err, BusError::Conflict(_)), "{err}");
+        args.nats_token_file = None;
+        let err = args.options("t").await.unwrap_err();
+        assert!(err.to_string().contains("--nats-password-file"), "{err}");
+        let mut args = NatsArgs::plain("nats://127.0.0.1:1");
+        args.nats_token_file = Some(empty.clone());
+        let err = args.options("t").await.unwrap_err();
+        assert!(
+            err.to_string().contains("nats-token-file") && err.to_string().contains("empty"),
+            "{err}"
+        );
+        args.nats_token_file = Some(dir.join("missing"));
+        assert!(matches!(
+            args.options("t").await.unwrap_err(),
+            BusError::ReadFile { .. }
+        ));
+    }
+
+    #[test]
+    fn registration_secrets_come_from_files_of_at_least_16_bytes() {
+        let dir = scratch();
+        assert!(RegistrationArgs::default().secret().unwrap().is_none());
+        let args = RegistrationArgs {
+            registration_secret_file: Some(file(&dir, "short", "abc\n")),
+        };
+        let err = args.secret().unwrap_err();
+        assert!(err.to_string().contains("16"), "{err}");
+        let args = RegistrationArgs {
+            registration_secret_file: Some(file(&dir, "ok", "0123456789abcdef0123\n")),
+        };
+        assert!(args.secret().unwrap().is_some());
+    }
+}

@@ -1,0 +1,71 @@
+//! The HTTP accept loop: hyper serves the warp routes on each connection until shutdown.
+//!
+//! Why not `warp::serve`: it logs every failed connection at ERROR, and here the commonest
+//! failure is expected — the filter abandoning a route call at its timeout closes the
+//! connection mid-request (`IncompleteMessage`), once per late verdict. Connection errors
+//! are the peer's doing (gone, reset, malformed HTTP), so this loop logs them at debug and
+//! keeps ERROR for what an operator must act on: the listener failing (out of file
+//! descriptors, say).
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::time::Duration;
+
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto::Builder;
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
+use tokio::net::TcpListener;
+use warp::reply::Response;
+use warp::Filter;
+
+/// Pause after an accept error that is not about one connection (EMFILE and the like), so a
+/// full descriptor table is not spun on.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
+/// Serves `routes` on `listener` until `shutdown` resolves, then stops accepting and resolves
+/// once every open connection has finished (the caller bounds that wait).
+pub async fn serve<F>(listener: TcpListener, routes: F, shutdown: impl Future<Output = ()>)
+where
+    F: Filter<Extract = (Response,), Error = Infallible> + Clone + Send + Sync + 'static,
+{
+    let graceful = GracefulShutdown::new();
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        let stream = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _peer)) => stream,
+                Err(e) if is_per_connection(&e) => {
+                    tracing::debug!(error = %e, "a connection failed while being accepted");
+                    continue;
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot accept connections; retrying");
+                    tokio::time::sleep(ACCEPT_BACKOFF).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        let service = TowerToHyperService::new(warp::service(routes.clone()));
+        let watcher = graceful.watcher();
+        tokio::spawn(async move {
+            let builder = Builder::new(TokioExecutor::new());
+            let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
+            if let Err(e) = watcher.watch(connection).await {
+                tracing::debug!(error = %e, "connection ended with an error (peer gone or malformed request)");
+            }
+        });
+    }
+    drop(listener);
+    graceful.shutdown().await;
+}
+
+/// Accept errors that concern one connection only (it was reset before it was accepted).
+fn is_per_connection(e: &std::io::Error) -> bool {
+    use std::io::ErrorKind::*;
+    matches!(
+        e.kind(),
+        ConnectionRefused | ConnectionAborted | ConnectionReset
+    )
+}

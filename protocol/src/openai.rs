@@ -1,0 +1,387 @@
+//! The OpenAI request fields that change what an engine does, validated as vLLM validates
+//! them, and the OpenAI-style error a client gets when they are wrong.
+//!
+//! The control plane checks every routed request with [`generation_params`] and
+//! [`check_prompt_length`] *before* any worker does work for it, so a request the engine
+//! would refuse costs no prefill and pins no KV: the client gets the engine's own kind of
+//! 400 from the gateway. The simulated worker runs the very same checks, so the two never
+//! disagree.
+//!
+//! The rules are vLLM 0.32's (checked against a real vLLM 0.32 on this project's test
+//! machines, `docs/vllm.md`): its request models are pydantic models in lax mode, so an
+//! integer field also takes a float without a fractional part (`1e3`) and a decimal string
+//! (`"5"`), and a boolean field also takes `0`/`1` and the strings pydantic reads as
+//! booleans (`"yes"`, `"off"`, ...). Then: `max_tokens` (or chat's `max_completion_tokens`,
+//! which wins) at least 1 and at most the model's context; `n` at least 1; `stream_options`
+//! only with `stream: true`; a prompt no longer than the model's context.
+
+use serde_json::{json, Map, Value};
+
+use crate::route::ApiKind;
+
+/// Request-body keys that make a worker reach out to another host (vLLM's NIXL handoff,
+/// TensorRT-LLM's disaggregated parameters, SGLang's bootstrap server). Only the gateway may
+/// set them: the filter removes them from every client body it passes.
+pub const CLIENT_STEERING_KEYS: [&str; 6] = [
+    "kv_transfer_params",
+    "disaggregated_params",
+    "bootstrap_host",
+    "bootstrap_port",
+    "bootstrap_room",
+    "bootstrap_pair_key",
+];
+
+/// What an engine generates for one request, read from its body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GenerationParams {
+    /// Stream SSE chunks instead of one JSON body.
+    pub stream: bool,
+    /// `stream_options.include_usage`: end the stream with a usage chunk.
+    pub include_usage: bool,
+    /// Tokens to generate at most; `None` leaves it to the engine.
+    pub max_tokens: Option<u32>,
+    /// Choices to generate (`n`).
+    pub n: u32,
+}
+
+/// Which OpenAI error a refused request gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ErrorKind {
+    /// 400 `BadRequestError`: the body is wrong.
+    BadRequest,
+    /// 404 `NotFoundError`: the body names a model the gateway does not serve.
+    NotFound,
+}
+
+impl ErrorKind {
+    /// The HTTP status.
+    pub fn status(self) -> u16 {
+        match self {
+            ErrorKind::BadRequest => 400,
+            ErrorKind::NotFound => 404,
+        }
+    }
+
+    /// OpenAI's `error.type`.
+    pub fn type_name(self) -> &'static str {
+        match self {
+            ErrorKind::BadRequest => "BadRequestError",
+            ErrorKind::NotFound => "NotFoundError",
+        }
+    }
+}
+
+/// A request an engine would refuse, with the field at fault.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct InvalidRequest {
+    /// 400 or 404.
+    pub kind: ErrorKind,
+    /// The offending field (`max_tokens`, `messages[1].content`, ...), if one is at fault.
+    pub param: Option<String>,
+    /// What is wrong, in words a client developer can act on.
+    pub message: String,
+}
+
+impl InvalidRequest {
+    /// A 400 about `param`.
+    pub fn bad(param: impl Into<String>, message: impl Into<String>) -> Self {
+        InvalidRequest {
+            kind: ErrorKind::BadRequest,
+            param: Some(param.into()),
+            message: message.into(),
+        }
+    }
+
+    /// The OpenAI error body: `{"error": {"message", "type", "param", "code"}}`, as vLLM
+    /// answers.
+    pub fn to_json(&self) -> Value {
+        json!({
+            "error": {
+                "message": self.message,
+                "type": self.kind.type_name(),
+                "param": self.param,
+                "code": self.kind.status(),
+            }
+        })
+    }
+}
+
+/// Reads and checks the generation fields of a chat or completions body against a model
+/// whose context is `max_model_len` tokens.
+///
+/// # Errors
+/// [`InvalidRequest`] naming the first field vLLM would refuse.
+pub fn generation_params(
+    api: ApiKind,
+    body: &Map<String, Value>,
+    max_model_len: u32,
+) -> Result<GenerationParams, InvalidRequest> {
+    let stream = lax_bool(body, "stream")?.unwrap_or(false);
+    let include_usage = match body.get("stream_options") {
+        None | Some(Value::Null) => false,
+        Some(Value::Object(options)) => {
+            if !stream {
+                return Err(InvalidRequest::bad(
+                    "stream_options",
+                    "stream_options can only be set when stream is true",
+                ));
+            }
+            lax_bool(options, "include_usage")?.unwrap_or(false)
+        }
+        Some(other) => {
+            return Err(InvalidRequest::bad(
+                "stream_options",
+                format!("stream_options must be an object, got {}", type_name(other)),
+            ))
+        }
+    };
+    let n = match lax_int(body, "n")? {
+        None => 1,
+        Some(n) if n >= 1 => u32::try_from(n).unwrap_or(u32::MAX),
+        Some(n) => {
+            return Err(InvalidRequest::bad(
+                "n",
+                format!("n must be at least 1, got {n}"),
+            ))
+        }
+    };
+    // Chat: the newer name wins when both are present, as in vLLM.
+    let mut max_tokens = None;
+    let names: &[&str] = match api {
+        ApiKind::Chat => &["max_completion_tokens", "max_tokens"],
+        ApiKind::Completions => &["max_tokens"],
+    };
+    for &name in names {
+        if let Some(value) = lax_int(body, name)? {
+            if value < 1 {
+                return Err(InvalidRequest::bad(
+                    name,
+                    format!("{name} must be at least 1, got {value}"),
+                ));
+            }
+            if value > i128::from(max_model_len) {
+                return Err(InvalidRequest::bad(
+                    name,
+                    format!(
+                        "{name}={value} cannot be greater than the model's context of {max_model_len} tokens; request fewer output tokens"
+                    ),
+                ));
+            }
+            max_tokens = max_tokens.or(Some(value as u32));
+        }
+    }
+    Ok(GenerationParams {
+        stream,
+        include_usage,
+        max_tokens,
+        n,
+    })
+}
+
+/// Checks that a prompt of `prompt_tokens` fits the model's context.
+///
+/// # Errors
+/// [`InvalidRequest`] (400, param `input_tokens`) when it does not.
+pub fn check_prompt_length(prompt_tokens: usize, max_model_len: u32) -> Result<(), InvalidRequest> {
+    if prompt_tokens > max_model_len as usize {
+        return Err(InvalidRequest::bad(
+            "input_tokens",
+            format!(
+                "this model's maximum context length is {max_model_len} tokens, but the prompt has {prompt_tokens} tokens; shorten the prompt"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// An integer field as pydantic's lax mode reads it: a JSON integer, a float without a
+/// fractional part, or a string holding a decimal integer. `null` and absence are `None`.
+fn lax_int(body: &Map<String, Value>, field: &str) -> Result<Option<i128>, InvalidRequest> {
+    let value = match body.get(field) {
+        None | Some(Value::Null) => return Ok(None),
+        Some(v) => v,
+    };
+    let parsed = match value {
+        Value::Number(n) => match (n.as_i64(), n.as_u64(), n.as_f64()) {
+            (Some(i), _, _) => Some(i128::from(i)),
+            (None, Some(u), _) => Some(i128::from(u)),
+            // Integral floats within i128 only; 1e300 is "too large" like any huge value.
+            (None, None, Some(f)) if f.is_finite() && f.fract() == 0.0 && f.abs() < 1e38 => {
+                Some(f as i128)
+            }
+            _ => None,
+        },
+        Value::String(s) => s.trim().parse::<i128>().ok(),
+        _ => None,
+    };
+    parsed.map(Some).ok_or_else(|| {
+        InvalidRequest::bad(
+            field,
+            format!("{field} must be an integer, got {}", short(value)),
+        )
+    })
+}
+
+/// A boolean field as pydantic's lax mode reads it.
+fn lax_bool(body: &Map<String, Value>, field: &str) -> Result<Option<bool>, InvalidRequest> {
+    let value = match body.get(field) {
+        None | Some(Value::Null) => return Ok(None),
+        Some(v) => v,
+    };
+    let parsed = match value {
+        Value::Bool(b) => Some(*b),
+        Value::Number(n) => match n.as_u64() {
+            Some(0) => Some(false),
+            Some(1) => Some(true),
+            _ => None,
+        },
+        Value::String(s) => match s.trim().to_ascii_lowercase().as_str() {
+            "1" | "on" | "t" | "true" | "y" | "yes" => Some(true),
+            "0" | "off" | "f" | "false" | "n" | "no" => Some(false),
+            _ => None,
+        },
+        _ => None,
+    };
+    parsed.map(Some).ok_or_else(|| {
+        InvalidRequest::bad(
+            field,
+            format!("{field} must be a boolean, got {}", short(value)),
+        )
+    })
+}
+
+fn type_name(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// A value for an error message, cut so a huge field does not make a huge error.
+fn short(value: &Value) -> String {
+    const MAX: usize = 40;
+    let text = value.to_string();
+    if text.len() <= MAX {
+        return text;
+    }
+    let cut = (0..=MAX)
+        .rev()
+        .find(|&i| text.is_char_boundary(i))
+        .unwrap_or(0);
+    format!("{}… ({})", &text[..cut], type_name(value))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CONTEXT: u32 = 4096;
+
+    fn params(api: ApiKind, body: Value) -> Result<GenerationParams, InvalidRequest> {
+        generation_params(api, body.as_object().expect("object"), CONTEXT)
+    }
+
+    fn chat(body: Value) -> Result<GenerationParams, InvalidRequest> {
+        params(ApiKind::Chat, body)
+    }
+
+    #[test]
+    fn defaults_when_the_fields_are_absent() {
+        assert_eq!(
+            chat(json!({"messages": []})),
+            Ok(GenerationParams {
+                stream: false,
+                include_usage: false,
+                max_tokens: None,
+                n: 1
+            })
+        );
+    }
+
+    #[test]
+    fn lax_integers_and_booleans_are_read_as_vllm_reads_them() {
+        let p = chat(json!({"max_tokens": "5", "stream": "yes", "n": 2.0})).unwrap();
+        assert_eq!((p.max_tokens, p.stream, p.n), (Some(5), true, 2));
+        let p = chat(json!({"max_tokens": 1e3, "stream": 0})).unwrap();
+        assert_eq!((p.max_tokens, p.stream), (Some(1000), false));
+        let p = chat(json!({"stream": true, "stream_options": {"include_usage": "on"}})).unwrap();
+        assert!(p.include_usage);
+    }
+
+    #[test]
+    fn the_refusals_of_vllm_are_refused_naming_the_field() {
+        let cases = [
+            (json!({"max_tokens": -1}), "max_tokens"),
+            (json!({"max_tokens": 0}), "max_tokens"),
+            (json!({"max_tokens": 1e12}), "max_tokens"),
+            (json!({"max_tokens": 2.5}), "max_tokens"),
+            (json!({"max_tokens": "x"}), "max_tokens"),
+            (json!({"max_tokens": true}), "max_tokens"),
+            (
+                json!({"max_completion_tokens": 0, "max_tokens": 5}),
+                "max_completion_tokens",
+            ),
+            (json!({"stream": "maybe"}), "stream"),
+            (json!({"stream": 2}), "stream"),
+            (
+                json!({"stream_options": {"include_usage": true}}),
+                "stream_options",
+            ),
+            (
+                json!({"stream": true, "stream_options": 3}),
+                "stream_options",
+            ),
+            (json!({"n": 0}), "n"),
+            (json!({"n": "two"}), "n"),
+        ];
+        for (body, field) in cases {
+            let err = chat(body.clone()).expect_err(&body.to_string());
+            assert_eq!(err.param.as_deref(), Some(field), "{body}: {err}");
+            assert_eq!(err.kind, ErrorKind::BadRequest);
+            assert!(err.message.contains(field), "{err}");
+        }
+    }
+
+    #[test]
+    fn chat_prefers_max_completion_tokens_and_completions_ignores_it() {
+        let body = json!({"max_completion_tokens": 7, "max_tokens": 9});
+        assert_eq!(chat(body.clone()).unwrap().max_tokens, Some(7));
+        assert_eq!(
+            params(ApiKind::Completions, body).unwrap().max_tokens,
+            Some(9)
+        );
+    }
+
+    #[test]
+    fn max_tokens_may_reach_the_context_but_not_pass_it() {
+        assert_eq!(
+            chat(json!({"max_tokens": CONTEXT})).unwrap().max_tokens,
+            Some(CONTEXT)
+        );
+        assert!(chat(json!({"max_tokens": CONTEXT + 1})).is_err());
+    }
+
+    #[test]
+    fn prompts_longer_than_the_context_are_refused() {
+        assert!(check_prompt_length(CONTEXT as usize, CONTEXT).is_ok());
+        let err = check_prompt_length(CONTEXT as usize + 1, CONTEXT).unwrap_err();
+        assert_eq!(err.param.as_deref(), Some("input_tokens"));
+        assert!(err.message.contains("4097"), "{err}");
+    }
+
+    #[test]
+    fn the_error_body_is_openai_shaped_and_bounded() {
+        let huge = "9".repeat(10_000);
+        let err = chat(json!({ "max_tokens": huge })).unwrap_err();
+        let body = err.to_json();
+        assert_eq!(body["error"]["type"], "BadRequestError");
+        assert_eq!(body["error"]["code"], 400);
+        assert_eq!(body["error"]["param"], "max_tokens");
+        assert!(body.to_string().len() < 300, "{body}");
+    }
+}
