@@ -19,7 +19,8 @@ set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 
-trace=${SWITCHYARD_TRACE:-$root/../shared/data/mooncake_conversation_trace.jsonl}
+# The Mooncake conversation trace (data/README.md, docs/loadgen.md "Mooncake traces").
+trace=${SWITCHYARD_TRACE:-$root/data/mooncake_conversation_trace.jsonl}
 if [[ ! -f $trace ]]; then
   echo "demo: the Mooncake trace is not at $trace" >&2
   echo "demo: how to fix: put it there or set SWITCHYARD_TRACE=/path/to/trace.jsonl" >&2

@@ -3,7 +3,7 @@
 //! The filter stays thin: it does not parse the request body. It POSTs the client's body
 //! verbatim to `POST /v1/route` on the control plane with the headers below, and gets a JSON
 //! [`Verdict`]. Keeping the body untouched also keeps its JSON key order, which the chat
-//! template renders (see DESIGN.md, "Chat templates").
+//! template renders (see docs/tokenization.md, "Exactness rules for chat templates").
 
 use serde::{Deserialize, Serialize};
 
@@ -121,6 +121,32 @@ impl RouteMode {
             RouteMode::Bypass => "bypass",
             RouteMode::Disagg => "disagg",
             RouteMode::Agg => "agg",
+        }
+    }
+}
+
+/// How requests are served: the control plane's `--serving-mode` (clap names, the same as
+/// the JSON's) and `PUT /v1/config`, and the mode a comparison run measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
+#[serde(rename_all = "snake_case")]
+pub enum ServingMode {
+    /// No prefill pool: every request goes to a decode (or agg) worker, which prefills.
+    Agg,
+    /// Every request is prefilled on a prefill worker, then decoded.
+    Disagg,
+    /// The policy decides per request (bypass or disaggregate).
+    #[default]
+    Conditional,
+}
+
+impl ServingMode {
+    /// Lower-case name, as on the command line, in JSON and in metric labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ServingMode::Agg => "agg",
+            ServingMode::Disagg => "disagg",
+            ServingMode::Conditional => "conditional",
         }
     }
 }

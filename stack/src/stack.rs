@@ -14,7 +14,7 @@ use crate::running::Stack;
 
 /// The control plane's serving mode (`--serving-mode`); the stack runs `conditional` unless
 /// told otherwise.
-pub use switchyard_control_plane::config::ServingMode;
+pub use switchyard_protocol::route::ServingMode;
 
 /// One of the stack's processes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -47,7 +47,7 @@ async fn every_mode_gets_a_complete_report_through_envoy() {
     let mut config = CompareConfig::new(
         WorkloadSpec::Trace {
             path: trace,
-            block_tokens: switchyard_sim::loadgen::trace::MOONCAKE_BLOCK_TOKENS,
+            block_tokens: switchyard_loadgen::trace::MOONCAKE_BLOCK_TOKENS,
         },
         dir.0.join("out"),
     );

@@ -4,7 +4,7 @@
 //!
 //! Every process listens on 127.0.0.1 only and is stopped by its PID when its handle is
 //! dropped, also when a test panics. The crate uses the standard library only (plus
-//! `thiserror`), so depending on it costs the stack and the tests nothing.
+//! `thiserror`, and `clap` for [`cli`]), so depending on it costs little.
 //!
 //! # Layout
 //! - [`process`]: one child with its output in a log file (or discarded), signals, a bounded
@@ -12,8 +12,10 @@
 //! - [`nats`]: nats-server with JetStream on a free 127.0.0.1 port; [`NatsServer::start`] is
 //!   the test fixture.
 //! - [`scratch`]: free ports and scratch directories removed on drop.
+//! - [`cli`]: flag parsing for the binaries, exiting 64 on bad flags.
 #![deny(missing_docs)]
 
+pub mod cli;
 pub mod nats;
 pub mod process;
 pub mod scratch;

@@ -11,13 +11,13 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, ValueEnum};
-use switchyard_sim::cli::{parse_args, EXIT_USAGE};
-use switchyard_sim::loadgen::report::Slo;
-use switchyard_sim::loadgen::WorkloadArgs;
+use switchyard_loadgen::report::Slo;
+use switchyard_loadgen::WorkloadArgs;
 use switchyard_stack::compare::output::comparison_markdown;
 use switchyard_stack::compare::workload::default_trace;
 use switchyard_stack::compare::{run_comparison, CompareConfig, CompareError, WorkloadSpec};
 use switchyard_stack::{stop_children_on_signal, Profile, ServingMode};
+use switchyard_support::cli::{parse_args, EXIT_USAGE};
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum ProfileArg {
@@ -32,7 +32,7 @@ enum ProfileArg {
 #[command(name = "switchyard-compare", version, about, args_override_self = true)]
 struct Cli {
     /// Workload: `--trace PATH` (default:
-    /// ../shared/data/mooncake_conversation_trace.jsonl) or `--agentic` with its knobs.
+    /// data/mooncake_conversation_trace.jsonl) or `--agentic` with its knobs.
     #[command(flatten)]
     workload: WorkloadArgs,
     /// Workers in every mode (equal GPUs).

@@ -1,4 +1,4 @@
-//! The cross-check: the same runs replayed in virtual time ([`switchyard_sim::replay`]: the
+//! The cross-check: the same runs replayed in virtual time ([`switchyard_replay`]: the
 //! same engine model and the control plane's own router, no sockets, no wall clock) and the
 //! real/virtual ratios of p50 TTFT and p50 ITL.
 //!
@@ -15,11 +15,11 @@ use std::collections::BTreeSet;
 use std::fmt::Write as _;
 
 use serde::Serialize;
-use switchyard_control_plane::config::RouterConfig;
-use switchyard_sim::engine::PerfPreset;
-use switchyard_sim::loadgen::record::RequestRecord;
-use switchyard_sim::loadgen::report::{parse_route, RunReport};
-use switchyard_sim::replay::{report_run, run_mode, GatewayModel, StackSpec};
+use switchyard_engine::PerfPreset;
+use switchyard_loadgen::record::RequestRecord;
+use switchyard_loadgen::report::{parse_route, RunReport};
+use switchyard_replay::{report_run, run_mode, GatewayModel, StackSpec};
+use switchyard_router::config::RouterConfig;
 
 use super::runner::ModeRunOutcome;
 use super::workload::PreparedWorkload;

@@ -1,5 +1,5 @@
 //! Measures the gateway's CPU cost per prompt token on this machine, for the cross-check's
-//! virtual replays ([`switchyard_sim::replay::GatewayModel`]).
+//! virtual replays ([`switchyard_replay::GatewayModel`]).
 //!
 //! Before a request's prompt reaches an engine on the real stack it is parsed and tokenized
 //! twice: by the control plane (chat template + tokenizer, to route it; at most
@@ -22,7 +22,7 @@ use std::path::Path;
 
 use switchyard_protocol::route::ApiKind;
 use switchyard_protocol::tokenize::ModelTokenizer;
-use switchyard_sim::replay::GatewayModel;
+use switchyard_replay::GatewayModel;
 
 use super::workload::PreparedWorkload;
 use super::CompareError;
@@ -96,7 +96,7 @@ pub fn measure(
 #[allow(clippy::disallowed_methods)] // Measures real CPU time on this machine by definition.
 fn render_one(
     prepared: &PreparedWorkload,
-    request: &switchyard_sim::loadgen::PlannedRequest,
+    request: &switchyard_loadgen::PlannedRequest,
 ) -> (Vec<u8>, f64) {
     let start = std::time::Instant::now();
     let body = serde_json::to_vec(&prepared.builder.body(request)).unwrap_or_default();

@@ -15,7 +15,7 @@
 //! - [`table`] (pure): the comparison as markdown.
 //! - [`output`]: the files written to the output folder.
 //! - [`cpu`]: CPU time per stack process and other work on the machine during a run.
-//! - [`cross_check`]: the same runs in virtual time ([`switchyard_sim::replay`]) and the
+//! - [`cross_check`]: the same runs in virtual time ([`switchyard_replay`]) and the
 //!   real/virtual ratios of p50 TTFT and ITL.
 
 pub mod cpu;
@@ -30,8 +30,8 @@ pub mod workload;
 use std::path::PathBuf;
 
 use serde::Serialize;
-use switchyard_sim::loadgen::agentic::AgenticConfig;
-use switchyard_sim::loadgen::report::Slo;
+use switchyard_loadgen::agentic::AgenticConfig;
+use switchyard_loadgen::report::Slo;
 
 use crate::paths::Profile;
 use crate::stack::ServingMode;
@@ -174,7 +174,7 @@ pub enum CompareError {
         /// The run.
         label: String,
         /// What failed.
-        source: Box<switchyard_sim::replay::ReplayError>,
+        source: Box<switchyard_replay::ReplayError>,
     },
     /// Writing results failed.
     #[error("{what}: {source}")]

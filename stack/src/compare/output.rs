@@ -17,11 +17,11 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 use serde::Serialize;
-use switchyard_sim::loadgen::markdown::run_markdown;
-use switchyard_sim::loadgen::plot::{interactivity_vs_throughput_svg, ThroughputKind};
-use switchyard_sim::loadgen::record::RequestRecord;
-use switchyard_sim::loadgen::report::RunReport;
-use switchyard_sim::replay::GatewayModel;
+use switchyard_loadgen::markdown::run_markdown;
+use switchyard_loadgen::plot::{interactivity_vs_throughput_svg, ThroughputKind};
+use switchyard_loadgen::record::RequestRecord;
+use switchyard_loadgen::report::RunReport;
+use switchyard_replay::GatewayModel;
 
 use super::cpu::CpuUsage;
 use super::cross_check::cross_check_markdown;

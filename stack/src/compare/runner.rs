@@ -5,11 +5,11 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::Serialize;
-use switchyard_sim::engine::PerfPreset;
-use switchyard_sim::loadgen::client::{replay, ClientConfig};
-use switchyard_sim::loadgen::record::RequestRecord;
-use switchyard_sim::loadgen::report::{build_report, RunMeta, RunReport};
-use switchyard_sim::replay::GatewayModel;
+use switchyard_engine::PerfPreset;
+use switchyard_loadgen::client::{replay, ClientConfig};
+use switchyard_loadgen::record::RequestRecord;
+use switchyard_loadgen::report::{build_report, RunMeta, RunReport};
+use switchyard_replay::GatewayModel;
 use tokio::time::Instant;
 
 use super::cpu::{self, CpuSnapshot, CpuUsage};

@@ -4,8 +4,8 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use switchyard_sim::loadgen::report::RunReport;
-use switchyard_sim::loadgen::stats::Summary;
+use switchyard_loadgen::report::RunReport;
+use switchyard_loadgen::stats::Summary;
 
 fn num(x: Option<f64>, digits: usize) -> String {
     match x {
@@ -131,8 +131,8 @@ pub fn fail_open_note(r: &RunReport) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
-    use switchyard_sim::loadgen::record::RequestRecord;
-    use switchyard_sim::loadgen::report::{build_report, RunMeta, Slo};
+    use switchyard_loadgen::record::RequestRecord;
+    use switchyard_loadgen::report::{build_report, RunMeta, Slo};
 
     use super::*;
 

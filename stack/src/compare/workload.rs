@@ -3,14 +3,14 @@
 
 use std::path::{Path, PathBuf};
 
+use switchyard_loadgen::agentic::generate_agentic;
+use switchyard_loadgen::prompts::{BodyBuilder, PromptFraming};
+use switchyard_loadgen::trace::{plan_trace, read_trace};
+use switchyard_loadgen::vocab::Vocabulary;
+use switchyard_loadgen::Workload;
 use switchyard_protocol::route::ApiKind;
 use switchyard_protocol::tokenize::ModelTokenizer;
-use switchyard_sim::loadgen::agentic::generate_agentic;
-use switchyard_sim::loadgen::prompts::{BodyBuilder, PromptFraming};
-use switchyard_sim::loadgen::trace::{plan_trace, read_trace};
-use switchyard_sim::loadgen::vocab::Vocabulary;
-use switchyard_sim::loadgen::Workload;
-use switchyard_sim::replay::PromptSource;
+use switchyard_replay::PromptSource;
 
 use super::{CompareError, WorkloadSpec};
 use crate::paths::workspace_root;
@@ -18,9 +18,9 @@ use crate::paths::workspace_root;
 /// The `model` field the requests carry (the simulated workers accept any name).
 pub const MODEL_NAME: &str = "Qwen/Qwen3-235B-A22B";
 
-/// The Mooncake conversation trace next to the repository (`../shared/data`).
+/// The Mooncake conversation trace in the repository (`data/`, see `data/README.md`).
 pub fn default_trace() -> PathBuf {
-    workspace_root().join("../shared/data/mooncake_conversation_trace.jsonl")
+    workspace_root().join("data/mooncake_conversation_trace.jsonl")
 }
 
 /// A workload ready to replay: the requests, how to render them, and the exact token ids

@@ -1,0 +1,408 @@
+use super::*;
+use crate::{Prompt, TransferMode};
+use switchyard_protocol::worker::WorkerRole;
+
+fn prompt(seed: u32, len: u32) -> Prompt {
+    Prompt::Tokens(
+        (0..len)
+            .map(|i| seed.wrapping_mul(7_919).wrapping_add(i))
+            .collect(),
+    )
+}
+
+fn collect(cluster: &mut Cluster) -> Vec<ClusterEvent> {
+    let mut events = Vec::new();
+    cluster.run(&mut |e| events.push(e));
+    events
+}
+
+fn first_token(events: &[ClusterEvent], engine: EngineIdx, id: u64) -> f64 {
+    events
+        .iter()
+        .find_map(|e| match e {
+            ClusterEvent::Output {
+                engine: en,
+                output: EngineOutput::FirstToken { id: i, at_ms, .. },
+            } if *en == engine && *i == id => Some(*at_ms),
+            _ => None,
+        })
+        .expect("first token")
+}
+
+/// When `engine` finished request `id`.
+fn finished_at(events: &[ClusterEvent], engine: EngineIdx, id: u64) -> f64 {
+    events
+        .iter()
+        .find_map(|e| match e {
+            ClusterEvent::Output {
+                engine: en,
+                output: EngineOutput::Finished { id: i, at_ms, .. },
+            } if *en == engine && *i == id => Some(*at_ms),
+            _ => None,
+        })
+        .expect("finished")
+}
+
+/// When the first KV transfer completes.
+fn transfer_until(events: &[ClusterEvent]) -> f64 {
+    events
+        .iter()
+        .find_map(|e| match e {
+            ClusterEvent::TransferStarted { until_ms, .. } => Some(*until_ms),
+            _ => None,
+        })
+        .expect("transfer")
+}
+
+/// A cluster of one prefill engine (`pcfg`) and one decode engine (`dcfg`), in that order.
+fn prefill_decode(pcfg: EngineConfig, dcfg: EngineConfig) -> (Cluster, EngineIdx, EngineIdx) {
+    let mut cluster = Cluster::new();
+    let p = cluster.add_engine("prefill-0", pcfg).unwrap();
+    let d = cluster.add_engine("decode-0", dcfg).unwrap();
+    (cluster, p, d)
+}
+
+/// [`prefill_decode`] with default configs.
+fn default_prefill_decode() -> (Cluster, EngineIdx, EngineIdx) {
+    prefill_decode(
+        EngineConfig::new(WorkerRole::Prefill),
+        EngineConfig::new(WorkerRole::Decode),
+    )
+}
+
+#[test]
+fn disaggregated_request_prefills_transfers_then_decodes() {
+    let (mut cluster, p, d) = default_prefill_decode();
+    let req = EngineRequest::local(42, prompt(1, 8_192), 5);
+    cluster.schedule(
+        100.0,
+        Arrival::Disaggregated {
+            prefill: p,
+            decode: d,
+            req,
+        },
+    );
+    let events = collect(&mut cluster);
+
+    let perf = cluster.engine(p).config().perf;
+    let prefill_done = first_token(&events, p, 42);
+    assert!((prefill_done - 100.0 - perf.prefill_chunk_ms(8_192, 0)).abs() < 1e-6);
+    let (tokens, until) = events
+        .iter()
+        .find_map(|e| match e {
+            ClusterEvent::TransferStarted {
+                tokens,
+                until_ms,
+                at_ms,
+                ..
+            } => {
+                assert_eq!(*at_ms, prefill_done);
+                Some((*tokens, *until_ms))
+            }
+            _ => None,
+        })
+        .expect("transfer");
+    assert_eq!(tokens, 8_192);
+    let xfer = cluster.engine(p).transfer_time_ms(8_192);
+    assert!((until - prefill_done - xfer).abs() < 1e-9);
+    // The decode worker's first token: one decode-sized step after the KV lands.
+    let decode_first = first_token(&events, d, 42);
+    let step = cluster.engine(d).config().perf.decode_ms(1, 8_192.0);
+    assert!(
+        (decode_first - until - step).abs() < 1e-6,
+        "{decode_first} vs {until} + {step}"
+    );
+    // The decode leg streamed all five tokens and reports the transferred tokens.
+    assert!(events.iter().any(|e| matches!(e,
+        ClusterEvent::Output { engine, output: EngineOutput::Finished {
+            id: 42, completion_tokens: 5, remote_tokens: 8_192, cached_tokens: 0, .. } }
+        if *engine == d)));
+    // Everything is released: the prefill worker's KV was pulled, the decode worker's freed.
+    assert_eq!(cluster.engine(p).load().kv_used_blocks, 0);
+    assert!(cluster.engine(p).held_kv(42).is_none());
+    assert_eq!(cluster.engine(d).load().kv_used_blocks, 0);
+    // The decode worker now caches the prompt: its next turn can bypass.
+    assert_eq!(
+        cluster.engine(d).cached_prefix_tokens(&prompt(1, 8_192)),
+        8_192
+    );
+}
+
+#[test]
+fn missing_suffix_transfer_moves_only_what_decode_lacks() {
+    let mut pcfg = EngineConfig::new(WorkerRole::Prefill);
+    pcfg.transfer.mode = TransferMode::MissingSuffix;
+    let (mut cluster, p, d) = prefill_decode(pcfg, EngineConfig::new(WorkerRole::Decode));
+    // Warm the decode worker with the first 4,096 tokens.
+    let warm = EngineRequest::local(1, prompt(9, 4_096), 1);
+    cluster.schedule(
+        0.0,
+        Arrival::Direct {
+            engine: d,
+            req: warm,
+        },
+    );
+    let req = EngineRequest::local(2, prompt(9, 6_000), 3);
+    cluster.schedule(
+        1_000.0,
+        Arrival::Disaggregated {
+            prefill: p,
+            decode: d,
+            req,
+        },
+    );
+    let events = collect(&mut cluster);
+    let moved = events.iter().find_map(|e| match e {
+        ClusterEvent::TransferStarted { tokens, .. } => Some(*tokens),
+        _ => None,
+    });
+    assert_eq!(moved, Some(6_000 - 4_096));
+    let cached = events.iter().find_map(|e| match e {
+        ClusterEvent::Output {
+            engine,
+            output:
+                EngineOutput::Finished {
+                    id: 2,
+                    cached_tokens,
+                    ..
+                },
+        } if *engine == d => Some(*cached_tokens),
+        _ => None,
+    });
+    assert_eq!(cached, Some(4_096));
+}
+
+#[test]
+fn events_arrive_in_time_order_and_kv_events_are_forwarded() {
+    let mut cluster = Cluster::new();
+    cluster.set_forward_kv_events(true);
+    let a = cluster
+        .add_engine("a", EngineConfig::new(WorkerRole::Agg))
+        .unwrap();
+    let b = cluster
+        .add_engine("b", EngineConfig::new(WorkerRole::Agg))
+        .unwrap();
+    for i in 0..20u64 {
+        let engine = if i % 2 == 0 { a } else { b };
+        let req = EngineRequest::local(i, prompt(i as u32, 500 + 100 * i as u32), 10 + i as u32);
+        cluster.schedule(37.0 * i as f64, Arrival::Direct { engine, req });
+    }
+    let mut last = f64::NEG_INFINITY;
+    let mut finished = 0;
+    let mut stored_blocks = 0;
+    cluster.run(&mut |e| match e {
+        ClusterEvent::Output { output, .. } => {
+            assert!(output.at_ms() >= last, "time went backwards");
+            last = output.at_ms();
+            if matches!(output, EngineOutput::Finished { .. }) {
+                finished += 1;
+            }
+        }
+        ClusterEvent::KvEvents { events, .. } => {
+            for ev in events {
+                if let KvEvent::Stored { blocks, .. } = ev {
+                    stored_blocks += blocks.len();
+                }
+            }
+        }
+        other => panic!("unexpected {other:?}"),
+    });
+    assert_eq!(finished, 20);
+    // Every full prompt block was stored once (no shared prefixes across these prompts),
+    // plus blocks completed by generated tokens.
+    let prompt_blocks: usize = (0..20).map(|i| (500 + 100 * i) / 64).sum();
+    assert!(stored_blocks >= prompt_blocks);
+    assert!(cluster.next_event_ms().is_none());
+}
+
+#[test]
+fn rejected_arrivals_are_reported_not_lost() {
+    let mut cluster = Cluster::new();
+    let a = cluster
+        .add_engine("a", EngineConfig::new(WorkerRole::Agg))
+        .unwrap();
+    cluster.schedule(
+        5.0,
+        Arrival::Direct {
+            engine: a,
+            req: EngineRequest::local(1, prompt(1, 0), 3),
+        },
+    );
+    let events = collect(&mut cluster);
+    assert!(matches!(events.as_slice(),
+        [ClusterEvent::Rejected { id: 1, error: EngineError::EmptyPrompt { id: 1 }, at_ms, .. }]
+        if *at_ms == 5.0));
+}
+
+#[test]
+fn step_next_lets_the_caller_react_at_event_time() {
+    // A closed loop: every finish immediately submits the next request on the same engine.
+    let mut cluster = Cluster::new();
+    let a = cluster
+        .add_engine("a", EngineConfig::new(WorkerRole::Agg))
+        .unwrap();
+    cluster
+        .submit(Arrival::Direct {
+            engine: a,
+            req: EngineRequest::local(0, prompt(0, 256), 4),
+        })
+        .unwrap();
+    let mut next_id = 1u64;
+    let mut finish_times = Vec::new();
+    while next_id < 10 {
+        let mut finished = Vec::new();
+        cluster.step_next(&mut |e| {
+            if let ClusterEvent::Output {
+                output: EngineOutput::Finished { at_ms, .. },
+                ..
+            } = e
+            {
+                finished.push(at_ms);
+            }
+        });
+        for at in finished {
+            assert_eq!(cluster.now_ms(), at);
+            finish_times.push(at);
+            let req = EngineRequest::local(next_id, prompt(next_id as u32, 256), 4);
+            cluster.submit(Arrival::Direct { engine: a, req }).unwrap();
+            next_id += 1;
+        }
+    }
+    assert_eq!(finish_times.len(), 9);
+    assert!(finish_times.windows(2).all(|w| w[1] > w[0]));
+}
+
+#[test]
+fn time_scale_converts_both_ways() {
+    let s = TimeScale::new(10.0).unwrap();
+    assert_eq!(s.wall_ms(158.0), 15.8);
+    assert_eq!(s.model_ms(15.8), 158.0);
+    assert_eq!(TimeScale::REAL.wall_ms(3.0), 3.0);
+    assert!(TimeScale::new(0.0).is_none());
+    assert!(TimeScale::new(f64::NAN).is_none());
+}
+
+#[test]
+fn trace_rows_sharing_hash_ids_share_engine_blocks() {
+    let seed = switchyard_protocol::hash::HashSeed::default();
+    let a = trace_block_hashes(&[0, 1, 2, 3], 2_000, 512, 64, seed);
+    let b = trace_block_hashes(&[0, 1, 9], 1_300, 512, 64, seed);
+    assert_eq!(a.len(), 31); // 2,000 / 64
+    assert_eq!(b.len(), 20);
+    assert_eq!(
+        a[..16],
+        b[..16],
+        "two shared 512-token blocks = 16 engine blocks"
+    );
+    assert!(a[16..20].iter().zip(&b[16..20]).all(|(x, y)| x != y));
+    // Deterministic, and different positions of the same id differ.
+    assert_eq!(a, trace_block_hashes(&[0, 1, 2, 3], 2_000, 512, 64, seed));
+    let c = trace_block_hashes(&[5], 512, 512, 64, seed);
+    let mut unique = c.clone();
+    unique.sort();
+    unique.dedup();
+    assert_eq!(unique.len(), c.len());
+}
+
+#[test]
+fn prefill_worker_holds_the_kv_until_the_transfer_lands() {
+    let mut pcfg = EngineConfig::new(WorkerRole::Prefill);
+    pcfg.transfer = crate::TransferModel::gb200_cross_rack(); // a visible transfer
+    let (mut cluster, p, d) = prefill_decode(pcfg, EngineConfig::new(WorkerRole::Decode));
+    let req = EngineRequest::local(5, prompt(5, 100_000), 2);
+    cluster.schedule(
+        0.0,
+        Arrival::Disaggregated {
+            prefill: p,
+            decode: d,
+            req,
+        },
+    );
+    let mut until = None;
+    while until.is_none() {
+        cluster.step_next(&mut |e| {
+            if let ClusterEvent::TransferStarted { until_ms, .. } = e {
+                until = Some(until_ms);
+            }
+        });
+    }
+    let until = until.unwrap();
+    // In flight: the prefill worker still pins the prompt, the decode worker has nothing.
+    assert!(cluster.engine(p).held_kv(5).is_some());
+    assert_eq!(cluster.engine(p).load().kv_used_blocks, 1_563); // 100,001 tokens / 64
+    assert!(!cluster.engine(d).contains(5));
+    assert!(
+        (until - cluster.now_ms() - 34.0).abs() < 1.0,
+        "~34 ms across racks"
+    );
+    cluster.run_until(until, &mut |_| {});
+    assert!(cluster.engine(p).held_kv(5).is_none());
+    assert!(cluster.engine(d).contains(5));
+}
+
+#[test]
+fn a_full_decode_worker_queues_the_decode_leg_until_kv_frees() {
+    let mut dcfg = EngineConfig::new(WorkerRole::Decode);
+    dcfg.kv_capacity_blocks = 40; // 2,560 tokens
+    let (mut cluster, p, d) = prefill_decode(EngineConfig::new(WorkerRole::Prefill), dcfg);
+    // A local request fills most of the decode worker for a while.
+    let busy = EngineRequest::local(1, prompt(1, 1_900), 200);
+    cluster.schedule(
+        0.0,
+        Arrival::Direct {
+            engine: d,
+            req: busy,
+        },
+    );
+    let req = EngineRequest::local(2, prompt(2, 1_500), 3);
+    cluster.schedule(
+        0.0,
+        Arrival::Disaggregated {
+            prefill: p,
+            decode: d,
+            req,
+        },
+    );
+    let events = collect(&mut cluster);
+    let finish = |id: u64| finished_at(&events, d, id);
+    // Request 1 holds 30-33 of the 40 blocks; the decode leg needs 24. Waiting requests
+    // never preempt running ones (vLLM), so the leg waits for request 1 to finish.
+    let transfer_done = transfer_until(&events);
+    assert!(
+        transfer_done < finish(1),
+        "the KV arrived while the worker was full"
+    );
+    assert!(first_token(&events, d, 2) > finish(1));
+    assert!(finish(2) > finish(1));
+    assert_eq!(cluster.engine(d).load().kv_used_blocks, 0);
+    assert_eq!(cluster.engine(p).load().kv_used_blocks, 0);
+}
+
+#[test]
+fn handoff_cpu_time_delays_the_transfer_by_the_prompt_length() {
+    let (mut cluster, p, d) = default_prefill_decode();
+    // 0.01 ms per prompt token: a 4,096-token prompt waits 40.96 ms (the decode worker's
+    // tokenization) before its KV starts moving.
+    cluster.set_handoff_cpu_ms_per_prompt_token(0.01);
+    let req = EngineRequest::local(7, prompt(3, 4_096), 2);
+    cluster.schedule(
+        0.0,
+        Arrival::Disaggregated {
+            prefill: p,
+            decode: d,
+            req,
+        },
+    );
+    let events = collect(&mut cluster);
+    let prefill_done = first_token(&events, p, 7);
+    let until = transfer_until(&events);
+    let xfer = cluster.engine(p).transfer_time_ms(4_096);
+    assert!(
+        (until - prefill_done - 40.96 - xfer).abs() < 1e-9,
+        "{until}"
+    );
+    assert!(first_token(&events, d, 7) > until);
+    // Nonsense settings count as no delay.
+    cluster.set_handoff_cpu_ms_per_prompt_token(f64::NAN);
+    assert_eq!(cluster.handoff_cpu_ms_per_prompt_token, 0.0);
+}

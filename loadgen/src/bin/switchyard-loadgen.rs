@@ -1,0 +1,345 @@
+//! `switchyard-loadgen`: replay a Mooncake trace or synthetic agentic sessions against an
+//! OpenAI-compatible endpoint and report latency, interactivity, throughput per GPU and
+//! goodput. `docs/loadgen.md` has the details.
+//!
+//! - `switchyard-loadgen [run] --endpoint URL (--trace PATH | --agentic) --gpus N --out DIR`
+//! - `switchyard-loadgen plan (--trace PATH | --agentic)`: the workload's shape, no requests.
+//! - `switchyard-loadgen compare --out DIR RUN...`: comparison table and plots across runs.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use switchyard_loadgen::agentic::generate_agentic;
+use switchyard_loadgen::client::{replay, ClientConfig};
+use switchyard_loadgen::markdown::{comparison_markdown, run_markdown};
+use switchyard_loadgen::plot::{interactivity_vs_throughput_svg, ThroughputKind};
+use switchyard_loadgen::prompts::{BodyBuilder, PromptFraming};
+use switchyard_loadgen::report::{build_report, RunMeta, RunReport, Slo};
+use switchyard_loadgen::summary::WorkloadSummary;
+use switchyard_loadgen::trace::{plan_trace, read_trace};
+use switchyard_loadgen::vocab::Vocabulary;
+use switchyard_loadgen::{Workload, WorkloadArgs};
+use switchyard_protocol::route::ApiKind;
+use switchyard_protocol::route::ServingMode;
+use switchyard_protocol::tokenize::{default_model_dir, ModelTokenizer};
+
+#[derive(Parser)]
+#[command(
+    name = "switchyard-loadgen",
+    version,
+    about,
+    args_conflicts_with_subcommands = true
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Replay a workload against an endpoint (the default).
+    Run(Box<RunArgs>),
+    /// Print the workload's shape (lengths, reuse) without sending anything.
+    Plan(LoadgenWorkload),
+    /// Compare finished runs: table (markdown, JSON) and interactivity-vs-throughput plots.
+    Compare(CompareArgs),
+}
+
+/// The shared workload flags plus the ones only the load generator takes.
+#[derive(Args, Clone)]
+struct LoadgenWorkload {
+    #[command(flatten)]
+    workload: WorkloadArgs,
+    /// Keep only the first N requests (by arrival).
+    #[arg(long)]
+    max_requests: Option<usize>,
+    /// Fail on any malformed trace line instead of skipping and reporting it.
+    #[arg(long)]
+    strict: bool,
+}
+
+#[derive(Args, Clone)]
+struct RunArgs {
+    #[command(flatten)]
+    workload: LoadgenWorkload,
+    /// Base URL of the gateway or OpenAI-compatible server, e.g. http://127.0.0.1:8080.
+    #[arg(long)]
+    endpoint: Option<String>,
+    /// API to use: one user message (chat) or a raw prompt (completions).
+    #[arg(long, value_enum, default_value_t = Api::Chat)]
+    api: Api,
+    /// Model folder with tokenizer.json and tokenizer_config.json.
+    #[arg(long, env = "SWITCHYARD_MODEL_DIR")]
+    model_dir: Option<PathBuf>,
+    /// Value of the request's `model` field.
+    #[arg(long, default_value = "Qwen/Qwen3-235B-A22B")]
+    model_name: String,
+    /// Multiplies arrival and think times (0.5 = twice the planned rate; 0 = all at once).
+    #[arg(long, default_value_t = 1.0)]
+    time_scale: f64,
+    /// Requests in flight at most.
+    #[arg(long)]
+    max_concurrency: Option<usize>,
+    /// Send nothing after this many seconds.
+    #[arg(long)]
+    max_duration_s: Option<f64>,
+    /// Seconds in-flight requests get after --max-duration-s.
+    #[arg(long, default_value_t = 60.0)]
+    drain_s: f64,
+    /// Per-request limit in seconds.
+    #[arg(long)]
+    request_timeout_s: Option<f64>,
+    /// TTFT objective for goodput, ms.
+    #[arg(long)]
+    slo_ttft_ms: Option<f64>,
+    /// ITL objective for goodput, ms.
+    #[arg(long)]
+    slo_itl_ms: Option<f64>,
+    /// Prefill + decode GPUs behind the endpoint (or use --workers).
+    #[arg(long, conflicts_with = "workers")]
+    gpus: Option<u32>,
+    /// Prefill + decode workers behind the endpoint; GPUs = workers × --gpus-per-worker.
+    #[arg(long)]
+    workers: Option<u32>,
+    /// GPUs per worker (a simulated GB200 worker is 4).
+    #[arg(long, default_value_t = 4)]
+    gpus_per_worker: u32,
+    /// Speed-up of the simulated workers behind the endpoint (their --time-scale): measured
+    /// times are multiplied by it so the report is in modelled-hardware time.
+    #[arg(long, default_value_t = 1.0)]
+    sim_speedup: f64,
+    /// Run label.
+    #[arg(long)]
+    label: Option<String>,
+    /// Serving mode measured, for comparisons.
+    #[arg(long, value_enum)]
+    mode: Option<ServingMode>,
+    /// Bearer token for the endpoint.
+    #[arg(long, env = "OPENAI_API_KEY", hide_env_values = true)]
+    api_key: Option<String>,
+    /// Output folder: records.jsonl, report.json, report.md.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// No progress bar.
+    #[arg(long)]
+    quiet: bool,
+}
+
+#[derive(Args)]
+struct CompareArgs {
+    /// Output folder: comparison.md, comparison.json and the plots.
+    #[arg(long)]
+    out: PathBuf,
+    /// Run folders (with report.json) or report JSON files.
+    #[arg(required = true)]
+    runs: Vec<PathBuf>,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Api {
+    Chat,
+    Completions,
+}
+
+fn main() -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .init();
+    let cli = Cli::parse();
+    match cli.command {
+        Some(Command::Run(args)) => run(*args),
+        None => run(cli.run),
+        Some(Command::Plan(args)) => plan(&args),
+        Some(Command::Compare(args)) => compare(&args),
+    }
+}
+
+/// Loads the workload the flags describe, reporting malformed trace lines.
+fn load_workload(args: &LoadgenWorkload) -> Result<(Workload, usize)> {
+    let w = &args.workload;
+    let (mut workload, malformed) = match (&w.trace, w.agentic) {
+        (Some(path), _) => {
+            let parsed = read_trace(path, w.block_tokens)?;
+            for bad in parsed.malformed.iter().take(10) {
+                eprintln!("{}:{}: {}", path.display(), bad.line, bad.reason);
+            }
+            let malformed = parsed.malformed.len();
+            if malformed > 0 {
+                eprintln!("{}: {malformed} malformed line(s) skipped", path.display());
+                if args.strict {
+                    bail!(
+                        "{malformed} malformed line(s) in {} (--strict)",
+                        path.display()
+                    );
+                }
+            }
+            if parsed.rows.is_empty() {
+                bail!("{} has no usable rows", path.display());
+            }
+            (plan_trace(&parsed, w.block_tokens, w.seed), malformed)
+        }
+        (None, true) => {
+            let config = w.agentic_config().map_err(anyhow::Error::msg)?;
+            (generate_agentic(&config, w.seed)?, 0)
+        }
+        (None, false) => bail!("give a workload: --trace PATH or --agentic"),
+    };
+    if let Some(n) = args.max_requests {
+        workload.truncate(n);
+    }
+    Ok((workload, malformed))
+}
+
+fn plan(args: &LoadgenWorkload) -> Result<()> {
+    let (workload, malformed) = load_workload(args)?;
+    print!("{}", WorkloadSummary::of(&workload).render());
+    println!("{malformed} malformed trace line(s) skipped");
+    Ok(())
+}
+
+fn run(args: RunArgs) -> Result<()> {
+    let endpoint = args.endpoint.clone().context("--endpoint is required")?;
+    let out = args.out.clone().context("--out DIR is required")?;
+    let gpus = match (args.gpus, args.workers) {
+        (Some(g), _) => g,
+        (None, Some(w)) => w * args.gpus_per_worker,
+        (None, None) => {
+            bail!("give --gpus N or --workers N (throughput per GPU needs the GPU count)")
+        }
+    };
+    if !(args.sim_speedup > 0.0 && args.sim_speedup.is_finite()) {
+        bail!("--sim-speedup must be a positive number");
+    }
+    if gpus == 0 {
+        bail!("the GPU count must be positive");
+    }
+    let (workload, malformed) = load_workload(&args.workload)?;
+    let model_dir = args.model_dir.clone().unwrap_or_else(default_model_dir);
+    let tokenizer = ModelTokenizer::from_dir(&model_dir).with_context(|| {
+        format!(
+            "cannot load the tokenizer from {} (run scripts/setup.sh or pass --model-dir)",
+            model_dir.display()
+        )
+    })?;
+    let builder = BodyBuilder {
+        api: match args.api {
+            Api::Chat => ApiKind::Chat,
+            Api::Completions => ApiKind::Completions,
+        },
+        model: args.model_name.clone(),
+        vocab: Vocabulary::from_tokenizer(&tokenizer)?,
+        content_seed: workload.content_seed,
+    };
+    let framing = PromptFraming::measure(&tokenizer, &builder)?;
+    eprintln!(
+        "{} request framing: {} template tokens before the content, {} after",
+        builder.api.as_str(),
+        framing.prefix_tokens(),
+        framing.suffix_tokens()
+    );
+    let mode = args.mode.map(ServingMode::as_str);
+    let label = args
+        .label
+        .clone()
+        .unwrap_or_else(|| format!("{}@x{}", mode.unwrap_or("run"), args.time_scale));
+    let meta = RunMeta {
+        label: label.clone(),
+        mode: mode.map(str::to_string),
+        workload: workload.name.clone(),
+        endpoint: endpoint.clone(),
+        gpus,
+        time_scale: args.time_scale,
+        seed: args.workload.workload.seed,
+        planned_requests: workload.requests.len(),
+        malformed_trace_lines: malformed,
+        offered_rps: workload.offered_rps(args.time_scale * args.sim_speedup),
+        sim_speedup: args.sim_speedup,
+    };
+    let secs = |s: f64| Duration::from_secs_f64(s.max(0.0));
+    let config = ClientConfig {
+        endpoint,
+        time_scale: args.time_scale,
+        max_concurrency: args.max_concurrency,
+        max_duration: args.max_duration_s.map(secs),
+        drain: secs(args.drain_s),
+        request_timeout: args.request_timeout_s.map(secs),
+        api_key: args.api_key.clone(),
+        run_tag: label.replace(|c: char| !c.is_ascii_alphanumeric(), "-"),
+        framing,
+        progress: !args.quiet,
+    };
+    let runtime = tokio::runtime::Runtime::new()?;
+    let outcome = runtime.block_on(replay(workload, builder, config))?;
+    let slo = Slo {
+        ttft_ms: args.slo_ttft_ms,
+        itl_ms: args.slo_itl_ms,
+    };
+    let report = build_report(meta, &outcome.records, outcome.not_sent, slo);
+    write_run(&out, &outcome.records, &report)?;
+    println!("{}", run_markdown(&report));
+    eprintln!("wrote {}", out.display());
+    Ok(())
+}
+
+fn write_run(
+    out: &Path,
+    records: &[switchyard_loadgen::record::RequestRecord],
+    report: &RunReport,
+) -> Result<()> {
+    std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
+    let mut jsonl = String::new();
+    for r in records {
+        jsonl.push_str(&serde_json::to_string(r)?);
+        jsonl.push('\n');
+    }
+    let write = |name: &str, text: &str| {
+        let path = out.join(name);
+        std::fs::write(&path, text).with_context(|| format!("cannot write {}", path.display()))
+    };
+    write("records.jsonl", &jsonl)?;
+    write("report.json", &serde_json::to_string_pretty(report)?)?;
+    write("report.md", &run_markdown(report))
+}
+
+fn compare(args: &CompareArgs) -> Result<()> {
+    let mut runs = Vec::new();
+    for path in &args.runs {
+        let file = if path.is_dir() {
+            path.join("report.json")
+        } else {
+            path.clone()
+        };
+        let text = std::fs::read_to_string(&file)
+            .with_context(|| format!("cannot read {}", file.display()))?;
+        let report: RunReport = serde_json::from_str(&text)
+            .with_context(|| format!("{} is not a run report", file.display()))?;
+        runs.push(report);
+    }
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("cannot create {}", args.out.display()))?;
+    let table = comparison_markdown(&runs);
+    std::fs::write(args.out.join("comparison.md"), &table)?;
+    std::fs::write(
+        args.out.join("comparison.json"),
+        serde_json::to_string_pretty(&runs)?,
+    )?;
+    for (kind, name) in [
+        (ThroughputKind::Total, "throughput_vs_interactivity.svg"),
+        (
+            ThroughputKind::Output,
+            "output_throughput_vs_interactivity.svg",
+        ),
+    ] {
+        match interactivity_vs_throughput_svg(&runs, kind) {
+            Ok(svg) => std::fs::write(args.out.join(name), svg)?,
+            Err(e) => eprintln!("no plot {name}: {e}"),
+        }
+    }
+    println!("{table}");
+    Ok(())
+}

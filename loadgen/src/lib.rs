@@ -1,0 +1,147 @@
+//! Load generator and trace replayer.
+//!
+//! A run has three stages kept apart so that each can be reused on its own:
+//!
+//! 1. **Workload** (pure, seeded): [`trace`] turns a Mooncake trace into a [`Workload`],
+//!    [`agentic`] synthesizes agentic sessions. A [`PlannedRequest`] says *when* (arrival
+//!    time, dependencies on earlier requests), *what* (a [`prompts::PromptSpec`]: which content
+//!    blocks, how many tokens of each) and how many tokens to generate. [`prompts`] turns a
+//!    spec into text that tokenizes exactly as planned (see [`vocab`]), and into the request
+//!    body. The virtual-time simulator consumes the same workload without HTTP.
+//! 2. **Client** ([`client`]): replays a workload against any OpenAI-compatible endpoint with
+//!    streaming, records one [`record::RequestRecord`] per request sent, failures included.
+//! 3. **Report** ([`report`], [`markdown`], [`plot`]): latency percentiles, interactivity,
+//!    throughput per GPU, goodput, route shares; markdown, JSON and SVG.
+//!
+//! `docs/loadgen.md` explains the choices (token-exact prompts, metric definitions).
+
+#![deny(missing_docs)]
+
+pub mod agentic;
+pub mod args;
+pub mod client;
+pub mod markdown;
+pub mod plot;
+pub mod prompts;
+pub mod record;
+pub mod report;
+pub mod reuse;
+pub mod sse;
+pub mod stats;
+pub mod summary;
+pub mod tokenizer;
+pub mod trace;
+pub mod vocab;
+
+use serde::{Deserialize, Serialize};
+
+use prompts::PromptSpec;
+
+pub use args::WorkloadArgs;
+
+/// One request of a workload, before it is sent.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PlannedRequest {
+    /// Index in [`Workload::requests`].
+    pub id: usize,
+    /// Earliest send time in ms after the start of the run (unscaled). For a request with
+    /// dependencies this is the planner's estimate; the real send time is when they finish.
+    pub arrival_ms: u64,
+    /// Conversation or agent session this request belongs to.
+    pub session: u64,
+    /// Turn number within its session (and agent), from 0.
+    pub turn: u32,
+    /// 0 for a session's main agent, `k > 0` for its k-th sub-agent.
+    pub agent: u32,
+    /// Requests that must complete before this one is sent (closed-loop sessions); empty for
+    /// open-loop traces.
+    pub after: Vec<usize>,
+    /// Pause after the last dependency completes (tool execution, user think time), unscaled.
+    pub think_ms: u64,
+    /// The prompt's content blocks; its token ids follow from the workload's content seed.
+    pub prompt: PromptSpec,
+    /// Output tokens to generate (`max_tokens`, with EOS ignored).
+    pub osl: u32,
+}
+
+impl PlannedRequest {
+    /// Prompt content tokens, without chat-template tokens (the trace's `input_length`).
+    pub fn isl(&self) -> u64 {
+        self.prompt.tokens()
+    }
+}
+
+/// A list of planned requests plus what is needed to render their prompts.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Workload {
+    /// Human-readable description, e.g. `mooncake:conversation` or `agentic:seed=7`.
+    pub name: String,
+    /// Seed of the block contents: equal (seed, block id) means equal tokens.
+    pub content_seed: u64,
+    /// Requests, sorted by `arrival_ms`, `id` = index.
+    pub requests: Vec<PlannedRequest>,
+}
+
+impl Workload {
+    /// Offered load: requests ÷ the arrival span scaled by `time_scale`, requests/s; `None`
+    /// when everything arrives at once.
+    pub fn offered_rps(&self, time_scale: f64) -> Option<f64> {
+        let first = self.requests.first()?.arrival_ms;
+        let last = self.requests.iter().map(|r| r.arrival_ms).max()?;
+        let span_ms = last.saturating_sub(first) as f64 * time_scale;
+        (span_ms > 0.0).then(|| self.requests.len() as f64 / (span_ms / 1000.0))
+    }
+
+    /// Keeps the first `n` requests (by arrival), dropping dependencies on removed ones.
+    pub fn truncate(&mut self, n: usize) {
+        self.requests.truncate(n);
+        for r in &mut self.requests {
+            r.after.retain(|&d| d < n);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::prompts::Segment;
+    use super::*;
+
+    fn at(id: usize, arrival_ms: u64, after: Vec<usize>) -> PlannedRequest {
+        PlannedRequest {
+            id,
+            arrival_ms,
+            session: 0,
+            turn: id as u32,
+            agent: 0,
+            after,
+            think_ms: 0,
+            prompt: PromptSpec {
+                segments: vec![Segment {
+                    block: 1,
+                    tokens: 4,
+                }],
+            },
+            osl: 1,
+        }
+    }
+
+    #[test]
+    fn offered_load_scales_with_the_time_scale() {
+        let w = Workload {
+            name: "w".into(),
+            content_seed: 0,
+            requests: vec![
+                at(0, 1_000, vec![]),
+                at(1, 2_000, vec![]),
+                at(2, 3_000, vec![1]),
+            ],
+        };
+        assert_eq!(w.offered_rps(1.0), Some(1.5));
+        assert_eq!(w.offered_rps(0.5), Some(3.0));
+        assert_eq!(w.offered_rps(0.0), None);
+        let mut cut = w.clone();
+        cut.truncate(2);
+        assert_eq!(cut.requests.len(), 2);
+        assert_eq!(cut.offered_rps(1.0), Some(2.0));
+    }
+}

@@ -1,0 +1,234 @@
+//! Report math on small hand-computed record sets.
+
+use switchyard_loadgen::markdown::{comparison_markdown, run_markdown};
+use switchyard_loadgen::plot::{interactivity_vs_throughput_svg, points_by_mode, ThroughputKind};
+use switchyard_loadgen::record::RequestRecord;
+use switchyard_loadgen::report::{build_report, parse_route, RunMeta, Slo};
+
+/// A successful request sent at `sent` ms with the given TTFT, E2E and token counts.
+fn ok(sent: f64, ttft: f64, e2e: f64, prompt: u32, out: u32, route: &str) -> RequestRecord {
+    RequestRecord {
+        sent_ms: sent,
+        ttft_ms: Some(ttft),
+        e2e_ms: Some(e2e),
+        expected_prompt_tokens: u64::from(prompt),
+        planned_osl: out,
+        prompt_tokens: Some(prompt),
+        completion_tokens: Some(out),
+        cached_tokens: Some(prompt / 2),
+        content_chunks: out,
+        route: Some(route.into()),
+        worker: Some("decode-0".into()),
+        status: Some(200),
+        ..RequestRecord::default()
+    }
+}
+
+fn meta(gpus: u32, mode: &str) -> RunMeta {
+    RunMeta {
+        label: format!("{mode}-run"),
+        mode: Some(mode.into()),
+        gpus,
+        ..RunMeta::default()
+    }
+}
+
+fn records() -> Vec<RequestRecord> {
+    vec![
+        // ITL = (1100 - 100) / (11 - 1) = 100 ms
+        ok(0.0, 100.0, 1100.0, 1000, 11, "bypass"),
+        // ITL = (2200 - 200) / 40 = 50 ms
+        ok(500.0, 200.0, 2200.0, 2000, 41, "disagg"),
+        // ITL = (3500 - 500) / 100 = 30 ms; ends at 1000 + 3500 = 4500 ms
+        ok(1000.0, 500.0, 3500.0, 3000, 101, "bypass"),
+        // One output token: no ITL.
+        ok(
+            1500.0,
+            300.0,
+            300.0,
+            500,
+            1,
+            "fail-open;reason=control_plane_down",
+        ),
+        RequestRecord {
+            sent_ms: 2000.0,
+            e2e_ms: Some(10.0),
+            status: Some(503),
+            error: Some("http 503: no workers".into()),
+            expected_prompt_tokens: 700,
+            ..RequestRecord::default()
+        },
+        RequestRecord {
+            sent_ms: 2100.0,
+            e2e_ms: Some(5.0),
+            error: Some("connect: refused".into()),
+            ..RequestRecord::default()
+        },
+    ]
+}
+
+fn close(a: Option<f64>, b: f64) -> bool {
+    a.is_some_and(|a| (a - b).abs() < 1e-9)
+}
+
+#[test]
+fn percentiles_itl_interactivity_and_throughput_per_gpu() {
+    let slo = Slo {
+        ttft_ms: Some(250.0),
+        itl_ms: Some(60.0),
+    };
+    let r = build_report(meta(8, "conditional"), &records(), 3, slo);
+    assert_eq!(
+        (
+            r.requests.sent,
+            r.requests.ok,
+            r.requests.failed,
+            r.requests.not_sent
+        ),
+        (6, 4, 2, 3)
+    );
+    // Window: first send 0 ms to last completion 4500 ms.
+    assert!((r.window_s - 4.5).abs() < 1e-9);
+    // TTFT of ok requests sorted: 100, 200, 300, 500. p50 = 250, p90 = 300 + 0.7·200 = 440.
+    assert!(close(r.ttft_ms.p50, 250.0) && close(r.ttft_ms.p90, 440.0));
+    assert!(close(r.ttft_ms.p99, 300.0 + 0.97 * 200.0));
+    // ITLs 30, 50, 100 (the one-token request has none): p50 50, p90 = 50 + 0.8·50 = 90.
+    assert_eq!(r.itl_ms.count, 3);
+    assert!(close(r.itl_ms.p50, 50.0) && close(r.itl_ms.p90, 90.0));
+    // Interactivity = 1000 / ITL at the percentile.
+    assert!(close(r.interactivity.p50, 20.0) && close(r.interactivity.p90, 1000.0 / 90.0));
+    // Tokens of ok requests: input 6500, output 154, over 4.5 s and 8 GPUs.
+    assert!((r.throughput.input_tokens_per_s - 6500.0 / 4.5).abs() < 1e-9);
+    assert!((r.throughput.output_tokens_per_s - 154.0 / 4.5).abs() < 1e-9);
+    assert!((r.throughput.total_tokens_per_s_per_gpu - 6654.0 / 4.5 / 8.0).abs() < 1e-9);
+    assert!((r.throughput.output_tokens_per_s_per_gpu - 154.0 / 4.5 / 8.0).abs() < 1e-9);
+    assert!((r.throughput.requests_per_s - 4.0 / 4.5).abs() < 1e-9);
+    // Goodput: TTFT ≤ 250 and ITL ≤ 60 → request 2 (200 ms, 50 ms) only; request 1 has
+    // TTFT 100 but ITL 100; request 4 has TTFT 300; failures never count.
+    assert_eq!(r.goodput.requests, 1);
+    assert!((r.goodput.requests_per_s - 1.0 / 4.5).abs() < 1e-9);
+    assert!((r.goodput.share - 1.0 / 6.0).abs() < 1e-9);
+    // Routes: 2 bypass, 1 disagg, 1 fail-open, 2 without a header.
+    assert_eq!(r.routes.modes.get("bypass"), Some(&2));
+    assert_eq!(r.routes.modes.get("none"), Some(&2));
+    assert_eq!(
+        r.routes.reasons.get("fail-open:control_plane_down"),
+        Some(&1)
+    );
+    assert!(close(r.routes.bypass_share, 0.5));
+    assert_eq!(r.errors.get("http 503"), Some(&1));
+    assert_eq!(r.errors.get("connect"), Some(&1));
+    assert_eq!(r.workers.get("decode-0"), Some(&4));
+    assert_eq!(r.tokens.reported_prompt, 6500);
+    assert_eq!(r.tokens.reported_cached, 3250);
+    assert_eq!(r.tokens.prompt_count_mismatches, 0);
+}
+
+#[test]
+fn without_slos_goodput_is_the_success_rate_and_a_single_token_meets_itl() {
+    let r = build_report(meta(4, "agg"), &records(), 0, Slo::default());
+    assert_eq!(r.goodput.requests, 4);
+    let only_itl = Slo {
+        ttft_ms: None,
+        itl_ms: Some(1.0),
+    };
+    let r = build_report(meta(4, "agg"), &records(), 0, only_itl);
+    assert_eq!(
+        r.goodput.requests, 1,
+        "only the one-token request has no ITL to miss"
+    );
+}
+
+#[test]
+fn an_empty_run_reports_zeros_not_nans() {
+    let r = build_report(meta(4, "agg"), &[], 5, Slo::default());
+    assert_eq!(r.requests.not_sent, 5);
+    assert_eq!(r.window_s, 0.0);
+    assert_eq!(r.throughput.total_tokens_per_s_per_gpu, 0.0);
+    assert!(r.ttft_ms.p50.is_none());
+    let md = run_markdown(&r);
+    assert!(
+        !md.contains("NaN") && md.contains("| TTFT (ms) | – |"),
+        "{md}"
+    );
+}
+
+#[test]
+fn sped_up_simulations_report_in_modelled_time() {
+    let wall = build_report(meta(8, "agg"), &records(), 0, Slo::default());
+    let mut m = meta(8, "agg");
+    m.sim_speedup = 10.0;
+    let slo = Slo {
+        ttft_ms: Some(2_500.0),
+        itl_ms: None,
+    };
+    let model = build_report(m, &records(), 0, slo);
+    assert!((model.window_s - 45.0).abs() < 1e-9);
+    assert!(close(model.ttft_ms.p50, 2_500.0) && close(model.itl_ms.p50, 500.0));
+    assert!(close(model.interactivity.p50, 2.0));
+    let (w, m) = (wall.throughput, model.throughput);
+    assert!((m.total_tokens_per_s_per_gpu * 10.0 - w.total_tokens_per_s_per_gpu).abs() < 1e-9);
+    // TTFTs 1000, 2000, 3000, 5000 ms in model time: two meet 2.5 s.
+    assert_eq!(model.goodput.requests, 2);
+}
+
+#[test]
+fn route_headers_parse_mode_and_reason() {
+    assert_eq!(parse_route("bypass"), ("bypass".into(), None));
+    assert_eq!(
+        parse_route("fail-open; reason=timeout"),
+        ("fail-open".into(), Some("timeout".into()))
+    );
+}
+
+#[test]
+fn comparison_table_json_and_plot_cover_every_mode() {
+    let mut runs = Vec::new();
+    for (mode, scale) in [
+        ("agg", 1.0),
+        ("agg", 2.0),
+        ("disagg", 1.0),
+        ("conditional", 1.0),
+    ] {
+        let mut m = meta(8, mode);
+        m.offered_rps = Some(scale);
+        let recs: Vec<RequestRecord> = records()
+            .into_iter()
+            .map(|mut r| {
+                r.e2e_ms = r.e2e_ms.map(|e| e * scale);
+                r
+            })
+            .collect();
+        runs.push(build_report(m, &recs, 0, Slo::default()));
+    }
+    let table = comparison_markdown(&runs);
+    assert_eq!(table.lines().count(), 2 + runs.len());
+    for mode in ["agg", "disagg", "conditional"] {
+        assert!(table.contains(&format!("| {mode} |")), "{table}");
+    }
+    let series = points_by_mode(&runs, ThroughputKind::Output);
+    assert_eq!(series.len(), 3);
+    assert_eq!(series["agg"].len(), 2, "one point per load level");
+    assert!(
+        series["agg"][0].0 <= series["agg"][1].0,
+        "sorted by interactivity"
+    );
+    let svg = interactivity_vs_throughput_svg(&runs, ThroughputKind::Total).unwrap();
+    assert!(svg.starts_with("<svg") && svg.contains("conditional") && svg.contains("</svg>"));
+    // Reports round-trip through JSON (the compare subcommand reads them back).
+    let json = serde_json::to_string(&runs).unwrap();
+    let back: Vec<switchyard_loadgen::report::RunReport> = serde_json::from_str(&json).unwrap();
+    // (serde_json's float parsing may differ in the last bit, so compare the exact fields.)
+    assert_eq!(back.len(), runs.len());
+    for (b, r) in back.iter().zip(&runs) {
+        assert_eq!(
+            (&b.meta, &b.requests, &b.routes, &b.errors),
+            (&r.meta, &r.requests, &r.routes, &r.errors)
+        );
+        assert!(
+            (b.throughput.total_tokens_per_s_per_gpu - r.throughput.total_tokens_per_s_per_gpu)
+                .abs()
+                < 1e-9
+        );
+    }
+}

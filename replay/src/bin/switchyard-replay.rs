@@ -1,0 +1,470 @@
+//! `switchyard-replay`: replays a workload in virtual time through simulated engines with
+//! the control plane's own router in the loop, in agg, disagg and conditional mode on equal
+//! GPUs, and optionally sweeps the conditional-disaggregation thresholds.
+//! **Simulated**: see `docs/virtual-time.md`.
+//!
+//! Bad input (flags, trace, config JSON) exits with 64 and a message naming the problem.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{bail, Context, Result};
+use clap::Parser;
+use switchyard_engine::PerfPreset;
+use switchyard_engine::DEFAULT_MODEL_NAME;
+use switchyard_loadgen::agentic::generate_agentic;
+use switchyard_loadgen::markdown::{comparison_markdown, run_markdown};
+use switchyard_loadgen::plot::{interactivity_vs_throughput_svg, ThroughputKind};
+use switchyard_loadgen::prompts::{BodyBuilder, PromptFraming};
+use switchyard_loadgen::report::{RunReport, Slo};
+use switchyard_loadgen::trace::{plan_trace, read_trace};
+use switchyard_loadgen::vocab::Vocabulary;
+use switchyard_loadgen::{Workload, WorkloadArgs};
+use switchyard_protocol::route::ApiKind;
+use switchyard_protocol::tokenize::{default_model_dir, ModelTokenizer};
+use switchyard_replay::{
+    pick_from_sweep, recommend_thresholds, report_run, run_mode, sweep_markdown, sweep_thresholds,
+    tuning_markdown, EffIslDistribution, GatewayModel, PromptSource, StackSpec, ThresholdGrid,
+};
+use switchyard_router::config::{RouterConfig, ServingMode};
+use switchyard_support::cli::{parse_args, EXIT_USAGE};
+
+#[derive(Parser)]
+#[command(name = "switchyard-replay", version, about)]
+struct Cli {
+    /// Workload: `--trace PATH` (default: the one-hour conversation trace in
+    /// data/mooncake_conversation_trace.jsonl) or `--agentic` with its knobs; `--seed` also seeds the router.
+    #[command(flatten)]
+    workload: WorkloadArgs,
+    /// Workers in every mode (equal GPUs).
+    #[arg(long, default_value_t = 8)]
+    workers: u32,
+    /// Share of the workers that prefill in disagg and conditional mode (rounded, at least
+    /// one prefill and one decode worker). Half suits prefill-heavy traces like Mooncake's
+    /// (ISL:OSL about 35:1).
+    #[arg(long, default_value_t = 0.5)]
+    prefill_ratio: f64,
+    /// Exact prefill worker count (overrides --prefill-ratio).
+    #[arg(long)]
+    prefill_workers: Option<u32>,
+    /// Modes to run, comma-separated: agg, disagg, conditional.
+    #[arg(long, value_delimiter = ',', default_value = "agg,disagg,conditional")]
+    modes: Vec<ServingMode>,
+    /// Multiplies arrival times (0.5 = twice the trace's rate).
+    #[arg(long, default_value_t = 1.0)]
+    time_scale: f64,
+    /// Several time scales (load levels) for the interactivity-vs-throughput plot; overrides
+    /// --time-scale.
+    #[arg(long, value_delimiter = ',')]
+    load_levels: Vec<f64>,
+    /// Keep only the first N requests.
+    #[arg(long)]
+    max_requests: Option<usize>,
+    /// Router config JSON (thresholds, policy, selection, load), as `PUT /v1/config` takes.
+    #[arg(long)]
+    conditional_disagg_config: Option<String>,
+    /// Also sweep the isl_bounding thresholds in conditional mode.
+    #[arg(long)]
+    sweep: bool,
+    /// eff_isl_threshold values of the sweep.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "0,512,1024,2048,4096,8192,16384"
+    )]
+    sweep_thresholds: Vec<u32>,
+    /// eff_isl_ratio_threshold values of the sweep.
+    #[arg(long, value_delimiter = ',', default_value = "0.7")]
+    sweep_ratios: Vec<f64>,
+    /// Longest prefill stall one bypass may add to running streams, ms (threshold rule).
+    #[arg(long, default_value_t = 50.0)]
+    stall_budget_ms: f64,
+    /// The sweep pick may raise ITL p99 by at most this share over never bypassing.
+    #[arg(long, default_value_t = 0.1)]
+    itl_slack: f64,
+    /// TTFT objective for goodput, ms.
+    #[arg(long)]
+    slo_ttft_ms: Option<f64>,
+    /// ITL objective for goodput, ms.
+    #[arg(long)]
+    slo_itl_ms: Option<f64>,
+    /// Worker performance preset (gb200-fp8-tep4, gb200-fp8-dep4, gb200-nvfp4-dep4,
+    /// h200-fp8-tep8).
+    #[arg(long, default_value = "gb200-fp8-tep4")]
+    perf_preset: String,
+    /// Route the exact token ids the control plane computes from the load generator's chat
+    /// bodies (Qwen3 tokenizer vocabulary and chat-template framing) instead of synthetic
+    /// ids with the same structure. Needs the tokenizer (scripts/setup.sh).
+    #[arg(long)]
+    chat_framing: bool,
+    /// Model folder with tokenizer.json and tokenizer_config.json (for --chat-framing).
+    #[arg(long, env = "SWITCHYARD_MODEL_DIR")]
+    model_dir: Option<PathBuf>,
+    /// Model the gateway in front of the engines (`docs/virtual-time.md`; all gateway costs
+    /// 0: no gateway stage): the body's way to the route call (client, Envoy), modelled µs
+    /// per prompt token.
+    #[arg(long, default_value_t = 0.0)]
+    gateway_body_us_per_token: f64,
+    /// Gateway: the control plane's route tokenization, modelled µs per prompt token.
+    #[arg(long, default_value_t = 0.0)]
+    gateway_route_us_per_token: f64,
+    /// Gateway: the first worker's tokenization, modelled µs per prompt token.
+    #[arg(long, default_value_t = 0.0)]
+    gateway_worker_us_per_token: f64,
+    /// Gateway: the decode worker's tokenization of a disaggregated request before its KV
+    /// transfer, modelled µs per prompt token.
+    #[arg(long, default_value_t = 0.0)]
+    gateway_decode_leg_us_per_token: f64,
+    /// Gateway: route calls tokenized at once (FIFO beyond; 0 = unbounded).
+    #[arg(long, default_value_t = 2)]
+    gateway_route_threads: u32,
+    /// Gateway: cores the tokenizations share (may be fractional).
+    #[arg(long, default_value_t = 2.0)]
+    gateway_cpus: f64,
+    /// Gateway: route call timeout, modelled ms; a slower verdict fails open.
+    #[arg(long)]
+    gateway_route_timeout_ms: Option<f64>,
+    /// Output folder: comparison.md/json, plots, per-run reports, tuning, sweep.
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+/// Everything checked from the flags before any run starts.
+struct Plan {
+    workload: Workload,
+    source: PromptSource,
+    base: StackSpec,
+    modes: Vec<ServingMode>,
+    scales: Vec<f64>,
+    slo: Slo,
+}
+
+fn main() -> ExitCode {
+    let cli: Cli = match parse_args() {
+        Ok(parsed) => parsed,
+        Err(code) => return code,
+    };
+    let plan = match plan(&cli) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("switchyard-replay: {}", error_chain(&e));
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    match run(&cli, plan) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("switchyard-replay: {}", error_chain(&e));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The error and its causes, skipping a cause whose text the message before it already
+/// quotes (several library errors embed their source).
+fn error_chain(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if !out.contains(&text) {
+            if !out.is_empty() {
+                out.push_str(": ");
+            }
+            out.push_str(&text);
+        }
+    }
+    out
+}
+
+fn default_trace() -> PathBuf {
+    PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../data/mooncake_conversation_trace.jsonl"
+    ))
+}
+
+fn plan(cli: &Cli) -> Result<Plan> {
+    let modes = cli.modes.clone();
+    let preset: PerfPreset = cli
+        .perf_preset
+        .parse()
+        .map_err(|e| anyhow::anyhow!("--perf-preset: {e}"))?;
+    let w = &cli.workload;
+    let mut workload = if let Some(path) = w.trace_or(default_trace) {
+        let parsed = read_trace(&path, w.block_tokens)?;
+        if !parsed.malformed.is_empty() {
+            let first = &parsed.malformed[0];
+            bail!(
+                "{}: {} malformed line(s), first at line {}: {}",
+                path.display(),
+                parsed.malformed.len(),
+                first.line,
+                first.reason
+            );
+        }
+        if parsed.rows.is_empty() {
+            bail!("{} has no requests", path.display());
+        }
+        plan_trace(&parsed, w.block_tokens, w.seed)
+    } else {
+        let config = w.agentic_config().map_err(anyhow::Error::msg)?;
+        generate_agentic(&config, w.seed)?
+    };
+    if let Some(n) = cli.max_requests {
+        if n == 0 {
+            bail!("--max-requests must be at least 1");
+        }
+        workload.truncate(n);
+    }
+    if cli.workers < 2 && modes.iter().any(|&m| m != ServingMode::Agg) {
+        bail!("disagg and conditional modes need --workers of at least 2");
+    }
+    if !(cli.prefill_ratio > 0.0 && cli.prefill_ratio < 1.0) {
+        bail!("--prefill-ratio must be strictly between 0 and 1");
+    }
+    let prefill = cli.prefill_workers.unwrap_or_else(|| {
+        let p = (f64::from(cli.workers) * cli.prefill_ratio).round() as u32;
+        p.clamp(1, cli.workers.saturating_sub(1).max(1))
+    });
+    let router = match &cli.conditional_disagg_config {
+        Some(text) => {
+            let json: serde_json::Value = serde_json::from_str(text)
+                .context("--conditional-disagg-config is not valid JSON")?;
+            RouterConfig::from_json(&json).context("--conditional-disagg-config")?
+        }
+        None => RouterConfig::default(),
+    };
+    let scales = if cli.load_levels.is_empty() {
+        vec![cli.time_scale]
+    } else {
+        cli.load_levels.clone()
+    };
+    if let Some(bad) = scales.iter().find(|s| !(s.is_finite() && **s >= 0.0)) {
+        bail!("time scales must be finite and >= 0, got {bad}");
+    }
+    if cli.sweep {
+        let ratios_ok = cli.sweep_ratios.iter().all(|r| (0.0..=1.0).contains(r));
+        if cli.sweep_thresholds.is_empty() || !ratios_ok {
+            bail!("--sweep needs thresholds and ratios in [0, 1]");
+        }
+    }
+    let mut base = StackSpec::new(ServingMode::Conditional, cli.workers, prefill);
+    base.preset = preset;
+    base.router = router;
+    base.seed = cli.workload.seed;
+    base.gateway = GatewayModel {
+        body_ms_per_prompt_token: cli.gateway_body_us_per_token / 1e3,
+        route_ms_per_prompt_token: cli.gateway_route_us_per_token / 1e3,
+        route_threads: cli.gateway_route_threads,
+        worker_ms_per_prompt_token: cli.gateway_worker_us_per_token / 1e3,
+        cpus: cli.gateway_cpus,
+        decode_leg_ms_per_prompt_token: cli.gateway_decode_leg_us_per_token / 1e3,
+        route_timeout_ms: cli.gateway_route_timeout_ms,
+    };
+    base.gateway
+        .validate()
+        .map_err(|e| anyhow::anyhow!("gateway: {e}"))?;
+    for &mode in &modes {
+        StackSpec {
+            mode,
+            ..base.clone()
+        }
+        .roles()?;
+    }
+    let slo = Slo {
+        ttft_ms: cli.slo_ttft_ms,
+        itl_ms: cli.slo_itl_ms,
+    };
+    let source = if cli.chat_framing {
+        chat_source(cli, workload.content_seed)?
+    } else {
+        PromptSource::synthetic(workload.content_seed)
+    };
+    Ok(Plan {
+        workload,
+        source,
+        base,
+        modes,
+        scales,
+        slo,
+    })
+}
+
+/// Token ids as the control plane computes them from the load generator's chat bodies.
+fn chat_source(cli: &Cli, content_seed: u64) -> Result<PromptSource> {
+    let dir = cli.model_dir.clone().unwrap_or_else(default_model_dir);
+    let tokenizer = ModelTokenizer::from_dir(&dir).with_context(|| {
+        format!(
+            "cannot load the tokenizer from {} (run scripts/setup.sh or pass --model-dir)",
+            dir.display()
+        )
+    })?;
+    let builder = BodyBuilder {
+        api: ApiKind::Chat,
+        model: DEFAULT_MODEL_NAME.to_string(),
+        vocab: Vocabulary::from_tokenizer(&tokenizer)?,
+        content_seed,
+    };
+    let framing = PromptFraming::measure(&tokenizer, &builder)?;
+    Ok(PromptSource {
+        vocab: builder.vocab,
+        framing,
+        content_seed,
+    })
+}
+
+/// Wall-clock seconds since `start`, to report replay speed (not used in any result).
+#[allow(clippy::disallowed_methods)] // measuring the simulator's own speed needs the wall clock
+fn wall_s(start: Option<std::time::Instant>) -> (std::time::Instant, f64) {
+    let now = std::time::Instant::now();
+    (now, start.map_or(0.0, |s| (now - s).as_secs_f64()))
+}
+
+fn run(cli: &Cli, plan: Plan) -> Result<()> {
+    let Plan {
+        workload,
+        source,
+        base,
+        modes,
+        scales,
+        slo,
+    } = plan;
+    eprintln!(
+        "{}: {} requests; {} workers ({} prefill in disagg/conditional), preset {}",
+        workload.name,
+        workload.requests.len(),
+        base.workers,
+        base.prefill_workers,
+        base.preset.name()
+    );
+    let mut reports: Vec<RunReport> = Vec::new();
+    let mut tuning = None;
+    for &scale in &scales {
+        for &mode in &modes {
+            let spec = StackSpec {
+                mode,
+                time_scale: scale,
+                ..base.clone()
+            };
+            let (start, _) = wall_s(None);
+            let run = run_mode(&workload, &source, spec)?;
+            let (_, secs) = wall_s(Some(start));
+            let label = format!("{}@x{scale}", mode.as_str());
+            eprintln!(
+                "{label}: {} requests in {:.1} s wall ({:.0} s virtual)",
+                run.records.len(),
+                secs,
+                run.end_ms / 1000.0
+            );
+            if mode == ServingMode::Conditional && tuning.is_none() {
+                tuning = Some(EffIslDistribution::from_notes(&run.notes));
+            }
+            let report = report_run(&run, &workload, slo, Some(label.clone()));
+            if let Some(out) = &cli.out {
+                write_run(&out.join("runs").join(&label), &run, &report)?;
+            }
+            reports.push(report);
+        }
+    }
+    let table = comparison_markdown(&reports);
+    println!("{table}");
+    let tuning_md = tuning.map(|dist| {
+        let engine = switchyard_engine::EngineConfig::with_preset(
+            switchyard_protocol::worker::WorkerRole::Decode,
+            base.preset,
+        );
+        let rec = recommend_thresholds(&dist, &engine.perf, engine.block_size, cli.stall_budget_ms);
+        (tuning_markdown(&dist, &rec), dist, rec)
+    });
+    if let Some((md, _, _)) = &tuning_md {
+        println!("## Threshold tuning (conditional run)\n\n{md}");
+    }
+    let sweep = if cli.sweep {
+        let grid = ThresholdGrid {
+            eff_isl_thresholds: cli.sweep_thresholds.clone(),
+            ratio_thresholds: cli.sweep_ratios.clone(),
+        };
+        let base = StackSpec {
+            time_scale: scales[0],
+            ..base.clone()
+        };
+        let points = sweep_thresholds(&workload, &source, &base, &grid, slo)?;
+        let mut md = sweep_markdown(&points);
+        if let Some(p) = pick_from_sweep(&points, cli.itl_slack) {
+            md.push_str(&format!(
+                "\nPick (lowest TTFT p90 with ITL p99 within {:.0} % of never bypassing): \
+                 `eff_isl_threshold` = {}, `eff_isl_ratio_threshold` = {:.2} ({:.1} % bypass).\n",
+                cli.itl_slack * 100.0,
+                p.eff_isl_threshold,
+                p.ratio_threshold,
+                p.bypass_share * 100.0
+            ));
+        }
+        println!("## Threshold sweep\n\n{md}");
+        Some((points, md))
+    } else {
+        None
+    };
+    if let Some(out) = &cli.out {
+        let write = |name: &str, text: String| {
+            let path = out.join(name);
+            std::fs::write(&path, text).with_context(|| format!("cannot write {}", path.display()))
+        };
+        std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
+        write("comparison.md", table)?;
+        write("comparison.json", serde_json::to_string_pretty(&reports)?)?;
+        for (kind, name) in [
+            (ThroughputKind::Total, "throughput_vs_interactivity.svg"),
+            (
+                ThroughputKind::Output,
+                "output_throughput_vs_interactivity.svg",
+            ),
+        ] {
+            match interactivity_vs_throughput_svg(&reports, kind) {
+                Ok(svg) => write(name, svg)?,
+                Err(e) => eprintln!("no plot {name}: {e}"),
+            }
+        }
+        if let Some((md, dist, rec)) = tuning_md {
+            write("tuning.md", md)?;
+            write(
+                "tuning.json",
+                serde_json::to_string_pretty(
+                    &serde_json::json!({"distribution": dist, "recommendation": rec}),
+                )?,
+            )?;
+        }
+        if let Some((points, md)) = sweep {
+            write("sweep.md", md)?;
+            write("sweep.json", serde_json::to_string_pretty(&points)?)?;
+        }
+        eprintln!("wrote {}", out.display());
+    }
+    Ok(())
+}
+
+fn write_run(dir: &Path, run: &switchyard_replay::ReplayRun, report: &RunReport) -> Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let mut records = String::new();
+    for r in &run.records {
+        records.push_str(&serde_json::to_string(r)?);
+        records.push('\n');
+    }
+    let mut notes = String::new();
+    for n in &run.notes {
+        notes.push_str(&serde_json::to_string(n)?);
+        notes.push('\n');
+    }
+    let write = |name: &str, text: &str| {
+        let path = dir.join(name);
+        std::fs::write(&path, text).with_context(|| format!("cannot write {}", path.display()))
+    };
+    write("records.jsonl", &records)?;
+    write("routes.jsonl", &notes)?;
+    write("report.json", &serde_json::to_string_pretty(report)?)?;
+    write(
+        "counters.json",
+        &serde_json::to_string_pretty(&run.counters)?,
+    )?;
+    write("report.md", &run_markdown(report))
+}

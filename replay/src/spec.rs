@@ -1,0 +1,137 @@
+//! What a virtual run is given (the deployment and router settings) and what it returns.
+
+use serde::Serialize;
+use switchyard_protocol::worker::WorkerRole;
+use switchyard_router::config::{RouterConfig, ServingMode};
+
+use super::gateway::GatewayModel;
+use super::tracker::RouteNote;
+use super::ReplayError;
+use switchyard_engine::PerfPreset;
+use switchyard_loadgen::record::RequestRecord;
+
+/// One virtual deployment: how many workers of which kind, and how the router is set.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StackSpec {
+    /// Agg, disagg or conditional (overrides `router.serving_mode`).
+    pub mode: ServingMode,
+    /// Workers in all (each one a 4-GPU GB200 node with the default preset).
+    pub workers: u32,
+    /// Of those, prefill workers in disagg and conditional mode (ignored for agg).
+    pub prefill_workers: u32,
+    /// Performance preset of every worker.
+    pub preset: PerfPreset,
+    /// Router configuration (thresholds, selection weights, load timeouts).
+    pub router: RouterConfig,
+    /// Router RNG seed (tie-breaking).
+    pub seed: u64,
+    /// Multiplies arrival and think times (0.5 = twice the planned rate), as the load
+    /// generator's `--time-scale`.
+    pub time_scale: f64,
+    /// Interval between load reports, virtual ms (the simulated worker's default: 500).
+    pub load_interval_ms: u64,
+    /// CPU time between a client's send and the request reaching its first engine (the
+    /// real stack's tokenizations); [`GatewayModel::FREE`] by default.
+    pub gateway: GatewayModel,
+    /// Send times measured on a real run, virtual ms by request id, replacing the planned
+    /// arrival (× `time_scale`) of every request without dependencies; a missing or
+    /// non-finite entry keeps the planned one. The cross-check sets it so both sides see the
+    /// same arrival process, down to the order the real client sent a burst's requests
+    /// within one millisecond. `None` (the default): planned arrivals.
+    #[serde(skip)]
+    pub sent_ms: Option<Vec<f64>>,
+}
+
+impl StackSpec {
+    /// `workers` workers in `mode`, `prefill_workers` of them prefill (non-agg modes), the
+    /// default preset and router config, load reports every 500 ms, planned arrival rate.
+    pub fn new(mode: ServingMode, workers: u32, prefill_workers: u32) -> Self {
+        StackSpec {
+            mode,
+            workers,
+            prefill_workers,
+            preset: PerfPreset::Gb200Fp8Tep4,
+            router: RouterConfig::default(),
+            seed: 0,
+            time_scale: 1.0,
+            load_interval_ms: switchyard_engine::DEFAULT_LOAD_INTERVAL_MS,
+            gateway: GatewayModel::FREE,
+            sent_ms: None,
+        }
+    }
+
+    /// The role of each worker, prefill workers first.
+    ///
+    /// # Errors
+    /// [`ReplayError::InvalidSetup`] without workers, or without both prefill and decode
+    /// workers in disagg and conditional mode.
+    pub fn roles(&self) -> Result<Vec<WorkerRole>, ReplayError> {
+        let bad = |m: String| Err(ReplayError::InvalidSetup(m));
+        if self.workers == 0 {
+            return bad("at least one worker is needed".into());
+        }
+        if self.mode == ServingMode::Agg {
+            return Ok(vec![WorkerRole::Agg; self.workers as usize]);
+        }
+        if self.prefill_workers == 0 || self.prefill_workers >= self.workers {
+            return bad(format!(
+                "{} mode needs 1 to {} prefill workers out of {}, got {}",
+                self.mode.as_str(),
+                self.workers.saturating_sub(1),
+                self.workers,
+                self.prefill_workers
+            ));
+        }
+        let p = self.prefill_workers as usize;
+        let d = (self.workers - self.prefill_workers) as usize;
+        Ok([vec![WorkerRole::Prefill; p], vec![WorkerRole::Decode; d]].concat())
+    }
+
+    /// GPUs in the deployment (for throughput per GPU).
+    pub fn gpus(&self) -> u32 {
+        self.workers * self.preset.gpus_per_worker()
+    }
+}
+
+/// Counts of what happened in a run, beyond the records.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct ReplayCounters {
+    /// KV event batches applied to the router.
+    pub kv_batches: u64,
+    /// Batches the router rejected or asked a resync for (should stay 0: nothing is lost).
+    pub kv_batch_problems: u64,
+    /// Load reports applied.
+    pub load_reports: u64,
+    /// Routing failures (no decode worker).
+    pub route_errors: u64,
+    /// Requests whose route call timed out in the gateway stage and were sent unrouted to a
+    /// decode worker (route `fail-open;reason=timeout`).
+    pub failed_open: u64,
+    /// Engine refusals (at arrival or after a transfer).
+    pub rejected: u64,
+    /// Recompute preemptions across engines.
+    pub preemptions: u64,
+    /// KV transfers started and tokens they moved.
+    pub transfers: u64,
+    /// Tokens moved by KV transfers.
+    pub transfer_tokens: u64,
+    /// Discrete event times processed.
+    pub event_steps: u64,
+}
+
+/// Everything one run produced.
+#[derive(Debug, Clone, Serialize)]
+pub struct ReplayRun {
+    /// What ran.
+    pub spec: StackSpec,
+    /// One record per request sent, in id order, as the load generator records them.
+    pub records: Vec<RequestRecord>,
+    /// What the router decided per request, in id order.
+    pub notes: Vec<RouteNote>,
+    /// Requests never sent.
+    pub not_sent: usize,
+    /// Counters.
+    pub counters: ReplayCounters,
+    /// Virtual time when the last event happened, ms.
+    pub end_ms: f64,
+}

@@ -1,0 +1,319 @@
+//! Runtime configuration of the router: serving mode, conditional-disaggregation policy and
+//! thresholds, selection weights, load-expiry timeouts.
+//!
+//! Config travels as JSON (`GET`/`PUT /v1/config`). The top level holds the serving mode and
+//! the conditional-disaggregation fields flat, as docs/policies.md ("Decision logic") names them; selection weights
+//! and load timeouts are nested objects:
+//!
+//! ```json
+//! {"serving_mode": "conditional", "policy": "isl_bounding", "eff_isl_threshold": 2048,
+//!  "eff_isl_ratio_threshold": 0.7, "prefill_busy_threshold": 0.8,
+//!  "prefill_queue_budget_tokens": 32768, "decode_busy_threshold": null,
+//!  "selection": {"overlap_weight": 1.0, ...}, "load": {"prefill_timeout_ms": 60000, ...}}
+//! ```
+//!
+//! Parsing is done field by field (not with serde's derive) so that every error names the
+//! offending field, and so that a partial document is a *patch* over the current config
+//! (JSON merge-patch semantics: absent fields keep their value; `null` resets an optional
+//! field, which for `decode_busy_threshold` means "guard off").
+
+#[cfg(test)]
+mod tests;
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+pub use switchyard_protocol::route::ServingMode;
+
+/// Which conditional-disaggregation rule decides bypass (see `docs/policies.md`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum PolicyKind {
+    /// Bypass iff the uncached part of the prompt is short in absolute and relative terms.
+    #[default]
+    IslBounding,
+    /// Bypass iff the chosen prefill worker is busy.
+    PrefillLoad,
+    /// Bypass iff either of the above holds.
+    IslOrLoad,
+}
+
+/// The conditional-disaggregation thresholds (docs/policies.md, "Decision logic").
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ConditionalDisaggConfig {
+    /// The rule.
+    pub policy: PolicyKind,
+    /// `isl_bounding`: bypass needs `eff_isl < eff_isl_threshold` (tokens). Default 2048.
+    pub eff_isl_threshold: u32,
+    /// `isl_bounding`: bypass needs `eff_isl / isl < eff_isl_ratio_threshold`, in [0, 1].
+    /// Default 0.7.
+    pub eff_isl_ratio_threshold: f64,
+    /// `prefill_load`: bypass iff the prefill worker's busyness (queued prefill tokens ÷
+    /// `prefill_queue_budget_tokens`) is strictly above this. Default 0.8.
+    pub prefill_busy_threshold: f64,
+    /// The prefill queue (tokens) that counts as busyness 1.0. Default 32768, about 0.8 s of
+    /// cold prefill on a GB200 TEP4 worker (docs/sim-model.md, "Prefill").
+    pub prefill_queue_budget_tokens: u64,
+    /// Guard: no bypass when the decode worker's projected active KV blocks would exceed
+    /// this fraction of its capacity (and none when it reports no capacity). `None` (JSON
+    /// `null`, the default) turns the guard off.
+    pub decode_busy_threshold: Option<f64>,
+}
+
+impl Default for ConditionalDisaggConfig {
+    fn default() -> Self {
+        ConditionalDisaggConfig {
+            policy: PolicyKind::IslBounding,
+            eff_isl_threshold: 2048,
+            eff_isl_ratio_threshold: 0.7,
+            prefill_busy_threshold: 0.8,
+            prefill_queue_budget_tokens: 32_768,
+            decode_busy_threshold: None,
+        }
+    }
+}
+
+/// Weights of the worker-selection costs (see [`crate::select`] and `docs/policies.md`).
+/// All default to 1.0 except `temperature` (0: always a cheapest worker).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SelectionWeights {
+    /// Decode cost credit per cached leading block of the prompt on the worker.
+    pub overlap_weight: f64,
+    /// Decode cost per potential active KV block (active + the request's).
+    pub decode_blocks_weight: f64,
+    /// Decode cost per block's worth of queued prefill tokens on the decode worker.
+    pub decode_prefill_weight: f64,
+    /// Prefill cost per block's worth of queued prefill tokens on the prefill worker.
+    pub prefill_queue_weight: f64,
+    /// Prefill cost credit per cached leading block on the prefill worker.
+    pub prefill_overlap_weight: f64,
+    /// Prefill cost per active KV block on the prefill worker.
+    pub prefill_blocks_weight: f64,
+    /// 0: pick a cheapest worker (ties at random). Above 0: sample with probability
+    /// proportional to `exp(-(cost - min_cost) / temperature)`.
+    pub temperature: f64,
+}
+
+impl Default for SelectionWeights {
+    fn default() -> Self {
+        SelectionWeights {
+            overlap_weight: 1.0,
+            decode_blocks_weight: 1.0,
+            decode_prefill_weight: 1.0,
+            prefill_queue_weight: 1.0,
+            prefill_overlap_weight: 1.0,
+            prefill_blocks_weight: 1.0,
+            temperature: 0.0,
+        }
+    }
+}
+
+/// When predicted load is forgotten if lifecycle reports never arrive.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct LoadConfig {
+    /// A routed request's prefill tokens are freed after this long without `first_token`.
+    /// Default 60 000 ms.
+    pub prefill_timeout_ms: u64,
+    /// A routed request is forgotten after this long without `done`. Default 600 000 ms.
+    pub request_timeout_ms: u64,
+    /// A verdict's prompt blocks count as cached on its workers for this long, until their
+    /// own KV events tell (`crate::predict`); 0 turns predictions off. Default 30 000 ms:
+    /// longer than a long prefill plus the events' trip, short enough that a prediction a
+    /// worker never confirms does not steer traffic for long.
+    pub kv_prediction_ms: u64,
+}
+
+impl Default for LoadConfig {
+    fn default() -> Self {
+        LoadConfig {
+            prefill_timeout_ms: 60_000,
+            request_timeout_ms: 600_000,
+            kv_prediction_ms: 30_000,
+        }
+    }
+}
+
+/// Everything the router can be told at run time.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(try_from = "Value")]
+pub struct RouterConfig {
+    /// Agg, disagg or conditional.
+    pub serving_mode: ServingMode,
+    /// Policy and thresholds (flat at the JSON top level).
+    #[serde(flatten)]
+    pub conditional: ConditionalDisaggConfig,
+    /// Selection weights (`"selection": {...}`).
+    pub selection: SelectionWeights,
+    /// Load expiry (`"load": {...}`).
+    pub load: LoadConfig,
+}
+
+/// A config value was rejected; `field` is its JSON path (e.g. `selection.temperature`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid config field `{field}`: {message}")]
+pub struct ConfigError {
+    /// Dotted path of the offending field (`""` for the document itself).
+    pub field: String,
+    /// What is wrong with it.
+    pub message: String,
+}
+
+impl ConfigError {
+    fn new(field: &str, message: impl Into<String>) -> Self {
+        ConfigError {
+            field: field.to_string(),
+            message: message.into(),
+        }
+    }
+}
+
+impl TryFrom<Value> for RouterConfig {
+    type Error = ConfigError;
+    fn try_from(value: Value) -> Result<Self, ConfigError> {
+        RouterConfig::from_json(&value)
+    }
+}
+
+impl RouterConfig {
+    /// A full config from JSON; absent fields take their defaults.
+    ///
+    /// # Errors
+    /// [`ConfigError`] naming the first unknown, mistyped or out-of-range field.
+    pub fn from_json(value: &Value) -> Result<Self, ConfigError> {
+        RouterConfig::default().apply_json_patch(value)
+    }
+
+    /// This config with the fields present in `patch` replaced (merge-patch semantics, see
+    /// the module docs). `self` is untouched on error.
+    ///
+    /// # Errors
+    /// [`ConfigError`] naming the first unknown, mistyped or out-of-range field.
+    pub fn apply_json_patch(&self, patch: &Value) -> Result<Self, ConfigError> {
+        let mut next = self.clone();
+        let obj = as_object("", patch)?;
+        for (key, v) in obj {
+            let c = &mut next.conditional;
+            match key.as_str() {
+                "serving_mode" => next.serving_mode = parse(key, v)?,
+                "policy" => c.policy = parse(key, v)?,
+                "eff_isl_threshold" => c.eff_isl_threshold = parse(key, v)?,
+                "eff_isl_ratio_threshold" => c.eff_isl_ratio_threshold = parse(key, v)?,
+                "prefill_busy_threshold" => c.prefill_busy_threshold = parse(key, v)?,
+                "prefill_queue_budget_tokens" => c.prefill_queue_budget_tokens = parse(key, v)?,
+                "decode_busy_threshold" => c.decode_busy_threshold = parse(key, v)?,
+                "selection" => next.selection.patch(as_object(key, v)?)?,
+                "load" => next.load.patch(as_object(key, v)?)?,
+                other => return Err(unknown(other)),
+            }
+        }
+        next.validate()?;
+        Ok(next)
+    }
+
+    /// Checks every range.
+    ///
+    /// # Errors
+    /// [`ConfigError`] naming the first out-of-range field.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let c = &self.conditional;
+        let ratio = c.eff_isl_ratio_threshold;
+        if !(ratio.is_finite() && (0.0..=1.0).contains(&ratio)) {
+            return Err(ConfigError::new(
+                "eff_isl_ratio_threshold",
+                format!("must be in [0, 1], got {ratio}"),
+            ));
+        }
+        non_negative("prefill_busy_threshold", c.prefill_busy_threshold)?;
+        if let Some(t) = c.decode_busy_threshold {
+            non_negative("decode_busy_threshold", t)?;
+        }
+        if c.prefill_queue_budget_tokens == 0 {
+            return Err(ConfigError::new(
+                "prefill_queue_budget_tokens",
+                "must be at least 1",
+            ));
+        }
+        let s = &self.selection;
+        for (name, w) in [
+            ("selection.overlap_weight", s.overlap_weight),
+            ("selection.decode_blocks_weight", s.decode_blocks_weight),
+            ("selection.decode_prefill_weight", s.decode_prefill_weight),
+            ("selection.prefill_queue_weight", s.prefill_queue_weight),
+            ("selection.prefill_overlap_weight", s.prefill_overlap_weight),
+            ("selection.prefill_blocks_weight", s.prefill_blocks_weight),
+            ("selection.temperature", s.temperature),
+        ] {
+            non_negative(name, w)?;
+        }
+        for (name, ms) in [
+            ("load.prefill_timeout_ms", self.load.prefill_timeout_ms),
+            ("load.request_timeout_ms", self.load.request_timeout_ms),
+        ] {
+            if ms == 0 {
+                return Err(ConfigError::new(name, "must be at least 1"));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl SelectionWeights {
+    fn patch(&mut self, obj: &Map<String, Value>) -> Result<(), ConfigError> {
+        for (key, v) in obj {
+            let path = format!("selection.{key}");
+            let slot = match key.as_str() {
+                "overlap_weight" => &mut self.overlap_weight,
+                "decode_blocks_weight" => &mut self.decode_blocks_weight,
+                "decode_prefill_weight" => &mut self.decode_prefill_weight,
+                "prefill_queue_weight" => &mut self.prefill_queue_weight,
+                "prefill_overlap_weight" => &mut self.prefill_overlap_weight,
+                "prefill_blocks_weight" => &mut self.prefill_blocks_weight,
+                "temperature" => &mut self.temperature,
+                _ => return Err(unknown(&path)),
+            };
+            *slot = parse(&path, v)?;
+        }
+        Ok(())
+    }
+}
+
+impl LoadConfig {
+    fn patch(&mut self, obj: &Map<String, Value>) -> Result<(), ConfigError> {
+        for (key, v) in obj {
+            let path = format!("load.{key}");
+            let slot = match key.as_str() {
+                "prefill_timeout_ms" => &mut self.prefill_timeout_ms,
+                "request_timeout_ms" => &mut self.request_timeout_ms,
+                "kv_prediction_ms" => &mut self.kv_prediction_ms,
+                _ => return Err(unknown(&path)),
+            };
+            *slot = parse(&path, v)?;
+        }
+        Ok(())
+    }
+}
+
+fn as_object<'a>(field: &str, v: &'a Value) -> Result<&'a Map<String, Value>, ConfigError> {
+    v.as_object()
+        .ok_or_else(|| ConfigError::new(field, format!("expected a JSON object, got {v}")))
+}
+
+fn parse<T: DeserializeOwned>(field: &str, v: &Value) -> Result<T, ConfigError> {
+    serde_json::from_value(v.clone()).map_err(|e| ConfigError::new(field, e.to_string()))
+}
+
+fn unknown(field: &str) -> ConfigError {
+    ConfigError::new(field, "unknown field")
+}
+
+fn non_negative(field: &str, x: f64) -> Result<(), ConfigError> {
+    if x.is_finite() && x >= 0.0 {
+        Ok(())
+    } else {
+        Err(ConfigError::new(
+            field,
+            format!("must be finite and non-negative, got {x}"),
+        ))
+    }
+}

@@ -1,0 +1,320 @@
+//! Switchyard's router core: which decode worker serves a request, and whether a prefill
+//! worker computes its KV first. One synchronous value, [`Router`], holding the workers, the
+//! KV index, predicted load and the policy; and [`ControlCore`], what the control plane does
+//! with every message it receives (registration, expiry, KV batches, resync decisions),
+//! around it.
+//!
+//! Pure: no I/O, no clock, no global randomness, no async runtime. Time arrives as `now_ms`
+//! (milliseconds on any monotonic clock the caller owns) and tie-breaking randomness comes
+//! from an RNG seeded at construction, so the same code runs behind the control plane's HTTP
+//! service (one task owns it) and inside the virtual-time replay, and a seed replays a run
+//! exactly.
+//!
+//! # Layout
+//! - [`index`]: which workers cache which block sequences.
+//! - [`load`]: predicted and reported load per worker.
+//! - [`predict`]: blocks just routed to a worker, counted as cached until its events tell.
+//! - [`select`]: choosing decode and prefill workers by cost.
+//! - [`policy`]: the conditional-disaggregation rules (bypass or disaggregate).
+//! - [`config`]: runtime configuration, validated.
+//! - [`Router`] itself: the worker registry (`workers.rs`), KV batches into the index with
+//!   per-worker sequence numbers (`kv_events.rs`), tokens → verdict (`route.rs`).
+//! - [`core`]: the [`ControlCore`] both clocks drive.
+//!
+//! Counting: the router counts *blocks* (stored, removed, unknown removals; see
+//! [`Router::kv_counters`]); the caller counts *batches* and errors from the results of
+//! `apply_kv_batch`, and verdicts by their `reason` (all listed in [`REASONS`]).
+#![deny(missing_docs)]
+
+pub mod config;
+pub mod index;
+pub mod load;
+pub mod policy;
+pub mod predict;
+pub mod select;
+
+mod kv_events;
+mod route;
+mod workers;
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::BTreeMap;
+
+use rand::rngs::SmallRng;
+use rand::SeedableRng;
+use switchyard_protocol::lifecycle::LifecycleEvent;
+use switchyard_protocol::worker::{LoadReport, WorkerId, WorkerInfo};
+
+use crate::config::{ConfigError, RouterConfig};
+use crate::index::{IndexStats, KvIndex, OverlapScores, WorkerSlot};
+use crate::load::{LoadTracker, WorkerLoad};
+use crate::predict::Predictions;
+
+pub use crate::policy::REASONS;
+
+/// What changed when a heartbeat arrived.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WorkerChange {
+    /// First time seen: ask it for a KV resync.
+    New,
+    /// A new process instance under a known name: its cache is cold, old state was dropped;
+    /// ask it for a KV resync.
+    Restarted,
+    /// Known and alive: liveness refreshed.
+    Refreshed,
+    /// Not registered: its block size is invalid (0 or above
+    /// [`switchyard_protocol::hash::BlockSize::MAX`]), or the router already tracks
+    /// [`MAX_WORKERS`] workers. Count it and log it; the worker is not routed to.
+    Rejected,
+}
+
+/// Most workers one router tracks (the KV index stores 15-bit worker slots).
+pub const MAX_WORKERS: usize = crate::index::MAX_SLOT as usize + 1;
+
+/// What applying a KV event batch asks of the caller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvApplyOutcome {
+    /// Applied in order.
+    Applied,
+    /// A gap in sequence numbers (or an unknown worker/instance): the batch was applied as far
+    /// as is safe, and the caller should send a resync request to this worker.
+    NeedsResync,
+}
+
+/// Why a batch was rejected (counted and logged by the caller, never fatal).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KvEventError {
+    /// The worker is not registered (no heartbeat yet, or expired).
+    #[error("KV events from unknown worker {0}")]
+    UnknownWorker(WorkerId),
+    /// The batch names a block size other than the worker registered.
+    #[error("KV events from {worker} with block size {got}, registered {registered}")]
+    BlockSizeMismatch {
+        /// Which worker.
+        worker: WorkerId,
+        /// Block size in the event.
+        got: u32,
+        /// Block size the worker registered.
+        registered: u32,
+    },
+    /// A batch older than what was already applied (duplicate or reordered).
+    #[error("stale KV batch {seq} from {worker} (already at {applied})")]
+    Stale {
+        /// Which worker.
+        worker: WorkerId,
+        /// The batch's sequence number.
+        seq: u64,
+        /// Last applied sequence number.
+        applied: u64,
+    },
+}
+
+/// Why no verdict could be given. The filter fails open on any of these.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RouteError {
+    /// No live worker can decode.
+    #[error("no live decode workers")]
+    NoDecodeWorkers,
+}
+
+/// A worker as the router sees it, for `GET /v1/workers` and EDS.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct WorkerView {
+    /// Registration.
+    pub info: WorkerInfo,
+    /// Last heartbeat, on the caller's clock.
+    pub last_seen_ms: u64,
+    /// Requests routed to it (to decode) and not yet done.
+    pub in_flight: u32,
+}
+
+/// A worker's predicted load and cache size, for metrics and `GET /v1/workers`.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct WorkerStats {
+    /// Which worker.
+    pub worker_id: WorkerId,
+    /// Its role (a metric label).
+    pub role: switchyard_protocol::worker::WorkerRole,
+    /// Predicted load (see [`crate::load`]).
+    pub load: WorkerLoad,
+    /// Distinct KV blocks the index holds for it.
+    pub cached_blocks: u64,
+}
+
+/// Cumulative KV block counters, for metrics (batches are counted by the caller).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+pub struct KvCounters {
+    /// Blocks newly recorded.
+    pub blocks_stored: u64,
+    /// Blocks dropped by `removed` events.
+    pub blocks_removed: u64,
+    /// Removals naming blocks the index did not know.
+    pub unknown_removals: u64,
+    /// `cleared` events applied (including resync dumps).
+    pub clears: u64,
+}
+
+struct WorkerState {
+    info: WorkerInfo,
+    slot: WorkerSlot,
+    last_seen_ms: u64,
+    expires_after_ms: u64,
+    /// Sequence number of the last applied KV batch of this instance; `None` until one is.
+    last_kv_seq: Option<u64>,
+}
+
+/// The routing state machine.
+pub struct Router {
+    config: RouterConfig,
+    rng: SmallRng,
+    workers: BTreeMap<WorkerId, WorkerState>,
+    /// Slot -> worker id.
+    slots: Vec<Option<WorkerId>>,
+    free_slots: Vec<u16>,
+    /// Sum of registered workers' KV capacities (capped each), reserved in the index.
+    reserved_blocks: usize,
+    index: KvIndex,
+    load: LoadTracker,
+    scores: OverlapScores,
+    kv_counters: KvCounters,
+    /// Blocks just routed to workers whose events have not told yet (see [`crate::predict`]).
+    predictions: Predictions,
+    /// Whether heartbeats can arrive at all (the caller's NATS connection is up). While they
+    /// cannot, silence says nothing about a worker, so nobody is expired.
+    heartbeats_reachable: bool,
+    /// Liveness counts from here for every worker heard before (see
+    /// [`Router::grant_liveness_grace`]).
+    grace_from_ms: u64,
+}
+
+impl Default for Router {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Router {
+    /// An empty router with the default config and RNG seed 0.
+    pub fn new() -> Self {
+        Self::with_config(RouterConfig::default(), 0)
+    }
+
+    /// An empty router. `seed` drives tie-breaking and temperature sampling, so a run is
+    /// reproducible. `config` is used as given; call [`RouterConfig::validate`] first if it
+    /// did not come from [`RouterConfig::from_json`].
+    pub fn with_config(config: RouterConfig, seed: u64) -> Self {
+        Router {
+            config,
+            rng: SmallRng::seed_from_u64(seed),
+            workers: BTreeMap::new(),
+            slots: Vec::new(),
+            free_slots: Vec::new(),
+            reserved_blocks: 0,
+            index: KvIndex::new(),
+            load: LoadTracker::new(),
+            scores: OverlapScores::default(),
+            kv_counters: KvCounters::default(),
+            predictions: Predictions::new(),
+            heartbeats_reachable: true,
+            grace_from_ms: 0,
+        }
+    }
+
+    /// The current config.
+    pub fn config(&self) -> &RouterConfig {
+        &self.config
+    }
+
+    /// Replaces the config (takes effect from the next call).
+    ///
+    /// # Errors
+    /// [`ConfigError`] naming an out-of-range field; the old config stays.
+    pub fn set_config(&mut self, config: RouterConfig) -> Result<(), ConfigError> {
+        config.validate()?;
+        self.config = config;
+        Ok(())
+    }
+
+    /// Folds a worker's own load report into its predicted load (it becomes the new
+    /// baseline). Reports from unknown workers are ignored.
+    pub fn apply_load_report(&mut self, report: &LoadReport, _now_ms: u64) {
+        if let Some(w) = self.workers.get(&report.worker_id) {
+            self.load.on_report(w.slot, report);
+        }
+    }
+
+    /// Frees predicted load on lifecycle milestones: `first_token` frees prefill tokens,
+    /// `done` frees the request's KV blocks. Unknown request ids are ignored.
+    pub fn apply_lifecycle(&mut self, event: &LifecycleEvent, now_ms: u64) {
+        match event {
+            LifecycleEvent::FirstToken { request_id } => self.load.on_first_token(request_id),
+            LifecycleEvent::Done { request_id, .. } => self.load.on_done(request_id),
+        }
+        self.load.expire(now_ms, &self.config.load);
+    }
+
+    /// Records whether heartbeats can reach the router (the caller's event-bus connection).
+    /// While they cannot, no worker expires; when they can again, every worker gets a full
+    /// expiry window from `now_ms` to be heard from.
+    pub fn set_heartbeats_reachable(&mut self, reachable: bool, now_ms: u64) {
+        if reachable && !self.heartbeats_reachable {
+            self.grant_liveness_grace(now_ms);
+        }
+        self.heartbeats_reachable = reachable;
+    }
+
+    /// Counts every known worker as heard from at `now_ms`: after a stall of the caller (the
+    /// process was stopped, the host froze), heartbeats sent meanwhile could not be
+    /// processed, and silence in that time says nothing about the workers.
+    pub fn grant_liveness_grace(&mut self, now_ms: u64) {
+        self.grace_from_ms = self.grace_from_ms.max(now_ms);
+    }
+
+    /// Whether `w` counts as live at `now_ms` (see [`Router::set_heartbeats_reachable`]).
+    fn is_live(&self, w: &WorkerState, now_ms: u64) -> bool {
+        !self.heartbeats_reachable
+            || now_ms.saturating_sub(w.last_seen_ms.max(self.grace_from_ms)) <= w.expires_after_ms
+    }
+
+    /// Live workers, for the API and EDS.
+    pub fn workers(&self) -> Vec<WorkerView> {
+        self.workers
+            .values()
+            .map(|w| WorkerView {
+                info: w.info.clone(),
+                last_seen_ms: w.last_seen_ms,
+                in_flight: self.load.load(w.slot).in_flight,
+            })
+            .collect()
+    }
+
+    /// Per-worker predicted load and cached blocks, for metrics.
+    pub fn worker_stats(&self) -> Vec<WorkerStats> {
+        self.workers
+            .values()
+            .map(|w| WorkerStats {
+                worker_id: w.info.worker_id.clone(),
+                role: w.info.role,
+                load: self.load.load(w.slot),
+                cached_blocks: self.index.blocks_of(w.slot) as u64,
+            })
+            .collect()
+    }
+
+    /// Size of the KV index.
+    pub fn index_stats(&self) -> IndexStats {
+        self.index.stats()
+    }
+
+    /// Cumulative KV block counters.
+    pub fn kv_counters(&self) -> KvCounters {
+        self.kv_counters
+    }
+
+    /// Requests whose load is currently tracked (routed, not done, not expired).
+    pub fn tracked_requests(&self) -> usize {
+        self.load.active_requests()
+    }
+}

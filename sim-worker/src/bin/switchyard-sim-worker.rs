@@ -1,0 +1,262 @@
+//! `switchyard-sim-worker`: one or more simulated vLLM-compatible workers in one process.
+//!
+//! **Simulated**: no model runs; timing comes from the GB200 performance model, text is
+//! filler. See `docs/sim-worker.md`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::Parser;
+use switchyard_bus::{NatsArgs, RegistrationArgs};
+use switchyard_engine::{EngineConfig, PerfPreset, TransferMode};
+use switchyard_protocol::tokenize::{default_model_dir, ModelTokenizer};
+use switchyard_sim_worker::{
+    self as worker, WorkerConfig, WorkerDeps, WorkerSpec, DEFAULT_MODEL_NAME,
+};
+use switchyard_support::cli::{parse_args, EXIT_USAGE};
+
+/// Simulated vLLM-compatible workers (GB200 performance model) for Switchyard.
+#[derive(Debug, Parser)]
+#[command(name = "switchyard-sim-worker", version)]
+struct Args {
+    /// NATS, for heartbeats, load reports and KV events, and its credentials.
+    #[command(flatten)]
+    nats: NatsArgs,
+    /// The registration secret heartbeats are signed with.
+    #[command(flatten)]
+    registration: RegistrationArgs,
+    /// The model's context length in tokens (the simulated Qwen3-235B-A22B's by default).
+    #[arg(long, env = "SWITCHYARD_MAX_MODEL_LEN", default_value_t = worker::config::DEFAULT_MAX_MODEL_LEN)]
+    max_model_len: u32,
+    /// Run without NATS (HTTP only).
+    #[arg(long)]
+    no_nats: bool,
+    /// Hugging Face model folder with tokenizer.json and tokenizer_config.json
+    /// (default: `.cache/models/qwen3` in the workspace, from scripts/setup.sh).
+    #[arg(long, env = "SWITCHYARD_MODEL_DIR")]
+    model_dir: Option<PathBuf>,
+    /// Model name served by `/v1/models` and advertised in heartbeats.
+    #[arg(long, env = "SWITCHYARD_MODEL_NAME", default_value = DEFAULT_MODEL_NAME)]
+    model_name: String,
+    /// A worker to run, `ROLE:ID@HOST:PORT` (role prefill|decode|agg); repeat for several.
+    #[arg(long = "worker", required = true, value_parser = parse_spec)]
+    workers: Vec<WorkerSpec>,
+    /// KV block size in tokens.
+    #[arg(long, default_value_t = 64)]
+    block_size: u32,
+    /// KV capacity in blocks (default: the preset's capacity / block size).
+    #[arg(long)]
+    kv_capacity_blocks: Option<u64>,
+    /// Performance preset: gb200-fp8-tep4, gb200-fp8-dep4, gb200-nvfp4-dep4, h200-fp8-tep8.
+    #[arg(long, env = "SWITCHYARD_PERF_PRESET", default_value = "gb200-fp8-tep4", value_parser = parse_preset)]
+    perf_preset: PerfPreset,
+    /// Model milliseconds per wall-clock millisecond; above 1 the workers run faster than
+    /// the modelled hardware (every iteration, transfer and lease shrinks by this factor).
+    #[arg(long, env = "SWITCHYARD_TIME_SCALE", default_value_t = 1.0)]
+    time_scale: f64,
+    /// Interval between heartbeats (ms).
+    #[arg(long, default_value_t = 1_000)]
+    heartbeat_interval_ms: u64,
+    /// Interval between load reports (ms).
+    #[arg(long, default_value_t = 500)]
+    load_interval_ms: u64,
+    /// KV link bandwidth per sending GPU in gigabits/s (default: the preset's link; GB200
+    /// NVLink = 7200, an 800G NIC = 800).
+    #[arg(long)]
+    kv_link_gbps: Option<f64>,
+    /// GPUs sending KV in parallel (default: the preset's).
+    #[arg(long)]
+    kv_senders: Option<u32>,
+    /// Achieved share of the link bandwidth.
+    #[arg(long)]
+    kv_link_efficiency: Option<f64>,
+    /// Fixed setup time per KV transfer (ms).
+    #[arg(long)]
+    kv_setup_ms: Option<f64>,
+    /// What a handoff transfers: `whole` prompt, or only the `missing` suffix the decode
+    /// worker does not cache.
+    #[arg(long, default_value = "whole", value_parser = parse_transfer_mode)]
+    kv_transfer: TransferMode,
+    /// How long a prefill worker holds KV nobody pulls (model ms).
+    #[arg(long)]
+    kv_hold_lease_ms: Option<f64>,
+    /// Token budget of one iteration (default: vLLM's 8192 per attention rank).
+    #[arg(long)]
+    max_num_batched_tokens: Option<u32>,
+    /// Most requests running at once (default: vLLM's 256 per attention rank).
+    #[arg(long)]
+    max_num_seqs: Option<u32>,
+}
+
+fn parse_spec(s: &str) -> Result<WorkerSpec, String> {
+    s.parse()
+        .map_err(|e: worker::config::SpecError| e.to_string())
+}
+
+fn parse_preset(s: &str) -> Result<PerfPreset, String> {
+    s.parse()
+}
+
+fn parse_transfer_mode(s: &str) -> Result<TransferMode, String> {
+    match s {
+        "whole" => Ok(TransferMode::WholePrompt),
+        "missing" => Ok(TransferMode::MissingSuffix),
+        other => Err(format!(
+            "unknown transfer mode {other:?} (expected whole or missing)"
+        )),
+    }
+}
+
+impl Args {
+    /// The per-worker configurations, checked.
+    fn worker_configs(&self) -> Result<Vec<WorkerConfig>, String> {
+        let mut seen_ids = std::collections::HashSet::new();
+        let mut seen_ports = std::collections::HashSet::new();
+        let mut out = Vec::new();
+        for spec in &self.workers {
+            if !seen_ids.insert(spec.id.clone()) {
+                return Err(format!("worker id {} is given twice", spec.id));
+            }
+            if spec.port != 0 && !seen_ports.insert((spec.host.clone(), spec.port)) {
+                return Err(format!("port {}:{} is given twice", spec.host, spec.port));
+            }
+            let mut engine = EngineConfig::with_preset(spec.role, self.perf_preset);
+            engine.block_size = self.block_size;
+            engine.kv_capacity_blocks = match self.kv_capacity_blocks {
+                Some(blocks) => blocks,
+                None => self.perf_preset.kv_capacity_tokens() / u64::from(self.block_size.max(1)),
+            };
+            if let Some(gbps) = self.kv_link_gbps {
+                engine.transfer.link_gb_per_s = gbps / 8.0;
+            }
+            if let Some(senders) = self.kv_senders {
+                engine.transfer.senders = senders;
+            }
+            if let Some(eff) = self.kv_link_efficiency {
+                engine.transfer.efficiency = eff;
+            }
+            if let Some(setup) = self.kv_setup_ms {
+                engine.transfer.setup_ms = setup;
+            }
+            engine.transfer.mode = self.kv_transfer;
+            if let Some(lease) = self.kv_hold_lease_ms {
+                engine.prefill_hold_lease_ms = lease;
+            }
+            if let Some(n) = self.max_num_batched_tokens {
+                engine.max_num_batched_tokens = n;
+            }
+            if let Some(n) = self.max_num_seqs {
+                engine.max_num_seqs = n;
+            }
+            let cfg = WorkerConfig {
+                engine,
+                model_name: self.model_name.clone(),
+                time_scale: self.time_scale,
+                heartbeat_interval_ms: self.heartbeat_interval_ms,
+                load_interval_ms: self.load_interval_ms,
+                max_model_len: self.max_model_len,
+                spec: spec.clone(),
+            };
+            cfg.validate()
+                .map_err(|e| format!("worker {}: {e}", spec.id))?;
+            out.push(cfg);
+        }
+        Ok(out)
+    }
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
+    let args: Args = match parse_args() {
+        Ok(parsed) => parsed,
+        Err(code) => return code,
+    };
+    let configs = match args.worker_configs() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(args, configs)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: Args, configs: Vec<WorkerConfig>) -> anyhow::Result<()> {
+    let model_dir = args.model_dir.clone().unwrap_or_else(default_model_dir);
+    let tokenizer = tokio::task::spawn_blocking(move || ModelTokenizer::from_dir(&model_dir).map_err(|e| (model_dir, e)))
+        .await?
+        .map_err(|(dir, e)| {
+            anyhow::anyhow!(
+                "cannot load the tokenizer from {}: {e} (run scripts/setup.sh or set SWITCHYARD_MODEL_DIR)",
+                dir.display()
+            )
+        })?;
+    let registration = args.registration.secret()?;
+    let nats = if args.no_nats {
+        None
+    } else {
+        let client =
+            switchyard_bus::connect(&args.nats, "switchyard-sim-worker", |_| async {}).await?;
+        Some(client)
+    };
+    let deps = WorkerDeps::new(Arc::new(tokenizer), nats).with_registration(registration);
+    let mut running = Vec::new();
+    for cfg in configs {
+        let role = cfg.spec.role;
+        let w = worker::start_worker(cfg, deps.clone()).await?;
+        tracing::info!(
+            "worker {} ({}) listening on {}",
+            w.id(),
+            role.as_str(),
+            w.local_addr()
+        );
+        running.push(w);
+    }
+    shutdown_signal().await;
+    tracing::info!("shutting down {} worker(s)", running.len());
+    for w in running {
+        w.stop();
+    }
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}

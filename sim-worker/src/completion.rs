@@ -1,0 +1,266 @@
+//! One OpenAI completion request, end to end: parse, tokenize, decide how its KV is obtained
+//! (local prefill, prefill leg for a remote decode, or a pull from a prefill worker), submit
+//! to the engine, and answer as JSON or SSE.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use serde_json::Value;
+use switchyard_protocol::openai::check_prompt_length;
+use switchyard_protocol::route::ApiKind;
+use switchyard_protocol::tokenize::TokenizeError;
+use switchyard_protocol::worker::WorkerRole;
+use tokio::sync::mpsc;
+
+use switchyard_engine::{EngineError, EngineRequest, HeldKv, Prompt};
+
+use super::context::WorkerContext;
+use super::error::ApiError;
+use super::handoff::{self, hold_id, prefill_response_params};
+use super::metrics::PullFailure;
+use super::openai::{filler_text, parse_request, ParsedRequest, ResponseMeta, Usage};
+use super::runtime::RequestEvent;
+use super::stream::{AbortGuard, SseStream};
+
+/// What the handler answers.
+#[derive(Debug)]
+pub enum Answer {
+    /// One JSON body, status 200.
+    Json(Value),
+    /// An SSE stream.
+    Stream(SseStream),
+}
+
+/// How the request's prompt KV is obtained.
+enum Plan {
+    /// Prefill here (prefix-cache hits count).
+    Local,
+    /// Prefill leg: one token, KV held for a decode worker.
+    PrefillForRemote,
+    /// KV pulled from a prefill worker.
+    Remote,
+}
+
+impl Plan {
+    fn as_str(&self) -> &'static str {
+        match self {
+            Plan::Local => "local",
+            Plan::PrefillForRemote => "prefill_for_remote_decode",
+            Plan::Remote => "remote_prefill",
+        }
+    }
+}
+
+/// Serves one completion request.
+///
+/// # Errors
+/// An [`ApiError`] to answer (4xx for the client's mistakes, 5xx for ours).
+/// `request_id` is the client's `x-request-id`; it names the response (`chatcmpl-<id>`) as in
+/// vLLM, else the worker makes one up.
+pub async fn serve(
+    ctx: Arc<WorkerContext>,
+    api: ApiKind,
+    request_id: Option<String>,
+    body: Bytes,
+) -> Result<Answer, ApiError> {
+    let body: Value = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::bad_request(format!("request body is not valid JSON: {e}"), None))?;
+    let req = parse_request(api, body, ctx.max_model_len)?;
+    let tokens = tokenize(&ctx, api, &req.body).await?;
+    check_prompt_length(tokens.len(), ctx.max_model_len).map_err(ApiError::from)?;
+    match api {
+        ApiKind::Chat => ctx.metrics.requests_chat.fetch_add(1, Ordering::Relaxed),
+        ApiKind::Completions => ctx
+            .metrics
+            .requests_completions
+            .fetch_add(1, Ordering::Relaxed),
+    };
+    let kv = req.kv_transfer.as_ref();
+    let plan = match (ctx.role, kv) {
+        (WorkerRole::Prefill, Some(p)) if p.do_remote_decode => Plan::PrefillForRemote,
+        (WorkerRole::Decode | WorkerRole::Agg, Some(p)) if p.do_remote_prefill => Plan::Remote,
+        _ => Plan::Local,
+    };
+    let id = ctx.next_request_id();
+    tracing::debug!(
+        worker = %ctx.id,
+        request = id,
+        api = api.as_str(),
+        prompt_tokens = tokens.len(),
+        max_tokens = req.max_tokens,
+        plan = plan.as_str(),
+        "request accepted"
+    );
+    let prefix_hash = match plan {
+        Plan::PrefillForRemote => ctx.prefix_hash(&tokens),
+        _ => None,
+    };
+    let engine_req = match plan {
+        Plan::Local => EngineRequest::local(id, Prompt::Tokens(tokens), req.max_tokens),
+        Plan::PrefillForRemote => {
+            EngineRequest::prefill_for_remote_decode(id, Prompt::Tokens(tokens))
+        }
+        Plan::Remote => remote_decode_request(&ctx, &req, id, tokens).await,
+    };
+    let events = submit(&ctx, engine_req).await?;
+    let guard = AbortGuard::new(ctx.engine.clone(), id);
+    let meta = ResponseMeta {
+        id: format!(
+            "{}{}",
+            ResponseMeta::id_prefix(api),
+            request_id.unwrap_or_else(|| hold_id(&ctx.id.0, ctx.instance_id, id))
+        ),
+        created: unix_seconds(),
+        model: req.model.clone().unwrap_or_else(|| ctx.model_name.clone()),
+        endpoint: api,
+    };
+    if req.stream && !matches!(plan, Plan::PrefillForRemote) {
+        return Ok(Answer::Stream(SseStream::new(
+            events,
+            meta,
+            req.include_usage,
+            guard,
+        )));
+    }
+    let (usage, held) = collect(events, guard).await?;
+    let params = match (plan, held) {
+        (Plan::PrefillForRemote, Some(held)) => {
+            ctx.metrics.kv_holds.fetch_add(1, Ordering::Relaxed);
+            let now = ctx.clock.now_ms();
+            ctx.holds.insert(id, prefix_hash, held.expires_at_ms, now);
+            Some(prefill_response_params(
+                &ctx.id.0,
+                hold_id(&ctx.id.0, ctx.instance_id, id),
+                &held.block_ids,
+                &ctx.advertised_host,
+                ctx.port,
+            ))
+        }
+        _ => None,
+    };
+    let text = filler_text(usage.completion_tokens);
+    Ok(Answer::Json(meta.full_response(
+        &text,
+        usage,
+        params.as_ref(),
+    )))
+}
+
+/// Tokenizes on the blocking pool (a long prompt takes milliseconds of CPU).
+async fn tokenize(ctx: &WorkerContext, api: ApiKind, body: &Value) -> Result<Vec<u32>, ApiError> {
+    let tokenizer = ctx.tokenizer.clone();
+    let body = body.clone();
+    let result = tokio::task::spawn_blocking(move || tokenizer.tokenize_request(api, &body))
+        .await
+        .map_err(|e| ApiError::internal(format!("tokenizer task failed: {e}")))?;
+    match result {
+        Ok(tokens) if tokens.is_empty() => Err(ApiError::bad_request("the prompt is empty", None)),
+        Ok(tokens) => Ok(tokens),
+        Err(TokenizeError::InvalidRequest { field, message }) => Err(ApiError::bad_request(
+            format!("`{field}`: {message}"),
+            Some(&field),
+        )),
+        Err(other) => Err(ApiError::internal(format!(
+            "cannot tokenize the prompt: {other}"
+        ))),
+    }
+}
+
+/// The decode leg: pull the KV, wait the modelled transfer, and submit it as remote KV; any
+/// failure falls back to local prefill (counted).
+async fn remote_decode_request(
+    ctx: &WorkerContext,
+    req: &ParsedRequest,
+    id: u64,
+    tokens: Vec<u32>,
+) -> EngineRequest {
+    let prompt_tokens = tokens.len() as u64;
+    let pulled = match req.kv_transfer.as_ref().map(handoff::pull_target) {
+        Some(Ok(target)) => handoff::pull(&ctx.http, &target, &ctx.id.0).await,
+        Some(Err(failure)) => Err(failure),
+        None => Err(PullFailure::InvalidParams),
+    };
+    let pulled = pulled.and_then(|held| {
+        let same_prefix = held.prefix_hash == ctx.prefix_hash(&tokens);
+        if u64::from(held.prompt_tokens) == prompt_tokens && same_prefix {
+            Ok(held)
+        } else {
+            Err(PullFailure::Mismatch)
+        }
+    });
+    if let Err(failure) = pulled {
+        ctx.metrics.pull_failed(failure);
+        tracing::warn!(worker = %ctx.id, reason = failure.as_str(), "KV pull failed; prefilling locally");
+        return EngineRequest::local(id, Prompt::Tokens(tokens), req.max_tokens);
+    }
+    let transfer = ctx.engine_config.transfer;
+    let cached = match transfer.mode {
+        switchyard_engine::TransferMode::WholePrompt => 0,
+        switchyard_engine::TransferMode::MissingSuffix => ctx
+            .engine
+            .cached_prefix_tokens(Prompt::Tokens(tokens.clone()))
+            .await
+            .unwrap_or(0),
+    };
+    let moved = transfer.tokens_to_move(prompt_tokens, u64::from(cached));
+    let ms = transfer.time_ms(moved);
+    tokio::time::sleep(ctx.clock.real_duration(ms)).await;
+    let m = &ctx.metrics;
+    m.kv_pulls.fetch_add(1, Ordering::Relaxed);
+    m.kv_transfer_tokens.fetch_add(moved, Ordering::Relaxed);
+    m.kv_transfer_us
+        .fetch_add((ms * 1e3) as u64, Ordering::Relaxed);
+    EngineRequest::decode_with_remote_kv(id, Prompt::Tokens(tokens), req.max_tokens)
+}
+
+async fn submit(
+    ctx: &WorkerContext,
+    req: EngineRequest,
+) -> Result<mpsc::UnboundedReceiver<RequestEvent>, ApiError> {
+    match ctx.engine.submit(req).await {
+        Err(_) => Err(ApiError::unavailable("the worker is shutting down")),
+        Ok(Ok(events)) => Ok(events),
+        Ok(Err(e @ (EngineError::ExceedsKvCapacity { .. } | EngineError::EmptyPrompt { .. }))) => {
+            Err(ApiError::bad_request(e.to_string(), None))
+        }
+        Ok(Err(e)) => Err(ApiError::internal(e.to_string())),
+    }
+}
+
+/// Waits for a non-streamed request to finish.
+async fn collect(
+    mut events: mpsc::UnboundedReceiver<RequestEvent>,
+    mut guard: AbortGuard,
+) -> Result<(Usage, Option<HeldKv>), ApiError> {
+    while let Some(event) = events.recv().await {
+        if let RequestEvent::Finished {
+            prompt_tokens,
+            completion_tokens,
+            cached_tokens,
+            remote_tokens,
+            held,
+        } = event
+        {
+            guard.disarm();
+            let usage = Usage {
+                prompt_tokens,
+                completion_tokens,
+                cached_tokens: (cached_tokens + remote_tokens).min(prompt_tokens),
+            };
+            return Ok((usage, held));
+        }
+    }
+    Err(ApiError::unavailable(
+        "the worker stopped before the request finished",
+    ))
+}
+
+/// Unix time in seconds for the responses' `created` field.
+#[allow(clippy::disallowed_methods)] // OpenAI's `created` is wall-clock time by definition.
+fn unix_seconds() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}

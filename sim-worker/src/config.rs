@@ -1,0 +1,140 @@
+//! What one simulated worker is: its identity (`ROLE:ID@HOST:PORT`), model and engine.
+
+use std::str::FromStr;
+
+use switchyard_protocol::subjects::is_valid_worker_token;
+use switchyard_protocol::worker::{WorkerId, WorkerRole};
+
+use switchyard_engine::EngineConfig;
+
+pub use switchyard_engine::{DEFAULT_LOAD_INTERVAL_MS, DEFAULT_MODEL_NAME};
+/// Context length of the simulated model (Qwen3-235B-A22B's 262,144 tokens).
+pub const DEFAULT_MAX_MODEL_LEN: u32 = 262_144;
+
+/// One `--worker ROLE:ID@HOST:PORT` flag.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerSpec {
+    /// Prefill, decode or agg.
+    pub role: WorkerRole,
+    /// Worker id (a valid NATS subject token).
+    pub id: WorkerId,
+    /// Host to bind and to advertise (heartbeats, `kv_transfer_params.remote_host`).
+    pub host: String,
+    /// Port to bind; 0 picks a free one (the advertised port is the bound one).
+    pub port: u16,
+}
+
+/// Why a `--worker` value is unusable.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SpecError {
+    /// Not `ROLE:ID@HOST:PORT`.
+    #[error("worker spec {0:?} is not ROLE:ID@HOST:PORT (e.g. decode:decode-0@127.0.0.1:8001)")]
+    Shape(String),
+    /// Unknown role.
+    #[error("worker spec {spec:?}: {message}")]
+    Role {
+        /// The value.
+        spec: String,
+        /// The role parser's message.
+        message: String,
+    },
+    /// The id cannot be a NATS subject token.
+    #[error("worker id {0:?} must be non-empty ASCII letters, digits, '-' or '_' (it names NATS subjects)")]
+    Id(String),
+    /// The port is not a number.
+    #[error("worker spec {0:?}: the port must be a number between 0 and 65535")]
+    Port(String),
+}
+
+impl FromStr for WorkerSpec {
+    type Err = SpecError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let shape = || SpecError::Shape(s.to_owned());
+        let (role_id, addr) = s.split_once('@').ok_or_else(shape)?;
+        let (role, id) = role_id.split_once(':').ok_or_else(shape)?;
+        let (host, port) = addr.rsplit_once(':').ok_or_else(shape)?;
+        if host.is_empty() {
+            return Err(shape());
+        }
+        let role = WorkerRole::from_str(role).map_err(|message| SpecError::Role {
+            spec: s.to_owned(),
+            message,
+        })?;
+        if !is_valid_worker_token(id) {
+            return Err(SpecError::Id(id.to_owned()));
+        }
+        let port = port.parse().map_err(|_| SpecError::Port(s.to_owned()))?;
+        // `[::1]` style hosts are kept without the brackets for binding.
+        let host = host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_owned();
+        Ok(WorkerSpec {
+            role,
+            id: WorkerId(id.to_owned()),
+            host,
+            port,
+        })
+    }
+}
+
+/// Everything one worker needs besides its shared dependencies.
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    /// Identity and address.
+    pub spec: WorkerSpec,
+    /// Model name (`/v1/models`, response `model` when the request names none, heartbeats).
+    pub model_name: String,
+    /// The engine core's configuration; its `role` is overwritten by `spec.role`.
+    pub engine: EngineConfig,
+    /// Engine milliseconds per wall-clock millisecond (> 1 runs faster than the model).
+    pub time_scale: f64,
+    /// Interval between heartbeats (ms).
+    pub heartbeat_interval_ms: u64,
+    /// Interval between load reports (ms).
+    pub load_interval_ms: u64,
+    /// The model's context length: longer prompts and larger `max_tokens` get a 400.
+    pub max_model_len: u32,
+}
+
+impl WorkerConfig {
+    /// A worker with the default GB200 engine, real-time clock and default intervals.
+    pub fn new(spec: WorkerSpec) -> Self {
+        WorkerConfig {
+            engine: EngineConfig::new(spec.role),
+            spec,
+            model_name: DEFAULT_MODEL_NAME.to_owned(),
+            time_scale: 1.0,
+            heartbeat_interval_ms: switchyard_protocol::worker::DEFAULT_HEARTBEAT_INTERVAL_MS,
+            load_interval_ms: DEFAULT_LOAD_INTERVAL_MS,
+            max_model_len: DEFAULT_MAX_MODEL_LEN,
+        }
+    }
+
+    /// Checks the fields the engine does not check itself.
+    ///
+    /// # Errors
+    /// A message naming the bad field.
+    pub fn validate(&self) -> Result<(), String> {
+        if !(self.time_scale.is_finite() && self.time_scale > 0.0) {
+            return Err(format!(
+                "time scale must be a positive number, got {}",
+                self.time_scale
+            ));
+        }
+        if self.heartbeat_interval_ms == 0 || self.load_interval_ms == 0 {
+            return Err("heartbeat and load intervals must be at least 1 ms".into());
+        }
+        if self.max_model_len == 0 {
+            return Err("max model length must be at least 1 token".into());
+        }
+        if self.model_name.is_empty() {
+            return Err("model name must not be empty".into());
+        }
+        if !is_valid_worker_token(&self.spec.id.0) {
+            return Err(SpecError::Id(self.spec.id.0.clone()).to_string());
+        }
+        self.engine.validate().map_err(|e| e.to_string())
+    }
+}

@@ -1,0 +1,146 @@
+//! What every request handler of one worker shares.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use switchyard_protocol::hash::{sequence_hashes, SequenceHash};
+use switchyard_protocol::registration::RegistrationSecret;
+use switchyard_protocol::tokenize::ModelTokenizer;
+use switchyard_protocol::worker::{WorkerHeartbeat, WorkerId, WorkerInfo, WorkerRole};
+use switchyard_protocol::PROTOCOL_VERSION;
+
+use switchyard_engine::EngineConfig;
+
+use super::handoff::HoldRegistry;
+use super::metrics::WorkerMetrics;
+use super::runtime::{EngineClock, EngineHandle};
+
+/// One worker's shared state (behind an `Arc`).
+#[derive(Debug)]
+pub struct WorkerContext {
+    /// Worker id.
+    pub id: WorkerId,
+    /// Role.
+    pub role: WorkerRole,
+    /// Random per start; see [`WorkerInfo::instance_id`].
+    pub instance_id: u64,
+    /// Served model name.
+    pub model_name: String,
+    /// Host others reach this worker at.
+    pub advertised_host: String,
+    /// The bound HTTP port.
+    pub port: u16,
+    /// The engine task.
+    pub engine: EngineHandle,
+    /// The engine's configuration (block size, capacity, transfer model).
+    pub engine_config: EngineConfig,
+    /// Engine time <-> wall time.
+    pub clock: EngineClock,
+    /// Prompt tokenizer (shared by every worker of the process).
+    pub tokenizer: Arc<ModelTokenizer>,
+    /// HTTP client for KV pulls.
+    pub http: reqwest::Client,
+    /// Counters.
+    pub metrics: Arc<WorkerMetrics>,
+    /// Prefill legs' holds (prefix hashes for the pull check).
+    pub holds: HoldRegistry,
+    /// The model's context length: longer prompts and larger `max_tokens` get a 400.
+    pub max_model_len: u32,
+    /// The deployment's registration secret, signing every heartbeat.
+    pub registration: Option<RegistrationSecret>,
+    next_request: AtomicU64,
+}
+
+impl WorkerContext {
+    /// Builds the context; request ids start at 1.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        id: WorkerId,
+        role: WorkerRole,
+        instance_id: u64,
+        model_name: String,
+        advertised_host: String,
+        port: u16,
+        engine: EngineHandle,
+        engine_config: EngineConfig,
+        clock: EngineClock,
+        tokenizer: Arc<ModelTokenizer>,
+        http: reqwest::Client,
+        metrics: Arc<WorkerMetrics>,
+        max_model_len: u32,
+        registration: Option<RegistrationSecret>,
+    ) -> Self {
+        WorkerContext {
+            id,
+            role,
+            instance_id,
+            model_name,
+            advertised_host,
+            port,
+            engine,
+            engine_config,
+            clock,
+            tokenizer,
+            http,
+            metrics,
+            holds: HoldRegistry::default(),
+            max_model_len,
+            registration,
+            next_request: AtomicU64::new(1),
+        }
+    }
+
+    /// A fresh engine request id.
+    pub fn next_request_id(&self) -> u64 {
+        self.next_request.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Sequence hash of the last full block of `tokens` under this worker's block size and
+    /// seed: it names the whole prefix.
+    pub fn prefix_hash(&self, tokens: &[u32]) -> Option<SequenceHash> {
+        let block_size = self.engine_config.block_size().ok()?;
+        let full = block_size.full_blocks(tokens.len()) * block_size.get() as usize;
+        sequence_hashes(&tokens[..full], block_size, self.engine_config.hash_seed)
+            .last()
+            .copied()
+    }
+
+    /// `host:port` as heartbeats advertise it.
+    pub fn address(&self) -> String {
+        if self.advertised_host.contains(':') {
+            format!("[{}]:{}", self.advertised_host, self.port)
+        } else {
+            format!("{}:{}", self.advertised_host, self.port)
+        }
+    }
+
+    /// A heartbeat sent at `sent_at_ms` (Unix milliseconds), signed when the worker has the
+    /// registration secret.
+    pub fn heartbeat(&self, interval_ms: u64, sent_at_ms: u64) -> WorkerHeartbeat {
+        let worker = self.info();
+        let signature = self
+            .registration
+            .as_ref()
+            .map(|secret| secret.sign(&worker, sent_at_ms));
+        WorkerHeartbeat {
+            v: PROTOCOL_VERSION,
+            worker,
+            interval_ms,
+            sent_at_ms,
+            signature,
+        }
+    }
+
+    /// The registration every heartbeat carries.
+    pub fn info(&self) -> WorkerInfo {
+        WorkerInfo {
+            worker_id: self.id.clone(),
+            instance_id: self.instance_id,
+            role: self.role,
+            address: self.address(),
+            model: self.model_name.clone(),
+            block_size: self.engine_config.block_size,
+            kv_capacity_blocks: self.engine_config.kv_capacity_blocks,
+        }
+    }
+}

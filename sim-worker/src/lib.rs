@@ -1,0 +1,224 @@
+//! The real-time simulated worker: a vLLM-compatible HTTP server on top of the engine core.
+//!
+//! **Simulated**: no model runs. Token timing, prefix caching, KV events and the KV handoff
+//! come from [`switchyard_engine`]; generated text is filler; KV transfers are waits of the
+//! modelled length plus a real HTTP call that releases the prefill worker's blocks. See
+//! `docs/sim-worker.md` for flags, API, the handoff protocol and NATS messages.
+//!
+//! # Layout
+//! - [`config`]: `ROLE:ID@HOST:PORT` specs and the per-worker configuration.
+//! - [`runtime`]: the task that owns the engine and drives it with a (scaled) clock.
+//! - [`http`]: warp routes; [`completion`] serves one OpenAI request; [`stream`] is its SSE
+//!   body; [`openai`] holds the request fields and response shapes.
+//! - [`handoff`]: the prefill -> decode KV pull (NixlConnector semantics).
+//! - [`nats`]: heartbeats, load reports, KV event batches, resync dumps (the engine crate's
+//!   `kv_batches` numbers and splits the batches).
+//! - [`metrics`]: `/metrics` in vLLM's names plus ours.
+
+#![deny(missing_docs)]
+
+pub mod completion;
+pub mod config;
+pub mod context;
+pub mod error;
+pub mod handoff;
+pub mod http;
+pub mod metrics;
+pub mod nats;
+pub mod openai;
+pub mod runtime;
+pub mod stream;
+
+use std::hash::{BuildHasher, Hasher};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use switchyard_protocol::registration::RegistrationSecret;
+use switchyard_protocol::tokenize::ModelTokenizer;
+use switchyard_protocol::worker::WorkerId;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+use switchyard_engine::Engine;
+
+pub use config::{WorkerConfig, WorkerSpec, DEFAULT_MODEL_NAME};
+pub use error::{ApiError, StartError};
+pub use metrics::{PullFailure, WorkerMetrics};
+pub use runtime::EngineHandle;
+
+/// What the workers of one process share.
+#[derive(Debug, Clone)]
+pub struct WorkerDeps {
+    /// The prompt tokenizer (block hashes must equal the control plane's).
+    pub tokenizer: Arc<ModelTokenizer>,
+    /// NATS, if configured (see `switchyard_bus::connect`); `None` runs the worker without it.
+    pub nats: Option<async_nats::Client>,
+    /// Client for KV pulls from prefill workers.
+    pub http: reqwest::Client,
+    /// The registration secret heartbeats are signed with, if the deployment has one.
+    pub registration: Option<RegistrationSecret>,
+}
+
+impl WorkerDeps {
+    /// Dependencies with a fresh HTTP client and unsigned heartbeats.
+    pub fn new(tokenizer: Arc<ModelTokenizer>, nats: Option<async_nats::Client>) -> Self {
+        WorkerDeps {
+            tokenizer,
+            nats,
+            http: reqwest::Client::new(),
+            registration: None,
+        }
+    }
+
+    /// Signs heartbeats with `secret`.
+    pub fn with_registration(mut self, secret: Option<RegistrationSecret>) -> Self {
+        self.registration = secret;
+        self
+    }
+}
+
+/// A started worker. Dropping it stops the worker (server, engine and NATS tasks).
+#[derive(Debug)]
+pub struct RunningWorker {
+    ctx: Arc<context::WorkerContext>,
+    local_addr: SocketAddr,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl RunningWorker {
+    /// The worker id.
+    pub fn id(&self) -> &WorkerId {
+        &self.ctx.id
+    }
+
+    /// The bound HTTP address.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// Random id of this start (heartbeats and KV batches carry it).
+    pub fn instance_id(&self) -> u64 {
+        self.ctx.instance_id
+    }
+
+    /// The worker's counters.
+    pub fn metrics(&self) -> &Arc<WorkerMetrics> {
+        &self.ctx.metrics
+    }
+
+    /// The engine task.
+    pub fn engine(&self) -> &EngineHandle {
+        &self.ctx.engine
+    }
+
+    /// Stops every task of the worker (in-flight streams end without `[DONE]`).
+    pub fn stop(mut self) {
+        self.abort_all();
+    }
+
+    fn abort_all(&mut self) {
+        for task in self.tasks.drain(..) {
+            task.abort();
+        }
+    }
+}
+
+impl Drop for RunningWorker {
+    fn drop(&mut self) {
+        self.abort_all();
+    }
+}
+
+/// A random 64-bit id. std seeds every `RandomState` from the OS, so this needs no RNG crate.
+pub fn random_instance_id() -> u64 {
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(std::process::id());
+    h.finish()
+}
+
+/// Binds the worker's port and starts its engine, HTTP server and (with NATS) publishers.
+///
+/// # Errors
+/// [`StartError::InvalidConfig`] for a bad configuration, [`StartError::Bind`] when the port
+/// cannot be bound.
+pub async fn start_worker(
+    cfg: WorkerConfig,
+    deps: WorkerDeps,
+) -> Result<RunningWorker, StartError> {
+    cfg.validate().map_err(StartError::InvalidConfig)?;
+    let mut engine_cfg = cfg.engine.clone();
+    engine_cfg.role = cfg.spec.role;
+    let engine =
+        Engine::new(engine_cfg.clone()).map_err(|e| StartError::InvalidConfig(e.to_string()))?;
+
+    let bind = (cfg.spec.host.as_str(), cfg.spec.port);
+    let listener = tokio::net::TcpListener::bind(bind)
+        .await
+        .map_err(|source| StartError::Bind {
+            addr: format!("{}:{}", cfg.spec.host, cfg.spec.port),
+            source,
+        })?;
+    let local_addr = listener.local_addr().map_err(|source| StartError::Bind {
+        addr: format!("{}:{}", cfg.spec.host, cfg.spec.port),
+        source,
+    })?;
+
+    let instance_id = random_instance_id();
+    let metrics = Arc::new(WorkerMetrics::default());
+    let clock = runtime::EngineClock::new(cfg.time_scale);
+    let batcher = switchyard_engine::kv_batches::KvBatcher::new(
+        cfg.spec.id.clone(),
+        instance_id,
+        engine_cfg.block_size,
+    );
+    let (kv_tx, kv_rx) = mpsc::channel(runtime::KV_PUBLISH_QUEUE);
+    let (engine_handle, engine_task) =
+        runtime::spawn_engine(engine, clock, batcher, kv_tx, metrics.clone());
+
+    let advertised_host = if local_addr.ip().is_unspecified() {
+        "127.0.0.1".to_owned() // Bound to all interfaces: loopback is reachable for sure.
+    } else {
+        cfg.spec.host.clone()
+    };
+    let ctx = Arc::new(context::WorkerContext::new(
+        cfg.spec.id.clone(),
+        cfg.spec.role,
+        instance_id,
+        cfg.model_name.clone(),
+        advertised_host,
+        local_addr.port(),
+        engine_handle,
+        engine_cfg,
+        clock,
+        deps.tokenizer,
+        deps.http,
+        metrics,
+        cfg.max_model_len,
+        deps.registration,
+    ));
+
+    let mut tasks = vec![engine_task];
+    let server = warp::serve(http::routes(ctx.clone())).incoming(listener);
+    tasks.push(tokio::spawn(server.run()));
+    match deps.nats {
+        Some(client) => tasks.extend(nats::spawn_nats_tasks(
+            ctx.clone(),
+            client,
+            kv_rx,
+            Duration::from_millis(cfg.heartbeat_interval_ms),
+            Duration::from_millis(cfg.load_interval_ms),
+        )),
+        // Without NATS nobody reads the batches; drain them so the engine never counts drops.
+        None => tasks.push(tokio::spawn(drain(kv_rx))),
+    }
+    Ok(RunningWorker {
+        ctx,
+        local_addr,
+        tasks,
+    })
+}
+
+async fn drain<T>(mut rx: mpsc::Receiver<T>) {
+    while rx.recv().await.is_some() {}
+}

@@ -1,0 +1,380 @@
+//! The task that owns one worker's engine core and drives it in real time.
+//!
+//! The engine is a pure state machine ([`switchyard_engine`]); this task gives it a clock. It
+//! sleeps until the engine's next event (scaled by the time scale) or a command, steps the
+//! engine to "now", routes each output to its request's channel, turns the step's KV events
+//! into numbered batches for NATS, and publishes a load snapshot. Everyone else talks to it
+//! through an [`EngineHandle`] (one command enum, `oneshot` replies).
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::time::Instant;
+
+use switchyard_protocol::kv::KvEventBatch;
+
+use switchyard_engine::{
+    Engine, EngineError, EngineOutput, EngineRequest, HeldKv, LoadSnapshot, Prompt,
+};
+
+use super::metrics::WorkerMetrics;
+use switchyard_engine::kv_batches::KvBatcher;
+
+/// Batches waiting for the NATS publisher; beyond this the newest are dropped (counted) and
+/// the control plane repairs the gap with a resync.
+pub const KV_PUBLISH_QUEUE: usize = 1_024;
+
+/// Maps the engine's milliseconds to tokio instants. `time_scale` > 1 runs the model faster
+/// than real time (a 100 ms iteration takes 100 / scale ms of wall time).
+#[derive(Debug, Clone, Copy)]
+pub struct EngineClock {
+    start: Instant,
+    time_scale: f64,
+}
+
+impl EngineClock {
+    /// A clock at engine time 0 now.
+    pub fn new(time_scale: f64) -> Self {
+        EngineClock {
+            start: Instant::now(),
+            time_scale,
+        }
+    }
+
+    /// Engine time now, ms.
+    pub fn now_ms(&self) -> f64 {
+        self.start.elapsed().as_secs_f64() * 1e3 * self.time_scale
+    }
+
+    /// The instant at which engine time reaches `ms`.
+    pub fn instant_at(&self, ms: f64) -> Instant {
+        let real_ms = (ms / self.time_scale).max(0.0);
+        self.start + std::time::Duration::from_secs_f64(real_ms / 1e3)
+    }
+
+    /// Wall-clock duration of `ms` of engine time.
+    pub fn real_duration(&self, ms: f64) -> std::time::Duration {
+        std::time::Duration::from_secs_f64((ms / self.time_scale).max(0.0) / 1e3)
+    }
+}
+
+/// What a request's channel receives.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RequestEvent {
+    /// First token generated.
+    FirstToken,
+    /// Another token generated.
+    Token,
+    /// Done.
+    Finished {
+        /// Prompt length.
+        prompt_tokens: u32,
+        /// Tokens generated.
+        completion_tokens: u32,
+        /// Prompt tokens from the local prefix cache.
+        cached_tokens: u32,
+        /// Prompt tokens whose KV was pulled from a prefill worker.
+        remote_tokens: u32,
+        /// The KV held for a decode worker, on a prefill leg.
+        held: Option<HeldKv>,
+    },
+}
+
+enum Command {
+    Submit {
+        req: EngineRequest,
+        events: mpsc::UnboundedSender<RequestEvent>,
+        reply: oneshot::Sender<Result<(), EngineError>>,
+    },
+    Abort {
+        id: u64,
+    },
+    ReleaseHeld {
+        id: u64,
+        reply: oneshot::Sender<Option<HeldKv>>,
+    },
+    CachedPrefix {
+        prompt: Prompt,
+        reply: oneshot::Sender<u32>,
+    },
+    Resync,
+}
+
+/// The engine task went away (the worker is shutting down).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the worker's engine has stopped")]
+pub struct EngineStopped;
+
+/// Cheap, cloneable access to one worker's engine task.
+#[derive(Debug, Clone)]
+pub struct EngineHandle {
+    commands: mpsc::UnboundedSender<Command>,
+    load: watch::Receiver<LoadSnapshot>,
+}
+
+impl std::fmt::Debug for Command {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Command::Submit { .. } => "Submit",
+            Command::Abort { .. } => "Abort",
+            Command::ReleaseHeld { .. } => "ReleaseHeld",
+            Command::CachedPrefix { .. } => "CachedPrefix",
+            Command::Resync => "Resync",
+        })
+    }
+}
+
+impl EngineHandle {
+    /// Queues a request; its outputs arrive on the returned channel.
+    ///
+    /// # Errors
+    /// `Ok(Err(_))` when the engine refuses the request; `Err(EngineStopped)` on shutdown.
+    pub async fn submit(
+        &self,
+        req: EngineRequest,
+    ) -> Result<Result<mpsc::UnboundedReceiver<RequestEvent>, EngineError>, EngineStopped> {
+        let (events, rx) = mpsc::unbounded_channel();
+        let (reply, answer) = oneshot::channel();
+        self.commands
+            .send(Command::Submit { req, events, reply })
+            .map_err(|_| EngineStopped)?;
+        let accepted = answer.await.map_err(|_| EngineStopped)?;
+        Ok(accepted.map(|()| rx))
+    }
+
+    /// Cancels a request (no-op when it already finished).
+    pub fn abort(&self, id: u64) {
+        let _ = self.commands.send(Command::Abort { id });
+    }
+
+    /// Releases KV held for a decode worker, returning what was held (`None`: not held, e.g.
+    /// the lease expired or it was already pulled).
+    ///
+    /// # Errors
+    /// [`EngineStopped`] on shutdown.
+    pub async fn release_held(&self, id: u64) -> Result<Option<HeldKv>, EngineStopped> {
+        let (reply, answer) = oneshot::channel();
+        self.commands
+            .send(Command::ReleaseHeld { id, reply })
+            .map_err(|_| EngineStopped)?;
+        answer.await.map_err(|_| EngineStopped)
+    }
+
+    /// Tokens of `prompt`'s prefix this worker caches now.
+    ///
+    /// # Errors
+    /// [`EngineStopped`] on shutdown.
+    pub async fn cached_prefix_tokens(&self, prompt: Prompt) -> Result<u32, EngineStopped> {
+        let (reply, answer) = oneshot::channel();
+        self.commands
+            .send(Command::CachedPrefix { prompt, reply })
+            .map_err(|_| EngineStopped)?;
+        answer.await.map_err(|_| EngineStopped)
+    }
+
+    /// Asks for a resync dump on the KV event stream.
+    pub fn request_resync(&self) {
+        let _ = self.commands.send(Command::Resync);
+    }
+
+    /// The engine's load after its latest step.
+    pub fn load(&self) -> LoadSnapshot {
+        *self.load.borrow()
+    }
+}
+
+/// Starts the engine task. KV event batches go to `kv_out`; the task ends when every handle
+/// is dropped.
+pub fn spawn_engine(
+    engine: Engine,
+    clock: EngineClock,
+    batcher: KvBatcher,
+    kv_out: mpsc::Sender<KvEventBatch>,
+    metrics: Arc<WorkerMetrics>,
+) -> (EngineHandle, tokio::task::JoinHandle<()>) {
+    let (commands, rx) = mpsc::unbounded_channel();
+    let (load_tx, load) = watch::channel(engine.load());
+    let task = EngineTask {
+        engine,
+        clock,
+        batcher,
+        kv_out,
+        metrics,
+        load_tx,
+        requests: HashMap::new(),
+        outputs: Vec::new(),
+    };
+    let join = tokio::spawn(task.run(rx));
+    (EngineHandle { commands, load }, join)
+}
+
+struct EngineTask {
+    engine: Engine,
+    clock: EngineClock,
+    batcher: KvBatcher,
+    kv_out: mpsc::Sender<KvEventBatch>,
+    metrics: Arc<WorkerMetrics>,
+    load_tx: watch::Sender<LoadSnapshot>,
+    requests: HashMap<u64, mpsc::UnboundedSender<RequestEvent>>,
+    outputs: Vec<EngineOutput>,
+}
+
+impl EngineTask {
+    async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Command>) {
+        loop {
+            let deadline = self
+                .engine
+                .next_event_ms()
+                .map(|ms| self.clock.instant_at(ms));
+            tokio::select! {
+                cmd = rx.recv() => match cmd {
+                    Some(cmd) => {
+                        self.handle(cmd);
+                        // Take whatever else queued up before stepping once.
+                        while let Ok(cmd) = rx.try_recv() {
+                            self.handle(cmd);
+                        }
+                    }
+                    None => break,
+                },
+                _ = sleep_until_opt(deadline) => {}
+            }
+            self.step();
+        }
+    }
+
+    fn handle(&mut self, cmd: Command) {
+        let now = self.clock.now_ms();
+        match cmd {
+            Command::Submit { req, events, reply } => {
+                let id = req.id;
+                let result = self.engine.submit(req, now);
+                if result.is_ok() {
+                    self.requests.insert(id, events);
+                }
+                let _ = reply.send(result);
+            }
+            Command::Abort { id } => {
+                if self.requests.remove(&id).is_some() && self.engine.abort(id, now) {
+                    self.metrics
+                        .requests_aborted
+                        .fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            Command::ReleaseHeld { id, reply } => {
+                let _ = reply.send(self.engine.release_held(id));
+            }
+            Command::CachedPrefix { prompt, reply } => {
+                let _ = reply.send(self.engine.cached_prefix_tokens(&prompt));
+            }
+            Command::Resync => {
+                // Events so far go out first, so the dump reflects everything before it.
+                self.flush_kv_events();
+                let batches = self.batcher.resync_dump(self.engine.cached_blocks());
+                self.metrics.kv_resyncs.fetch_add(1, Ordering::Relaxed);
+                for batch in batches {
+                    self.publish(batch);
+                }
+            }
+        }
+    }
+
+    fn step(&mut self) {
+        let now = self.clock.now_ms();
+        let mut outputs = std::mem::take(&mut self.outputs);
+        outputs.clear();
+        self.engine.step_into(now, &mut outputs);
+        for output in outputs.drain(..) {
+            self.route(output, now);
+        }
+        self.outputs = outputs;
+        self.flush_kv_events();
+        self.load_tx.send_replace(self.engine.load());
+    }
+
+    fn route(&mut self, output: EngineOutput, now: f64) {
+        let id = output.id();
+        let event = match output {
+            EngineOutput::FirstToken { .. } => RequestEvent::FirstToken,
+            EngineOutput::Token { .. } => RequestEvent::Token,
+            EngineOutput::Preempted { .. } => return,
+            EngineOutput::Finished {
+                prompt_tokens,
+                completion_tokens,
+                cached_tokens,
+                remote_tokens,
+                kv_held,
+                ..
+            } => {
+                let m = &self.metrics;
+                m.requests_finished.fetch_add(1, Ordering::Relaxed);
+                m.prompt_tokens
+                    .fetch_add(u64::from(prompt_tokens), Ordering::Relaxed);
+                m.generation_tokens
+                    .fetch_add(u64::from(completion_tokens), Ordering::Relaxed);
+                let local = prompt_tokens.saturating_sub(cached_tokens + remote_tokens);
+                m.local_prefill_tokens
+                    .fetch_add(u64::from(local), Ordering::Relaxed);
+                let held = if kv_held {
+                    self.engine.held_kv(id).cloned()
+                } else {
+                    None
+                };
+                let event = RequestEvent::Finished {
+                    prompt_tokens,
+                    completion_tokens,
+                    cached_tokens,
+                    remote_tokens,
+                    held,
+                };
+                if let Some(tx) = self.requests.remove(&id) {
+                    if tx.send(event).is_err() && kv_held {
+                        // Nobody will hand these blocks to a decode worker: free them now.
+                        self.engine.release_held(id);
+                    }
+                }
+                return;
+            }
+        };
+        let delivered = self
+            .requests
+            .get(&id)
+            .is_some_and(|tx| tx.send(event).is_ok());
+        if !delivered && self.requests.remove(&id).is_some() && self.engine.abort(id, now) {
+            // The HTTP side dropped its receiver: the client went away.
+            self.metrics
+                .requests_aborted
+                .fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    fn flush_kv_events(&mut self) {
+        let events = self.engine.drain_kv_events();
+        if events.is_empty() {
+            return;
+        }
+        for batch in self.batcher.batch_events(events) {
+            self.publish(batch);
+        }
+    }
+
+    fn publish(&self, batch: KvEventBatch) {
+        match self.kv_out.try_send(batch) {
+            Ok(()) => {}
+            Err(_) => {
+                self.metrics
+                    .kv_event_batches_dropped
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+async fn sleep_until_opt(deadline: Option<Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}
