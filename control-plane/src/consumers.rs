@@ -10,11 +10,9 @@
 //! limit keeps a burst of gapped batches (or a flapping worker) from turning into a burst of
 //! full dumps.
 
-use std::collections::HashMap;
 use std::time::Duration;
 
 use futures::StreamExt;
-use tokio::time::Instant;
 
 use switchyard_protocol::kv::{KvEventBatch, ResyncRequest};
 use switchyard_protocol::registration::{RegistrationError, RegistrationSecret};
@@ -22,11 +20,14 @@ use switchyard_protocol::worker::{LoadReport, WorkerHeartbeat, WorkerId};
 use switchyard_protocol::{subjects, PROTOCOL_VERSION};
 
 use crate::metrics::{variant_label, Metrics};
-use crate::router::{KvApplyOutcome, WorkerChange};
+use crate::router::core::Resync;
+use crate::router::WorkerChange;
 use crate::service::ServiceHandle;
 
-/// Shortest time between two resync requests to the same worker.
-pub const RESYNC_MIN_INTERVAL: Duration = Duration::from_secs(1);
+/// Shortest time between two resync requests to the same worker instance (the control
+/// core's rate limit).
+pub const RESYNC_MIN_INTERVAL: Duration =
+    Duration::from_millis(switchyard_router::core::RESYNC_MIN_INTERVAL_MS);
 
 /// Which message family a subscription carries (also the `kind` metric label).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,33 +43,6 @@ impl Kind {
             Kind::Heartbeat => "heartbeat",
             Kind::Load => "load",
             Kind::KvEvents => "kv_events",
-        }
-    }
-}
-
-/// Per-worker rate limit for resync requests.
-#[derive(Debug, Default)]
-pub struct ResyncLimiter {
-    /// Worker -> (instance asked, when).
-    last_sent: HashMap<WorkerId, (u64, Instant)>,
-}
-
-impl ResyncLimiter {
-    /// Whether a resync to `instance` of `worker` may go out at `now`; records it if so.
-    /// The first request to a new instance always passes (its cache is another process's);
-    /// repeats to the same instance wait [`RESYNC_MIN_INTERVAL`], so neither a burst of gapped
-    /// batches nor a worker flapping between live and expired becomes a burst of dumps.
-    pub fn allow(&mut self, worker: &WorkerId, instance: u64, now: Instant) -> bool {
-        match self.last_sent.get(worker) {
-            Some((asked, last))
-                if *asked == instance && now.duration_since(*last) < RESYNC_MIN_INTERVAL =>
-            {
-                false
-            }
-            _ => {
-                self.last_sent.insert(worker.clone(), (instance, now));
-                true
-            }
         }
     }
 }
@@ -146,7 +120,6 @@ pub async fn run(
         client,
         service,
         metrics,
-        limiter: ResyncLimiter::default(),
         admission,
         warned: std::collections::HashSet::new(),
     };
@@ -183,7 +156,6 @@ struct Consumer {
     client: async_nats::Client,
     service: ServiceHandle,
     metrics: Metrics,
-    limiter: ResyncLimiter,
     admission: Admission,
     /// Worker ids already warned about a refused heartbeat.
     warned: std::collections::HashSet<WorkerId>,
@@ -217,15 +189,11 @@ impl Consumer {
                 Ok(hb) if self.refuse(&hb) => {}
                 Ok(hb) => {
                     let worker = hb.worker.worker_id.clone();
-                    let instance = hb.worker.instance_id;
-                    match self.service.heartbeat(hb).await? {
-                        WorkerChange::New => {
-                            tracing::info!(worker = %worker, "worker registered");
-                            self.resync(&worker, instance, "new_worker").await;
-                        }
+                    let outcome = self.service.heartbeat(hb).await?;
+                    match outcome.change {
+                        WorkerChange::New => tracing::info!(worker = %worker, "worker registered"),
                         WorkerChange::Restarted => {
-                            tracing::info!(worker = %worker, "worker restarted (new instance)");
-                            self.resync(&worker, instance, "restarted").await;
+                            tracing::info!(worker = %worker, "worker restarted (new instance)")
                         }
                         WorkerChange::Refreshed => {}
                         WorkerChange::Rejected => {
@@ -233,6 +201,7 @@ impl Consumer {
                             tracing::warn!(worker = %worker, "heartbeat refused: invalid block size or too many workers");
                         }
                     }
+                    self.carry_out(outcome.resync).await;
                 }
                 Err(e) => self.bad(kind, subject, &e),
             },
@@ -250,20 +219,17 @@ impl Consumer {
                 }
                 Ok(batch) => {
                     let worker = batch.worker_id.clone();
-                    let instance = batch.instance_id;
-                    match self.service.kv_batch(batch).await? {
-                        Ok(KvApplyOutcome::Applied) => {
+                    let outcome = self.service.kv_batch(batch).await?;
+                    match &outcome.result {
+                        Ok(_) => {
                             self.metrics.kv_batches_applied.inc();
-                        }
-                        Ok(KvApplyOutcome::NeedsResync) => {
-                            self.metrics.kv_batches_applied.inc();
-                            self.resync(&worker, instance, "gap").await;
                         }
                         Err(e) => {
-                            self.metrics.kv_rejected(&variant_label(&e));
+                            self.metrics.kv_rejected(&variant_label(e));
                             tracing::debug!(worker = %worker, error = %e, "KV batch rejected");
                         }
-                    }
+                    };
+                    self.carry_out(outcome.resync).await;
                 }
                 Err(e) => self.bad(kind, subject, &e),
             },
@@ -296,15 +262,20 @@ impl Consumer {
         );
     }
 
-    async fn resync(&mut self, worker: &WorkerId, instance: u64, reason: &str) {
-        if !self.limiter.allow(worker, instance, Instant::now()) {
-            self.metrics.resync_suppressed.inc();
-            return;
-        }
+    /// Publishes the resync the control core decided on, if any.
+    async fn carry_out(&mut self, resync: Option<Resync>) {
+        let (worker, reason) = match resync {
+            None => return,
+            Some(Resync::Suppressed) => {
+                self.metrics.resync_suppressed.inc();
+                return;
+            }
+            Some(Resync::Send { worker, reason }) => (worker, reason),
+        };
         let request = ResyncRequest {
             v: PROTOCOL_VERSION,
             worker_id: worker.clone(),
-            reason: reason.to_string(),
+            reason: reason.as_str().to_string(),
         };
         let payload = match serde_json::to_vec(&request) {
             Ok(p) => p,
@@ -315,12 +286,12 @@ impl Consumer {
         };
         match self
             .client
-            .publish(subjects::kv_resync(worker), payload.into())
+            .publish(subjects::kv_resync(&worker), payload.into())
             .await
         {
             Ok(()) => {
-                self.metrics.resync_sent(reason);
-                tracing::info!(worker = %worker, reason, "asked worker for a KV resync");
+                self.metrics.resync_sent(reason.as_str());
+                tracing::info!(worker = %worker, reason = reason.as_str(), "asked worker for a KV resync");
             }
             Err(e) => tracing::warn!(worker = %worker, error = %e, "cannot publish resync request"),
         }
@@ -330,30 +301,6 @@ impl Consumer {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn resyncs_are_rate_limited_per_worker_instance() {
-        let mut limiter = ResyncLimiter::default();
-        let a = WorkerId("a".into());
-        let b = WorkerId("b".into());
-        let t0 = Instant::now();
-        let ms = Duration::from_millis;
-        assert!(limiter.allow(&a, 1, t0));
-        assert!(
-            !limiter.allow(&a, 1, t0 + ms(10)),
-            "same instance, too soon"
-        );
-        assert!(
-            limiter.allow(&b, 1, t0 + ms(10)),
-            "other workers are independent"
-        );
-        assert!(
-            limiter.allow(&a, 2, t0 + ms(20)),
-            "a restarted instance always passes"
-        );
-        assert!(!limiter.allow(&a, 2, t0 + ms(30)));
-        assert!(limiter.allow(&a, 2, t0 + ms(20) + RESYNC_MIN_INTERVAL));
-    }
 
     #[test]
     fn newer_protocol_versions_are_rejected() {

@@ -27,16 +27,13 @@ use crate::load::WorkerLoad;
 use crate::metrics::Metrics;
 use owner::Owner;
 
-use crate::router::{KvApplyOutcome, KvEventError, RouteError, Router, WorkerChange, WorkerView};
+use crate::router::core::{HeartbeatOutcome, KvBatchOutcome};
+use crate::router::{RouteError, Router, WorkerView};
 
 pub use run::{run, run_with_tokenizer, RunError};
 
-/// How often the owner looks for workers whose heartbeats stopped.
-pub const EXPIRY_TICK: Duration = Duration::from_millis(200);
-
-/// Heartbeat intervals below this are treated as this, so a worker announcing 0 ms does not
-/// expire between two of its own heartbeats.
-pub const MIN_HEARTBEAT_INTERVAL_MS: u64 = 100;
+/// How often the owner ticks the control core (looks for workers whose heartbeats stopped).
+pub const EXPIRY_TICK: Duration = Duration::from_millis(switchyard_router::core::TICK_MS);
 
 /// Commands queued to the owner task before callers wait.
 const COMMAND_QUEUE: usize = 4_096;
@@ -48,15 +45,15 @@ pub enum Command {
     Heartbeat {
         /// The message as received.
         heartbeat: WorkerHeartbeat,
-        /// What changed.
-        reply: oneshot::Sender<WorkerChange>,
+        /// What changed, and the resync it calls for.
+        reply: oneshot::Sender<HeartbeatOutcome>,
     },
     /// A batch of KV events from one worker.
     KvBatch {
         /// The batch as received.
         batch: KvEventBatch,
-        /// Applied, needs a resync, or rejected.
-        reply: oneshot::Sender<Result<KvApplyOutcome, KvEventError>>,
+        /// Applied or rejected, and the resync it calls for.
+        reply: oneshot::Sender<KvBatchOutcome>,
     },
     /// A worker's load report (no reply: nothing for the sender to act on).
     Load {
@@ -155,7 +152,7 @@ impl ServiceHandle {
     pub async fn heartbeat(
         &self,
         heartbeat: WorkerHeartbeat,
-    ) -> Result<WorkerChange, ServiceStopped> {
+    ) -> Result<HeartbeatOutcome, ServiceStopped> {
         self.call(|reply| Command::Heartbeat { heartbeat, reply })
             .await
     }
@@ -164,10 +161,7 @@ impl ServiceHandle {
     ///
     /// # Errors
     /// [`ServiceStopped`] during shutdown.
-    pub async fn kv_batch(
-        &self,
-        batch: KvEventBatch,
-    ) -> Result<Result<KvApplyOutcome, KvEventError>, ServiceStopped> {
+    pub async fn kv_batch(&self, batch: KvEventBatch) -> Result<KvBatchOutcome, ServiceStopped> {
         self.call(|reply| Command::KvBatch { batch, reply }).await
     }
 

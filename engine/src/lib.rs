@@ -6,8 +6,10 @@
 //!   (this page), with [`perf`] (the GB200 timing model), its config, KV cache and scheduler.
 //! - [`kv_batches`]: engine KV events -> numbered batches and resync dumps, as a worker
 //!   publishes them.
-//! - [`vtime`]: the virtual-time cluster (several engines, the disaggregated handoff, one
-//!   event queue).
+//! - [`worker_core`]: a simulated worker apart from its transport: the engine plus the KV
+//!   event batches, dumps, load reports and heartbeats it publishes (both clocks drive it).
+//! - [`vtime`]: the virtual-time cluster (several worker cores, the disaggregated handoff).
+//! - [`queue`]: the one event queue every discrete-event loop uses.
 //!
 //! # The engine core
 //!
@@ -36,10 +38,12 @@ pub mod kv_batches;
 mod kv_cache;
 mod output;
 pub mod perf;
+pub mod queue;
 mod request;
 mod scheduler;
 mod seq;
 pub mod vtime;
+pub mod worker_core;
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 

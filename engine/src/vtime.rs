@@ -20,11 +20,13 @@
 //! faster than the modelled hardware, which lets tests see long prefills in short runs);
 //! every reported latency stays in model milliseconds.
 
-use std::cmp::Ordering;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::HashMap;
 
-use switchyard_protocol::kv::KvEvent;
+use switchyard_protocol::kv::KvEventBatch;
+use switchyard_protocol::worker::{WorkerId, WorkerInfo};
 
+use crate::queue::EventQueue;
+use crate::worker_core::WorkerCore;
 use crate::{Engine, EngineConfig, EngineError, EngineOutput, EngineRequest, KvSource};
 
 mod time_scale;
@@ -69,12 +71,13 @@ pub enum ClusterEvent {
         /// What it reported.
         output: EngineOutput,
     },
-    /// KV events an engine recorded (only when [`Cluster::set_forward_kv_events`] is on).
-    KvEvents {
+    /// KV event batches a worker published (only when [`Cluster::set_forward_kv_events`] is
+    /// on), numbered as its real-time twin numbers them ([`WorkerCore::kv_batches`]).
+    KvBatches {
         /// Which engine.
         engine: EngineIdx,
-        /// The events, in order.
-        events: Vec<KvEvent>,
+        /// The batches, in order.
+        batches: Vec<KvEventBatch>,
     },
     /// A prefill leg finished and its KV started moving to the decode engine.
     TransferStarted {
@@ -104,35 +107,6 @@ pub enum ClusterEvent {
     },
 }
 
-/// Something due at a virtual time; ordered by time, then by scheduling order.
-#[derive(Debug)]
-struct Due<T> {
-    at_ms: f64,
-    order: u64,
-    what: T,
-}
-
-impl<T> PartialEq for Due<T> {
-    fn eq(&self, other: &Self) -> bool {
-        self.cmp(other) == Ordering::Equal
-    }
-}
-impl<T> Eq for Due<T> {}
-impl<T> PartialOrd for Due<T> {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
-}
-impl<T> Ord for Due<T> {
-    /// Reversed, so `BinaryHeap` pops the earliest first.
-    fn cmp(&self, other: &Self) -> Ordering {
-        other
-            .at_ms
-            .total_cmp(&self.at_ms)
-            .then(other.order.cmp(&self.order))
-    }
-}
-
 /// A decode request waiting for its prefill leg or its transfer.
 #[derive(Debug)]
 struct Handoff {
@@ -147,15 +121,13 @@ struct Transfer {
     id: u64,
 }
 
-/// Several engines advanced together in virtual time.
+/// Several simulated workers advanced together in virtual time.
 #[derive(Debug, Default)]
 pub struct Cluster {
-    names: Vec<String>,
-    engines: Vec<Engine>,
+    workers: Vec<WorkerCore>,
     clock_ms: f64,
-    order: u64,
-    arrivals: BinaryHeap<Due<Arrival>>,
-    transfers: BinaryHeap<Due<Transfer>>,
+    arrivals: EventQueue<Arrival>,
+    transfers: EventQueue<Transfer>,
     /// Decode legs by (prefill engine, request id).
     handoffs: HashMap<(EngineIdx, u64), Handoff>,
     forward_kv_events: bool,
@@ -171,7 +143,21 @@ impl Cluster {
         Cluster::default()
     }
 
-    /// Adds an engine named `name` (names are for the caller's reports).
+    /// Adds a worker described by `info` with an engine configured by `cfg`.
+    ///
+    /// # Errors
+    /// [`EngineError::InvalidConfig`] from [`Engine::new`].
+    pub fn add_worker(
+        &mut self,
+        info: WorkerInfo,
+        cfg: EngineConfig,
+    ) -> Result<EngineIdx, EngineError> {
+        self.workers.push(WorkerCore::new(info, cfg)?);
+        Ok(self.workers.len() - 1)
+    }
+
+    /// Adds a worker named `name` with an engine configured by `cfg`: instance 1, address
+    /// `vtime/<name>`, the simulated model (for callers that need no other identity).
     ///
     /// # Errors
     /// [`EngineError::InvalidConfig`] from [`Engine::new`].
@@ -180,9 +166,17 @@ impl Cluster {
         name: impl Into<String>,
         cfg: EngineConfig,
     ) -> Result<EngineIdx, EngineError> {
-        self.engines.push(Engine::new(cfg)?);
-        self.names.push(name.into());
-        Ok(self.engines.len() - 1)
+        let name = name.into();
+        let info = WorkerInfo {
+            worker_id: WorkerId(name.clone()),
+            instance_id: 1,
+            role: cfg.role,
+            address: format!("vtime/{name}"),
+            model: crate::DEFAULT_MODEL_NAME.to_string(),
+            block_size: cfg.block_size,
+            kv_capacity_blocks: cfg.kv_capacity_blocks,
+        };
+        self.add_worker(info, cfg)
     }
 
     /// Whether engines' KV events are delivered as [`ClusterEvent::KvEvents`] (off by default:
@@ -199,35 +193,47 @@ impl Cluster {
         self.handoff_cpu_ms_per_prompt_token = if ms.is_finite() { ms.max(0.0) } else { 0.0 };
     }
 
-    /// Number of engines.
+    /// Number of workers.
     pub fn len(&self) -> usize {
-        self.engines.len()
+        self.workers.len()
     }
 
-    /// Whether the cluster has no engines.
+    /// Whether the cluster has no workers.
     pub fn is_empty(&self) -> bool {
-        self.engines.is_empty()
+        self.workers.is_empty()
     }
 
-    /// An engine, for queries (load, cached prefix, config).
+    /// A worker, for its messages (heartbeat, load report, resync dump).
+    pub fn worker(&self, idx: EngineIdx) -> &WorkerCore {
+        &self.workers[idx]
+    }
+
+    /// A worker, for a resync dump. Do not step it yourself: the cluster steps every worker
+    /// in time order.
+    pub fn worker_mut(&mut self, idx: EngineIdx) -> &mut WorkerCore {
+        &mut self.workers[idx]
+    }
+
+    /// A worker's engine, for queries (load, cached prefix, config).
     pub fn engine(&self, idx: EngineIdx) -> &Engine {
-        &self.engines[idx]
+        self.workers[idx].engine()
     }
 
-    /// An engine, e.g. to abort a request or release held KV. Do not step it yourself: the
-    /// cluster steps every engine in time order.
+    /// A worker's engine, e.g. to abort a request or release held KV.
     pub fn engine_mut(&mut self, idx: EngineIdx) -> &mut Engine {
-        &mut self.engines[idx]
+        self.workers[idx].engine_mut()
     }
 
-    /// An engine's name.
+    /// A worker's name (its id).
     pub fn name(&self, idx: EngineIdx) -> &str {
-        &self.names[idx]
+        &self.workers[idx].info().worker_id.0
     }
 
-    /// The engine called `name`.
+    /// The worker called `name`.
     pub fn index_of(&self, name: &str) -> Option<EngineIdx> {
-        self.names.iter().position(|n| n == name)
+        self.workers
+            .iter()
+            .position(|w| w.info().worker_id.0 == name)
     }
 
     /// Current virtual time (ms).
@@ -237,12 +243,7 @@ impl Cluster {
 
     /// Schedules an arrival at `at_ms` (times before now count as now).
     pub fn schedule(&mut self, at_ms: f64, arrival: Arrival) {
-        self.order += 1;
-        self.arrivals.push(Due {
-            at_ms: at_ms.max(self.clock_ms),
-            order: self.order,
-            what: arrival,
-        });
+        self.arrivals.push(at_ms.max(self.clock_ms), arrival);
     }
 
     /// Submits an arrival now. A decode-leg refusal shows up later as [`ClusterEvent::Rejected`].
@@ -252,14 +253,14 @@ impl Cluster {
     pub fn submit(&mut self, arrival: Arrival) -> Result<(), EngineError> {
         let now = self.clock_ms;
         match arrival {
-            Arrival::Direct { engine, req } => self.engines[engine].submit(req, now),
+            Arrival::Direct { engine, req } => self.workers[engine].submit(req, now),
             Arrival::Disaggregated {
                 prefill,
                 decode,
                 req,
             } => {
                 let leg = EngineRequest::prefill_for_remote_decode(req.id, req.prompt.clone());
-                self.engines[prefill].submit(leg, now)?;
+                self.workers[prefill].submit(leg, now)?;
                 self.handoffs
                     .insert((prefill, req.id), Handoff { decode, req });
                 Ok(())
@@ -269,9 +270,9 @@ impl Cluster {
 
     /// When the next event is due; `None` when nothing is left to happen.
     pub fn next_event_ms(&self) -> Option<f64> {
-        let engines = self.engines.iter().filter_map(Engine::next_event_ms);
-        let arrivals = self.arrivals.peek().map(|d| d.at_ms);
-        let transfers = self.transfers.peek().map(|d| d.at_ms);
+        let engines = self.workers.iter().filter_map(WorkerCore::next_event_ms);
+        let arrivals = self.arrivals.next_ms();
+        let transfers = self.transfers.next_ms();
         engines
             .chain(arrivals)
             .chain(transfers)
@@ -283,21 +284,15 @@ impl Cluster {
     pub fn step_next(&mut self, sink: &mut impl FnMut(ClusterEvent)) -> Option<f64> {
         let t = self.next_event_ms()?.max(self.clock_ms);
         self.clock_ms = t;
-        while self.transfers.peek().is_some_and(|d| d.at_ms <= t) {
-            let Some(done) = self.transfers.pop() else {
-                break;
-            };
-            self.finish_transfer(done.what, sink);
+        while let Some((_, done)) = self.transfers.pop_due(t) {
+            self.finish_transfer(done, sink);
         }
-        while self.arrivals.peek().is_some_and(|d| d.at_ms <= t) {
-            let Some(due) = self.arrivals.pop() else {
-                break;
-            };
-            let (engine, id) = match &due.what {
+        while let Some((_, arrival)) = self.arrivals.pop_due(t) {
+            let (engine, id) = match &arrival {
                 Arrival::Direct { engine, req } => (*engine, req.id),
                 Arrival::Disaggregated { prefill, req, .. } => (*prefill, req.id),
             };
-            if let Err(error) = self.submit(due.what) {
+            if let Err(error) = self.submit(arrival) {
                 sink(ClusterEvent::Rejected {
                     engine,
                     id,
@@ -306,7 +301,7 @@ impl Cluster {
                 });
             }
         }
-        for idx in 0..self.engines.len() {
+        for idx in 0..self.workers.len() {
             self.step_engine(idx, t, sink);
         }
         Some(t)
@@ -326,12 +321,12 @@ impl Cluster {
     }
 
     fn step_engine(&mut self, idx: EngineIdx, t: f64, sink: &mut impl FnMut(ClusterEvent)) {
-        if !self.engines[idx].next_event_ms().is_some_and(|n| n <= t) {
+        if !self.workers[idx].next_event_ms().is_some_and(|n| n <= t) {
             return;
         }
         let mut buf = std::mem::take(&mut self.buf);
         buf.clear();
-        self.engines[idx].step_into(t, &mut buf);
+        self.workers[idx].step_into(t, &mut buf);
         for output in buf.drain(..) {
             if let EngineOutput::Finished {
                 id,
@@ -349,14 +344,14 @@ impl Cluster {
         }
         self.buf = buf;
         if !self.forward_kv_events {
-            self.engines[idx].discard_kv_events();
+            self.workers[idx].discard_kv_events();
             return;
         }
-        let events = self.engines[idx].drain_kv_events();
-        if !events.is_empty() {
-            sink(ClusterEvent::KvEvents {
+        let batches = self.workers[idx].kv_batches();
+        if !batches.is_empty() {
+            sink(ClusterEvent::KvBatches {
                 engine: idx,
-                events,
+                batches,
             });
         }
     }
@@ -372,8 +367,10 @@ impl Cluster {
             // A hold nobody waits for (submitted directly): let the lease expire it.
             return;
         };
-        let decode_cached = self.engines[handoff.decode].cached_prefix_tokens(&handoff.req.prompt);
-        let model = &self.engines[prefill].config().transfer;
+        let decode_cached = self
+            .engine(handoff.decode)
+            .cached_prefix_tokens(&handoff.req.prompt);
+        let model = &self.engine(prefill).config().transfer;
         let tokens = model.tokens_to_move(
             u64::from(handoff.req.prompt.len()),
             u64::from(decode_cached),
@@ -390,17 +387,12 @@ impl Cluster {
             at_ms,
             until_ms,
         });
-        self.order += 1;
-        self.transfers.push(Due {
-            at_ms: until_ms,
-            order: self.order,
-            what: Transfer { prefill, id },
-        });
+        self.transfers.push(until_ms, Transfer { prefill, id });
     }
 
     fn finish_transfer(&mut self, transfer: Transfer, sink: &mut impl FnMut(ClusterEvent)) {
         let now = self.clock_ms;
-        self.engines[transfer.prefill].release_held(transfer.id);
+        self.engine_mut(transfer.prefill).release_held(transfer.id);
         let Some(Handoff { decode, mut req }) =
             self.handoffs.remove(&(transfer.prefill, transfer.id))
         else {
@@ -409,7 +401,7 @@ impl Cluster {
         req.kv = KvSource::Remote;
         req.hold_for_remote_decode = false;
         let id = req.id;
-        if let Err(error) = self.engines[decode].submit(req, now) {
+        if let Err(error) = self.workers[decode].submit(req, now) {
             sink(ClusterEvent::Rejected {
                 engine: decode,
                 id,

@@ -44,7 +44,7 @@ mod tests;
 pub use gateway::GatewayModel;
 pub use modes::{compare_modes, report_run, run_mode, ModeRun};
 pub use spec::{ReplayCounters, ReplayRun, StackSpec};
-pub use stack::{VirtualStack, FAIL_OPEN_TIMEOUT};
+pub use stack::VirtualStack;
 pub use sweep::{sweep_markdown, sweep_thresholds, SweepPoint, ThresholdGrid};
 pub use tokens::PromptSource;
 pub use tracker::RouteNote;

@@ -102,6 +102,11 @@ pub struct ReplayCounters {
     pub kv_batch_problems: u64,
     /// Load reports applied.
     pub load_reports: u64,
+    /// Resync dumps the control core asked for (one per worker at registration).
+    pub resyncs: u64,
+    /// Workers the control core expired (should stay 0: virtual workers never miss a
+    /// heartbeat).
+    pub expired_workers: u64,
     /// Routing failures (no decode worker).
     pub route_errors: u64,
     /// Requests whose route call timed out in the gateway stage and were sent unrouted to a

@@ -1,32 +1,45 @@
-//! The virtual stack: simulated engines and the control plane's router in one process,
-//! advanced by a discrete-event clock.
+//! The virtual stack: simulated workers and the control plane's core in one process, advanced
+//! by a discrete-event clock.
+//!
+//! Nothing here re-implements the real components: each simulated worker is the same
+//! [`WorkerCore`](switchyard_engine::worker_core::WorkerCore) the real-time worker drives
+//! (engine, numbered KV batches, resync dumps, load reports, heartbeats), the control plane
+//! is the same [`ControlCore`] its router task drives (registration, expiry, KV batches and
+//! the resync decisions they call for, routing), and a request that fails open carries the
+//! filter's own label. Only the transport is gone: messages go straight from one core to
+//! the other at their virtual instant.
 //!
 //! One run, step by step (all at virtual times; ties resolve in this order):
 //! 1. **Engines** ([`Cluster::step_next`]): iteration ends, transfers, prefill legs. Their KV
-//!    events go to the router at once as numbered [`KvEventBatch`]es (as the NATS consumer
-//!    would apply them), first tokens and completions as lifecycle events (as the filter
-//!    reports them), and the records are completed.
-//! 2. **Load reports** every [`StackSpec::load_interval_ms`]: each engine's
-//!    [`switchyard_engine::LoadSnapshot`] as the worker would publish it.
+//!    batches go to the control core at once (as the NATS consumer would apply them, and a
+//!    resync it asks for is dumped by the worker there and then), first tokens and
+//!    completions go as lifecycle events (as the filter reports them), and the records are
+//!    completed.
+//! 2. **Periodic messages** (one event queue with the sends): every worker's load report each
+//!    [`StackSpec::load_interval_ms`], its heartbeat each heartbeat interval, and the control
+//!    core's tick (expiry) each [`TICK_MS`]. Workers register with their first heartbeat at
+//!    time 0.
 //! 3. **Gateway events** (only with a [`StackSpec::gateway`] cost, [`super::gateway`]): a
-//!    request whose route tokenization finished is routed ([`Router::route`] with the
-//!    router's state at that instant); one whose route call timed out **fails open** to the
-//!    decode worker with the fewest open requests, without a verdict (as Envoy's
-//!    least-request fallback); one whose first worker's tokenization finished enters the
-//!    engines.
-//! 4. **Arrivals**: the request's token ids are made; without a gateway cost (the default)
-//!    it is routed at once and enters the engines the verdict names (straight to the decode
+//!    request whose route tokenization finished is routed (the control core's state at that
+//!    instant); one whose route call timed out **fails open** to the decode worker with the
+//!    fewest open requests, without a verdict (as Envoy's least-request fallback); one whose
+//!    first worker's tokenization finished enters the engines.
+//! 4. **Sends**: the request's token ids are made; without a gateway cost (the default) it
+//!    is routed at once and enters the engines the verdict names (straight to the decode
 //!    worker, or prefill leg, KV transfer, decode leg). With one, it enters the gateway stage.
 
-use std::cmp::Ordering;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::HashMap;
 
+use switchyard_engine::queue::EventQueue;
+use switchyard_filter::outcome::Served;
+use switchyard_filter::verdict::FailOpenReason;
 use switchyard_protocol::hash::{BlockSize, HashSeed};
 use switchyard_protocol::kv::KvEventBatch;
 use switchyard_protocol::lifecycle::LifecycleEvent;
 use switchyard_protocol::route::RouteMode;
-use switchyard_protocol::worker::{WorkerId, WorkerInfo, WorkerRole};
-use switchyard_router::{KvApplyOutcome, Router};
+use switchyard_protocol::worker::{WorkerId, WorkerInfo, DEFAULT_HEARTBEAT_INTERVAL_MS};
+use switchyard_router::core::{Resync, TICK_MS};
+use switchyard_router::{ControlCore, Router};
 
 use super::gateway::{GatewayEvent, GatewayQueue};
 use super::spec::{ReplayCounters, ReplayRun, StackSpec};
@@ -38,45 +51,49 @@ use switchyard_engine::{EngineConfig, EngineOutput, EngineRequest};
 use switchyard_loadgen::record::RequestRecord;
 use switchyard_loadgen::Workload;
 
+/// Heartbeat misses before the control core expires a worker (the control plane's default).
+const HEARTBEAT_MISSES: u32 = switchyard_protocol::worker::DEFAULT_HEARTBEAT_MISSES;
+
+/// Something due in the run's event queue (besides what the cluster and the gateway stage
+/// keep themselves).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Due {
+    /// Every worker reports its load.
+    LoadReports,
+    /// Every worker heartbeats.
+    Heartbeats,
+    /// The control core's periodic tick.
+    Tick,
+    /// The client sends request `id`.
+    Send(usize),
+}
+
+impl Due {
+    /// Periodic messages go before sends due at the same instant.
+    fn rank(self) -> u8 {
+        match self {
+            Due::Send(_) => 1,
+            _ => 0,
+        }
+    }
+}
+
 /// Virtual time past the last planned arrival after which a run counts as stuck (10 days).
 const FINISH_BOUND_MS: f64 = 10.0 * 86_400_000.0;
 
-/// A request due to be sent at a virtual time; the earliest first, then in push order.
-#[derive(Debug, PartialEq)]
-struct Due {
-    at_ms: f64,
-    order: u64,
-    id: usize,
-}
-impl Eq for Due {}
-impl PartialOrd for Due {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
-}
-impl Ord for Due {
-    fn cmp(&self, other: &Self) -> Ordering {
-        other
-            .at_ms
-            .total_cmp(&self.at_ms)
-            .then(other.order.cmp(&self.order))
-    }
-}
-
-/// Engines, router and the event loop of one run (see the module docs).
+/// Workers, control core and the event loop of one run (see the module docs).
 pub struct VirtualStack<'a> {
     spec: StackSpec,
     workload: &'a Workload,
     source: &'a PromptSource,
     cluster: Cluster,
-    router: Router,
-    worker_ids: Vec<WorkerId>,
-    kv_seq: Vec<u64>,
+    control: ControlCore,
     block_size: BlockSize,
     hash_seed: HashSeed,
-    arrivals: BinaryHeap<Due>,
-    order: u64,
-    next_tick_ms: f64,
+    /// Sends and periodic messages.
+    queue: EventQueue<Due>,
+    /// Sends in `queue`.
+    queued_sends: usize,
     tracker: Tracker,
     counters: ReplayCounters,
     events: Vec<ClusterEvent>,
@@ -89,7 +106,7 @@ pub struct VirtualStack<'a> {
 }
 
 impl<'a> VirtualStack<'a> {
-    /// Cold workers and a fresh router for `workload`.
+    /// Cold workers, registered with a fresh control core, for `workload`.
     ///
     /// # Errors
     /// [`ReplayError`] for an unusable spec, engine or router config, or request ids that
@@ -119,18 +136,20 @@ impl<'a> VirtualStack<'a> {
         let mut router_config = spec.router.clone();
         router_config.serving_mode = spec.mode;
         router_config.validate()?;
-        let mut router = Router::with_config(router_config, spec.seed);
+        let control = ControlCore::new(
+            Router::with_config(router_config, spec.seed),
+            HEARTBEAT_MISSES,
+        );
         let mut cluster = Cluster::new();
         cluster.set_forward_kv_events(true);
         cluster.set_handoff_cpu_ms_per_prompt_token(spec.gateway.decode_leg_ms_per_prompt_token);
-        let mut worker_ids = Vec::new();
         let mut counts = [0u32; 3];
         let mut block_size = None;
         let roles = spec.roles()?;
         let fail_open_targets = roles
             .iter()
             .enumerate()
-            .filter(|(_, r)| matches!(r, WorkerRole::Decode | WorkerRole::Agg))
+            .filter(|(_, r)| r.serves_decode())
             .map(|(i, _)| i)
             .collect();
         for role in roles {
@@ -150,10 +169,7 @@ impl<'a> VirtualStack<'a> {
                 kv_capacity_blocks: cfg.kv_capacity_blocks,
             };
             block_size = Some(cfg.block_size()?);
-            cluster.add_engine(name, cfg)?;
-            // Virtual workers never miss a heartbeat: one registration that never expires.
-            router.upsert_worker(&info, u64::MAX, 0);
-            worker_ids.push(info.worker_id);
+            cluster.add_worker(info, cfg)?;
         }
         let block_size =
             block_size.ok_or_else(|| ReplayError::InvalidSetup("no workers".into()))?;
@@ -162,15 +178,12 @@ impl<'a> VirtualStack<'a> {
             tracker.set_sent_override(sent.clone());
         }
         let mut stack = VirtualStack {
-            kv_seq: vec![0; worker_ids.len()],
-            worker_ids,
             cluster,
-            router,
+            control,
             block_size,
             hash_seed: HashSeed::default(),
-            arrivals: BinaryHeap::new(),
-            order: 0,
-            next_tick_ms: 0.0,
+            queue: EventQueue::new(),
+            queued_sends: 0,
             tracker,
             counters: ReplayCounters::default(),
             events: Vec::new(),
@@ -181,6 +194,11 @@ impl<'a> VirtualStack<'a> {
             workload,
             source,
         };
+        // Workers register with their first heartbeat, before anything is sent.
+        stack.heartbeats(0.0);
+        for due in [Due::LoadReports, Due::Heartbeats, Due::Tick] {
+            stack.queue.push_ranked(0.0, due.rank(), due);
+        }
         let ready: Vec<(usize, f64)> = stack.tracker.initially_ready(workload).collect();
         stack.push_ready(ready);
         Ok(stack)
@@ -188,12 +206,9 @@ impl<'a> VirtualStack<'a> {
 
     fn push_ready(&mut self, ready: Vec<(usize, f64)>) {
         for (id, at_ms) in ready {
-            self.order += 1;
-            self.arrivals.push(Due {
-                at_ms,
-                order: self.order,
-                id,
-            });
+            let due = Due::Send(id);
+            self.queue.push_ranked(at_ms, due.rank(), due);
+            self.queued_sends += 1;
         }
     }
 
@@ -213,31 +228,39 @@ impl<'a> VirtualStack<'a> {
         let mut now = 0.0f64;
         loop {
             let engines = self.cluster.next_event_ms();
-            let arrival = self.arrivals.peek().map(|d| d.at_ms);
             let gateway = self.gateway.next_event_ms();
-            let Some(next) = [engines, arrival, gateway]
+            // Periodic messages keep the queue full forever; they matter only while
+            // something else is left to happen.
+            if engines.is_none() && gateway.is_none() && self.queued_sends == 0 {
+                break;
+            }
+            let head = self.queue.peek().map(|(t, due)| (t, *due));
+            let Some(next) = [engines, gateway, head.map(|(t, _)| t)]
                 .into_iter()
                 .flatten()
                 .min_by(f64::total_cmp)
             else {
                 break;
             };
-            if next.min(self.next_tick_ms) > limit_ms {
+            if next > limit_ms {
                 return Err(ReplayError::DidNotFinish {
                     limit_ms,
                     unfinished: self.tracker.open(),
                 });
             }
-            if engines.is_some_and(|t| t <= self.next_tick_ms && t <= next) {
+            // Ties: engines, then periodic messages, then the gateway stage, then sends.
+            if engines.is_some_and(|t| t <= next) {
                 self.step_engines();
-            } else if self.next_tick_ms <= next {
-                self.report_load();
+            } else if let Some((at, due)) = head.filter(|(t, d)| *t <= next && d.rank() == 0) {
+                self.queue.pop();
+                self.on_periodic(due, at);
             } else if let Some(at) = gateway.filter(|&g| g <= next) {
                 for event in self.gateway.take_events(at) {
                     self.on_gateway(event, at);
                 }
-            } else if let Some(due) = self.arrivals.pop() {
-                self.send(due.id, due.at_ms);
+            } else if let Some((at, Due::Send(id))) = self.queue.pop() {
+                self.queued_sends -= 1;
+                self.send(id, at);
             }
             now = now.max(self.cluster.now_ms());
         }
@@ -250,6 +273,28 @@ impl<'a> VirtualStack<'a> {
             counters: self.counters,
             end_ms: now,
         })
+    }
+
+    /// A periodic message at `at_ms`, and the next one scheduled.
+    fn on_periodic(&mut self, due: Due, at_ms: f64) {
+        let every = match due {
+            Due::LoadReports => {
+                self.load_reports(at_ms);
+                self.spec.load_interval_ms
+            }
+            Due::Heartbeats => {
+                self.heartbeats(at_ms);
+                DEFAULT_HEARTBEAT_INTERVAL_MS
+            }
+            Due::Tick => {
+                let expired = self.control.tick(router_ms(at_ms));
+                self.counters.expired_workers += expired.len() as u64;
+                TICK_MS
+            }
+            Due::Send(_) => return,
+        };
+        self.queue
+            .push_ranked(at_ms + every as f64, due.rank(), due);
     }
 
     fn step_engines(&mut self) {
@@ -268,22 +313,9 @@ impl<'a> VirtualStack<'a> {
     fn on_event(&mut self, event: ClusterEvent, now: f64) {
         match event {
             ClusterEvent::Output { engine, output } => self.on_output(engine, output),
-            ClusterEvent::KvEvents { engine, events } => {
-                self.kv_seq[engine] += 1;
-                let batch = KvEventBatch {
-                    v: switchyard_protocol::PROTOCOL_VERSION,
-                    worker_id: self.worker_ids[engine].clone(),
-                    instance_id: 1,
-                    seq: self.kv_seq[engine],
-                    resync: false,
-                    events,
-                };
-                self.counters.kv_batches += 1;
-                match self.router.apply_kv_batch(&batch, router_ms(now)) {
-                    Ok(KvApplyOutcome::Applied) => {}
-                    Ok(KvApplyOutcome::NeedsResync) | Err(_) => {
-                        self.counters.kv_batch_problems += 1;
-                    }
+            ClusterEvent::KvBatches { batches, .. } => {
+                for batch in batches {
+                    self.kv_batch(&batch, now);
                 }
             }
             ClusterEvent::TransferStarted { tokens, .. } => {
@@ -300,6 +332,35 @@ impl<'a> VirtualStack<'a> {
                     self.tracker
                         .on_failed(self.workload, id, format!("engine: {error}"), at_ms);
                 self.push_ready(ready);
+            }
+        }
+    }
+
+    /// A worker's KV batch reaches the control core; a resync it calls for is dumped by the
+    /// worker at once (as the real worker answers the resync request on its event subject).
+    fn kv_batch(&mut self, batch: &KvEventBatch, now: f64) {
+        self.counters.kv_batches += 1;
+        let outcome = self.control.kv_batch(batch, router_ms(now));
+        if outcome.result.is_err() || outcome.resync.is_some() {
+            self.counters.kv_batch_problems += 1;
+        }
+        self.carry_out(outcome.resync, now);
+    }
+
+    /// Carries out a resync the control core decided on.
+    fn carry_out(&mut self, resync: Option<Resync>, now: f64) {
+        let Some(Resync::Send { worker, .. }) = resync else {
+            return;
+        };
+        let Some(idx) = self.cluster.index_of(&worker.0) else {
+            return;
+        };
+        self.counters.resyncs += 1;
+        for batch in self.cluster.worker_mut(idx).resync_dump() {
+            self.counters.kv_batches += 1;
+            let outcome = self.control.kv_batch(&batch, router_ms(now));
+            if outcome.result.is_err() {
+                self.counters.kv_batch_problems += 1;
             }
         }
     }
@@ -324,7 +385,7 @@ impl<'a> VirtualStack<'a> {
                 let event = LifecycleEvent::FirstToken {
                     request_id: request_id(id),
                 };
-                self.router.apply_lifecycle(&event, router_ms(at_ms));
+                self.control.lifecycle(&event, router_ms(at_ms));
             }
             EngineOutput::Finished {
                 prompt_tokens,
@@ -354,17 +415,29 @@ impl<'a> VirtualStack<'a> {
             completion_tokens: usage.map(|u| u.1),
             ok,
         };
-        self.router.apply_lifecycle(&event, router_ms(at_ms));
+        self.control.lifecycle(&event, router_ms(at_ms));
     }
 
-    fn report_load(&mut self) {
-        let now = router_ms(self.next_tick_ms);
-        for (idx, id) in self.worker_ids.iter().enumerate() {
-            let report = self.cluster.engine(idx).load().to_load_report(id.clone());
-            self.router.apply_load_report(&report, now);
+    fn load_reports(&mut self, at_ms: f64) {
+        let now = router_ms(at_ms);
+        for idx in 0..self.cluster.len() {
+            let report = self.cluster.worker(idx).load_report();
+            self.control.load(&report, now);
             self.counters.load_reports += 1;
         }
-        self.next_tick_ms += self.spec.load_interval_ms as f64;
+    }
+
+    /// Every worker heartbeats (the first time: registers, and is asked for a resync).
+    fn heartbeats(&mut self, at_ms: f64) {
+        let now = router_ms(at_ms);
+        for idx in 0..self.cluster.len() {
+            let hb = self
+                .cluster
+                .worker(idx)
+                .heartbeat(DEFAULT_HEARTBEAT_INTERVAL_MS, now);
+            let outcome = self.control.heartbeat(&hb, now);
+            self.carry_out(outcome.resync, at_ms);
+        }
     }
 
     /// The client sends request `id` at `at_ms`: it is routed at once, or goes through the
@@ -432,8 +505,9 @@ impl<'a> VirtualStack<'a> {
         let prompt = hashed_prompt(&tokens, self.block_size, self.hash_seed);
         let req = EngineRequest::local(id as u64, prompt, planned.osl);
         let record = RequestRecord {
-            route: Some(FAIL_OPEN_TIMEOUT.to_string()),
-            worker: Some(self.worker_ids[engine].0.clone()),
+            // The label the filter gives a request whose route call timed out.
+            route: Some(Served::FailOpen(FailOpenReason::Timeout).route_header_value()),
+            worker: Some(self.cluster.name(engine).to_string()),
             ..self.planned_record(id, sent_ms)
         };
         self.tracker.on_sent(engine, record, None);
@@ -448,8 +522,8 @@ impl<'a> VirtualStack<'a> {
         let planned = &self.workload.requests[id];
         let tokens = self.source.token_ids(planned);
         let verdict = match self
-            .router
-            .route(&request_id(id), &tokens, router_ms(at_ms))
+            .control
+            .route(&request_id(id), &tokens, 1, router_ms(at_ms))
         {
             Ok(v) => v,
             Err(e) => {
@@ -487,8 +561,12 @@ impl<'a> VirtualStack<'a> {
             },
         };
         let note = RouteNote::from_verdict(id, at_ms, &verdict);
+        let served = Served::Routed {
+            mode: verdict.mode,
+            destination: verdict.decode.address.clone(),
+        };
         let record = RequestRecord {
-            route: Some(verdict.mode.as_str().to_string()),
+            route: Some(served.route_header_value()),
             worker: Some(verdict.decode.worker_id.0),
             ..record
         };
@@ -496,9 +574,6 @@ impl<'a> VirtualStack<'a> {
         Some(arrival)
     }
 }
-
-/// The route header of a request whose route call timed out, as the filter writes it.
-pub const FAIL_OPEN_TIMEOUT: &str = "fail-open;reason=timeout";
 
 /// The request id the router and lifecycle reports use (the filter's `x-request-id`).
 fn request_id(id: usize) -> String {

@@ -6,9 +6,7 @@
 
 use switchyard_loadgen::prompts::{PromptSpec, Segment};
 use switchyard_loadgen::{PlannedRequest, Workload};
-use switchyard_replay::{
-    run_mode, GatewayModel, PromptSource, ReplayError, StackSpec, FAIL_OPEN_TIMEOUT,
-};
+use switchyard_replay::{run_mode, GatewayModel, PromptSource, ReplayError, StackSpec};
 use switchyard_router::config::ServingMode;
 
 fn cold_prompt(id: usize, first_block: u64, tokens: u32) -> PlannedRequest {
@@ -130,7 +128,8 @@ fn a_route_call_slower_than_the_timeout_fails_open_to_a_local_prefill() {
         .iter()
         .map(|r| r.route.as_deref().unwrap())
         .collect();
-    assert_eq!(routes, vec![FAIL_OPEN_TIMEOUT, "disagg", "disagg"]);
+    // The filter's own label for a route call that timed out.
+    assert_eq!(routes, vec!["fail-open;reason=timeout", "disagg", "disagg"]);
     assert_eq!(run.counters.failed_open, 1);
     // The failed-open request was prefilled by its decode worker: only the two routed ones
     // went through the prefill worker and moved their KV.

@@ -23,11 +23,7 @@ impl Router {
     ///
     /// # Errors
     /// See [`KvEventError`]; nothing is applied on error.
-    pub fn apply_kv_batch(
-        &mut self,
-        batch: &KvEventBatch,
-        _now_ms: u64,
-    ) -> Result<KvApplyOutcome, KvEventError> {
+    pub fn apply_kv_batch(&mut self, batch: &KvEventBatch) -> Result<KvApplyOutcome, KvEventError> {
         let Some(worker) = self.workers.get_mut(&batch.worker_id) else {
             return Err(KvEventError::UnknownWorker(batch.worker_id.clone()));
         };

@@ -33,6 +33,9 @@ pub mod policy;
 pub mod predict;
 pub mod select;
 
+pub mod core;
+pub use crate::core::ControlCore;
+
 mod kv_events;
 mod route;
 mod workers;
@@ -170,8 +173,8 @@ pub struct Router {
     config: RouterConfig,
     rng: SmallRng,
     workers: BTreeMap<WorkerId, WorkerState>,
-    /// Slot -> worker id.
-    slots: Vec<Option<WorkerId>>,
+    /// Slots handed out so far (the next new one); freed ones are reused first.
+    allocated_slots: u16,
     free_slots: Vec<u16>,
     /// Sum of registered workers' KV capacities (capped each), reserved in the index.
     reserved_blocks: usize,
@@ -209,7 +212,7 @@ impl Router {
             config,
             rng: SmallRng::seed_from_u64(seed),
             workers: BTreeMap::new(),
-            slots: Vec::new(),
+            allocated_slots: 0,
             free_slots: Vec::new(),
             reserved_blocks: 0,
             index: KvIndex::new(),
@@ -239,7 +242,7 @@ impl Router {
 
     /// Folds a worker's own load report into its predicted load (it becomes the new
     /// baseline). Reports from unknown workers are ignored.
-    pub fn apply_load_report(&mut self, report: &LoadReport, _now_ms: u64) {
+    pub fn apply_load_report(&mut self, report: &LoadReport) {
         if let Some(w) = self.workers.get(&report.worker_id) {
             self.load.on_report(w.slot, report);
         }

@@ -110,7 +110,7 @@ fn second_turn_returns_to_the_cache_holder_and_bypasses() {
     assert_eq!(v1.cached_tokens, 0);
     let holder = v1.decode.worker_id.0.clone();
     assert_eq!(
-        r.apply_kv_batch(&stored(&holder, 1, &turn1), 20),
+        r.apply_kv_batch(&stored(&holder, 1, &turn1)),
         Ok(KvApplyOutcome::Applied)
     );
     r.apply_lifecycle(&done("t1"), 30);
@@ -129,7 +129,7 @@ fn second_turn_returns_to_the_cache_holder_and_bypasses() {
 fn the_cache_holder_wins_even_when_the_other_worker_is_idle() {
     let mut r = pool();
     let base = prompt(1, 1600);
-    r.apply_kv_batch(&stored("decode-1", 1, &base), 0).unwrap();
+    r.apply_kv_batch(&stored("decode-1", 1, &base)).unwrap();
     // Some load on decode-1 that its cache (100 blocks) outweighs.
     r.route("busy", &prompt(9, 640), 0).unwrap();
     let v = r.route("x", &base, 1).unwrap();
@@ -172,7 +172,7 @@ fn a_busy_decode_worker_gets_no_bypass() {
     cfg.conditional.decode_busy_threshold = Some(0.8);
     r.set_config(cfg).unwrap();
     let turn1 = prompt(1, 1024);
-    r.apply_kv_batch(&stored("decode-0", 1, &turn1), 0).unwrap();
+    r.apply_kv_batch(&stored("decode-0", 1, &turn1)).unwrap();
     let mut turn2 = turn1.clone();
     turn2.extend(prompt(2, 100));
     // Idle: bypass.
@@ -191,7 +191,7 @@ fn a_busy_decode_worker_gets_no_bypass() {
         kv_total_blocks: 10_000,
         queued_prefill_tokens: 0,
     };
-    r.apply_load_report(&report, 3);
+    r.apply_load_report(&report);
     let v = r.route("b", &turn2, 4).unwrap();
     assert_eq!(v.mode, RouteMode::Disagg);
     assert_eq!(v.reason, "disagg:decode_busy");
@@ -212,7 +212,7 @@ fn a_decode_worker_without_capacity_gets_no_bypass_under_the_guard() {
     // isl 10 has no full block: eff_isl 10, ratio 1.0 → isl_bounding says disagg anyway.
     assert_eq!(v.reason, "disagg:eff_isl_ratio_above_threshold");
     let turn = prompt(2, 320);
-    r.apply_kv_batch(&stored("decode-0", 1, &turn), 0).unwrap();
+    r.apply_kv_batch(&stored("decode-0", 1, &turn)).unwrap();
     let v = r.route("b", &turn, 1).unwrap();
     assert_eq!(v.reason, "disagg:decode_capacity_unknown");
 }
@@ -322,7 +322,7 @@ fn kv_batch_ordering_rules() {
     let mut r = pool();
     let t = prompt(1, 64);
     assert_eq!(
-        r.apply_kv_batch(&stored("ghost", 1, &t), 0),
+        r.apply_kv_batch(&stored("ghost", 1, &t)),
         Err(KvEventError::UnknownWorker(WorkerId("ghost".into())))
     );
     let mut wrong = stored("decode-0", 1, &t);
@@ -330,7 +330,7 @@ fn kv_batch_ordering_rules() {
         *block_size = 64;
     }
     assert!(matches!(
-        r.apply_kv_batch(&wrong, 0),
+        r.apply_kv_batch(&wrong),
         Err(KvEventError::BlockSizeMismatch {
             got: 64,
             registered: 16,
@@ -340,15 +340,15 @@ fn kv_batch_ordering_rules() {
     assert_eq!(r.index_stats().pairs, 0, "nothing applied on error");
 
     assert_eq!(
-        r.apply_kv_batch(&stored("decode-0", 1, &t), 0),
+        r.apply_kv_batch(&stored("decode-0", 1, &t)),
         Ok(KvApplyOutcome::Applied)
     );
     assert_eq!(
-        r.apply_kv_batch(&stored("decode-0", 2, &t), 0),
+        r.apply_kv_batch(&stored("decode-0", 2, &t)),
         Ok(KvApplyOutcome::Applied)
     );
     assert!(matches!(
-        r.apply_kv_batch(&stored("decode-0", 2, &t), 0),
+        r.apply_kv_batch(&stored("decode-0", 2, &t)),
         Err(KvEventError::Stale {
             seq: 2,
             applied: 2,
@@ -356,23 +356,23 @@ fn kv_batch_ordering_rules() {
         })
     ));
     assert_eq!(
-        r.apply_kv_batch(&stored("decode-0", 5, &t), 0),
+        r.apply_kv_batch(&stored("decode-0", 5, &t)),
         Ok(KvApplyOutcome::NeedsResync)
     );
     assert_eq!(
-        r.apply_kv_batch(&stored("decode-0", 6, &t), 0),
+        r.apply_kv_batch(&stored("decode-0", 6, &t)),
         Ok(KvApplyOutcome::Applied),
         "one gap, one resync"
     );
     // First batch seen mid-stream: applied, but resync asked.
     assert_eq!(
-        r.apply_kv_batch(&stored("decode-1", 40, &t), 0),
+        r.apply_kv_batch(&stored("decode-1", 40, &t)),
         Ok(KvApplyOutcome::NeedsResync)
     );
     // Another instance's batch: not applied.
     let mut other = stored("decode-1", 41, &prompt(3, 64));
     other.instance_id = 2;
-    assert_eq!(r.apply_kv_batch(&other, 0), Ok(KvApplyOutcome::NeedsResync));
+    assert_eq!(r.apply_kv_batch(&other), Ok(KvApplyOutcome::NeedsResync));
     assert_eq!(
         r.worker_stats()
             .iter()
@@ -386,15 +386,15 @@ fn kv_batch_ordering_rules() {
 #[test]
 fn a_resync_dump_rebuilds_the_worker() {
     let mut r = pool();
-    r.apply_kv_batch(&stored("decode-0", 1, &prompt(1, 64)), 0)
+    r.apply_kv_batch(&stored("decode-0", 1, &prompt(1, 64)))
         .unwrap();
     let mut dump = stored("decode-0", 10, &prompt(2, 32));
     dump.resync = true;
     dump.events.insert(0, KvEvent::Cleared);
-    assert_eq!(r.apply_kv_batch(&dump, 0), Ok(KvApplyOutcome::Applied));
+    assert_eq!(r.apply_kv_batch(&dump), Ok(KvApplyOutcome::Applied));
     let mut next = stored("decode-0", 11, &prompt(3, 16));
     next.resync = true;
-    assert_eq!(r.apply_kv_batch(&next, 0), Ok(KvApplyOutcome::Applied));
+    assert_eq!(r.apply_kv_batch(&next), Ok(KvApplyOutcome::Applied));
     assert_eq!(
         r.index_stats().pairs,
         3,
@@ -407,7 +407,7 @@ fn a_resync_dump_rebuilds_the_worker() {
 fn a_restart_forgets_the_cache_and_removal_events_apply() {
     let mut r = pool();
     let t = prompt(1, 64);
-    r.apply_kv_batch(&stored("decode-0", 1, &t), 0).unwrap();
+    r.apply_kv_batch(&stored("decode-0", 1, &t)).unwrap();
     let removed = batch(
         "decode-0",
         2,
@@ -415,7 +415,7 @@ fn a_restart_forgets_the_cache_and_removal_events_apply() {
             block_ids: vec![EngineBlockId(100_000 + 3), EngineBlockId(1)],
         }],
     );
-    assert_eq!(r.apply_kv_batch(&removed, 0), Ok(KvApplyOutcome::Applied));
+    assert_eq!(r.apply_kv_batch(&removed), Ok(KvApplyOutcome::Applied));
     assert_eq!(r.kv_counters().blocks_removed, 1);
     assert_eq!(r.kv_counters().unknown_removals, 1);
     assert_eq!(r.index_stats().pairs, 3);
@@ -463,7 +463,7 @@ proptest! {
         let names = ["decode-0", "decode-1", "prefill-0", "ghost"];
         for (w, instance, seq, resync, events) in batches {
             let b = KvEventBatch { v: 1, worker_id: WorkerId(names[w].into()), instance_id: instance, seq, resync, events };
-            let _ = r.apply_kv_batch(&b, 0);
+            let _ = r.apply_kv_batch(&b);
         }
         let stats = r.index_stats();
         let per_worker: u64 = r.worker_stats().iter().map(|w| w.cached_blocks).sum();
@@ -534,7 +534,7 @@ proptest! {
         for (id, role) in [("decode-0", WorkerRole::Decode), ("agg-0", WorkerRole::Agg), ("prefill-0", WorkerRole::Prefill)] {
             r.upsert_worker(&info(id, role), 3_000, 0);
         }
-        r.apply_kv_batch(&stored("decode-0", 1, &prompt(0, 3_000)), 0).unwrap();
+        r.apply_kv_batch(&stored("decode-0", 1, &prompt(0, 3_000))).unwrap();
         for (i, n) in lens.iter().enumerate() {
             let v = r.route(&i.to_string(), &prompt(i as u32 % 2, *n), i as u64).unwrap();
             prop_assert!(REASONS.contains(&v.reason.as_str()));
@@ -557,14 +557,14 @@ fn workers_with_different_block_sizes_are_matched_in_their_own_hashes() {
     let turn = prompt(5, 1_000);
     // decode-64 caches the whole prompt's 15 full 64-token blocks (960 tokens).
     let mut b = stored_in_blocks_of(64, "decode-64", 1, &turn);
-    assert_eq!(r.apply_kv_batch(&b, 0), Ok(KvApplyOutcome::Applied));
+    assert_eq!(r.apply_kv_batch(&b), Ok(KvApplyOutcome::Applied));
     let v = r.route("a", &turn, 1).unwrap();
     assert_eq!(v.decode.worker_id.0, "decode-64");
     assert_eq!((v.cached_tokens, v.eff_isl), (960, 40));
     // A 16-token worker's events cannot claim 64-token blocks.
     b.worker_id = WorkerId("decode-0".into());
     assert!(matches!(
-        r.apply_kv_batch(&b, 0),
+        r.apply_kv_batch(&b),
         Err(KvEventError::BlockSizeMismatch { .. })
     ));
 }

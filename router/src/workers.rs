@@ -40,7 +40,7 @@ impl Router {
                 .set_registered_capacity(slot, info.kv_capacity_blocks);
             return WorkerChange::Refreshed;
         }
-        let Some(slot) = self.allocate_slot(&info.worker_id) else {
+        let Some(slot) = self.allocate_slot() else {
             return WorkerChange::Rejected;
         };
         self.index
@@ -63,16 +63,15 @@ impl Router {
         WorkerChange::New
     }
 
-    fn allocate_slot(&mut self, id: &WorkerId) -> Option<WorkerSlot> {
+    fn allocate_slot(&mut self) -> Option<WorkerSlot> {
         let slot = match self.free_slots.pop() {
             Some(s) => s,
-            None if self.slots.len() < MAX_WORKERS => {
-                self.slots.push(None);
-                (self.slots.len() - 1) as u16
+            None if usize::from(self.allocated_slots) < MAX_WORKERS => {
+                self.allocated_slots += 1;
+                self.allocated_slots - 1
             }
             None => return None,
         };
-        self.slots[usize::from(slot)] = Some(id.clone());
         Some(WorkerSlot(slot))
     }
 
@@ -101,7 +100,6 @@ impl Router {
             .saturating_sub(engine_table_size(&state.info));
         self.load.remove_worker(state.slot);
         self.predictions.forget_worker(state.slot);
-        self.slots[usize::from(state.slot.0)] = None;
         self.free_slots.push(state.slot.0);
     }
 }

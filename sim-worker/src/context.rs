@@ -3,11 +3,11 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use switchyard_engine::worker_core::heartbeat;
 use switchyard_protocol::hash::{sequence_hashes, SequenceHash};
 use switchyard_protocol::registration::RegistrationSecret;
 use switchyard_protocol::tokenize::ModelTokenizer;
 use switchyard_protocol::worker::{WorkerHeartbeat, WorkerId, WorkerInfo, WorkerRole};
-use switchyard_protocol::PROTOCOL_VERSION;
 
 use switchyard_engine::EngineConfig;
 
@@ -107,40 +107,58 @@ impl WorkerContext {
 
     /// `host:port` as heartbeats advertise it.
     pub fn address(&self) -> String {
-        if self.advertised_host.contains(':') {
-            format!("[{}]:{}", self.advertised_host, self.port)
-        } else {
-            format!("{}:{}", self.advertised_host, self.port)
-        }
+        address(&self.advertised_host, self.port)
     }
 
     /// A heartbeat sent at `sent_at_ms` (Unix milliseconds), signed when the worker has the
     /// registration secret.
     pub fn heartbeat(&self, interval_ms: u64, sent_at_ms: u64) -> WorkerHeartbeat {
-        let worker = self.info();
-        let signature = self
+        let mut hb = heartbeat(&self.info(), interval_ms, sent_at_ms);
+        hb.signature = self
             .registration
             .as_ref()
-            .map(|secret| secret.sign(&worker, sent_at_ms));
-        WorkerHeartbeat {
-            v: PROTOCOL_VERSION,
-            worker,
-            interval_ms,
-            sent_at_ms,
-            signature,
-        }
+            .map(|secret| secret.sign(&hb.worker, sent_at_ms));
+        hb
     }
 
     /// The registration every heartbeat carries.
     pub fn info(&self) -> WorkerInfo {
-        WorkerInfo {
-            worker_id: self.id.clone(),
-            instance_id: self.instance_id,
-            role: self.role,
-            address: self.address(),
-            model: self.model_name.clone(),
-            block_size: self.engine_config.block_size,
-            kv_capacity_blocks: self.engine_config.kv_capacity_blocks,
-        }
+        worker_info(
+            &self.id,
+            self.role,
+            self.instance_id,
+            &self.model_name,
+            &self.address(),
+            &self.engine_config,
+        )
+    }
+}
+
+/// `host:port`, with an IPv6 host bracketed.
+pub fn address(host: &str, port: u16) -> String {
+    if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    }
+}
+
+/// What a worker registers as: its identity, address and engine's block size and capacity.
+pub fn worker_info(
+    id: &WorkerId,
+    role: WorkerRole,
+    instance_id: u64,
+    model: &str,
+    address: &str,
+    engine: &EngineConfig,
+) -> WorkerInfo {
+    WorkerInfo {
+        worker_id: id.clone(),
+        instance_id,
+        role,
+        address: address.to_string(),
+        model: model.to_string(),
+        block_size: engine.block_size,
+        kv_capacity_blocks: engine.kv_capacity_blocks,
     }
 }

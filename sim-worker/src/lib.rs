@@ -40,7 +40,7 @@ use switchyard_protocol::worker::WorkerId;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use switchyard_engine::Engine;
+use switchyard_engine::worker_core::WorkerCore;
 
 pub use config::{WorkerConfig, WorkerSpec, DEFAULT_MODEL_NAME};
 pub use error::{ApiError, StartError};
@@ -149,8 +149,9 @@ pub async fn start_worker(
     cfg.validate().map_err(StartError::InvalidConfig)?;
     let mut engine_cfg = cfg.engine.clone();
     engine_cfg.role = cfg.spec.role;
-    let engine =
-        Engine::new(engine_cfg.clone()).map_err(|e| StartError::InvalidConfig(e.to_string()))?;
+    engine_cfg
+        .validate()
+        .map_err(|e| StartError::InvalidConfig(e.to_string()))?;
 
     let bind = (cfg.spec.host.as_str(), cfg.spec.port);
     let listener = tokio::net::TcpListener::bind(bind)
@@ -167,20 +168,23 @@ pub async fn start_worker(
     let instance_id = random_instance_id();
     let metrics = Arc::new(WorkerMetrics::default());
     let clock = runtime::EngineClock::new(cfg.time_scale);
-    let batcher = switchyard_engine::kv_batches::KvBatcher::new(
-        cfg.spec.id.clone(),
-        instance_id,
-        engine_cfg.block_size,
-    );
-    let (kv_tx, kv_rx) = mpsc::channel(runtime::KV_PUBLISH_QUEUE);
-    let (engine_handle, engine_task) =
-        runtime::spawn_engine(engine, clock, batcher, kv_tx, metrics.clone());
-
     let advertised_host = if local_addr.ip().is_unspecified() {
         "127.0.0.1".to_owned() // Bound to all interfaces: loopback is reachable for sure.
     } else {
         cfg.spec.host.clone()
     };
+    let info = context::worker_info(
+        &cfg.spec.id,
+        cfg.spec.role,
+        instance_id,
+        &cfg.model_name,
+        &context::address(&advertised_host, local_addr.port()),
+        &engine_cfg,
+    );
+    let core = WorkerCore::new(info, engine_cfg.clone())
+        .map_err(|e| StartError::InvalidConfig(e.to_string()))?;
+    let (kv_tx, kv_rx) = mpsc::channel(runtime::KV_PUBLISH_QUEUE);
+    let (engine_handle, engine_task) = runtime::spawn_engine(core, clock, kv_tx, metrics.clone());
     let ctx = Arc::new(context::WorkerContext::new(
         cfg.spec.id.clone(),
         cfg.spec.role,

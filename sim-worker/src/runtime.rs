@@ -1,9 +1,10 @@
 //! The task that owns one worker's engine core and drives it in real time.
 //!
-//! The engine is a pure state machine ([`switchyard_engine`]); this task gives it a clock. It
-//! sleeps until the engine's next event (scaled by the time scale) or a command, steps the
-//! engine to "now", routes each output to its request's channel, turns the step's KV events
-//! into numbered batches for NATS, and publishes a load snapshot. Everyone else talks to it
+//! The worker core ([`WorkerCore`]: the engine and the batches it publishes) is pure; this
+//! task gives it a clock. It sleeps until the engine's next event (scaled by the time scale)
+//! or a command, steps the core to "now", routes each output to its request's channel,
+//! forwards the step's KV event batches to the NATS publisher, and publishes a load
+//! snapshot. Everyone else talks to it
 //! through an [`EngineHandle`] (one command enum, `oneshot` replies).
 
 use std::collections::HashMap;
@@ -15,12 +16,10 @@ use tokio::time::Instant;
 
 use switchyard_protocol::kv::KvEventBatch;
 
-use switchyard_engine::{
-    Engine, EngineError, EngineOutput, EngineRequest, HeldKv, LoadSnapshot, Prompt,
-};
+use switchyard_engine::worker_core::WorkerCore;
+use switchyard_engine::{EngineError, EngineOutput, EngineRequest, HeldKv, LoadSnapshot, Prompt};
 
 use super::metrics::WorkerMetrics;
-use switchyard_engine::kv_batches::KvBatcher;
 
 /// Batches waiting for the NATS publisher; beyond this the newest are dropped (counted) and
 /// the control plane repairs the gap with a resync.
@@ -188,18 +187,16 @@ impl EngineHandle {
 /// Starts the engine task. KV event batches go to `kv_out`; the task ends when every handle
 /// is dropped.
 pub fn spawn_engine(
-    engine: Engine,
+    core: WorkerCore,
     clock: EngineClock,
-    batcher: KvBatcher,
     kv_out: mpsc::Sender<KvEventBatch>,
     metrics: Arc<WorkerMetrics>,
 ) -> (EngineHandle, tokio::task::JoinHandle<()>) {
     let (commands, rx) = mpsc::unbounded_channel();
-    let (load_tx, load) = watch::channel(engine.load());
+    let (load_tx, load) = watch::channel(core.engine().load());
     let task = EngineTask {
-        engine,
+        core,
         clock,
-        batcher,
         kv_out,
         metrics,
         load_tx,
@@ -211,9 +208,8 @@ pub fn spawn_engine(
 }
 
 struct EngineTask {
-    engine: Engine,
+    core: WorkerCore,
     clock: EngineClock,
-    batcher: KvBatcher,
     kv_out: mpsc::Sender<KvEventBatch>,
     metrics: Arc<WorkerMetrics>,
     load_tx: watch::Sender<LoadSnapshot>,
@@ -225,7 +221,7 @@ impl EngineTask {
     async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Command>) {
         loop {
             let deadline = self
-                .engine
+                .core
                 .next_event_ms()
                 .map(|ms| self.clock.instant_at(ms));
             tokio::select! {
@@ -250,31 +246,28 @@ impl EngineTask {
         match cmd {
             Command::Submit { req, events, reply } => {
                 let id = req.id;
-                let result = self.engine.submit(req, now);
+                let result = self.core.submit(req, now);
                 if result.is_ok() {
                     self.requests.insert(id, events);
                 }
                 let _ = reply.send(result);
             }
             Command::Abort { id } => {
-                if self.requests.remove(&id).is_some() && self.engine.abort(id, now) {
+                if self.requests.remove(&id).is_some() && self.core.engine_mut().abort(id, now) {
                     self.metrics
                         .requests_aborted
                         .fetch_add(1, Ordering::Relaxed);
                 }
             }
             Command::ReleaseHeld { id, reply } => {
-                let _ = reply.send(self.engine.release_held(id));
+                let _ = reply.send(self.core.engine_mut().release_held(id));
             }
             Command::CachedPrefix { prompt, reply } => {
-                let _ = reply.send(self.engine.cached_prefix_tokens(&prompt));
+                let _ = reply.send(self.core.engine().cached_prefix_tokens(&prompt));
             }
             Command::Resync => {
-                // Events so far go out first, so the dump reflects everything before it.
-                self.flush_kv_events();
-                let batches = self.batcher.resync_dump(self.engine.cached_blocks());
                 self.metrics.kv_resyncs.fetch_add(1, Ordering::Relaxed);
-                for batch in batches {
+                for batch in self.core.resync_dump() {
                     self.publish(batch);
                 }
             }
@@ -285,13 +278,13 @@ impl EngineTask {
         let now = self.clock.now_ms();
         let mut outputs = std::mem::take(&mut self.outputs);
         outputs.clear();
-        self.engine.step_into(now, &mut outputs);
+        self.core.step_into(now, &mut outputs);
         for output in outputs.drain(..) {
             self.route(output, now);
         }
         self.outputs = outputs;
         self.flush_kv_events();
-        self.load_tx.send_replace(self.engine.load());
+        self.load_tx.send_replace(self.core.engine().load());
     }
 
     fn route(&mut self, output: EngineOutput, now: f64) {
@@ -318,7 +311,7 @@ impl EngineTask {
                 m.local_prefill_tokens
                     .fetch_add(u64::from(local), Ordering::Relaxed);
                 let held = if kv_held {
-                    self.engine.held_kv(id).cloned()
+                    self.core.engine().held_kv(id).cloned()
                 } else {
                     None
                 };
@@ -332,7 +325,7 @@ impl EngineTask {
                 if let Some(tx) = self.requests.remove(&id) {
                     if tx.send(event).is_err() && kv_held {
                         // Nobody will hand these blocks to a decode worker: free them now.
-                        self.engine.release_held(id);
+                        self.core.engine_mut().release_held(id);
                     }
                 }
                 return;
@@ -342,7 +335,10 @@ impl EngineTask {
             .requests
             .get(&id)
             .is_some_and(|tx| tx.send(event).is_ok());
-        if !delivered && self.requests.remove(&id).is_some() && self.engine.abort(id, now) {
+        if !delivered
+            && self.requests.remove(&id).is_some()
+            && self.core.engine_mut().abort(id, now)
+        {
             // The HTTP side dropped its receiver: the client went away.
             self.metrics
                 .requests_aborted
@@ -351,11 +347,7 @@ impl EngineTask {
     }
 
     fn flush_kv_events(&mut self) {
-        let events = self.engine.drain_kv_events();
-        if events.is_empty() {
-            return;
-        }
-        for batch in self.batcher.batch_events(events) {
+        for batch in self.core.kv_batches() {
             self.publish(batch);
         }
     }

@@ -1,29 +1,24 @@
 //! The router owner's state and how it applies each [`Command`]. Runs on one task (see
-//! [`super::spawn`]); nothing here awaits.
+//! [`super::spawn`]); nothing here awaits. What a message does to the routing state is the
+//! [`ControlCore`]'s (the same code the virtual-time replay drives); the owner adds the clock
+//! and the metrics.
 
 use tokio::time::Instant;
 
 use switchyard_protocol::worker::WorkerRole;
 
-use super::{Command, WorkerEntry, MIN_HEARTBEAT_INTERVAL_MS};
+use super::{Command, WorkerEntry};
 use crate::metrics::{Metrics, RoleLabels};
-use crate::router::{KvCounters, Router, WorkerChange};
+use crate::router::{ControlCore, KvCounters, Router, WorkerChange};
 
-/// A gap this long between two things the owner does (it ticks every
-/// [`super::EXPIRY_TICK`]) means the process or its host was stalled: heartbeats that arrived
-/// meanwhile could not be processed, so silence in it says nothing about the workers.
-pub const STALL_GAP_MS: u64 = 1_000;
-
-/// The owner's state: the router plus what it needs to timestamp and count.
+/// The owner's state: the control core plus what it needs to timestamp and count.
 pub(super) struct Owner {
-    router: Router,
+    core: ControlCore,
     metrics: Metrics,
-    heartbeat_misses: u32,
     started: Instant,
-    /// When the owner last did anything, ms since `started`.
-    last_active_ms: u64,
-    /// Router KV counters already folded into the metrics.
+    /// Router KV counters and stalls already folded into the metrics.
     kv_seen: KvCounters,
+    stalls_seen: u64,
 }
 
 impl Owner {
@@ -34,59 +29,46 @@ impl Owner {
         started: Instant,
     ) -> Self {
         let owner = Owner {
-            router,
+            core: ControlCore::new(router, heartbeat_misses),
             metrics,
-            heartbeat_misses,
             started,
-            last_active_ms: 0,
             kv_seen: KvCounters::default(),
+            stalls_seen: 0,
         };
         owner.update_worker_gauges();
         owner
     }
 
-    /// Milliseconds since start; a jump of more than [`STALL_GAP_MS`] since the last call
-    /// grants every worker a fresh expiry window (see [`Router::grant_liveness_grace`]).
-    fn now_ms(&mut self) -> u64 {
-        let now = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
-        let gap = now.saturating_sub(self.last_active_ms);
-        if gap > STALL_GAP_MS {
-            tracing::warn!(
-                gap_ms = gap,
-                "the control plane did not run for a while (stopped or starved); workers get a fresh heartbeat window"
-            );
-            self.metrics.stalls.inc();
-            self.router.grant_liveness_grace(now);
-        }
-        self.last_active_ms = now;
-        now
+    /// Milliseconds since start on tokio's clock (tests pause it).
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    fn router(&self) -> &Router {
+        self.core.router()
     }
 
     pub(super) fn handle(&mut self, command: Command) {
         let now_ms = self.now_ms();
         match command {
             Command::Heartbeat { heartbeat, reply } => {
-                let interval = heartbeat.interval_ms.max(MIN_HEARTBEAT_INTERVAL_MS);
-                let expires = interval.saturating_mul(u64::from(self.heartbeat_misses));
-                let change = self
-                    .router
-                    .upsert_worker(&heartbeat.worker, expires, now_ms);
-                if matches!(change, WorkerChange::New | WorkerChange::Restarted) {
+                let outcome = self.core.heartbeat(&heartbeat, now_ms);
+                if matches!(outcome.change, WorkerChange::New | WorkerChange::Restarted) {
                     self.update_worker_gauges();
                 }
-                let _ = reply.send(change);
+                let _ = reply.send(outcome);
             }
             Command::KvBatch { batch, reply } => {
-                let _ = reply.send(self.router.apply_kv_batch(&batch, now_ms));
+                let _ = reply.send(self.core.kv_batch(&batch, now_ms));
             }
-            Command::Load { report } => self.router.apply_load_report(&report, now_ms),
+            Command::Load { report } => self.core.load(&report, now_ms),
             Command::Lifecycle { batch } => {
                 for event in &batch.events {
-                    self.router.apply_lifecycle(event, now_ms);
+                    self.core.lifecycle(event, now_ms);
                 }
             }
             Command::Route { request, reply } => {
-                let verdict = self.router.route_request(
+                let verdict = self.core.route(
                     &request.request_id,
                     &request.tokens,
                     request.choices,
@@ -100,22 +82,23 @@ impl Owner {
                 } else {
                     tracing::warn!("heartbeats unreachable (NATS down): keeping every known worker until they can arrive again");
                 }
-                self.router.set_heartbeats_reachable(reachable, now_ms);
+                self.core.heartbeats_reachable(reachable, now_ms);
             }
             Command::Workers { reply } => {
                 let _ = reply.send(self.worker_entries());
             }
             Command::Config { reply } => {
-                let _ = reply.send(self.router.config().clone());
+                let _ = reply.send(self.router().config().clone());
             }
             Command::PatchConfig { patch, reply } => {
                 let result = self
-                    .router
+                    .router()
                     .config()
                     .apply_json_patch(&patch)
                     .and_then(|next| {
-                        self.router.set_config(next)?;
-                        Ok(self.router.config().clone())
+                        let router = self.core.router_mut();
+                        router.set_config(next)?;
+                        Ok(router.config().clone())
                     });
                 if let Ok(config) = &result {
                     tracing::info!(config = %serde_json::to_string(config).unwrap_or_default(), "router config changed");
@@ -123,13 +106,22 @@ impl Owner {
                 let _ = reply.send(result);
             }
         }
+        self.fold_stalls();
     }
 
     /// Periodic housekeeping: expire silent workers, refresh the index gauges.
     pub(super) fn tick(&mut self) {
-        self.expire();
+        let expired = self.core.tick(self.now_ms());
+        if !expired.is_empty() {
+            for id in &expired {
+                tracing::info!(worker = %id, "worker expired (heartbeats stopped)");
+            }
+            self.metrics.workers_expired.inc_by(expired.len() as u64);
+            self.update_worker_gauges();
+        }
+        self.fold_stalls();
         // The router's block counters are cumulative; fold in what changed since last tick.
-        let kv = self.router.kv_counters();
+        let kv = self.router().kv_counters();
         let seen = std::mem::replace(&mut self.kv_seen, kv);
         self.metrics
             .kv_blocks_stored
@@ -143,33 +135,31 @@ impl Owner {
         self.metrics
             .kv_clears
             .inc_by(kv.clears.saturating_sub(seen.clears));
-        let stats = self.router.index_stats();
+        let stats = self.router().index_stats();
         let gauge = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
         self.metrics.index_blocks.set(gauge(stats.pairs));
         self.metrics.index_hashes.set(gauge(stats.distinct_hashes));
         self.metrics.index_bytes.set(gauge(stats.approx_bytes));
     }
 
-    fn expire(&mut self) {
-        let now_ms = self.now_ms();
-        let expired = self.router.expire_workers(now_ms);
-        if !expired.is_empty() {
-            for id in &expired {
-                tracing::info!(worker = %id, "worker expired (heartbeats stopped)");
-            }
-            self.metrics.workers_expired.inc_by(expired.len() as u64);
-            self.update_worker_gauges();
+    /// Counts (and says) every stall the core saw since the last call.
+    fn fold_stalls(&mut self) {
+        let stalls = self.core.stalls();
+        if stalls > self.stalls_seen {
+            tracing::warn!("the control plane did not run for a while (stopped or starved); workers got a fresh heartbeat window");
+            self.metrics.stalls.inc_by(stalls - self.stalls_seen);
+            self.stalls_seen = stalls;
         }
     }
 
     fn worker_entries(&self) -> Vec<WorkerEntry> {
         let mut stats: std::collections::HashMap<_, _> = self
-            .router
+            .router()
             .worker_stats()
             .into_iter()
             .map(|s| (s.worker_id.clone(), s))
             .collect();
-        self.router
+        self.router()
             .workers()
             .into_iter()
             .map(|view| {
@@ -184,7 +174,7 @@ impl Owner {
     }
 
     fn update_worker_gauges(&self) {
-        let workers = self.router.workers();
+        let workers = self.router().workers();
         for role in [WorkerRole::Prefill, WorkerRole::Decode, WorkerRole::Agg] {
             let live = workers.iter().filter(|w| w.info.role == role).count();
             self.metrics
@@ -237,7 +227,11 @@ mod tests {
         // The process is stopped for 5 s (SIGSTOP): no tick, no heartbeat processed.
         tokio::time::advance(Duration::from_secs(5)).await;
         owner.tick();
-        assert_eq!(owner.router.workers().len(), 1, "not expired by the stall");
+        assert_eq!(
+            owner.router().workers().len(),
+            1,
+            "not expired by the stall"
+        );
         assert_eq!(metrics.stalls.get(), 1);
         // Heartbeats really stop: ordinary expiry after the window.
         for _ in 0..16 {
@@ -245,7 +239,7 @@ mod tests {
             owner.tick();
         }
         assert!(
-            owner.router.workers().is_empty(),
+            owner.router().workers().is_empty(),
             "expired after the window"
         );
         assert_eq!(metrics.stalls.get(), 1, "ticks 200 ms apart are no stall");

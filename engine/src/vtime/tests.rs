@@ -198,9 +198,9 @@ fn events_arrive_in_time_order_and_kv_events_are_forwarded() {
                 finished += 1;
             }
         }
-        ClusterEvent::KvEvents { events, .. } => {
-            for ev in events {
-                if let KvEvent::Stored { blocks, .. } = ev {
+        ClusterEvent::KvBatches { batches, .. } => {
+            for ev in batches.into_iter().flat_map(|b| b.events) {
+                if let switchyard_protocol::kv::KvEvent::Stored { blocks, .. } = ev {
                     stored_blocks += blocks.len();
                 }
             }

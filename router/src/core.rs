@@ -1,0 +1,341 @@
+//! The control core: what the control plane does with every message it receives, as one
+//! synchronous value both clocks drive.
+//!
+//! The control plane's router task (real time, tokio) and the virtual-time replay feed the
+//! same [`ControlCore`] the same messages — heartbeats, KV event batches, load reports,
+//! lifecycle milestones, route requests, periodic ticks — and get the same answers back,
+//! including the decisions that have effects outside the router: which worker to ask for a
+//! KV resync and why ([`Resync`]), which workers expired. The caller carries those out (over
+//! NATS in real time, directly on the simulated worker in virtual time). So registration,
+//! expiry, resync and routing exist once.
+//!
+//! Time is `now_ms`, milliseconds on the caller's monotonic clock. A gap of more than
+//! [`STALL_GAP_MS`] between two calls means the caller did not run (stopped, starved):
+//! heartbeats sent meanwhile could not be processed, so every worker gets a fresh expiry
+//! window (counted in [`ControlCore::stalls`]).
+
+use std::collections::HashMap;
+
+use switchyard_protocol::kv::KvEventBatch;
+use switchyard_protocol::lifecycle::LifecycleEvent;
+use switchyard_protocol::route::Verdict;
+use switchyard_protocol::worker::{LoadReport, WorkerHeartbeat, WorkerId};
+
+use crate::{KvApplyOutcome, KvEventError, RouteError, Router, WorkerChange};
+
+/// Heartbeat intervals below this count as this, so a worker announcing 0 ms does not expire
+/// between two of its own heartbeats.
+pub const MIN_HEARTBEAT_INTERVAL_MS: u64 = 100;
+/// Shortest time between two resync requests to the same worker instance.
+pub const RESYNC_MIN_INTERVAL_MS: u64 = 1_000;
+/// How often callers tick the core (expiry checks); real time and virtual time alike.
+pub const TICK_MS: u64 = 200;
+/// A gap this long between two calls means the caller was stalled (see the module docs);
+/// several ticks long, so ordinary scheduling jitter is no stall.
+pub const STALL_GAP_MS: u64 = 1_000;
+
+/// Why a worker is asked for a full dump of its KV cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ResyncReason {
+    /// First time seen: the index knows nothing of its cache.
+    NewWorker,
+    /// A new process instance under a known name: its cache is cold, old state dropped.
+    Restarted,
+    /// A gap in its KV batch sequence: removals in the gap were missed.
+    Gap,
+}
+
+impl ResyncReason {
+    /// Wire name (the resync request's `reason`, a metric label).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ResyncReason::NewWorker => "new_worker",
+            ResyncReason::Restarted => "restarted",
+            ResyncReason::Gap => "gap",
+        }
+    }
+}
+
+/// A resync decision.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Resync {
+    /// Ask `worker` for a dump now.
+    Send {
+        /// Which worker.
+        worker: WorkerId,
+        /// Why.
+        reason: ResyncReason,
+    },
+    /// One is due but the per-instance rate limit holds it back (the last one is recent).
+    Suppressed,
+}
+
+/// What a heartbeat did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeartbeatOutcome {
+    /// The registry's change.
+    pub change: WorkerChange,
+    /// The resync it calls for, if any.
+    pub resync: Option<Resync>,
+}
+
+/// What a KV batch did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KvBatchOutcome {
+    /// Applied (and whether a gap was seen), or why not.
+    pub result: Result<KvApplyOutcome, KvEventError>,
+    /// The resync it calls for, if any.
+    pub resync: Option<Resync>,
+}
+
+/// The router plus what the control plane keeps around it (see the module docs).
+pub struct ControlCore {
+    router: Router,
+    heartbeat_misses: u32,
+    /// Worker -> (instance last asked for a resync, when).
+    resyncs: HashMap<WorkerId, (u64, u64)>,
+    /// When the core was last called.
+    last_active_ms: Option<u64>,
+    stalls: u64,
+}
+
+impl ControlCore {
+    /// A core around `router`; a worker expires after `heartbeat_misses` missed intervals.
+    pub fn new(router: Router, heartbeat_misses: u32) -> Self {
+        ControlCore {
+            router,
+            heartbeat_misses: heartbeat_misses.max(1),
+            resyncs: HashMap::new(),
+            last_active_ms: None,
+            stalls: 0,
+        }
+    }
+
+    /// The router, for queries (workers, stats, config).
+    pub fn router(&self) -> &Router {
+        &self.router
+    }
+
+    /// The router, for changes that are no message (config).
+    pub fn router_mut(&mut self) -> &mut Router {
+        &mut self.router
+    }
+
+    /// Stalls seen so far (see the module docs).
+    pub fn stalls(&self) -> u64 {
+        self.stalls
+    }
+
+    /// Notes that the caller runs at `now_ms`; a long gap since the last call is a stall.
+    fn observe(&mut self, now_ms: u64) {
+        if let Some(last) = self.last_active_ms {
+            if now_ms.saturating_sub(last) > STALL_GAP_MS {
+                self.stalls += 1;
+                self.router.grant_liveness_grace(now_ms);
+            }
+        }
+        self.last_active_ms = Some(self.last_active_ms.map_or(now_ms, |l| l.max(now_ms)));
+    }
+
+    /// How long a worker that promised `interval_ms` between heartbeats stays live.
+    pub fn expiry_ms(&self, interval_ms: u64) -> u64 {
+        interval_ms
+            .max(MIN_HEARTBEAT_INTERVAL_MS)
+            .saturating_mul(u64::from(self.heartbeat_misses))
+    }
+
+    /// A heartbeat (registration or refresh). Its authenticity is the caller's to check.
+    pub fn heartbeat(&mut self, hb: &WorkerHeartbeat, now_ms: u64) -> HeartbeatOutcome {
+        self.observe(now_ms);
+        let expires = self.expiry_ms(hb.interval_ms);
+        let change = self.router.upsert_worker(&hb.worker, expires, now_ms);
+        let reason = match change {
+            WorkerChange::New => Some(ResyncReason::NewWorker),
+            WorkerChange::Restarted => Some(ResyncReason::Restarted),
+            WorkerChange::Refreshed | WorkerChange::Rejected => None,
+        };
+        let resync =
+            reason.map(|r| self.resync(&hb.worker.worker_id, hb.worker.instance_id, r, now_ms));
+        HeartbeatOutcome { change, resync }
+    }
+
+    /// A batch of KV events from one worker.
+    pub fn kv_batch(&mut self, batch: &KvEventBatch, now_ms: u64) -> KvBatchOutcome {
+        self.observe(now_ms);
+        let result = self.router.apply_kv_batch(batch);
+        let resync = matches!(result, Ok(KvApplyOutcome::NeedsResync)).then(|| {
+            self.resync(
+                &batch.worker_id,
+                batch.instance_id,
+                ResyncReason::Gap,
+                now_ms,
+            )
+        });
+        KvBatchOutcome { result, resync }
+    }
+
+    /// A worker's load report.
+    pub fn load(&mut self, report: &LoadReport, now_ms: u64) {
+        self.observe(now_ms);
+        self.router.apply_load_report(report);
+    }
+
+    /// A lifecycle milestone from the filter.
+    pub fn lifecycle(&mut self, event: &LifecycleEvent, now_ms: u64) {
+        self.observe(now_ms);
+        self.router.apply_lifecycle(event, now_ms);
+    }
+
+    /// Routes a tokenized request asking for `choices` choices.
+    ///
+    /// # Errors
+    /// [`RouteError`] when no live worker can decode.
+    pub fn route(
+        &mut self,
+        request_id: &str,
+        tokens: &[u32],
+        choices: u32,
+        now_ms: u64,
+    ) -> Result<Verdict, RouteError> {
+        self.observe(now_ms);
+        self.router
+            .route_request(request_id, tokens, choices, now_ms)
+    }
+
+    /// Whether heartbeats can reach the control plane (its event-bus connection).
+    pub fn heartbeats_reachable(&mut self, reachable: bool, now_ms: u64) {
+        self.observe(now_ms);
+        self.router.set_heartbeats_reachable(reachable, now_ms);
+    }
+
+    /// Periodic housekeeping, every [`TICK_MS`]: expires workers whose heartbeats stopped and
+    /// returns them.
+    pub fn tick(&mut self, now_ms: u64) -> Vec<WorkerId> {
+        self.observe(now_ms);
+        let expired = self.router.expire_workers(now_ms);
+        for id in &expired {
+            self.resyncs.remove(id);
+        }
+        expired
+    }
+
+    /// The resync decision for `worker`'s `instance`: the first request to a new instance
+    /// always goes (its cache is another process's); repeats to the same instance wait
+    /// [`RESYNC_MIN_INTERVAL_MS`], so neither a burst of gapped batches nor a worker flapping
+    /// between live and expired becomes a burst of dumps.
+    fn resync(
+        &mut self,
+        worker: &WorkerId,
+        instance: u64,
+        reason: ResyncReason,
+        now_ms: u64,
+    ) -> Resync {
+        match self.resyncs.get(worker) {
+            Some((asked, at))
+                if *asked == instance && now_ms.saturating_sub(*at) < RESYNC_MIN_INTERVAL_MS =>
+            {
+                Resync::Suppressed
+            }
+            _ => {
+                self.resyncs.insert(worker.clone(), (instance, now_ms));
+                Resync::Send {
+                    worker: worker.clone(),
+                    reason,
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use switchyard_protocol::kv::KvEvent;
+    use switchyard_protocol::worker::{WorkerInfo, WorkerRole};
+
+    use super::*;
+
+    fn hb(id: &str, instance: u64) -> WorkerHeartbeat {
+        WorkerHeartbeat {
+            v: 1,
+            worker: WorkerInfo {
+                worker_id: WorkerId(id.into()),
+                instance_id: instance,
+                role: WorkerRole::Decode,
+                address: "127.0.0.1:1".into(),
+                model: "m".into(),
+                block_size: 16,
+                kv_capacity_blocks: 100,
+            },
+            interval_ms: 1_000,
+            sent_at_ms: 0,
+            signature: None,
+        }
+    }
+
+    fn batch(id: &str, instance: u64, seq: u64) -> KvEventBatch {
+        KvEventBatch {
+            v: 1,
+            worker_id: WorkerId(id.into()),
+            instance_id: instance,
+            seq,
+            resync: false,
+            events: vec![KvEvent::Cleared],
+        }
+    }
+
+    fn sent(reason: ResyncReason, id: &str) -> Option<Resync> {
+        Some(Resync::Send {
+            worker: WorkerId(id.into()),
+            reason,
+        })
+    }
+
+    #[test]
+    fn new_and_restarted_workers_and_gaps_ask_for_resyncs_rate_limited_per_instance() {
+        let mut core = ControlCore::new(Router::new(), 3);
+        assert_eq!(
+            core.heartbeat(&hb("a", 1), 0).resync,
+            sent(ResyncReason::NewWorker, "a")
+        );
+        assert_eq!(core.heartbeat(&hb("a", 1), 100).resync, None, "a refresh");
+        assert_eq!(
+            core.kv_batch(&batch("a", 1, 5), 200).resync,
+            Some(Resync::Suppressed),
+            "too soon"
+        );
+        assert_eq!(
+            core.kv_batch(&batch("a", 1, 7), 1_300).resync,
+            sent(ResyncReason::Gap, "a")
+        );
+        assert_eq!(
+            core.heartbeat(&hb("b", 1), 1_300).resync,
+            sent(ResyncReason::NewWorker, "b"),
+            "workers are independent"
+        );
+        assert_eq!(
+            core.heartbeat(&hb("a", 2), 1_400).resync,
+            sent(ResyncReason::Restarted, "a"),
+            "a new instance always"
+        );
+    }
+
+    #[test]
+    fn expiry_follows_the_promised_interval_and_a_stall_grants_a_window() {
+        let mut core = ControlCore::new(Router::new(), 3);
+        core.heartbeat(&hb("a", 1), 0);
+        assert_eq!(core.expiry_ms(1_000), 3_000);
+        assert_eq!(core.expiry_ms(0), 300, "at least 100 ms per interval");
+        for t in (200..=3_000).step_by(200) {
+            assert!(core.tick(t).is_empty(), "{t}");
+        }
+        // The caller stops for 5 s: no expiry for it.
+        assert!(core.tick(8_000).is_empty());
+        assert_eq!(core.stalls(), 1);
+        let mut t = 8_000;
+        while core.tick(t).is_empty() {
+            t += 200;
+            assert!(t < 12_000, "expires after the window");
+        }
+        assert!(t > 11_000, "a full window from the stall's end: {t}");
+    }
+}
