@@ -15,14 +15,25 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, linear_buckets, Histogram};
 use prometheus_client::registry::Registry;
+use switchyard_protocol::route::{Reason, RouteMode};
 
 /// Labels of a routing decision.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DecisionLabels {
     /// `bypass`, `disagg` or `agg`.
-    pub mode: String,
+    pub mode: &'static str,
     /// The verdict's reason, e.g. `bypass:isl_bounding`.
-    pub reason: String,
+    pub reason: &'static str,
+}
+
+impl DecisionLabels {
+    /// The labels of one verdict.
+    pub fn of(mode: RouteMode, reason: Reason) -> Self {
+        DecisionLabels {
+            mode: mode.as_str(),
+            reason: reason.as_str(),
+        }
+    }
 }
 
 /// A single `reason` label.
@@ -147,12 +158,10 @@ impl Metrics {
         let m = Metrics::default();
         // Every verdict reason appears from the start (at 0), so dashboards and alerts see
         // the full label set before traffic arrives.
-        for reason in crate::router::REASONS {
-            let mode = reason.split(':').next().unwrap_or(reason);
-            let _ = m.decisions.get_or_create(&DecisionLabels {
-                mode: mode.to_string(),
-                reason: (*reason).to_string(),
-            });
+        for reason in Reason::ALL {
+            if let Some(mode) = reason.mode() {
+                let _ = m.decisions.get_or_create(&DecisionLabels::of(mode, reason));
+            }
         }
         let r = registry.sub_registry_with_prefix("switchyard");
         r.register(

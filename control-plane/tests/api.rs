@@ -6,7 +6,7 @@ mod common;
 use common::*;
 use serde_json::json;
 use switchyard_control_plane::settings::Settings;
-use switchyard_protocol::route::{ApiError, REJECT_HEADER};
+use switchyard_protocol::route::{ApiError, Reason, REJECT_HEADER};
 use switchyard_protocol::worker::WorkerRole;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -334,7 +334,7 @@ async fn lifecycle_health_and_metrics_endpoints_answer_and_refuse_bad_input() {
     assert!(text.ends_with("# EOF\n"), "{text}");
     assert_metric(&text, "switchyard_nats_connected", 1.0);
     // Every verdict reason is there from the start.
-    for reason in switchyard_control_plane::router::REASONS {
+    for reason in Reason::ALL {
         assert!(
             text.contains(&format!("reason=\"{reason}\"")),
             "{reason} missing: {text}"

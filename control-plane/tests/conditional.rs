@@ -14,7 +14,7 @@ use switchyard_control_plane::settings::Settings;
 use switchyard_protocol::hash::{sequence_hashes, BlockSize, HashSeed};
 use switchyard_protocol::kv::{EngineBlockId, KvEvent, KvEventBatch, StoredBlock};
 use switchyard_protocol::lifecycle::{LifecycleBatch, LifecycleEvent};
-use switchyard_protocol::route::{ApiKind, RouteMode, Verdict};
+use switchyard_protocol::route::{ApiKind, Reason, RouteMode, Verdict};
 use switchyard_protocol::subjects;
 use switchyard_protocol::worker::{LoadReport, WorkerId, WorkerInfo, WorkerRole};
 
@@ -179,7 +179,7 @@ async fn second_turn_goes_home_and_bypasses_cold_prompts_disaggregate_busy_decod
     let v2 = route_json(&svc.base, "turn-2", &second_turn()).await;
     assert_eq!(v2.decode.worker_id, home.worker_id, "{v2:?}");
     assert_eq!(v2.mode, RouteMode::Bypass, "{v2:?}");
-    assert_eq!(v2.reason, "bypass:isl_bounding");
+    assert_eq!(v2.reason, Reason::BypassIslBounding);
     assert_eq!(v2.cached_tokens as usize, stored * 16, "{v2:?}");
     assert!(
         v2.eff_isl < 200,
@@ -193,7 +193,7 @@ async fn second_turn_goes_home_and_bypasses_cold_prompts_disaggregate_busy_decod
     ]});
     let v3 = route_json(&svc.base, "cold", &cold).await;
     assert_eq!(v3.mode, RouteMode::Disagg, "{v3:?}");
-    assert_eq!(v3.reason, "disagg:eff_isl_above_threshold");
+    assert_eq!(v3.reason, Reason::DisaggEffIslAboveThreshold);
     assert_eq!(v3.cached_tokens, 0);
 
     // Decode workers nearly full (load reports) and the decode-busy guard on: the home
@@ -234,7 +234,7 @@ async fn second_turn_goes_home_and_bypasses_cold_prompts_disaggregate_busy_decod
     let v4 = route_json(&svc.base, "turn-2-again", &second_turn()).await;
     assert_ne!(v4.mode, RouteMode::Bypass, "{v4:?}");
     assert_eq!(v4.decode.worker_id, home.worker_id, "{v4:?}");
-    assert_eq!(v4.reason, "disagg:decode_busy", "{v4:?}");
+    assert_eq!(v4.reason, Reason::DisaggDecodeBusy, "{v4:?}");
 
     let m = svc.metrics().await;
     assert_metric(

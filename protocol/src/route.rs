@@ -151,6 +151,109 @@ impl ServingMode {
     }
 }
 
+/// Why a verdict is what it is: `<mode>:<rule>` on the wire (`bypass:isl_bounding`), and a
+/// metric label. The one list of reasons: the control plane pre-registers every label from
+/// [`Reason::ALL`], and the replay reports them as the control plane does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Reason {
+    /// Bypassed: the uncached prompt is short (`isl_bounding`).
+    BypassIslBounding,
+    /// Bypassed: the prefill worker is busy (`prefill_load`).
+    BypassPrefillBusy,
+    /// Bypassed: the client asked for several choices (`n > 1`), which handoffs cannot carry.
+    BypassMultipleChoices,
+    /// Disaggregated: `eff_isl >= eff_isl_threshold`.
+    DisaggEffIslAboveThreshold,
+    /// Disaggregated: `eff_isl / isl >= eff_isl_ratio_threshold`.
+    DisaggEffIslRatioAboveThreshold,
+    /// Disaggregated: the prefill worker is not busy (`prefill_load`).
+    DisaggPrefillNotBusy,
+    /// Disaggregated: a bypass would push the decode worker past its KV budget.
+    DisaggDecodeBusy,
+    /// Disaggregated: the decode worker reports no KV capacity (decode-busy guard on).
+    DisaggDecodeCapacityUnknown,
+    /// Disaggregated: `disagg` serving mode.
+    DisaggAlways,
+    /// Aggregated: `agg` serving mode.
+    AggServingMode,
+    /// Aggregated: disagg or conditional mode, but no live prefill worker.
+    AggNoPrefillWorkers,
+    /// A reason this build does not know (from a newer control plane): read, never written.
+    Unknown,
+}
+
+impl Reason {
+    /// Every reason a verdict can carry, in a fixed order.
+    pub const ALL: [Reason; 11] = [
+        Reason::BypassIslBounding,
+        Reason::BypassPrefillBusy,
+        Reason::BypassMultipleChoices,
+        Reason::DisaggEffIslAboveThreshold,
+        Reason::DisaggEffIslRatioAboveThreshold,
+        Reason::DisaggPrefillNotBusy,
+        Reason::DisaggDecodeBusy,
+        Reason::DisaggDecodeCapacityUnknown,
+        Reason::DisaggAlways,
+        Reason::AggServingMode,
+        Reason::AggNoPrefillWorkers,
+    ];
+
+    /// The wire name and metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::BypassIslBounding => "bypass:isl_bounding",
+            Reason::BypassPrefillBusy => "bypass:prefill_busy",
+            Reason::BypassMultipleChoices => "bypass:multiple_choices",
+            Reason::DisaggEffIslAboveThreshold => "disagg:eff_isl_above_threshold",
+            Reason::DisaggEffIslRatioAboveThreshold => "disagg:eff_isl_ratio_above_threshold",
+            Reason::DisaggPrefillNotBusy => "disagg:prefill_not_busy",
+            Reason::DisaggDecodeBusy => "disagg:decode_busy",
+            Reason::DisaggDecodeCapacityUnknown => "disagg:decode_capacity_unknown",
+            Reason::DisaggAlways => "disagg:always",
+            Reason::AggServingMode => "agg:serving_mode",
+            Reason::AggNoPrefillWorkers => "agg:no_prefill_workers",
+            Reason::Unknown => "unknown",
+        }
+    }
+
+    /// The reason with wire name `s` ([`Reason::Unknown`] for any other string).
+    pub fn parse(s: &str) -> Reason {
+        Reason::ALL
+            .into_iter()
+            .find(|r| r.as_str() == s)
+            .unwrap_or(Reason::Unknown)
+    }
+
+    /// The mode the reason leads to (its wire name's prefix).
+    pub fn mode(self) -> Option<RouteMode> {
+        match self.as_str().split(':').next() {
+            Some("bypass") => Some(RouteMode::Bypass),
+            Some("disagg") => Some(RouteMode::Disagg),
+            Some("agg") => Some(RouteMode::Agg),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for Reason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl Serialize for Reason {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for Reason {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        Ok(Reason::parse(&text))
+    }
+}
+
 /// A worker chosen for one leg of a request.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Endpoint {
@@ -181,9 +284,8 @@ pub struct Verdict {
     pub cached_tokens: u32,
     /// `isl - min(cached_tokens, isl)`: what the decode worker would have to prefill.
     pub eff_isl: u32,
-    /// Why, as `<mode>:<rule>` (e.g. `bypass:isl_bounding`, `disagg:decode_busy`); also a
-    /// metric label.
-    pub reason: String,
+    /// Why (`bypass:isl_bounding`, `disagg:decode_busy`, ...); also a metric label.
+    pub reason: Reason,
 }
 
 /// Error body of the control plane's API (4xx/5xx), so callers can act on `code`.
@@ -193,4 +295,27 @@ pub struct ApiError {
     pub code: String,
     /// Human-readable explanation naming the offending field or value.
     pub message: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reasons_round_trip_and_name_their_mode() {
+        for r in Reason::ALL {
+            assert_eq!(Reason::parse(r.as_str()), r);
+            assert_eq!(
+                r.mode().map(RouteMode::as_str),
+                r.as_str().split(':').next()
+            );
+            let json = serde_json::to_string(&r).unwrap();
+            assert_eq!(serde_json::from_str::<Reason>(&json).unwrap(), r);
+        }
+        assert_eq!(Reason::parse("bypass:something_new"), Reason::Unknown);
+        assert_eq!(
+            serde_json::from_str::<Reason>("\"x\"").unwrap(),
+            Reason::Unknown
+        );
+    }
 }

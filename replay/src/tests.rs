@@ -1,7 +1,7 @@
 //! Unit tests of the replay's pure parts (whole runs: `replay/tests/replay_*.rs`).
 
 use switchyard_protocol::hash::{sequence_hashes, BlockSize, HashSeed};
-use switchyard_protocol::route::RouteMode;
+use switchyard_protocol::route::{Reason, RouteMode};
 use switchyard_protocol::worker::WorkerRole;
 use switchyard_router::config::ServingMode;
 
@@ -46,7 +46,7 @@ fn note(isl: u32, eff_isl: u32) -> RouteNote {
         id: 0,
         at_ms: 0.0,
         mode: RouteMode::Bypass,
-        reason: "bypass:isl_bounding".into(),
+        reason: Reason::BypassIslBounding,
         isl,
         cached_tokens: isl - eff_isl,
         eff_isl,

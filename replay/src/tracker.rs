@@ -3,7 +3,7 @@
 //! router decided, and the events that complete its [`RequestRecord`].
 
 use serde::{Deserialize, Serialize};
-use switchyard_protocol::route::{RouteMode, Verdict};
+use switchyard_protocol::route::{Reason, RouteMode, Verdict};
 
 use switchyard_engine::vtime::EngineIdx;
 use switchyard_loadgen::record::RequestRecord;
@@ -19,7 +19,7 @@ pub struct RouteNote {
     /// Bypass, disagg or agg.
     pub mode: RouteMode,
     /// The verdict's reason (`bypass:isl_bounding`, `disagg:always`, ...).
-    pub reason: String,
+    pub reason: Reason,
     /// Prompt tokens.
     pub isl: u32,
     /// Prompt tokens the router believed cached on the chosen decode worker.
@@ -39,7 +39,7 @@ impl RouteNote {
             id,
             at_ms,
             mode: v.mode,
-            reason: v.reason.clone(),
+            reason: v.reason,
             isl: v.isl,
             cached_tokens: v.cached_tokens,
             eff_isl: v.eff_isl,

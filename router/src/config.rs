@@ -12,15 +12,18 @@
 //!  "selection": {"overlap_weight": 1.0, ...}, "load": {"prefill_timeout_ms": 60000, ...}}
 //! ```
 //!
-//! Parsing is done field by field (not with serde's derive) so that every error names the
-//! offending field, and so that a partial document is a *patch* over the current config
-//! (JSON merge-patch semantics: absent fields keep their value; `null` resets an optional
-//! field, which for `decode_busy_threshold` means "guard off").
+//! The types derive serde: defaults come from `Default`, unknown keys are refused (nested
+//! objects by `deny_unknown_fields`; the top level, which flattens the conditional fields, by
+//! comparing with the keys the default serializes to), and a type error names its field path
+//! (`serde_path_to_error`). A partial document is a *patch* over the current config: merged
+//! into the current config's JSON (absent fields keep their value; objects merge key by key;
+//! `null` resets an optional field, which for `decode_busy_threshold` means "guard off"),
+//! then deserialized and range-checked ([`RouterConfig::validate`]). A new setting is one
+//! field with its doc, default and, if it has one, its range.
 
 #[cfg(test)]
 mod tests;
 
-use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
@@ -40,7 +43,8 @@ pub enum PolicyKind {
 }
 
 /// The conditional-disaggregation thresholds (docs/policies.md, "Decision logic").
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct ConditionalDisaggConfig {
     /// The rule.
     pub policy: PolicyKind,
@@ -76,7 +80,8 @@ impl Default for ConditionalDisaggConfig {
 
 /// Weights of the worker-selection costs (see [`crate::select`] and `docs/policies.md`).
 /// All default to 1.0 except `temperature` (0: always a cheapest worker).
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct SelectionWeights {
     /// Decode cost credit per cached leading block of the prompt on the worker.
     pub overlap_weight: f64,
@@ -110,7 +115,8 @@ impl Default for SelectionWeights {
 }
 
 /// When predicted load is forgotten if lifecycle reports never arrive.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct LoadConfig {
     /// A routed request's prefill tokens are freed after this long without `first_token`.
     /// Default 60 000 ms.
@@ -136,7 +142,7 @@ impl Default for LoadConfig {
 
 /// Everything the router can be told at run time.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
-#[serde(try_from = "Value")]
+#[serde(default)]
 pub struct RouterConfig {
     /// Agg, disagg or conditional.
     pub serving_mode: ServingMode,
@@ -168,13 +174,6 @@ impl ConfigError {
     }
 }
 
-impl TryFrom<Value> for RouterConfig {
-    type Error = ConfigError;
-    fn try_from(value: Value) -> Result<Self, ConfigError> {
-        RouterConfig::from_json(&value)
-    }
-}
-
 impl RouterConfig {
     /// A full config from JSON; absent fields take their defaults.
     ///
@@ -190,23 +189,22 @@ impl RouterConfig {
     /// # Errors
     /// [`ConfigError`] naming the first unknown, mistyped or out-of-range field.
     pub fn apply_json_patch(&self, patch: &Value) -> Result<Self, ConfigError> {
-        let mut next = self.clone();
-        let obj = as_object("", patch)?;
-        for (key, v) in obj {
-            let c = &mut next.conditional;
-            match key.as_str() {
-                "serving_mode" => next.serving_mode = parse(key, v)?,
-                "policy" => c.policy = parse(key, v)?,
-                "eff_isl_threshold" => c.eff_isl_threshold = parse(key, v)?,
-                "eff_isl_ratio_threshold" => c.eff_isl_ratio_threshold = parse(key, v)?,
-                "prefill_busy_threshold" => c.prefill_busy_threshold = parse(key, v)?,
-                "prefill_queue_budget_tokens" => c.prefill_queue_budget_tokens = parse(key, v)?,
-                "decode_busy_threshold" => c.decode_busy_threshold = parse(key, v)?,
-                "selection" => next.selection.patch(as_object(key, v)?)?,
-                "load" => next.load.patch(as_object(key, v)?)?,
-                other => return Err(unknown(other)),
-            }
+        let patch = as_object("", patch)?;
+        let mut merged = serde_json::to_value(self)
+            .map_err(|e| ConfigError::new("", format!("cannot serialize the config: {e}")))?;
+        let Value::Object(current) = &mut merged else {
+            return Err(ConfigError::new("", "the config is not a JSON object"));
+        };
+        // Top-level keys the config knows: those its serialization has (the flattened
+        // conditional fields included; optional ones serialize as `null`).
+        if let Some(key) = patch.keys().find(|k| !current.contains_key(*k)) {
+            return Err(unknown(key));
         }
+        merge(current, patch);
+        // Fields of a flattened struct lose their path in serde's errors, so the flattened
+        // conditional fields are read on their own first (the other keys are ignored there).
+        typed::<ConditionalDisaggConfig>(merged.clone())?;
+        let next: RouterConfig = typed(merged)?;
         next.validate()?;
         Ok(next)
     }
@@ -258,49 +256,32 @@ impl RouterConfig {
     }
 }
 
-impl SelectionWeights {
-    fn patch(&mut self, obj: &Map<String, Value>) -> Result<(), ConfigError> {
-        for (key, v) in obj {
-            let path = format!("selection.{key}");
-            let slot = match key.as_str() {
-                "overlap_weight" => &mut self.overlap_weight,
-                "decode_blocks_weight" => &mut self.decode_blocks_weight,
-                "decode_prefill_weight" => &mut self.decode_prefill_weight,
-                "prefill_queue_weight" => &mut self.prefill_queue_weight,
-                "prefill_overlap_weight" => &mut self.prefill_overlap_weight,
-                "prefill_blocks_weight" => &mut self.prefill_blocks_weight,
-                "temperature" => &mut self.temperature,
-                _ => return Err(unknown(&path)),
-            };
-            *slot = parse(&path, v)?;
-        }
-        Ok(())
-    }
-}
-
-impl LoadConfig {
-    fn patch(&mut self, obj: &Map<String, Value>) -> Result<(), ConfigError> {
-        for (key, v) in obj {
-            let path = format!("load.{key}");
-            let slot = match key.as_str() {
-                "prefill_timeout_ms" => &mut self.prefill_timeout_ms,
-                "request_timeout_ms" => &mut self.request_timeout_ms,
-                "kv_prediction_ms" => &mut self.kv_prediction_ms,
-                _ => return Err(unknown(&path)),
-            };
-            *slot = parse(&path, v)?;
-        }
-        Ok(())
-    }
-}
-
 fn as_object<'a>(field: &str, v: &'a Value) -> Result<&'a Map<String, Value>, ConfigError> {
     v.as_object()
         .ok_or_else(|| ConfigError::new(field, format!("expected a JSON object, got {v}")))
 }
 
-fn parse<T: DeserializeOwned>(field: &str, v: &Value) -> Result<T, ConfigError> {
-    serde_json::from_value(v.clone()).map_err(|e| ConfigError::new(field, e.to_string()))
+/// Deserializes `value`, naming the field path of a type error.
+fn typed<T: serde::de::DeserializeOwned>(value: Value) -> Result<T, ConfigError> {
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let field = e.path().to_string();
+        let field = if field == "." { String::new() } else { field };
+        let message = e.into_inner().to_string();
+        ConfigError { field, message }
+    })
+}
+
+/// Merges `patch` into `into`: objects key by key, everything else replaced (`null` too, so
+/// an optional field can be reset).
+fn merge(into: &mut Map<String, Value>, patch: &Map<String, Value>) {
+    for (key, value) in patch {
+        match (into.get_mut(key), value) {
+            (Some(Value::Object(inner)), Value::Object(patch)) => merge(inner, patch),
+            _ => {
+                into.insert(key.clone(), value.clone());
+            }
+        }
+    }
 }
 
 fn unknown(field: &str) -> ConfigError {

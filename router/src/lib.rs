@@ -23,7 +23,7 @@
 //!
 //! Counting: the router counts *blocks* (stored, removed, unknown removals; see
 //! [`Router::kv_counters`]); the caller counts *batches* and errors from the results of
-//! `apply_kv_batch`, and verdicts by their `reason` (all listed in [`REASONS`]).
+//! `apply_kv_batch`, and verdicts by their [`Reason`] (all listed in [`Reason::ALL`]).
 #![deny(missing_docs)]
 
 pub mod config;
@@ -55,7 +55,7 @@ use crate::index::{IndexStats, KvIndex, OverlapScores, WorkerSlot};
 use crate::load::{LoadTracker, WorkerLoad};
 use crate::predict::Predictions;
 
-pub use crate::policy::REASONS;
+pub use switchyard_protocol::route::Reason;
 
 /// What changed when a heartbeat arrived.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -2,7 +2,7 @@
 //! (and prefill) worker by cost, let the serving mode and policy decide, record the load.
 
 use switchyard_protocol::hash::{sequence_hashes, BlockSize, HashSeed, SequenceHash};
-use switchyard_protocol::route::{Endpoint, RouteMode, Verdict};
+use switchyard_protocol::route::{Endpoint, Reason, RouteMode, Verdict};
 use switchyard_protocol::worker::WorkerRole;
 
 use super::{RouteError, Router};
@@ -146,12 +146,10 @@ impl Router {
 
         let decode_request_blocks = request_blocks(isl, d.block_size);
         let (route_mode, reason, p) = match (mode, chosen_prefill) {
-            (ServingMode::Agg, _) => (RouteMode::Agg, policy::AGG_SERVING_MODE, None),
-            (_, None) => (RouteMode::Agg, policy::AGG_NO_PREFILL_WORKERS, None),
-            (_, Some(_)) if choices > 1 => {
-                (RouteMode::Bypass, policy::BYPASS_MULTIPLE_CHOICES, None)
-            }
-            (ServingMode::Disagg, Some(p)) => (RouteMode::Disagg, policy::DISAGG_ALWAYS, Some(p)),
+            (ServingMode::Agg, _) => (RouteMode::Agg, Reason::AggServingMode, None),
+            (_, None) => (RouteMode::Agg, Reason::AggNoPrefillWorkers, None),
+            (_, Some(_)) if choices > 1 => (RouteMode::Bypass, Reason::BypassMultipleChoices, None),
+            (ServingMode::Disagg, Some(p)) => (RouteMode::Disagg, Reason::DisaggAlways, Some(p)),
             (ServingMode::Conditional, Some(p)) => {
                 let input = PolicyInput {
                     isl,
@@ -186,7 +184,7 @@ impl Router {
             isl,
             cached_tokens: cached,
             eff_isl,
-            reason: reason.to_string(),
+            reason,
         };
         let ttl = self.config.load.kv_prediction_ms;
         self.predictions

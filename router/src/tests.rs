@@ -2,7 +2,7 @@ use proptest::prelude::*;
 use switchyard_protocol::hash::{sequence_hashes, BlockSize, HashSeed};
 use switchyard_protocol::kv::{EngineBlockId, KvEvent, KvEventBatch, StoredBlock};
 use switchyard_protocol::lifecycle::LifecycleEvent;
-use switchyard_protocol::route::RouteMode;
+use switchyard_protocol::route::{Reason, RouteMode};
 use switchyard_protocol::worker::{LoadReport, WorkerId, WorkerInfo, WorkerRole};
 
 use super::*;
@@ -106,7 +106,7 @@ fn second_turn_returns_to_the_cache_holder_and_bypasses() {
         "cold 4096 tokens: {}",
         v1.reason
     );
-    assert_eq!(v1.reason, "disagg:eff_isl_above_threshold");
+    assert_eq!(v1.reason, Reason::DisaggEffIslAboveThreshold);
     assert_eq!(v1.cached_tokens, 0);
     let holder = v1.decode.worker_id.0.clone();
     assert_eq!(
@@ -120,7 +120,7 @@ fn second_turn_returns_to_the_cache_holder_and_bypasses() {
     let v2 = r.route("t2", &turn2, 40).unwrap();
     assert_eq!(v2.decode.worker_id.0, holder);
     assert_eq!(v2.mode, RouteMode::Bypass);
-    assert_eq!(v2.reason, "bypass:isl_bounding");
+    assert_eq!(v2.reason, Reason::BypassIslBounding);
     assert_eq!(v2.prefill, None);
     assert_eq!((v2.isl, v2.cached_tokens, v2.eff_isl), (4296, 4096, 200));
 }
@@ -178,7 +178,7 @@ fn a_busy_decode_worker_gets_no_bypass() {
     // Idle: bypass.
     assert_eq!(
         r.route("a", &turn2, 1).unwrap().reason,
-        "bypass:isl_bounding"
+        Reason::BypassIslBounding
     );
     r.apply_lifecycle(&done("a"), 2);
     // The worker reports 7,950 of 10,000 blocks in use: +71 blocks would exceed 80 %.
@@ -194,7 +194,7 @@ fn a_busy_decode_worker_gets_no_bypass() {
     r.apply_load_report(&report);
     let v = r.route("b", &turn2, 4).unwrap();
     assert_eq!(v.mode, RouteMode::Disagg);
-    assert_eq!(v.reason, "disagg:decode_busy");
+    assert_eq!(v.reason, Reason::DisaggDecodeBusy);
     assert_eq!(v.prefill.unwrap().worker_id.0, "prefill-0");
 }
 
@@ -210,11 +210,11 @@ fn a_decode_worker_without_capacity_gets_no_bypass_under_the_guard() {
     r.upsert_worker(&info("prefill-0", WorkerRole::Prefill), 3_000, 0);
     let v = r.route("a", &prompt(1, 10), 0).unwrap();
     // isl 10 has no full block: eff_isl 10, ratio 1.0 → isl_bounding says disagg anyway.
-    assert_eq!(v.reason, "disagg:eff_isl_ratio_above_threshold");
+    assert_eq!(v.reason, Reason::DisaggEffIslRatioAboveThreshold);
     let turn = prompt(2, 320);
     r.apply_kv_batch(&stored("decode-0", 1, &turn)).unwrap();
     let v = r.route("b", &turn, 1).unwrap();
-    assert_eq!(v.reason, "disagg:decode_capacity_unknown");
+    assert_eq!(v.reason, Reason::DisaggDecodeCapacityUnknown);
 }
 
 #[test]
@@ -286,8 +286,8 @@ fn every_verdict_reason_is_registered() {
         .enumerate()
     {
         let v = r.route(&i.to_string(), &prompt(i as u32, n), 0).unwrap();
-        assert!(REASONS.contains(&v.reason.as_str()), "{}", v.reason);
-        assert!(v.reason.starts_with(v.mode.as_str()));
+        assert!(Reason::ALL.contains(&v.reason), "{}", v.reason);
+        assert!(v.reason.mode() == Some(v.mode));
         assert_eq!(v.prefill.is_some(), v.mode == RouteMode::Disagg);
         assert_eq!(v.eff_isl, v.isl - v.cached_tokens);
     }
@@ -469,7 +469,7 @@ proptest! {
         let per_worker: u64 = r.worker_stats().iter().map(|w| w.cached_blocks).sum();
         prop_assert_eq!(stats.pairs, per_worker);
         let v = r.route("x", &prompt(1, 300), 0).unwrap();
-        prop_assert!(REASONS.contains(&v.reason.as_str()));
+        prop_assert!(Reason::ALL.contains(&v.reason));
         for id in names {
             r.remove_worker(&WorkerId(id.into()));
         }
@@ -496,7 +496,7 @@ fn prefill_load_bypasses_when_the_prefill_pool_is_busy() {
     );
     // +2,000 more: 0.6 > 0.5, busy: the next request prefills on its decode worker.
     let b = r.route("b", &prompt(2, 2_000), 0).unwrap();
-    assert_eq!(b.reason, "disagg:prefill_not_busy", "decided at 0.4");
+    assert_eq!(b.reason, Reason::DisaggPrefillNotBusy, "decided at 0.4");
     let c = r.route("c", &prompt(3, 2_000), 0).unwrap();
     assert_eq!(
         (c.mode, c.reason.as_str()),
@@ -510,7 +510,7 @@ fn prefill_load_bypasses_when_the_prefill_pool_is_busy() {
         1,
     );
     let d = r.route("d", &prompt(4, 2_000), 1).unwrap();
-    assert_eq!(d.reason, "disagg:prefill_not_busy");
+    assert_eq!(d.reason, Reason::DisaggPrefillNotBusy);
 }
 
 proptest! {
@@ -537,8 +537,8 @@ proptest! {
         r.apply_kv_batch(&stored("decode-0", 1, &prompt(0, 3_000))).unwrap();
         for (i, n) in lens.iter().enumerate() {
             let v = r.route(&i.to_string(), &prompt(i as u32 % 2, *n), i as u64).unwrap();
-            prop_assert!(REASONS.contains(&v.reason.as_str()));
-            prop_assert!(v.reason.starts_with(v.mode.as_str()));
+            prop_assert!(Reason::ALL.contains(&v.reason));
+            prop_assert!(v.reason.mode() == Some(v.mode));
             prop_assert_eq!(v.prefill.is_some(), v.mode == RouteMode::Disagg);
             prop_assert_eq!(v.isl as usize, *n);
             prop_assert!(v.cached_tokens <= v.isl);
@@ -676,7 +676,7 @@ fn several_choices_are_never_disaggregated() {
     let cold = prompt(6, 8_000);
     let v = r.route_request("n2", &cold, 2, 0).unwrap();
     assert_eq!(v.mode, RouteMode::Bypass);
-    assert_eq!(v.reason, crate::policy::BYPASS_MULTIPLE_CHOICES);
+    assert_eq!(v.reason, Reason::BypassMultipleChoices);
     assert!(v.prefill.is_none());
     assert_eq!(
         r.route_request("n1", &prompt(7, 8_000), 1, 0).unwrap().mode,

@@ -243,10 +243,7 @@ where
     match result {
         Ok(verdict) => {
             m.decisions
-                .get_or_create(&DecisionLabels {
-                    mode: verdict.mode.as_str().to_string(),
-                    reason: verdict.reason.clone(),
-                })
+                .get_or_create(&DecisionLabels::of(verdict.mode, verdict.reason))
                 .inc();
             m.eff_isl_tokens.observe(f64::from(verdict.eff_isl));
             if verdict.isl > 0 {

@@ -5,17 +5,17 @@
 //! (strictly: exactly at the limit still bypasses), and none when the worker reports no
 //! capacity (0), since then nothing bounds it. The guard is off when the threshold is unset.
 
-use super::{Decision, PolicyInput, DISAGG_DECODE_BUSY, DISAGG_DECODE_CAPACITY_UNKNOWN};
+use super::{Decision, PolicyInput, Reason};
 use crate::config::ConditionalDisaggConfig;
 
 /// The disagg decision that vetoes a bypass, if the guard fires.
 pub fn veto(input: &PolicyInput, cfg: &ConditionalDisaggConfig) -> Option<Decision> {
     let threshold = cfg.decode_busy_threshold?;
     if input.decode_capacity_blocks == 0 {
-        return Some(Decision::Disagg(DISAGG_DECODE_CAPACITY_UNKNOWN));
+        return Some(Decision::Disagg(Reason::DisaggDecodeCapacityUnknown));
     }
     let used = input.decode_projected_blocks as f64 / input.decode_capacity_blocks as f64;
-    (used > threshold).then_some(Decision::Disagg(DISAGG_DECODE_BUSY))
+    (used > threshold).then_some(Decision::Disagg(Reason::DisaggDecodeBusy))
 }
 
 #[cfg(test)]
@@ -40,7 +40,7 @@ mod tests {
         assert_eq!(veto_at(900, 1000, Some(0.9)), None);
         assert_eq!(
             veto_at(901, 1000, Some(0.9)),
-            Some(Decision::Disagg(DISAGG_DECODE_BUSY))
+            Some(Decision::Disagg(Reason::DisaggDecodeBusy))
         );
     }
 
@@ -48,7 +48,7 @@ mod tests {
     fn unknown_capacity_vetoes_only_when_the_guard_is_on() {
         assert_eq!(
             veto_at(0, 0, Some(0.9)),
-            Some(Decision::Disagg(DISAGG_DECODE_CAPACITY_UNKNOWN))
+            Some(Decision::Disagg(Reason::DisaggDecodeCapacityUnknown))
         );
         assert_eq!(veto_at(10_000, 0, None), None);
         assert_eq!(veto_at(10_000, 1, None), None);
@@ -59,7 +59,7 @@ mod tests {
         assert_eq!(veto_at(0, 1000, Some(0.0)), None);
         assert_eq!(
             veto_at(1, 1000, Some(0.0)),
-            Some(Decision::Disagg(DISAGG_DECODE_BUSY))
+            Some(Decision::Disagg(Reason::DisaggDecodeBusy))
         );
     }
 }

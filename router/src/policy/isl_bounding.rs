@@ -7,10 +7,7 @@
 //! ratio keeps a mostly cold prompt (little reuse, so the prefill pool would do real work)
 //! off the decode worker even when it is short.
 
-use super::{
-    BypassPolicy, Decision, PolicyInput, BYPASS_ISL_BOUNDING, DISAGG_EFF_ISL_ABOVE_THRESHOLD,
-    DISAGG_EFF_ISL_RATIO_ABOVE_THRESHOLD,
-};
+use super::{BypassPolicy, Decision, PolicyInput, Reason};
 use crate::config::ConditionalDisaggConfig;
 
 /// See the module docs.
@@ -30,11 +27,11 @@ pub fn eff_isl_ratio(input: &PolicyInput) -> f64 {
 impl BypassPolicy for IslBounding {
     fn decide(&self, input: &PolicyInput, cfg: &ConditionalDisaggConfig) -> Decision {
         if input.eff_isl >= cfg.eff_isl_threshold {
-            Decision::Disagg(DISAGG_EFF_ISL_ABOVE_THRESHOLD)
+            Decision::Disagg(Reason::DisaggEffIslAboveThreshold)
         } else if eff_isl_ratio(input) >= cfg.eff_isl_ratio_threshold {
-            Decision::Disagg(DISAGG_EFF_ISL_RATIO_ABOVE_THRESHOLD)
+            Decision::Disagg(Reason::DisaggEffIslRatioAboveThreshold)
         } else {
-            Decision::Bypass(BYPASS_ISL_BOUNDING)
+            Decision::Bypass(Reason::BypassIslBounding)
         }
     }
 }
@@ -51,31 +48,37 @@ mod tests {
     #[test]
     fn absolute_threshold_boundary() {
         // Ratio well below 0.7 in all three: only the absolute bound matters.
-        assert_eq!(decide(10_000, 2047), Decision::Bypass(BYPASS_ISL_BOUNDING));
+        assert_eq!(
+            decide(10_000, 2047),
+            Decision::Bypass(Reason::BypassIslBounding)
+        );
         assert_eq!(
             decide(10_000, 2048),
-            Decision::Disagg(DISAGG_EFF_ISL_ABOVE_THRESHOLD)
+            Decision::Disagg(Reason::DisaggEffIslAboveThreshold)
         );
         assert_eq!(
             decide(10_000, 2049),
-            Decision::Disagg(DISAGG_EFF_ISL_ABOVE_THRESHOLD)
+            Decision::Disagg(Reason::DisaggEffIslAboveThreshold)
         );
     }
 
     #[test]
     fn ratio_threshold_boundary() {
-        assert_eq!(decide(1000, 699), Decision::Bypass(BYPASS_ISL_BOUNDING));
+        assert_eq!(
+            decide(1000, 699),
+            Decision::Bypass(Reason::BypassIslBounding)
+        );
         assert_eq!(
             decide(1000, 700),
-            Decision::Disagg(DISAGG_EFF_ISL_RATIO_ABOVE_THRESHOLD)
+            Decision::Disagg(Reason::DisaggEffIslRatioAboveThreshold)
         );
         assert_eq!(
             decide(10, 7),
-            Decision::Disagg(DISAGG_EFF_ISL_RATIO_ABOVE_THRESHOLD)
+            Decision::Disagg(Reason::DisaggEffIslRatioAboveThreshold)
         );
         assert_eq!(
             decide(1000, 701),
-            Decision::Disagg(DISAGG_EFF_ISL_RATIO_ABOVE_THRESHOLD)
+            Decision::Disagg(Reason::DisaggEffIslRatioAboveThreshold)
         );
     }
 
@@ -84,11 +87,14 @@ mod tests {
         // Short but fully cold: the ratio (1.0) says disaggregate.
         assert_eq!(
             decide(100, 100),
-            Decision::Disagg(DISAGG_EFF_ISL_RATIO_ABOVE_THRESHOLD)
+            Decision::Disagg(Reason::DisaggEffIslRatioAboveThreshold)
         );
-        assert_eq!(decide(0, 0), Decision::Bypass(BYPASS_ISL_BOUNDING));
+        assert_eq!(decide(0, 0), Decision::Bypass(Reason::BypassIslBounding));
         // Fully cached: nothing to prefill.
-        assert_eq!(decide(50_000, 0), Decision::Bypass(BYPASS_ISL_BOUNDING));
+        assert_eq!(
+            decide(50_000, 0),
+            Decision::Bypass(Reason::BypassIslBounding)
+        );
     }
 
     #[test]

@@ -4,7 +4,7 @@
 
 use super::isl_bounding::IslBounding;
 use super::prefill_load::is_busy;
-use super::{BypassPolicy, Decision, PolicyInput, BYPASS_PREFILL_BUSY};
+use super::{BypassPolicy, Decision, PolicyInput, Reason};
 use crate::config::ConditionalDisaggConfig;
 
 /// See the module docs.
@@ -16,7 +16,7 @@ impl BypassPolicy for IslOrLoad {
         match IslBounding.decide(input, cfg) {
             bypass @ Decision::Bypass(_) => bypass,
             disagg if !is_busy(input, cfg) => disagg,
-            Decision::Disagg(_) => Decision::Bypass(BYPASS_PREFILL_BUSY),
+            Decision::Disagg(_) => Decision::Bypass(Reason::BypassPrefillBusy),
         }
     }
 }
@@ -25,7 +25,7 @@ impl BypassPolicy for IslOrLoad {
 mod tests {
     use super::*;
     use crate::policy::tests::input;
-    use crate::policy::{BYPASS_ISL_BOUNDING, DISAGG_EFF_ISL_ABOVE_THRESHOLD};
+    use crate::policy::Reason;
 
     fn decide(eff_isl: u32, queued: u64) -> Decision {
         let cfg = ConditionalDisaggConfig {
@@ -39,12 +39,18 @@ mod tests {
 
     #[test]
     fn either_rule_bypasses() {
-        assert_eq!(decide(2047, 0), Decision::Bypass(BYPASS_ISL_BOUNDING));
-        assert_eq!(decide(2047, 5000), Decision::Bypass(BYPASS_ISL_BOUNDING));
-        assert_eq!(decide(2048, 801), Decision::Bypass(BYPASS_PREFILL_BUSY));
+        assert_eq!(decide(2047, 0), Decision::Bypass(Reason::BypassIslBounding));
+        assert_eq!(
+            decide(2047, 5000),
+            Decision::Bypass(Reason::BypassIslBounding)
+        );
+        assert_eq!(
+            decide(2048, 801),
+            Decision::Bypass(Reason::BypassPrefillBusy)
+        );
         assert_eq!(
             decide(2048, 800),
-            Decision::Disagg(DISAGG_EFF_ISL_ABOVE_THRESHOLD)
+            Decision::Disagg(Reason::DisaggEffIslAboveThreshold)
         );
     }
 }

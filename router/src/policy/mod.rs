@@ -16,23 +16,7 @@ mod tests;
 
 use crate::config::{ConditionalDisaggConfig, PolicyKind};
 
-/// Reason: bypassed because the uncached prompt is short (`isl_bounding`).
-pub const BYPASS_ISL_BOUNDING: &str = "bypass:isl_bounding";
-/// Reason: bypassed because the prefill worker is busy (`prefill_load`).
-pub const BYPASS_PREFILL_BUSY: &str = "bypass:prefill_busy";
-/// Reason: bypassed because the client asked for several choices (`n > 1`), which the KV
-/// handoffs cannot carry.
-pub const BYPASS_MULTIPLE_CHOICES: &str = "bypass:multiple_choices";
-/// Reason: disaggregated because `eff_isl >= eff_isl_threshold`.
-pub const DISAGG_EFF_ISL_ABOVE_THRESHOLD: &str = "disagg:eff_isl_above_threshold";
-/// Reason: disaggregated because `eff_isl / isl >= eff_isl_ratio_threshold`.
-pub const DISAGG_EFF_ISL_RATIO_ABOVE_THRESHOLD: &str = "disagg:eff_isl_ratio_above_threshold";
-/// Reason: disaggregated because the prefill worker is not busy (`prefill_load`).
-pub const DISAGG_PREFILL_NOT_BUSY: &str = "disagg:prefill_not_busy";
-/// Reason: a bypass was vetoed because the decode worker would exceed its KV budget.
-pub const DISAGG_DECODE_BUSY: &str = "disagg:decode_busy";
-/// Reason: a bypass was vetoed because the decode worker reports no KV capacity.
-pub const DISAGG_DECODE_CAPACITY_UNKNOWN: &str = "disagg:decode_capacity_unknown";
+pub use switchyard_protocol::route::Reason;
 
 /// What a policy sees about one request and its chosen workers.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -49,18 +33,18 @@ pub struct PolicyInput {
     pub decode_capacity_blocks: u64,
 }
 
-/// Bypass or disaggregate, with the reason (one of [`crate::REASONS`]).
+/// Bypass or disaggregate, with the reason.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Decision {
     /// Serve on the decode worker, prefilling there.
-    Bypass(&'static str),
+    Bypass(Reason),
     /// Prefill on the prefill worker first.
-    Disagg(&'static str),
+    Disagg(Reason),
 }
 
 impl Decision {
-    /// The reason label.
-    pub fn reason(self) -> &'static str {
+    /// The reason.
+    pub fn reason(self) -> Reason {
         match self {
             Decision::Bypass(r) | Decision::Disagg(r) => r,
         }
@@ -90,25 +74,3 @@ pub fn decide(input: &PolicyInput, cfg: &ConditionalDisaggConfig) -> Decision {
         Decision::Disagg(_) => decision,
     }
 }
-
-/// Reason: `disagg` serving mode, every request is disaggregated.
-pub const DISAGG_ALWAYS: &str = "disagg:always";
-/// Reason: `agg` serving mode, no prefill pool.
-pub const AGG_SERVING_MODE: &str = "agg:serving_mode";
-/// Reason: disagg or conditional mode, but no live prefill worker: served aggregated.
-pub const AGG_NO_PREFILL_WORKERS: &str = "agg:no_prefill_workers";
-
-/// Every reason a verdict can carry (a closed set: metrics pre-register these labels).
-pub const REASONS: &[&str] = &[
-    BYPASS_ISL_BOUNDING,
-    BYPASS_PREFILL_BUSY,
-    BYPASS_MULTIPLE_CHOICES,
-    DISAGG_EFF_ISL_ABOVE_THRESHOLD,
-    DISAGG_EFF_ISL_RATIO_ABOVE_THRESHOLD,
-    DISAGG_PREFILL_NOT_BUSY,
-    DISAGG_DECODE_BUSY,
-    DISAGG_DECODE_CAPACITY_UNKNOWN,
-    DISAGG_ALWAYS,
-    AGG_SERVING_MODE,
-    AGG_NO_PREFILL_WORKERS,
-];

@@ -8,7 +8,7 @@
 //! the threshold does not bypass). With the defaults (budget 32 768 tokens, threshold 0.8)
 //! the pool counts as busy once more than 26 214 tokens (~0.5 s of GB200 prefill) wait.
 
-use super::{BypassPolicy, Decision, PolicyInput, BYPASS_PREFILL_BUSY, DISAGG_PREFILL_NOT_BUSY};
+use super::{BypassPolicy, Decision, PolicyInput, Reason};
 use crate::config::ConditionalDisaggConfig;
 
 /// See the module docs.
@@ -28,9 +28,9 @@ pub fn is_busy(input: &PolicyInput, cfg: &ConditionalDisaggConfig) -> bool {
 impl BypassPolicy for PrefillLoad {
     fn decide(&self, input: &PolicyInput, cfg: &ConditionalDisaggConfig) -> Decision {
         if is_busy(input, cfg) {
-            Decision::Bypass(BYPASS_PREFILL_BUSY)
+            Decision::Bypass(Reason::BypassPrefillBusy)
         } else {
-            Decision::Disagg(DISAGG_PREFILL_NOT_BUSY)
+            Decision::Disagg(Reason::DisaggPrefillNotBusy)
         }
     }
 }
@@ -53,16 +53,34 @@ mod tests {
 
     #[test]
     fn busy_threshold_boundary() {
-        assert_eq!(decide(799, 0.8), Decision::Disagg(DISAGG_PREFILL_NOT_BUSY));
-        assert_eq!(decide(800, 0.8), Decision::Disagg(DISAGG_PREFILL_NOT_BUSY));
-        assert_eq!(decide(801, 0.8), Decision::Bypass(BYPASS_PREFILL_BUSY));
+        assert_eq!(
+            decide(799, 0.8),
+            Decision::Disagg(Reason::DisaggPrefillNotBusy)
+        );
+        assert_eq!(
+            decide(800, 0.8),
+            Decision::Disagg(Reason::DisaggPrefillNotBusy)
+        );
+        assert_eq!(
+            decide(801, 0.8),
+            Decision::Bypass(Reason::BypassPrefillBusy)
+        );
     }
 
     #[test]
     fn idle_pool_never_counts_as_busy_and_thresholds_above_one_allow_overload() {
-        assert_eq!(decide(0, 0.0), Decision::Disagg(DISAGG_PREFILL_NOT_BUSY));
-        assert_eq!(decide(1, 0.0), Decision::Bypass(BYPASS_PREFILL_BUSY));
-        assert_eq!(decide(1500, 1.5), Decision::Disagg(DISAGG_PREFILL_NOT_BUSY));
-        assert_eq!(decide(1501, 1.5), Decision::Bypass(BYPASS_PREFILL_BUSY));
+        assert_eq!(
+            decide(0, 0.0),
+            Decision::Disagg(Reason::DisaggPrefillNotBusy)
+        );
+        assert_eq!(decide(1, 0.0), Decision::Bypass(Reason::BypassPrefillBusy));
+        assert_eq!(
+            decide(1500, 1.5),
+            Decision::Disagg(Reason::DisaggPrefillNotBusy)
+        );
+        assert_eq!(
+            decide(1501, 1.5),
+            Decision::Bypass(Reason::BypassPrefillBusy)
+        );
     }
 }

@@ -4,6 +4,7 @@ use proptest::prelude::*;
 
 use super::*;
 use crate::config::ConditionalDisaggConfig;
+use switchyard_protocol::route::RouteMode;
 
 /// A request with `isl`/`eff_isl`, an idle prefill pool and a roomy decode worker.
 pub(crate) fn input(isl: u32, eff_isl: u32) -> PolicyInput {
@@ -62,9 +63,9 @@ proptest! {
     #[test]
     fn every_reason_is_registered_and_matches_its_mode(i in any_input(), cfg in any_config()) {
         let d = decide(&i, &cfg);
-        prop_assert!(crate::REASONS.contains(&d.reason()));
-        let prefix = if d.is_bypass() { "bypass:" } else { "disagg:" };
-        prop_assert!(d.reason().starts_with(prefix));
+        prop_assert!(Reason::ALL.contains(&d.reason()));
+        let mode = if d.is_bypass() { RouteMode::Bypass } else { RouteMode::Disagg };
+        prop_assert_eq!(d.reason().mode(), Some(mode));
     }
 
     #[test]
