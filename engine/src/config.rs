@@ -8,6 +8,8 @@ use super::EngineError;
 
 /// Name of the simulated model (Qwen3-235B-A22B), served when none is given.
 pub const DEFAULT_MODEL_NAME: &str = "Qwen/Qwen3-235B-A22B";
+/// Context length of the simulated model (Qwen3-235B-A22B's 262,144 tokens).
+pub const DEFAULT_MAX_MODEL_LEN: u32 = 262_144;
 /// Default interval between a worker's load reports (ms).
 pub const DEFAULT_LOAD_INTERVAL_MS: u64 = 500;
 

@@ -51,7 +51,8 @@ use switchyard_protocol::hash::{BlockSize, SequenceHash};
 use switchyard_protocol::kv::{KvEvent, StoredBlock};
 
 pub use config::{
-    EngineConfig, DEFAULT_LOAD_INTERVAL_MS, DEFAULT_MODEL_NAME, DEFAULT_PREFILL_HOLD_LEASE_MS,
+    EngineConfig, DEFAULT_LOAD_INTERVAL_MS, DEFAULT_MAX_MODEL_LEN, DEFAULT_MODEL_NAME,
+    DEFAULT_PREFILL_HOLD_LEASE_MS,
 };
 pub use error::EngineError;
 pub use output::{EngineOutput, FinishReason, HeldKv, LoadSnapshot, StepOutcome};

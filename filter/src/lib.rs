@@ -20,9 +20,10 @@
 //! - [`outcome`]: how a request was served (the `x-switchyard-route` value).
 //! - [`lifecycle`]: the bounded report queue and the `usage` scan of a response's tail.
 //! - [`metrics`]: names of the Envoy custom stats the filter keeps.
-//! - `root` / `http`: the proxy-wasm contexts (the only code that makes hostcalls).
+//! - `root` / `http`: the proxy-wasm contexts (the only code that makes hostcalls), and
+//!   `shared`, the per-VM state both use (`root` → `http` → `shared`, never back).
 //!
-//! Everything but `root` and `http` is plain Rust, so native `cargo test` covers it.
+//! Everything but `root`, `http` and `shared` is plain Rust, so native `cargo test` covers it.
 #![deny(missing_docs)]
 
 pub mod body;
@@ -34,6 +35,7 @@ pub mod outcome;
 pub mod prefill;
 pub mod request;
 mod root;
+mod shared;
 pub mod verdict;
 
 /// The VM entry point (`_initialize`), in a private module: it is exported to Envoy, not part

@@ -1,15 +1,12 @@
 //! Request-side decisions: which requests are routed, which client headers are stripped, and
 //! the request id shared by the route call and the upstream request.
 
+pub use switchyard_protocol::route::{is_usable_request_id, MAX_REQUEST_ID_LEN};
 use switchyard_protocol::route::{ApiKind, DESTINATION_HEADER};
 
 /// Prefix of every Switchyard header. Clients must not be able to forge them: they steer
 /// routing (`x-switchyard-api`) or would be mistaken for the gateway's own annotations.
 pub const SWITCHYARD_HEADER_PREFIX: &str = "x-switchyard-";
-
-/// Longest client-supplied `x-request-id` the filter keeps; longer ones are replaced, so a
-/// client cannot blow up the route call's headers or the control plane's logs.
-pub const MAX_REQUEST_ID_LEN: usize = 128;
 
 /// The API of a request the filter routes: `POST` to one of the OpenAI paths, as a worker
 /// would see it ([`canonical_path`]). Everything else (GET /v1/models, health checks, ...)
@@ -91,11 +88,6 @@ where
         }
     }
     names
-}
-
-/// Whether a client-supplied request id is safe to forward as a header value and log label.
-pub fn is_usable_request_id(id: &str) -> bool {
-    !id.is_empty() && id.len() <= MAX_REQUEST_ID_LEN && id.bytes().all(|b| b.is_ascii_graphic())
 }
 
 /// The request id to use: the client's (Envoy usually generates one before filters run) if

@@ -10,7 +10,7 @@ use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, ContextType, MetricType};
 use switchyard_protocol::handoff::{release_body, RELEASE_PATH};
-use switchyard_protocol::lifecycle::{LifecycleEvent, LIFECYCLE_PATH};
+use switchyard_protocol::lifecycle::LIFECYCLE_PATH;
 use switchyard_protocol::route::DESTINATION_HEADER;
 
 use crate::config::Config;
@@ -19,78 +19,11 @@ use crate::lifecycle::LifecycleQueue;
 use crate::metrics::{self, StatIds};
 use crate::outcome::{FallbackReason, Rejection};
 use crate::request::headers_to_strip;
+use crate::shared::{increment, Release, Shared};
 use crate::verdict::FailOpenReason;
 
-/// What every request context of this VM shares.
-#[derive(Debug)]
-pub(crate) struct Shared {
-    /// The validated configuration.
-    pub(crate) config: Config,
-    /// Envoy metric ids.
-    pub(crate) stats: StatIds,
-    /// Lifecycle events waiting for the root's timer (one queue per VM, i.e. per Envoy worker
-    /// thread; the VM is single-threaded, so a `RefCell` is all the sharing needs).
-    pub(crate) reports: Rc<RefCell<LifecycleQueue>>,
-    /// Holds to release, waiting for the root's timer (a request context may be gone by the
-    /// time the call answers; the root is not).
-    pub(crate) releases: Rc<RefCell<VecDeque<Release>>>,
-}
-
-/// KV a prefill worker holds for a decode leg that failed or never came.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Release {
-    /// The prefill worker (`host:port`).
-    pub(crate) prefill: String,
-    /// The hold's id (the handoff's `remote_request_id`).
-    pub(crate) hold: String,
-}
-
-/// Most releases queued per VM; beyond it they are counted as failed (the worker's own lease
-/// frees the KV later).
-const MAX_QUEUED_RELEASES: usize = 1_024;
 /// Budget of one release call.
 const RELEASE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
-
-impl Shared {
-    /// Queues a release for the root's timer (or counts it failed when the queue is full).
-    pub(crate) fn release(&self, release: Release) {
-        let queued = match self.releases.try_borrow_mut() {
-            Ok(mut queue) if queue.len() < MAX_QUEUED_RELEASES => {
-                queue.push_back(release);
-                true
-            }
-            _ => false,
-        };
-        if !queued {
-            increment(self.stats.prefill_release_failures_total, 1);
-        }
-    }
-
-    /// Queues a lifecycle event, or counts it dropped when the queue is full or the queue is
-    /// busy (never blocks, never fails the request).
-    pub(crate) fn report(&self, event: LifecycleEvent) {
-        if !self.config.lifecycle_reports {
-            return;
-        }
-        let queued = match self.reports.try_borrow_mut() {
-            Ok(mut queue) => queue.push(event),
-            Err(_) => false,
-        };
-        if !queued {
-            increment(self.stats.reports_dropped_total, 1);
-        }
-    }
-}
-
-/// Increments a counter; a stat that cannot be incremented is not worth failing over.
-pub(crate) fn increment(id: u32, by: i64) {
-    if id == 0 {
-        return;
-    }
-    if let Err(status) = hostcalls::increment_metric(id, by) {
-        debug!("increment_metric({id}) failed: {status:?}");
-    }
-}
 
 /// The plugin's root context.
 pub(crate) struct SwitchyardRoot {

@@ -15,6 +15,16 @@ pub const ROUTE_PATH: &str = "/v1/route";
 pub const API_HEADER: &str = "x-switchyard-api";
 /// Request id shared by the route call, both legs and lifecycle reports.
 pub const REQUEST_ID_HEADER: &str = "x-request-id";
+/// Longest request id anyone keeps: the filter replaces a longer client id with its own, and
+/// the control plane refuses one, so a client cannot blow up headers, logs or metric labels.
+pub const MAX_REQUEST_ID_LEN: usize = 128;
+
+/// Whether `id` is a request id the gateway forwards and the control plane accepts: 1 to
+/// [`MAX_REQUEST_ID_LEN`] visible ASCII characters (no spaces or controls: it is a header value
+/// and a log field).
+pub fn is_usable_request_id(id: &str) -> bool {
+    !id.is_empty() && id.len() <= MAX_REQUEST_ID_LEN && id.bytes().all(|b| b.is_ascii_graphic())
+}
 /// Header the filter sets for Envoy's `override_host` load-balancing policy.
 pub const DESTINATION_HEADER: &str = "x-gateway-destination-endpoint";
 /// Response header telling the client how its request was routed (`bypass`, `disagg`, `agg`,

@@ -7,9 +7,7 @@ use switchyard_protocol::worker::{WorkerId, WorkerRole};
 
 use switchyard_engine::EngineConfig;
 
-pub use switchyard_engine::{DEFAULT_LOAD_INTERVAL_MS, DEFAULT_MODEL_NAME};
-/// Context length of the simulated model (Qwen3-235B-A22B's 262,144 tokens).
-pub const DEFAULT_MAX_MODEL_LEN: u32 = 262_144;
+pub use switchyard_engine::{DEFAULT_LOAD_INTERVAL_MS, DEFAULT_MAX_MODEL_LEN, DEFAULT_MODEL_NAME};
 
 /// One `--worker ROLE:ID@HOST:PORT` flag.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -13,7 +13,7 @@ use std::process::Command;
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
-use crate::process::process_state;
+use switchyard_support::process::process_state;
 
 /// PIDs of every child a stack of this process has started and not yet stopped.
 fn live() -> &'static Mutex<BTreeSet<u32>> {

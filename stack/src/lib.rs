@@ -9,14 +9,20 @@
 //! started by a script that exits gets SIGTERM).
 //!
 //! # Layout
-//! - [`stack`]: the builder, serving modes, worker specs.
-//! - [`running`]: the [`Stack`]: start order, readiness, accessors, stopping.
+//! - [`stack`]: what a stack is made of: the builder, components, worker specs.
+//! - [`running`]: starting a built stack ([`StackBuilder::start`]) and the running [`Stack`]:
+//!   start order, readiness, accessors, stopping.
 //! - [`envoy`]: bootstrap rendering and the admin `/clusters` reader (pure).
 //! - [`process`]: one supervised child (log file, signals, stop on drop).
+//! - [`cleanup`]: stopping every child on SIGINT/SIGTERM (opt-in, for test processes).
 //! - [`readiness`]: bounded polling.
 //! - [`paths`]: where binaries are, and the commands that build them.
 //! - [`ports`]: free 127.0.0.1 ports.
-//! - [`cleanup`]: stopping every child on SIGINT/SIGTERM (opt-in, for test processes).
+//! - [`error`]: [`StackError`].
+//! - [`compare`]: the serving-mode comparison on real stacks (the `switchyard-compare`
+//!   binary).
+//!
+//! Arrows go one way: `running` → `stack`, `process` → `cleanup`.
 #![deny(missing_docs)]
 
 pub mod cleanup;

@@ -1,6 +1,7 @@
 //! Launching the stack's processes in order, and controlling them once running.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use switchyard_protocol::worker::WorkerRole;
@@ -8,9 +9,10 @@ use switchyard_protocol::worker::WorkerRole;
 use crate::envoy::{self, EnvoySettings, DECODE_CLUSTER, PREFILL_CLUSTER};
 use crate::error::StackError;
 use crate::paths::Artifacts;
+use crate::ports::free_ports;
 use crate::process::{Signal, Supervised};
 use crate::readiness::{http_ok, tcp_open, wait_until};
-use crate::stack::{Component, StackBuilder, WorkerSpec};
+use crate::stack::{http_client, Component, StackBuilder, WorkerSpec};
 
 /// Largest body Envoy buffers per connection: long agentic prompts run to megabytes of JSON.
 pub const BUFFER_LIMIT_BYTES: u64 = 16 << 20;
@@ -44,8 +46,74 @@ pub struct Stack {
 pub const NATS_TOKEN_FILE: &str = "nats-token";
 /// File in the run directory holding this run's registration secret.
 pub const REGISTRATION_SECRET_FILE: &str = "registration-secret";
-/// Default context length the control plane and workers enforce: the simulated model's.
-pub const MAX_MODEL_LEN: u32 = 262_144;
+
+impl StackBuilder {
+    /// Starts every process and waits until requests through Envoy can reach every worker.
+    ///
+    /// # Errors
+    /// A [`StackError`] naming the process or artifact at fault; everything already started
+    /// is stopped before this returns.
+    pub async fn start(self) -> Result<Stack, StackError> {
+        let worker_count = self.decode + self.prefill + self.agg;
+        if self.decode + self.agg == 0 {
+            return Err(StackError::InvalidSetting(
+                "need at least one decode or agg worker".into(),
+            ));
+        }
+        let artifacts = match self.artifacts.clone() {
+            Some(a) => a,
+            None => Artifacts::locate(self.profile)?,
+        };
+        let run_dir = match self.run_dir.clone() {
+            Some(dir) => dir,
+            None => new_run_dir()?,
+        };
+        std::fs::create_dir_all(&run_dir)
+            .map_err(StackError::io(format!("creating {}", run_dir.display())))?;
+
+        let ports = free_ports(5 + worker_count)?;
+        let nats_port = self.nats_port.unwrap_or(ports[0]);
+        let cp_port = self.control_plane_port.unwrap_or(ports[1]);
+        let listen_port = self.listen_port.unwrap_or(ports[2]);
+        let admin_port = self.admin_port.unwrap_or(ports[3]);
+        let plain_listen_port = self
+            .plain_listen_port
+            .map(|p| if p == 0 { ports[4] } else { p });
+        let workers = self.workers(&ports[5..]);
+        let mut stack = Stack {
+            processes: Vec::new(),
+            run_dir,
+            workers,
+            nats_port,
+            control_plane_port: cp_port,
+            listen_port,
+            admin_port,
+            plain_listen_port,
+            client: http_client(),
+            remove_run_dir: !self.keep_logs,
+            nats_program: artifacts.nats_server.clone(),
+            nats_token: switchyard_support::random_token(),
+        };
+        stack.launch(&self, &artifacts).await?;
+        Ok(stack)
+    }
+}
+
+fn new_run_dir() -> Result<PathBuf, StackError> {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let base = std::env::temp_dir();
+    for _ in 0..1000 {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let dir = base.join(format!("switchyard-run-{}-{n}", std::process::id()));
+        if !dir.exists() {
+            return Ok(dir);
+        }
+    }
+    Err(StackError::InvalidSetting(format!(
+        "no free run directory name under {}",
+        base.display()
+    )))
+}
 
 /// Writes a secret readable by this user only.
 fn write_secret(path: &Path, secret: &str) -> Result<(), StackError> {
@@ -140,7 +208,7 @@ impl Stack {
         b: &StackBuilder,
         artifacts: &Artifacts,
     ) -> Result<(), StackError> {
-        let timeout = b.ready_timeout_value();
+        let timeout = b.ready_timeout;
         write_secret(&self.run_dir.join(NATS_TOKEN_FILE), &self.nats_token)?;
         write_secret(
             &self.run_dir.join(REGISTRATION_SECRET_FILE),
@@ -156,12 +224,12 @@ impl Stack {
             "--model-dir".into(),
             model_dir.clone(),
             "--max-model-len".into(),
-            b.max_model_len_value().to_string(),
+            b.max_model_len.to_string(),
             "--serving-mode".into(),
-            b.serving_mode_value().as_str().into(),
+            b.serving_mode.as_str().into(),
         ];
         cp_args.extend(self.credential_args());
-        if let Some(config) = b.conditional_disagg_config_value() {
+        if let Some(config) = b.conditional_disagg_config.as_deref() {
             cp_args.extend([
                 "--conditional-disagg-config".to_string(),
                 config.to_string(),
@@ -196,13 +264,13 @@ impl Stack {
                 "--model-dir".into(),
                 model_dir.clone(),
                 "--max-model-len".into(),
-                b.max_model_len_value().to_string(),
+                b.max_model_len.to_string(),
             ];
             worker_args.extend(self.credential_args());
             for worker in &workers {
                 worker_args.extend(["--worker".to_string(), worker.flag()]);
             }
-            if let Some(scale) = b.time_scale_value() {
+            if let Some(scale) = b.time_scale {
                 worker_args.extend(["--time-scale".to_string(), scale.to_string()]);
             }
             self.spawn(component, &artifacts.sim_worker, worker_args)?;
@@ -234,10 +302,10 @@ impl Stack {
             admin_port: self.admin_port,
             control_plane_port: self.control_plane_port,
             wasm_path: artifacts.filter_wasm.clone(),
-            route_timeout_ms: b.route_timeout_value(),
+            route_timeout_ms: b.route_timeout_ms,
             buffer_limit_bytes: BUFFER_LIMIT_BYTES,
             eds_refresh: EDS_REFRESH,
-            filter_overrides: b.filter_overrides_value().clone(),
+            filter_overrides: b.filter_overrides.clone(),
             plain_listen_port: self.plain_listen_port,
         };
         let yaml_path = self.run_dir.join("envoy.yaml");
@@ -249,7 +317,7 @@ impl Stack {
             // A unique base id per Envoy, so parallel stacks' shared memory never collides.
             "--use-dynamic-base-id".into(),
             "--concurrency".into(),
-            b.envoy_concurrency_value().to_string(),
+            b.envoy_concurrency.to_string(),
             "--log-level".into(),
             "info".into(),
         ];
@@ -468,5 +536,21 @@ impl Drop for Stack {
                 self.run_dir.display()
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_stack_without_decode_capacity_is_refused_before_starting_anything() {
+        let err = StackBuilder::new()
+            .decode_workers(0)
+            .prefill_workers(1)
+            .start()
+            .await
+            .unwrap_err();
+        assert!(matches!(err, StackError::InvalidSetting(_)), "{err}");
     }
 }

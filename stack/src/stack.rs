@@ -1,16 +1,13 @@
-//! The [`Stack`]: nats-server, the control plane, simulated workers and Envoy on free
-//! 127.0.0.1 ports, started in dependency order and stopped in reverse.
+//! What a stack is made of, before it runs: the [`StackBuilder`] (workers, serving mode,
+//! ports, settings), the [`Component`]s and the [`WorkerSpec`]s. Starting it is
+//! [`crate::running`]'s job.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use switchyard_protocol::worker::{WorkerId, WorkerRole};
 
-use crate::error::StackError;
 use crate::paths::{Artifacts, Profile};
-use crate::ports::free_ports;
-use crate::running::Stack;
 
 /// The control plane's serving mode (`--serving-mode`); the stack runs `conditional` unless
 /// told otherwise.
@@ -66,26 +63,26 @@ impl WorkerSpec {
 /// How to bring the stack up. Every port defaults to a free one.
 #[derive(Debug, Clone)]
 pub struct StackBuilder {
-    decode: usize,
-    prefill: usize,
-    agg: usize,
-    serving_mode: ServingMode,
-    conditional_disagg_config: Option<String>,
-    listen_port: Option<u16>,
-    admin_port: Option<u16>,
-    control_plane_port: Option<u16>,
-    nats_port: Option<u16>,
-    profile: Profile,
-    artifacts: Option<Artifacts>,
-    run_dir: Option<PathBuf>,
-    time_scale: Option<f64>,
-    route_timeout_ms: u64,
-    envoy_concurrency: u32,
-    ready_timeout: Duration,
-    keep_logs: bool,
-    filter_overrides: serde_json::Map<String, serde_json::Value>,
-    plain_listen_port: Option<u16>,
-    max_model_len: u32,
+    pub(crate) decode: usize,
+    pub(crate) prefill: usize,
+    pub(crate) agg: usize,
+    pub(crate) serving_mode: ServingMode,
+    pub(crate) conditional_disagg_config: Option<String>,
+    pub(crate) listen_port: Option<u16>,
+    pub(crate) admin_port: Option<u16>,
+    pub(crate) control_plane_port: Option<u16>,
+    pub(crate) nats_port: Option<u16>,
+    pub(crate) profile: Profile,
+    pub(crate) artifacts: Option<Artifacts>,
+    pub(crate) run_dir: Option<PathBuf>,
+    pub(crate) time_scale: Option<f64>,
+    pub(crate) route_timeout_ms: u64,
+    pub(crate) envoy_concurrency: u32,
+    pub(crate) ready_timeout: Duration,
+    pub(crate) keep_logs: bool,
+    pub(crate) filter_overrides: serde_json::Map<String, serde_json::Value>,
+    pub(crate) plain_listen_port: Option<u16>,
+    pub(crate) max_model_len: u32,
 }
 
 impl Default for StackBuilder {
@@ -110,7 +107,7 @@ impl Default for StackBuilder {
             keep_logs: true,
             filter_overrides: serde_json::Map::new(),
             plain_listen_port: None,
-            max_model_len: crate::running::MAX_MODEL_LEN,
+            max_model_len: switchyard_engine::DEFAULT_MAX_MODEL_LEN,
         }
     }
 }
@@ -185,32 +182,7 @@ impl StackBuilder {
         self
     }
 
-    pub(crate) fn filter_overrides_value(&self) -> &serde_json::Map<String, serde_json::Value> {
-        &self.filter_overrides
-    }
-    pub(crate) fn ready_timeout_value(&self) -> Duration {
-        self.ready_timeout
-    }
-    pub(crate) fn serving_mode_value(&self) -> ServingMode {
-        self.serving_mode
-    }
-    pub(crate) fn conditional_disagg_config_value(&self) -> Option<&str> {
-        self.conditional_disagg_config.as_deref()
-    }
-    pub(crate) fn time_scale_value(&self) -> Option<f64> {
-        self.time_scale
-    }
-    pub(crate) fn route_timeout_value(&self) -> u64 {
-        self.route_timeout_ms
-    }
-    pub(crate) fn envoy_concurrency_value(&self) -> u32 {
-        self.envoy_concurrency
-    }
-    pub(crate) fn max_model_len_value(&self) -> u32 {
-        self.max_model_len
-    }
-
-    fn workers(&self, ports: &[u16]) -> Vec<WorkerSpec> {
+    pub(crate) fn workers(&self, ports: &[u16]) -> Vec<WorkerSpec> {
         let roles = [
             (WorkerRole::Decode, self.decode),
             (WorkerRole::Prefill, self.prefill),
@@ -229,56 +201,6 @@ impl StackBuilder {
         }
         workers
     }
-
-    /// Starts every process and waits until requests through Envoy can reach every worker.
-    ///
-    /// # Errors
-    /// A [`StackError`] naming the process or artifact at fault; everything already started
-    /// is stopped before this returns.
-    pub async fn start(self) -> Result<Stack, StackError> {
-        let worker_count = self.decode + self.prefill + self.agg;
-        if self.decode + self.agg == 0 {
-            return Err(StackError::InvalidSetting(
-                "need at least one decode or agg worker".into(),
-            ));
-        }
-        let artifacts = match self.artifacts.clone() {
-            Some(a) => a,
-            None => Artifacts::locate(self.profile)?,
-        };
-        let run_dir = match self.run_dir.clone() {
-            Some(dir) => dir,
-            None => new_run_dir()?,
-        };
-        std::fs::create_dir_all(&run_dir)
-            .map_err(StackError::io(format!("creating {}", run_dir.display())))?;
-
-        let ports = free_ports(5 + worker_count)?;
-        let nats_port = self.nats_port.unwrap_or(ports[0]);
-        let cp_port = self.control_plane_port.unwrap_or(ports[1]);
-        let listen_port = self.listen_port.unwrap_or(ports[2]);
-        let admin_port = self.admin_port.unwrap_or(ports[3]);
-        let plain_listen_port = self
-            .plain_listen_port
-            .map(|p| if p == 0 { ports[4] } else { p });
-        let workers = self.workers(&ports[5..]);
-        let mut stack = Stack {
-            processes: Vec::new(),
-            run_dir,
-            workers,
-            nats_port,
-            control_plane_port: cp_port,
-            listen_port,
-            admin_port,
-            plain_listen_port,
-            client: http_client(),
-            remove_run_dir: !self.keep_logs,
-            nats_program: artifacts.nats_server.clone(),
-            nats_token: switchyard_support::random_token(),
-        };
-        stack.launch(&self, &artifacts).await?;
-        Ok(stack)
-    }
 }
 
 /// A reqwest client for loopback calls: never through a proxy from the environment.
@@ -288,22 +210,6 @@ pub fn http_client() -> reqwest::Client {
         .timeout(Duration::from_secs(10))
         .build()
         .unwrap_or_default()
-}
-
-fn new_run_dir() -> Result<PathBuf, StackError> {
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    let base = std::env::temp_dir();
-    for _ in 0..1000 {
-        let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let dir = base.join(format!("switchyard-run-{}-{n}", std::process::id()));
-        if !dir.exists() {
-            return Ok(dir);
-        }
-    }
-    Err(StackError::InvalidSetting(format!(
-        "no free run directory name under {}",
-        base.display()
-    )))
 }
 
 #[cfg(test)]
@@ -327,16 +233,5 @@ mod tests {
                 "agg:agg-0@127.0.0.1:9004",
             ]
         );
-    }
-
-    #[tokio::test]
-    async fn a_stack_without_decode_capacity_is_refused_before_starting_anything() {
-        let err = StackBuilder::new()
-            .decode_workers(0)
-            .prefill_workers(1)
-            .start()
-            .await
-            .unwrap_err();
-        assert!(matches!(err, StackError::InvalidSetting(_)), "{err}");
     }
 }

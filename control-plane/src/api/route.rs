@@ -16,7 +16,8 @@ use warp::Reply;
 
 use switchyard_protocol::openai::{check_prompt_length, generation_params, InvalidRequest};
 use switchyard_protocol::route::{
-    ApiKind, RejectReason, Verdict, API_HEADER, REJECT_HEADER, REQUEST_ID_HEADER,
+    is_usable_request_id, ApiKind, RejectReason, Verdict, API_HEADER, MAX_REQUEST_ID_LEN,
+    REJECT_HEADER, REQUEST_ID_HEADER,
 };
 
 use super::{error_reply, read_body, ApiState};
@@ -24,9 +25,6 @@ use crate::metrics::DecisionLabels;
 use crate::router::RouteError;
 use crate::service::tokenizer::TokenizeFailure;
 use crate::service::RouteRequest;
-
-/// Longest accepted `x-request-id`; ids travel in headers and logs.
-pub const MAX_REQUEST_ID_LEN: usize = 256;
 
 /// Why a route request got no verdict.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -146,6 +144,10 @@ fn request_id(headers: &HeaderMap, ids: &RequestIds) -> Result<String, RouteFail
                 Err(RouteFailure::BadRequestId(format!(
                     "longer than {MAX_REQUEST_ID_LEN} characters"
                 )))
+            } else if !is_usable_request_id(text) {
+                Err(RouteFailure::BadRequestId(
+                    "must be visible ASCII without spaces".into(),
+                ))
             } else {
                 Ok(text.to_string())
             }
@@ -286,7 +288,20 @@ mod tests {
         assert_ne!(a, b);
         h.insert(REQUEST_ID_HEADER, "abc".parse().unwrap());
         assert_eq!(request_id(&h, &ids).unwrap(), "abc");
-        h.insert(REQUEST_ID_HEADER, "x".repeat(300).parse().unwrap());
+        h.insert(
+            REQUEST_ID_HEADER,
+            "x".repeat(MAX_REQUEST_ID_LEN).parse().unwrap(),
+        );
+        assert!(
+            request_id(&h, &ids).is_ok(),
+            "the filter forwards ids this long"
+        );
+        h.insert(
+            REQUEST_ID_HEADER,
+            "x".repeat(MAX_REQUEST_ID_LEN + 1).parse().unwrap(),
+        );
+        assert!(request_id(&h, &ids).is_err());
+        h.insert(REQUEST_ID_HEADER, "a b".parse().unwrap());
         assert!(request_id(&h, &ids).is_err());
     }
 }

@@ -41,7 +41,7 @@ use crate::body::{self, RequestDoc};
 use crate::lifecycle::Tail;
 use crate::outcome::{Rejection, Served};
 use crate::request::{canonical_path, choose_request_id, headers_to_strip, routable_api};
-use crate::root::{increment, Shared};
+use crate::shared::{increment, Shared};
 use crate::verdict::{classify_route_response, FailOpenReason};
 
 /// Response header naming the `host:port` the filter routed to.

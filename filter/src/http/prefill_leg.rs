@@ -16,7 +16,7 @@ use super::{Phase, PrefillLeg, SwitchyardRequest};
 use crate::body::{DecodeBody, RequestDoc};
 use crate::outcome::{FallbackReason, Served};
 use crate::prefill::{classify_prefill_answer, PrefillStep};
-use crate::root::increment;
+use crate::shared::increment;
 
 /// The handoff protocol of the prefill pool (vLLM's NIXL connector; other engines' come with
 /// their pools).

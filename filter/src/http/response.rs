@@ -11,7 +11,7 @@ use switchyard_protocol::route::{BYPASS_HEADER, DESTINATION_HEADER, ROUTE_HEADER
 use super::{Phase, SwitchyardRequest, DESTINATION_RESPONSE_HEADER, PREFILL_RESPONSE_HEADER};
 use crate::lifecycle::{usage_from_tail, TAIL_BYTES};
 use crate::outcome::Served;
-use crate::root::{increment, Release};
+use crate::shared::{increment, Release};
 
 impl SwitchyardRequest {
     /// Records how the request is served and, when a decode worker was chosen, names it for

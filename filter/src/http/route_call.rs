@@ -9,7 +9,7 @@ use switchyard_protocol::route::{ApiKind, RouteMode, API_HEADER, REQUEST_ID_HEAD
 use super::{Phase, SwitchyardRequest};
 use crate::body::{self, RequestDoc, Screened};
 use crate::outcome::{FallbackReason, Rejection, Served};
-use crate::root::increment;
+use crate::shared::increment;
 use crate::verdict::{FailOpenReason, RouteOutcome};
 
 impl SwitchyardRequest {
