@@ -26,6 +26,9 @@ if [[ $(grep -c . <<<"$allowed") -ne 1 || $allowed != router/src/index/prefetch.
   exit 1
 fi
 
+step "crate arrows (docs/architecture.md)"
+python3 scripts/check-architecture.py
+
 step "clippy (native)"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
