@@ -1,0 +1,263 @@
+//! One event of a batch, in either encoding vLLM has used:
+//! - vLLM 0.32: a map keyed by field name, with `"type"` naming the event; fields at their
+//!   defaults may be omitted;
+//! - older vLLM: a tag-first array, `["BlockStored", block_hashes, parent_block_hash,
+//!   token_ids, block_size, lora_id, medium, lora_name, extra_keys]`, `["BlockRemoved",
+//!   block_hashes, medium]`, `["AllBlocksCleared"]`; the oldest versions stop before `medium`.
+//!
+//! Both are read into the same field references and converted by the same code.
+
+use rmpv::ValueRef;
+
+use super::batch::{Skipped, VllmEvent};
+use super::error::{EventError, Kind};
+use super::fields;
+use super::frame::Limits;
+
+const BLOCK_STORED: &str = "BlockStored";
+const BLOCK_REMOVED: &str = "BlockRemoved";
+const ALL_BLOCKS_CLEARED: &str = "AllBlocksCleared";
+
+/// Map keys of each event type that we read or knowingly ignore. `lora_name` is covered by
+/// `lora_id` and `extra_keys`; `kv_cache_spec_kind` by `group_idx`. Anything else is noted.
+const STORED_KEYS: &[&str] = &[
+    "type",
+    "block_hashes",
+    "parent_block_hash",
+    "token_ids",
+    "block_size",
+    "lora_id",
+    "medium",
+    "lora_name",
+    "extra_keys",
+    "group_idx",
+    "kv_cache_spec_kind",
+];
+const REMOVED_KEYS: &[&str] = &["type", "block_hashes", "medium", "group_idx"];
+const CLEARED_KEYS: &[&str] = &["type"];
+
+/// Items of the array form each event type has, tag included; more are noted.
+const STORED_ITEMS: usize = 9;
+const REMOVED_ITEMS: usize = 3;
+const CLEARED_ITEMS: usize = 1;
+
+/// The raw fields of a `BlockStored`, whichever the encoding.
+struct StoredFields<'v, 'a> {
+    block_hashes: Option<&'v ValueRef<'a>>,
+    parent: Option<&'v ValueRef<'a>>,
+    token_ids: Option<&'v ValueRef<'a>>,
+    block_size: Option<&'v ValueRef<'a>>,
+    lora_id: Option<&'v ValueRef<'a>>,
+    medium: Option<&'v ValueRef<'a>>,
+    extra_keys: Option<&'v ValueRef<'a>>,
+    group_idx: Option<&'v ValueRef<'a>>,
+}
+
+/// The raw fields of a `BlockRemoved`, whichever the encoding.
+struct RemovedFields<'v, 'a> {
+    block_hashes: Option<&'v ValueRef<'a>>,
+    medium: Option<&'v ValueRef<'a>>,
+    group_idx: Option<&'v ValueRef<'a>>,
+}
+
+/// Decodes the event at position `index`; `Ok(None)` for an event type we do not know (noted
+/// in `skipped`).
+pub(crate) fn decode(
+    index: usize,
+    value: &ValueRef<'_>,
+    limits: &Limits,
+    skipped: &mut Vec<Skipped>,
+) -> Result<Option<VllmEvent>, EventError> {
+    match value {
+        ValueRef::Map(entries) => from_map(index, entries, limits, skipped),
+        ValueRef::Array(items) => from_array(index, items, limits, skipped),
+        other => Err(EventError::NotMapOrArray {
+            got: Kind::of(other),
+        }),
+    }
+}
+
+fn tag<'v>(value: &'v ValueRef<'_>) -> Result<&'v str, EventError> {
+    fields::as_str(value).ok_or(EventError::TypeNotString {
+        got: Kind::of(value),
+    })
+}
+
+fn unknown_type(index: usize, tag: &str, skipped: &mut Vec<Skipped>) -> Option<VllmEvent> {
+    skipped.push(Skipped::UnknownEventType {
+        event: index,
+        tag: fields::note_text(tag),
+    });
+    None
+}
+
+// === map form (vLLM 0.32) ===
+
+/// The value under `key`, if present; a key given twice is an error (which one would vLLM
+/// have meant?).
+fn field<'v, 'a>(
+    entries: &'v [(ValueRef<'a>, ValueRef<'a>)],
+    key: &'static str,
+) -> Result<Option<&'v ValueRef<'a>>, EventError> {
+    let mut found = None;
+    for (k, v) in entries {
+        if fields::as_str(k) == Some(key) {
+            if found.is_some() {
+                return Err(EventError::DuplicateField { field: key });
+            }
+            found = Some(v);
+        }
+    }
+    Ok(found)
+}
+
+fn note_unknown_keys(
+    index: usize,
+    entries: &[(ValueRef<'_>, ValueRef<'_>)],
+    known: &[&str],
+    skipped: &mut Vec<Skipped>,
+) {
+    for (k, _) in entries {
+        let field = match fields::as_str(k) {
+            Some(name) if known.contains(&name) => continue,
+            Some(name) => fields::note_text(name),
+            None => fields::describe_key(k),
+        };
+        skipped.push(Skipped::UnknownField {
+            event: index,
+            field,
+        });
+    }
+}
+
+fn from_map(
+    index: usize,
+    entries: &[(ValueRef<'_>, ValueRef<'_>)],
+    limits: &Limits,
+    skipped: &mut Vec<Skipped>,
+) -> Result<Option<VllmEvent>, EventError> {
+    let tag = tag(field(entries, "type")?.ok_or(EventError::MissingType)?)?;
+    let known = match tag {
+        BLOCK_STORED => STORED_KEYS,
+        BLOCK_REMOVED => REMOVED_KEYS,
+        ALL_BLOCKS_CLEARED => CLEARED_KEYS,
+        other => return Ok(unknown_type(index, other, skipped)),
+    };
+    note_unknown_keys(index, entries, known, skipped);
+    let event = match tag {
+        BLOCK_STORED => stored(
+            StoredFields {
+                block_hashes: field(entries, "block_hashes")?,
+                parent: field(entries, "parent_block_hash")?,
+                token_ids: field(entries, "token_ids")?,
+                block_size: field(entries, "block_size")?,
+                lora_id: field(entries, "lora_id")?,
+                medium: field(entries, "medium")?,
+                extra_keys: field(entries, "extra_keys")?,
+                group_idx: field(entries, "group_idx")?,
+            },
+            limits,
+        )?,
+        BLOCK_REMOVED => removed(
+            RemovedFields {
+                block_hashes: field(entries, "block_hashes")?,
+                medium: field(entries, "medium")?,
+                group_idx: field(entries, "group_idx")?,
+            },
+            limits,
+        )?,
+        _ => VllmEvent::AllBlocksCleared,
+    };
+    Ok(Some(event))
+}
+
+// === array form (older vLLM) ===
+
+fn from_array(
+    index: usize,
+    items: &[ValueRef<'_>],
+    limits: &Limits,
+    skipped: &mut Vec<Skipped>,
+) -> Result<Option<VllmEvent>, EventError> {
+    let tag = tag(items.first().ok_or(EventError::MissingType)?)?;
+    let known_items = match tag {
+        BLOCK_STORED => STORED_ITEMS,
+        BLOCK_REMOVED => REMOVED_ITEMS,
+        ALL_BLOCKS_CLEARED => CLEARED_ITEMS,
+        other => return Ok(unknown_type(index, other, skipped)),
+    };
+    if let Some(count) = items.len().checked_sub(known_items).filter(|&n| n > 0) {
+        skipped.push(Skipped::ExtraArrayItems {
+            event: index,
+            count,
+        });
+    }
+    let event = match tag {
+        BLOCK_STORED => stored(
+            StoredFields {
+                block_hashes: items.get(1),
+                parent: items.get(2),
+                token_ids: items.get(3),
+                block_size: items.get(4),
+                lora_id: items.get(5),
+                medium: items.get(6),
+                // items[7] is lora_name, covered by lora_id and extra_keys.
+                extra_keys: items.get(8),
+                group_idx: None,
+            },
+            limits,
+        )?,
+        BLOCK_REMOVED => removed(
+            RemovedFields {
+                block_hashes: items.get(1),
+                medium: items.get(2),
+                group_idx: None,
+            },
+            limits,
+        )?,
+        _ => VllmEvent::AllBlocksCleared,
+    };
+    Ok(Some(event))
+}
+
+// === conversion, shared by both forms ===
+
+fn required<'v, 'a>(
+    value: Option<&'v ValueRef<'a>>,
+    field: &'static str,
+) -> Result<&'v ValueRef<'a>, EventError> {
+    value.ok_or(EventError::MissingField { field })
+}
+
+fn stored(f: StoredFields<'_, '_>, limits: &Limits) -> Result<VllmEvent, EventError> {
+    Ok(VllmEvent::BlockStored {
+        block_hashes: fields::hash_list(
+            "block_hashes",
+            required(f.block_hashes, "block_hashes")?,
+            limits.max_hashes_per_event,
+        )?,
+        parent: fields::opt_hash("parent_block_hash", f.parent)?,
+        token_ids: fields::token_ids(
+            "token_ids",
+            required(f.token_ids, "token_ids")?,
+            limits.max_token_ids_per_event,
+        )?,
+        block_size: fields::u32_value("block_size", required(f.block_size, "block_size")?)?,
+        lora_id: fields::opt_i64("lora_id", f.lora_id)?,
+        medium: fields::opt_string("medium", f.medium)?,
+        group_idx: fields::opt_i64("group_idx", f.group_idx)?,
+        hashed_with_extra_keys: fields::any_extra_keys("extra_keys", f.extra_keys)?,
+    })
+}
+
+fn removed(f: RemovedFields<'_, '_>, limits: &Limits) -> Result<VllmEvent, EventError> {
+    Ok(VllmEvent::BlockRemoved {
+        block_hashes: fields::hash_list(
+            "block_hashes",
+            required(f.block_hashes, "block_hashes")?,
+            limits.max_hashes_per_event,
+        )?,
+        medium: fields::opt_string("medium", f.medium)?,
+        group_idx: fields::opt_i64("group_idx", f.group_idx)?,
+    })
+}
