@@ -18,7 +18,7 @@
 //! - [`readiness`]: bounded polling.
 //! - [`paths`]: where binaries are, and the commands that build them.
 //! - [`ports`]: free 127.0.0.1 ports.
-//! - [`error`]: [`StackError`].
+//! - [`error`]: why starting or running a stack failed ([`StackError`]).
 //! - [`compare`]: the serving-mode comparison on real stacks (the `switchyard-compare`
 //!   binary).
 //!
