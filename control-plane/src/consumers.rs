@@ -15,7 +15,7 @@ use std::time::Duration;
 use futures::StreamExt;
 
 use switchyard_protocol::kv::{KvEventBatch, ResyncRequest};
-use switchyard_protocol::registration::{RegistrationError, RegistrationSecret};
+use switchyard_protocol::registration::{unix_now_ms, RegistrationError, RegistrationSecret};
 use switchyard_protocol::worker::{LoadReport, WorkerHeartbeat, WorkerId};
 use switchyard_protocol::{subjects, PROTOCOL_VERSION};
 
@@ -81,16 +81,6 @@ impl Admission {
                 }),
         }
     }
-}
-
-/// Unix milliseconds now. Registrations are signed with the sender's wall clock, so they are
-/// checked against this host's: the one reason the consumer reads it.
-fn unix_now_ms() -> u64 {
-    #[allow(clippy::disallowed_methods)]
-    let now = std::time::SystemTime::now();
-    now.duration_since(std::time::UNIX_EPOCH)
-        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-        .unwrap_or(0)
 }
 
 /// How many distinct refused worker ids get a warning each; beyond it refusals are only

@@ -23,6 +23,17 @@ pub const MAX_CLOCK_SKEW_MS: u64 = 60_000;
 /// Shortest registration secret accepted (bytes): an HMAC key is only as strong as it is long.
 pub const MIN_SECRET_BYTES: usize = 16;
 
+/// Unix milliseconds now, the clock a signed heartbeat's `sent_at_ms` is on: the sender signs
+/// with it and the receiver checks the skew against its own. The one reason either side reads
+/// the wall clock.
+pub fn unix_now_ms() -> u64 {
+    #[allow(clippy::disallowed_methods)]
+    let now = std::time::SystemTime::now();
+    now.duration_since(std::time::UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
 type HmacSha256 = Hmac<Sha256>;
 
 /// The key of signed registrations.

@@ -13,6 +13,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use serde::Serialize;
 use switchyard_protocol::kv::{KvEventBatch, ResyncRequest};
+use switchyard_protocol::registration::unix_now_ms;
 use switchyard_protocol::subjects;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -21,16 +22,6 @@ use super::context::WorkerContext;
 
 /// Longest a single publish may wait for room in the client's outgoing buffer.
 const PUBLISH_TIMEOUT: Duration = Duration::from_secs(1);
-
-/// Unix milliseconds now: heartbeats are signed with the sender's wall clock (the control
-/// plane checks it against its own), the one reason the worker reads it.
-fn unix_now_ms() -> u64 {
-    #[allow(clippy::disallowed_methods)]
-    let now = std::time::SystemTime::now();
-    now.duration_since(std::time::UNIX_EPOCH)
-        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-        .unwrap_or(0)
-}
 
 /// Starts the worker's NATS tasks: heartbeats, load reports, the KV event publisher (fed by
 /// `kv_batches`) and the resync listener.

@@ -30,7 +30,7 @@ use switchyard_e2e::{
     client, envoy_stats, get_text, post_observed, start_stack, Component, Signal,
     DESTINATION_RESPONSE_HEADER,
 };
-use switchyard_protocol::registration::RegistrationSecret;
+use switchyard_protocol::registration::{unix_now_ms, RegistrationSecret};
 use switchyard_protocol::route::ROUTE_HEADER;
 use switchyard_protocol::worker::{WorkerHeartbeat, WorkerId, WorkerInfo, WorkerRole};
 use switchyard_stack::{ServingMode, StackBuilder};
@@ -83,14 +83,6 @@ fn chat_with(prompt: &str, extra: Value) -> Value {
         body[k] = v.clone();
     }
     body
-}
-
-fn unix_now_ms() -> u64 {
-    #[allow(clippy::disallowed_methods)]
-    let now = std::time::SystemTime::now();
-    now.duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as u64
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

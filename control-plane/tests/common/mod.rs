@@ -188,15 +188,6 @@ pub async fn heartbeat(nats: &async_nats::Client, info: &WorkerInfo, interval_ms
     .await;
 }
 
-/// Unix milliseconds now (heartbeat signatures carry the send time).
-pub fn unix_now_ms() -> u64 {
-    #[allow(clippy::disallowed_methods)]
-    let now = std::time::SystemTime::now();
-    now.duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as u64
-}
-
 /// Publishes a heartbeat message as it is.
 pub async fn publish_heartbeat(nats: &async_nats::Client, hb: &WorkerHeartbeat) {
     nats.publish(
@@ -299,3 +290,5 @@ pub async fn register(
     )
     .await;
 }
+
+pub use switchyard_protocol::registration::unix_now_ms;
