@@ -28,7 +28,8 @@ enum ProfileArg {
 /// Compare agg, disagg and conditional serving on the local stack (simulated workers).
 #[derive(Debug, Parser)]
 // A flag given twice takes its last value, so `scripts/demo.sh --max-requests 400` overrides
-// the demo's own `--max-requests 200`.
+// the demo's own `--max-requests 200`; the list flags use `ArgAction::Set` so that a second
+// `--load-levels` replaces the demo's list instead of appending to it.
 #[command(name = "switchyard-compare", version, about, args_override_self = true)]
 struct Cli {
     /// Workload: `--trace PATH` (default:
@@ -42,7 +43,7 @@ struct Cli {
     #[arg(long, default_value_t = 0.25)]
     prefill_ratio: f64,
     /// Modes to run, comma-separated.
-    #[arg(long, value_delimiter = ',', default_value = "agg,disagg,conditional")]
+    #[arg(long, value_delimiter = ',', action = clap::ArgAction::Set, default_value = "agg,disagg,conditional")]
     modes: Vec<ServingMode>,
     /// Keep only the first N requests.
     #[arg(long, default_value_t = 200)]
@@ -55,7 +56,7 @@ struct Cli {
     #[arg(long, default_value_t = 1.0)]
     arrival_scale: f64,
     /// Arrival-rate multipliers; each mode runs once per level (for the plot).
-    #[arg(long, value_delimiter = ',', default_value = "1")]
+    #[arg(long, value_delimiter = ',', action = clap::ArgAction::Set, default_value = "1")]
     load_levels: Vec<f64>,
     /// TTFT objective for goodput, modelled ms.
     #[arg(long)]

@@ -150,8 +150,14 @@ pub fn plan_runs(config: &CompareConfig) -> Result<Vec<RunPlan>, CompareError> {
             "--max-requests must be at least 1".into(),
         ));
     }
-    for &level in &config.load_levels {
+    for (i, &level) in config.load_levels.iter().enumerate() {
         positive("every --load-levels value", level)?;
+        if config.load_levels[..i].contains(&level) {
+            // Two runs would share one label and one run folder.
+            return Err(CompareError::InvalidSetting(format!(
+                "load level {level} given twice"
+            )));
+        }
     }
     let mut runs = Vec::new();
     for &level in &config.load_levels {
@@ -258,6 +264,7 @@ mod tests {
                 "twice",
             ),
             (|c| c.workers = 1, "at least 2 workers"),
+            (|c| c.load_levels = vec![0.5, 1.0, 1.0], "given twice"),
         ];
         for (break_it, needle) in cases {
             let mut c = config();

@@ -1,0 +1,41 @@
+//! `switchyard-compare`'s settings are checked before anything starts: bad ones exit with 64
+//! and a message naming them, and a list flag given twice takes its last list (so
+//! `scripts/demo.sh --load-levels 1` replaces the demo's levels instead of adding to them).
+
+use std::process::Command;
+
+fn compare(args: &[&str]) -> (Option<i32>, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_switchyard-compare"))
+        .args(["--max-requests", "1", "--quiet"])
+        .args(args)
+        .output()
+        .expect("run switchyard-compare");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn repeated_levels_are_refused_and_a_second_list_replaces_the_first() {
+    let (code, err) = compare(&["--load-levels", "1,1"]);
+    assert_eq!(code, Some(64), "{err}");
+    assert!(err.contains("load level 1 given twice"), "{err}");
+
+    // Appended, the levels would be 1,1,2 and refused as repeated; replaced, they are 2 and
+    // the next check (no workers) is the one that fails.
+    let (code, err) = compare(&[
+        "--load-levels",
+        "1,1",
+        "--load-levels",
+        "2",
+        "--workers",
+        "0",
+    ]);
+    assert_eq!(code, Some(64), "{err}");
+    assert!(err.contains("--workers must be at least 1"), "{err}");
+
+    let (code, err) = compare(&["--modes", "agg,agg", "--modes", "agg", "--workers", "0"]);
+    assert_eq!(code, Some(64), "{err}");
+    assert!(err.contains("--workers must be at least 1"), "{err}");
+}
