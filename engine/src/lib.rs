@@ -42,6 +42,7 @@ pub mod queue;
 mod request;
 mod scheduler;
 mod seq;
+pub mod speed_up;
 pub mod vtime;
 pub mod worker_core;
 
@@ -58,6 +59,7 @@ pub use error::EngineError;
 pub use output::{EngineOutput, FinishReason, HeldKv, LoadSnapshot, StepOutcome};
 pub use perf::{PerfModel, PerfPreset, TransferMode, TransferModel, KV_BYTES_PER_TOKEN_FP8};
 pub use request::{EngineRequest, KvSource, Prompt};
+pub use speed_up::{InvalidSpeedUp, SpeedUp};
 
 use kv_cache::KvCache;
 use scheduler::{Planned, RankWork};

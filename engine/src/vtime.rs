@@ -15,7 +15,7 @@
 //! anything later happens.
 //!
 //! # Real time
-//! The real-time worker runs the same [`Engine`] against a clock. With a [`TimeScale`] of
+//! The real-time worker runs the same [`Engine`] against a clock. With a [`SpeedUp`](crate::SpeedUp) of
 //! `s` it sleeps `model_ms / s` of wall time per model millisecond (`s = 10` runs ten times
 //! faster than the modelled hardware, which lets tests see long prefills in short runs);
 //! every reported latency stays in model milliseconds.
@@ -29,10 +29,8 @@ use crate::queue::EventQueue;
 use crate::worker_core::WorkerCore;
 use crate::{Engine, EngineConfig, EngineError, EngineOutput, EngineRequest, KvSource};
 
-mod time_scale;
 mod trace;
 
-pub use time_scale::TimeScale;
 pub use trace::trace_block_hashes;
 
 /// Index of an engine in its [`Cluster`] (in the order engines were added).

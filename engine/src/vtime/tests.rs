@@ -273,16 +273,6 @@ fn step_next_lets_the_caller_react_at_event_time() {
 }
 
 #[test]
-fn time_scale_converts_both_ways() {
-    let s = TimeScale::new(10.0).unwrap();
-    assert_eq!(s.wall_ms(158.0), 15.8);
-    assert_eq!(s.model_ms(15.8), 158.0);
-    assert_eq!(TimeScale::REAL.wall_ms(3.0), 3.0);
-    assert!(TimeScale::new(0.0).is_none());
-    assert!(TimeScale::new(f64::NAN).is_none());
-}
-
-#[test]
 fn trace_rows_sharing_hash_ids_share_engine_blocks() {
     let seed = switchyard_protocol::hash::HashSeed::default();
     let a = trace_block_hashes(&[0, 1, 2, 3], 2_000, 512, 64, seed);
