@@ -17,7 +17,7 @@ use tokio::time::Instant;
 use super::prompts::{BodyBuilder, PromptFraming};
 use super::record::RequestRecord;
 use super::sse::{clip, interpret, SseParser};
-use super::{PlannedRequest, Workload};
+use super::{ArrivalScale, PlannedRequest, Workload};
 
 /// Response header naming the worker that served the request.
 pub const WORKER_HEADER: &str = "x-switchyard-worker";
@@ -27,8 +27,10 @@ pub const WORKER_HEADER: &str = "x-switchyard-worker";
 pub struct ClientConfig {
     /// Base URL, e.g. `http://127.0.0.1:8080` (the API path is appended).
     pub endpoint: String,
-    /// Multiplies arrival and think times: 0.5 replays twice as fast, 0 sends at once.
-    pub time_scale: f64,
+    /// Multiplies arrival and think times on the wall clock the client sleeps on: 0.5
+    /// replays twice as fast, 0 sends at once. In front of sped-up simulated workers this is
+    /// the modelled arrival scale on their wall clock ([`ArrivalScale::on_wall_clock`]).
+    pub arrival_scale: ArrivalScale,
     /// Requests in flight at most (`None`: unlimited).
     pub max_concurrency: Option<usize>,
     /// No request is sent after this long; requests in flight get `drain` more to finish.
@@ -56,9 +58,6 @@ pub enum ClientError {
     /// The HTTP client could not be built.
     #[error("cannot build the HTTP client: {0}")]
     Build(String),
-    /// `time_scale` is negative or not a number.
-    #[error("time scale must be a finite number >= 0, got {0}")]
-    InvalidTimeScale(f64),
 }
 
 /// What a replay produced.
@@ -85,7 +84,7 @@ struct Shared {
 /// Replays `workload` with `builder`'s request bodies.
 ///
 /// # Errors
-/// [`ClientError`] for a bad endpoint, time scale or HTTP client setup; request failures are
+/// [`ClientError`] for a bad endpoint or HTTP client setup; request failures are
 /// recorded, not returned.
 pub async fn replay(
     workload: Workload,
@@ -94,9 +93,6 @@ pub async fn replay(
 ) -> Result<ReplayOutcome, ClientError> {
     if !config.endpoint.starts_with("http://") {
         return Err(ClientError::InvalidEndpoint(config.endpoint));
-    }
-    if !(config.time_scale >= 0.0 && config.time_scale.is_finite()) {
-        return Err(ClientError::InvalidTimeScale(config.time_scale));
     }
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(1024)
@@ -180,8 +176,8 @@ async fn run_one(
     deps: Vec<watch::Receiver<bool>>,
 ) -> Option<RequestRecord> {
     let planned = &shared.workload.requests[id];
-    let scale = shared.config.time_scale;
-    let scaled = |ms: u64| Duration::from_secs_f64(ms as f64 * scale / 1000.0);
+    let scale = shared.config.arrival_scale;
+    let scaled = |ms: u64| Duration::from_secs_f64(scale.scale_ms(ms as f64) / 1000.0);
     let deadline_passed = || async {
         match shared.deadline {
             Some(d) => tokio::time::sleep_until(d).await,

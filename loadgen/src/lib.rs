@@ -10,8 +10,10 @@
 //!    body. The virtual-time simulator consumes the same workload without HTTP.
 //! 2. **Client** ([`client`]): replays a workload against any OpenAI-compatible endpoint with
 //!    streaming, records one [`record::RequestRecord`] per request sent, failures included.
-//! 3. **Report** ([`report`], [`markdown`], [`plot`]): latency percentiles, interactivity,
-//!    throughput per GPU, goodput, route shares; markdown, JSON and SVG.
+//! 3. **Report** ([`report`], [`markdown`]): latency percentiles, interactivity, throughput
+//!    per GPU, goodput, route shares of one run; markdown and JSON.
+//! 4. **Comparison** ([`compare`]): serving modes × load levels run by one harness over a
+//!    backend (virtual time or the real stack), with one table, plot and output module.
 //!
 //! `docs/loadgen.md` explains the choices (token-exact prompts, metric definitions).
 
@@ -19,9 +21,10 @@
 
 pub mod agentic;
 pub mod args;
+pub mod arrival;
 pub mod client;
+pub mod compare;
 pub mod markdown;
-pub mod plot;
 pub mod prompts;
 pub mod record;
 pub mod report;
@@ -38,6 +41,7 @@ use serde::{Deserialize, Serialize};
 use prompts::PromptSpec;
 
 pub use args::WorkloadArgs;
+pub use arrival::{ArrivalScale, LoadLevel};
 
 /// One request of a workload, before it is sent.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -83,12 +87,12 @@ pub struct Workload {
 }
 
 impl Workload {
-    /// Offered load: requests ÷ the arrival span scaled by `time_scale`, requests/s; `None`
+    /// Offered load: requests ÷ the arrival span scaled by `arrival`, requests/s; `None`
     /// when everything arrives at once.
-    pub fn offered_rps(&self, time_scale: f64) -> Option<f64> {
+    pub fn offered_rps(&self, arrival: ArrivalScale) -> Option<f64> {
         let first = self.requests.first()?.arrival_ms;
         let last = self.requests.iter().map(|r| r.arrival_ms).max()?;
-        let span_ms = last.saturating_sub(first) as f64 * time_scale;
+        let span_ms = arrival.scale_ms(last.saturating_sub(first) as f64);
         (span_ms > 0.0).then(|| self.requests.len() as f64 / (span_ms / 1000.0))
     }
 
@@ -126,7 +130,7 @@ mod tests {
     }
 
     #[test]
-    fn offered_load_scales_with_the_time_scale() {
+    fn offered_load_scales_with_the_arrival_scale() {
         let w = Workload {
             name: "w".into(),
             content_seed: 0,
@@ -136,12 +140,13 @@ mod tests {
                 at(2, 3_000, vec![1]),
             ],
         };
-        assert_eq!(w.offered_rps(1.0), Some(1.5));
-        assert_eq!(w.offered_rps(0.5), Some(3.0));
-        assert_eq!(w.offered_rps(0.0), None);
+        let scale = |x: f64| ArrivalScale::new(x).unwrap();
+        assert_eq!(w.offered_rps(scale(1.0)), Some(1.5));
+        assert_eq!(w.offered_rps(scale(0.5)), Some(3.0));
+        assert_eq!(w.offered_rps(scale(0.0)), None);
         let mut cut = w.clone();
         cut.truncate(2);
         assert_eq!(cut.requests.len(), 2);
-        assert_eq!(cut.offered_rps(1.0), Some(2.0));
+        assert_eq!(cut.offered_rps(scale(1.0)), Some(2.0));
     }
 }

@@ -1,9 +1,10 @@
-//! Markdown rendering of run reports and of comparisons across runs.
+//! Markdown rendering of one run's report (comparisons: [`crate::compare::table`]).
 
 use std::fmt::Write as _;
 
 use super::report::RunReport;
 use super::stats::Summary;
+use switchyard_engine::SpeedUp;
 
 /// `x` with `digits` decimals, or `–` when missing or not finite.
 fn num(x: Option<f64>, digits: usize) -> String {
@@ -36,10 +37,10 @@ pub fn run_markdown(r: &RunReport) -> String {
     let _ = writeln!(out, "# Load test: {}\n", m.label);
     let _ = writeln!(
         out,
-        "- workload `{}`, seed {}, time scale {}, {} planned requests, offered {} req/s",
+        "- workload `{}`, seed {}, arrival scale {}, {} planned requests, offered {} req/s",
         m.workload,
         m.seed,
-        m.time_scale,
+        m.arrival_scale,
         m.planned_requests,
         num(m.offered_rps, 2)
     );
@@ -50,13 +51,12 @@ pub fn run_markdown(r: &RunReport) -> String {
         m.mode.as_deref().unwrap_or("–"),
         m.gpus
     );
-    if m.time_factor() != 1.0 {
+    if m.speed_up != SpeedUp::REAL {
         let _ = writeln!(
             out,
             "- simulated workers ran {}x faster than the modelled hardware; all times and rates \
              below are in modelled time (measured × {})",
-            m.time_factor(),
-            m.time_factor()
+            m.speed_up, m.speed_up
         );
     }
     let c = &r.requests;
@@ -134,42 +134,6 @@ pub fn run_markdown(r: &RunReport) -> String {
         for (k, v) in &r.errors {
             let _ = writeln!(out, "| {k} | {v} |");
         }
-    }
-    out
-}
-
-/// A comparison table, one row per run, sorted by mode then offered load.
-pub fn comparison_markdown(runs: &[RunReport]) -> String {
-    let mut sorted: Vec<&RunReport> = runs.iter().collect();
-    sorted.sort_by(|a, b| {
-        (a.meta.mode.as_deref(), a.meta.offered_rps.unwrap_or(0.0))
-            .partial_cmp(&(b.meta.mode.as_deref(), b.meta.offered_rps.unwrap_or(0.0)))
-            .unwrap_or(std::cmp::Ordering::Equal)
-    });
-    let mut out = String::from(
-        "| run | mode | offered req/s | ok/sent | TTFT p50 / p99 (ms) | ITL p50 / p99 (ms) \
-         | tok/s/user p50 | tok/s/GPU (in+out) | out tok/s/GPU | goodput req/s | bypass |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|\n",
-    );
-    for r in sorted {
-        let _ = writeln!(
-            out,
-            "| {} | {} | {} | {}/{} | {} / {} | {} / {} | {} | {:.1} | {:.1} | {:.2} | {} |",
-            r.meta.label,
-            r.meta.mode.as_deref().unwrap_or("–"),
-            num(r.meta.offered_rps, 2),
-            r.requests.ok,
-            r.requests.sent,
-            num(r.ttft_ms.p50, 0),
-            num(r.ttft_ms.p99, 0),
-            num(r.itl_ms.p50, 1),
-            num(r.itl_ms.p99, 1),
-            num(r.interactivity.p50, 1),
-            r.throughput.total_tokens_per_s_per_gpu,
-            r.throughput.output_tokens_per_s_per_gpu,
-            r.goodput.requests_per_s,
-            pct(r.routes.bypass_share),
-        );
     }
     out
 }

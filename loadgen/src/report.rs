@@ -18,6 +18,8 @@ use serde::{Deserialize, Serialize};
 
 use super::record::RequestRecord;
 use super::stats::Summary;
+use super::{ArrivalScale, LoadLevel};
+use switchyard_engine::SpeedUp;
 
 /// Latency objectives; `None` means no objective on that metric.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
@@ -57,8 +59,13 @@ pub struct RunMeta {
     pub endpoint: String,
     /// Prefill + decode GPUs serving the endpoint.
     pub gpus: u32,
-    /// Arrival-time multiplier (0.5 = twice as fast as planned).
-    pub time_scale: f64,
+    /// Multiplier on the planned arrival times, modelled time (0.5 = twice the planned rate).
+    /// Reports written before the rename call it `time_scale`.
+    #[serde(alias = "time_scale")]
+    pub arrival_scale: ArrivalScale,
+    /// Offered-load multiplier of the comparison run this was (`None` outside comparisons).
+    #[serde(default)]
+    pub load_level: Option<LoadLevel>,
     /// Workload seed.
     pub seed: u64,
     /// Requests in the workload after caps.
@@ -69,21 +76,20 @@ pub struct RunMeta {
     /// Offered load: planned requests ÷ scaled planned arrival span, requests/s (`None` when
     /// all arrive at once).
     pub offered_rps: Option<f64>,
-    /// Speed-up of simulated workers over the modelled hardware (their `--time-scale`); every
-    /// measured time is multiplied by it so the report is in modelled time. 0 or 1: wall time.
-    #[serde(default)]
-    pub sim_speedup: f64,
+    /// Speed-up of the simulated workers over the modelled hardware (their `--speed-up`);
+    /// every measured time is multiplied by it so the report is in modelled time. 1: the
+    /// measured times are the reported ones (real hardware, virtual time).
+    #[serde(alias = "sim_speedup", default, deserialize_with = "speed_up_or_real")]
+    pub speed_up: SpeedUp,
 }
 
-impl RunMeta {
-    /// The factor from measured wall time to reported time (1 unless `sim_speedup` > 0).
-    pub fn time_factor(&self) -> f64 {
-        if self.sim_speedup > 0.0 && self.sim_speedup.is_finite() {
-            self.sim_speedup
-        } else {
-            1.0
-        }
+/// A report's speed-up; reports written before the newtype stored 0 for "no speed-up".
+fn speed_up_or_real<'de, D: serde::Deserializer<'de>>(d: D) -> Result<SpeedUp, D::Error> {
+    let factor = f64::deserialize(d)?;
+    if factor == 0.0 {
+        return Ok(SpeedUp::REAL);
     }
+    SpeedUp::new(factor).map_err(serde::de::Error::custom)
 }
 
 /// Request outcome counts.
@@ -206,7 +212,7 @@ pub fn build_report(
     not_sent: usize,
     slo: Slo,
 ) -> RunReport {
-    let factor = meta.time_factor();
+    let factor = meta.speed_up.factor();
     let scaled: Vec<RequestRecord>;
     let records = if factor == 1.0 {
         records

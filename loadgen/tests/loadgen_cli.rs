@@ -117,7 +117,7 @@ async fn a_run_writes_records_and_reports_and_compare_plots_them() {
             trace.to_str().unwrap(),
             "--api",
             "completions",
-            "--time-scale",
+            "--arrival-scale",
             "0.5",
             "--workers",
             "2",

@@ -15,7 +15,7 @@ use switchyard_loadgen::client::{replay, ClientConfig, ReplayOutcome};
 use switchyard_loadgen::prompts::{BodyBuilder, PromptFraming, PromptSpec, Segment};
 use switchyard_loadgen::record::RequestRecord;
 use switchyard_loadgen::vocab::Vocabulary;
-use switchyard_loadgen::{PlannedRequest, Workload};
+use switchyard_loadgen::{ArrivalScale, PlannedRequest, Workload};
 use switchyard_protocol::route::ApiKind;
 
 fn request(
@@ -54,7 +54,7 @@ fn workload(requests: Vec<PlannedRequest>) -> Workload {
 fn config(addr: SocketAddr) -> ClientConfig {
     ClientConfig {
         endpoint: format!("http://{addr}"),
-        time_scale: 1.0,
+        arrival_scale: ArrivalScale::PLANNED,
         max_concurrency: None,
         max_duration: None,
         drain: Duration::from_secs(5),
@@ -193,7 +193,7 @@ async fn the_concurrency_cap_holds_and_waiting_is_not_ttft() {
 }
 
 #[tokio::test]
-async fn dependencies_think_time_and_time_scale_are_honoured() {
+async fn dependencies_think_time_and_arrival_scale_are_honoured() {
     let (addr, _) = start_server().await;
     // Request 1 follows request 0 after 1 s of think time; request 2 arrives at 2 s. Scaled
     // by 0.1: 100 ms and 200 ms.
@@ -205,7 +205,7 @@ async fn dependencies_think_time_and_time_scale_are_honoured() {
     let out = run(
         w,
         ClientConfig {
-            time_scale: 0.1,
+            arrival_scale: ArrivalScale::new(0.1).unwrap(),
             ..config(addr)
         },
     )

@@ -1,7 +1,11 @@
 //! Report math on small hand-computed record sets.
 
-use switchyard_loadgen::markdown::{comparison_markdown, run_markdown};
-use switchyard_loadgen::plot::{interactivity_vs_throughput_svg, points_by_mode, ThroughputKind};
+use switchyard_engine::SpeedUp;
+use switchyard_loadgen::compare::plot::{
+    interactivity_vs_throughput_svg, points_by_mode, ThroughputKind,
+};
+use switchyard_loadgen::compare::table::headline_table;
+use switchyard_loadgen::markdown::run_markdown;
 use switchyard_loadgen::record::RequestRecord;
 use switchyard_loadgen::report::{build_report, parse_route, RunMeta, Slo};
 
@@ -157,7 +161,7 @@ fn an_empty_run_reports_zeros_not_nans() {
 fn sped_up_simulations_report_in_modelled_time() {
     let wall = build_report(meta(8, "agg"), &records(), 0, Slo::default());
     let mut m = meta(8, "agg");
-    m.sim_speedup = 10.0;
+    m.speed_up = SpeedUp::new(10.0).unwrap();
     let slo = Slo {
         ttft_ms: Some(2_500.0),
         itl_ms: None,
@@ -201,7 +205,7 @@ fn comparison_table_json_and_plot_cover_every_mode() {
             .collect();
         runs.push(build_report(m, &recs, 0, Slo::default()));
     }
-    let table = comparison_markdown(&runs);
+    let table = headline_table(&runs);
     assert_eq!(table.lines().count(), 2 + runs.len());
     for mode in ["agg", "disagg", "conditional"] {
         assert!(table.contains(&format!("| {mode} |")), "{table}");

@@ -21,7 +21,8 @@
 //! - [`gateway`]: the real stack's CPU time before a request reaches an engine (optional).
 //! - [`stack`]: the virtual stack: engines + router + the event loop of one run.
 //! - [`tracker`]: per-request bookkeeping that turns events into records.
-//! - [`modes`]: the three serving modes on equal GPUs, and their comparison.
+//! - [`modes`]: one serving mode's run and report; the three modes compared.
+//! - [`backend`]: the comparison harness's virtual-time backend.
 //! - [`sweep`]: conditional-disaggregation threshold sweeps.
 //! - [`tuning`]: effective-ISL distributions and the recommended thresholds.
 //!
@@ -29,6 +30,7 @@
 
 #![deny(missing_docs)]
 
+pub mod backend;
 pub mod gateway;
 pub mod modes;
 pub mod spec;
@@ -41,6 +43,7 @@ pub mod tuning;
 #[cfg(test)]
 mod tests;
 
+pub use backend::{block_on, VirtualBackend, VirtualDetail};
 pub use gateway::GatewayModel;
 pub use modes::{compare_modes, report_run, run_mode, ModeRun};
 pub use spec::{ReplayCounters, ReplayRun, StackSpec};

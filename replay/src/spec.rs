@@ -9,6 +9,7 @@ use super::tracker::RouteNote;
 use super::ReplayError;
 use switchyard_engine::PerfPreset;
 use switchyard_loadgen::record::RequestRecord;
+use switchyard_loadgen::ArrivalScale;
 
 /// One virtual deployment: how many workers of which kind, and how the router is set.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -26,15 +27,15 @@ pub struct StackSpec {
     /// Router RNG seed (tie-breaking).
     pub seed: u64,
     /// Multiplies arrival and think times (0.5 = twice the planned rate), as the load
-    /// generator's `--time-scale`.
-    pub time_scale: f64,
+    /// generator's `--arrival-scale`.
+    pub arrival_scale: ArrivalScale,
     /// Interval between load reports, virtual ms (the simulated worker's default: 500).
     pub load_interval_ms: u64,
     /// CPU time between a client's send and the request reaching its first engine (the
     /// real stack's tokenizations); [`GatewayModel::FREE`] by default.
     pub gateway: GatewayModel,
     /// Send times measured on a real run, virtual ms by request id, replacing the planned
-    /// arrival (× `time_scale`) of every request without dependencies; a missing or
+    /// arrival (× `arrival_scale`) of every request without dependencies; a missing or
     /// non-finite entry keeps the planned one. The cross-check sets it so both sides see the
     /// same arrival process, down to the order the real client sent a burst's requests
     /// within one millisecond. `None` (the default): planned arrivals.
@@ -53,7 +54,7 @@ impl StackSpec {
             preset: PerfPreset::Gb200Fp8Tep4,
             router: RouterConfig::default(),
             seed: 0,
-            time_scale: 1.0,
+            arrival_scale: ArrivalScale::PLANNED,
             load_interval_ms: switchyard_engine::DEFAULT_LOAD_INTERVAL_MS,
             gateway: GatewayModel::FREE,
             sent_ms: None,

@@ -121,12 +121,6 @@ impl<'a> VirtualStack<'a> {
                 return Err(ReplayError::BadRequestId { position, id: r.id });
             }
         }
-        if !(spec.time_scale.is_finite() && spec.time_scale >= 0.0) {
-            return Err(ReplayError::InvalidSetup(format!(
-                "time scale must be finite and >= 0, got {}",
-                spec.time_scale
-            )));
-        }
         spec.gateway.validate().map_err(ReplayError::InvalidSetup)?;
         if spec.load_interval_ms == 0 {
             return Err(ReplayError::InvalidSetup(
@@ -173,7 +167,7 @@ impl<'a> VirtualStack<'a> {
         }
         let block_size =
             block_size.ok_or_else(|| ReplayError::InvalidSetup("no workers".into()))?;
-        let mut tracker = Tracker::new(workload, spec.time_scale);
+        let mut tracker = Tracker::new(workload, spec.arrival_scale);
         if let Some(sent) = &spec.sent_ms {
             tracker.set_sent_override(sent.clone());
         }
@@ -222,7 +216,7 @@ impl<'a> VirtualStack<'a> {
             .workload
             .requests
             .iter()
-            .map(|r| r.arrival_ms as f64 * self.spec.time_scale)
+            .map(|r| self.spec.arrival_scale.scale_ms(r.arrival_ms as f64))
             .fold(0.0, f64::max);
         let limit_ms = last_arrival + FINISH_BOUND_MS;
         let mut now = 0.0f64;

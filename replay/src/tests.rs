@@ -12,7 +12,7 @@ use super::*;
 use switchyard_engine::{PerfModel, Prompt};
 use switchyard_loadgen::prompts::{PromptSpec, Segment};
 use switchyard_loadgen::record::RequestRecord;
-use switchyard_loadgen::{PlannedRequest, Workload};
+use switchyard_loadgen::{ArrivalScale, PlannedRequest, Workload};
 
 fn planned(id: usize, arrival_ms: u64, after: Vec<usize>, think_ms: u64) -> PlannedRequest {
     PlannedRequest {
@@ -82,7 +82,7 @@ fn dependents_wait_for_the_last_dependency_plus_think_time() {
         planned(1, 100, vec![], 0),
         planned(2, 50, vec![0, 1], 1_000),
     ]);
-    let mut t = Tracker::new(&workload, 0.5);
+    let mut t = Tracker::new(&workload, ArrivalScale::new(0.5).unwrap());
     let ready: Vec<_> = t.initially_ready(&workload).collect();
     assert_eq!(ready, vec![(0, 0.0), (1, 50.0)]);
     let record = |id| RequestRecord {
@@ -110,7 +110,7 @@ fn measured_send_times_replace_planned_arrivals_of_open_loop_requests_only() {
         planned(2, 20, vec![], 0),
         planned(3, 0, vec![0], 7),
     ]);
-    let mut t = Tracker::new(&workload, 2.0);
+    let mut t = Tracker::new(&workload, ArrivalScale::new(2.0).unwrap());
     // Request 1 was really sent before request 0; request 2's entry is missing (NaN).
     t.set_sent_override(vec![20.6, 20.2, f64::NAN, 1.0]);
     let ready: Vec<_> = t.initially_ready(&workload).collect();

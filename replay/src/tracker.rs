@@ -7,7 +7,7 @@ use switchyard_protocol::route::{Reason, RouteMode, Verdict};
 
 use switchyard_engine::vtime::EngineIdx;
 use switchyard_loadgen::record::RequestRecord;
-use switchyard_loadgen::{PlannedRequest, Workload};
+use switchyard_loadgen::{ArrivalScale, PlannedRequest, Workload};
 
 /// What the router saw and decided for one request (the verdict, minus addresses).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -69,7 +69,7 @@ struct InFlight {
 /// The state of every request of a run.
 #[derive(Debug)]
 pub(crate) struct Tracker {
-    time_scale: f64,
+    arrival_scale: ArrivalScale,
     in_flight: Vec<Option<InFlight>>,
     records: Vec<Option<RequestRecord>>,
     notes: Vec<Option<RouteNote>>,
@@ -85,7 +85,7 @@ pub(crate) struct Tracker {
 }
 
 impl Tracker {
-    pub(crate) fn new(workload: &Workload, time_scale: f64) -> Self {
+    pub(crate) fn new(workload: &Workload, arrival_scale: ArrivalScale) -> Self {
         let n = workload.requests.len();
         let mut dependents = vec![Vec::new(); n];
         let mut waiting_on = vec![0u32; n];
@@ -98,7 +98,7 @@ impl Tracker {
             }
         }
         Tracker {
-            time_scale,
+            arrival_scale,
             in_flight: (0..n).map(|_| None).collect(),
             records: vec![None; n],
             notes: vec![None; n],
@@ -131,14 +131,14 @@ impl Tracker {
     /// When `r` may be sent once its dependencies are done: its scaled arrival time, and
     /// (closed loop) its last dependency's completion plus its scaled think time.
     fn ready_ms(&self, r: &PlannedRequest) -> f64 {
-        let arrival = r.arrival_ms as f64 * self.time_scale;
+        let arrival = self.arrival_scale.scale_ms(r.arrival_ms as f64);
         if r.after.is_empty() {
             return match self.sent_override.get(r.id) {
                 Some(&t) if t.is_finite() && t >= 0.0 => t,
                 _ => arrival,
             };
         }
-        arrival.max(self.deps_done_ms[r.id] + r.think_ms as f64 * self.time_scale)
+        arrival.max(self.deps_done_ms[r.id] + self.arrival_scale.scale_ms(r.think_ms as f64))
     }
 
     /// Requests sent or waiting that have no final record yet.

@@ -5,7 +5,7 @@ use std::str::FromStr;
 use switchyard_protocol::subjects::is_valid_worker_token;
 use switchyard_protocol::worker::{WorkerId, WorkerRole};
 
-use switchyard_engine::EngineConfig;
+use switchyard_engine::{EngineConfig, SpeedUp};
 
 pub use switchyard_engine::{DEFAULT_LOAD_INTERVAL_MS, DEFAULT_MAX_MODEL_LEN, DEFAULT_MODEL_NAME};
 
@@ -86,8 +86,8 @@ pub struct WorkerConfig {
     pub model_name: String,
     /// The engine core's configuration; its `role` is overwritten by `spec.role`.
     pub engine: EngineConfig,
-    /// Engine milliseconds per wall-clock millisecond (> 1 runs faster than the model).
-    pub time_scale: f64,
+    /// How many times faster than the modelled hardware the engine runs.
+    pub speed_up: SpeedUp,
     /// Interval between heartbeats (ms).
     pub heartbeat_interval_ms: u64,
     /// Interval between load reports (ms).
@@ -103,7 +103,7 @@ impl WorkerConfig {
             engine: EngineConfig::new(spec.role),
             spec,
             model_name: DEFAULT_MODEL_NAME.to_owned(),
-            time_scale: 1.0,
+            speed_up: SpeedUp::REAL,
             heartbeat_interval_ms: switchyard_protocol::worker::DEFAULT_HEARTBEAT_INTERVAL_MS,
             load_interval_ms: DEFAULT_LOAD_INTERVAL_MS,
             max_model_len: DEFAULT_MAX_MODEL_LEN,
@@ -115,12 +115,6 @@ impl WorkerConfig {
     /// # Errors
     /// A message naming the bad field.
     pub fn validate(&self) -> Result<(), String> {
-        if !(self.time_scale.is_finite() && self.time_scale > 0.0) {
-            return Err(format!(
-                "time scale must be a positive number, got {}",
-                self.time_scale
-            ));
-        }
         if self.heartbeat_interval_ms == 0 || self.load_interval_ms == 0 {
             return Err("heartbeat and load intervals must be at least 1 ms".into());
         }

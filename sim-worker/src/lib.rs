@@ -167,7 +167,7 @@ pub async fn start_worker(
 
     let instance_id = random_instance_id();
     let metrics = Arc::new(WorkerMetrics::default());
-    let clock = runtime::EngineClock::new(cfg.time_scale);
+    let clock = runtime::EngineClock::new(cfg.speed_up);
     let advertised_host = if local_addr.ip().is_unspecified() {
         "127.0.0.1".to_owned() // Bound to all interfaces: loopback is reachable for sure.
     } else {

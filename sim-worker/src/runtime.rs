@@ -17,7 +17,9 @@ use tokio::time::Instant;
 use switchyard_protocol::kv::KvEventBatch;
 
 use switchyard_engine::worker_core::WorkerCore;
-use switchyard_engine::{EngineError, EngineOutput, EngineRequest, HeldKv, LoadSnapshot, Prompt};
+use switchyard_engine::{
+    EngineError, EngineOutput, EngineRequest, HeldKv, LoadSnapshot, Prompt, SpeedUp,
+};
 
 use super::metrics::WorkerMetrics;
 
@@ -25,37 +27,37 @@ use super::metrics::WorkerMetrics;
 /// the control plane repairs the gap with a resync.
 pub const KV_PUBLISH_QUEUE: usize = 1_024;
 
-/// Maps the engine's milliseconds to tokio instants. `time_scale` > 1 runs the model faster
-/// than real time (a 100 ms iteration takes 100 / scale ms of wall time).
+/// Maps the engine's milliseconds to tokio instants. A speed-up > 1 runs the model faster
+/// than real time (a 100 ms iteration takes 100 / speed-up ms of wall time).
 #[derive(Debug, Clone, Copy)]
 pub struct EngineClock {
     start: Instant,
-    time_scale: f64,
+    speed_up: SpeedUp,
 }
 
 impl EngineClock {
     /// A clock at engine time 0 now.
-    pub fn new(time_scale: f64) -> Self {
+    pub fn new(speed_up: SpeedUp) -> Self {
         EngineClock {
             start: Instant::now(),
-            time_scale,
+            speed_up,
         }
     }
 
     /// Engine time now, ms.
     pub fn now_ms(&self) -> f64 {
-        self.start.elapsed().as_secs_f64() * 1e3 * self.time_scale
+        self.speed_up
+            .model_ms(self.start.elapsed().as_secs_f64() * 1e3)
     }
 
     /// The instant at which engine time reaches `ms`.
     pub fn instant_at(&self, ms: f64) -> Instant {
-        let real_ms = (ms / self.time_scale).max(0.0);
-        self.start + std::time::Duration::from_secs_f64(real_ms / 1e3)
+        self.start + self.real_duration(ms)
     }
 
     /// Wall-clock duration of `ms` of engine time.
     pub fn real_duration(&self, ms: f64) -> std::time::Duration {
-        std::time::Duration::from_secs_f64((ms / self.time_scale).max(0.0) / 1e3)
+        std::time::Duration::from_secs_f64(self.speed_up.wall_ms(ms).max(0.0) / 1e3)
     }
 }
 

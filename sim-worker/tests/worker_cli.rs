@@ -36,8 +36,8 @@ fn bad_flags_exit_64_with_a_clear_message() {
         (&["--worker", "agg:a.b@127.0.0.1:1"], "NATS"),
         (&["--worker", "agg:w@127.0.0.1:x"], "port"),
         (
-            &["--worker", "agg:w@127.0.0.1:0", "--time-scale", "0"],
-            "time scale",
+            &["--worker", "agg:w@127.0.0.1:0", "--speed-up", "0"],
+            "speed-up",
         ),
         (
             &[
@@ -86,7 +86,7 @@ async fn a_worker_started_before_nats_serves_http_and_joins_nats_later() {
             &format!("agg:cli-0@127.0.0.1:{http_port}"),
             "--heartbeat-interval-ms",
             "100",
-            "--time-scale",
+            "--speed-up",
             "10",
         ])
         .env("NO_COLOR", "1")

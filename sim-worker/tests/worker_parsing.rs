@@ -2,6 +2,7 @@
 //! time scale.
 
 use serde_json::json;
+use switchyard_engine::SpeedUp;
 use switchyard_protocol::route::ApiKind;
 use switchyard_protocol::worker::{WorkerId, WorkerRole};
 use switchyard_sim_worker::config::SpecError;
@@ -38,11 +39,13 @@ fn worker_configs_reject_unusable_values() {
     let spec: WorkerSpec = "agg:w@127.0.0.1:0".parse().unwrap();
     let mut cfg = WorkerConfig::new(spec);
     assert!(cfg.validate().is_ok());
-    cfg.time_scale = 0.0;
-    assert!(cfg.validate().unwrap_err().contains("time scale"));
-    cfg.time_scale = f64::NAN;
-    assert!(cfg.validate().is_err());
-    cfg.time_scale = 1.0;
+    // A speed-up of 0 or NaN cannot be built at all (the field is a `SpeedUp`).
+    assert!(SpeedUp::new(0.0)
+        .unwrap_err()
+        .to_string()
+        .contains("speed-up"));
+    assert!(SpeedUp::new(f64::NAN).is_err());
+    cfg.speed_up = SpeedUp::REAL;
     cfg.engine.kv_capacity_blocks = 0;
     assert!(cfg.validate().unwrap_err().contains("kv_capacity_blocks"));
 }
@@ -153,14 +156,14 @@ fn prefill_params_round_trip_into_a_pull_target() {
 }
 
 #[tokio::test]
-async fn the_time_scale_divides_wall_clock_waits() {
-    let clock = EngineClock::new(10.0);
+async fn the_speed_up_divides_wall_clock_waits() {
+    let clock = EngineClock::new(SpeedUp::new(10.0).unwrap());
     assert_eq!(
         clock.real_duration(100.0),
         std::time::Duration::from_millis(10)
     );
     assert_eq!(clock.real_duration(-5.0), std::time::Duration::ZERO);
-    let slow = EngineClock::new(0.5);
+    let slow = EngineClock::new(SpeedUp::new(0.5).unwrap());
     assert_eq!(
         slow.real_duration(100.0),
         std::time::Duration::from_millis(200)

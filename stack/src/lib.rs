@@ -41,4 +41,4 @@ pub use error::StackError;
 pub use paths::{Artifacts, Profile};
 pub use process::Signal;
 pub use running::Stack;
-pub use stack::{http_client, Component, ServingMode, StackBuilder, WorkerSpec};
+pub use stack::{http_client, Component, ServingMode, SpeedUp, StackBuilder, WorkerSpec};

@@ -270,8 +270,8 @@ impl Stack {
             for worker in &workers {
                 worker_args.extend(["--worker".to_string(), worker.flag()]);
             }
-            if let Some(scale) = b.time_scale {
-                worker_args.extend(["--time-scale".to_string(), scale.to_string()]);
+            if let Some(speed_up) = b.speed_up {
+                worker_args.extend(["--speed-up".to_string(), speed_up.to_string()]);
             }
             self.spawn(component, &artifacts.sim_worker, worker_args)?;
         }

@@ -11,6 +11,7 @@ use crate::paths::{Artifacts, Profile};
 
 /// The control plane's serving mode (`--serving-mode`); the stack runs `conditional` unless
 /// told otherwise.
+pub use switchyard_engine::SpeedUp;
 pub use switchyard_protocol::route::ServingMode;
 
 /// One of the stack's processes.
@@ -75,7 +76,7 @@ pub struct StackBuilder {
     pub(crate) profile: Profile,
     pub(crate) artifacts: Option<Artifacts>,
     pub(crate) run_dir: Option<PathBuf>,
-    pub(crate) time_scale: Option<f64>,
+    pub(crate) speed_up: Option<SpeedUp>,
     pub(crate) route_timeout_ms: u64,
     pub(crate) envoy_concurrency: u32,
     pub(crate) ready_timeout: Duration,
@@ -100,7 +101,7 @@ impl Default for StackBuilder {
             profile: Profile::Debug,
             artifacts: None,
             run_dir: None,
-            time_scale: None,
+            speed_up: None,
             route_timeout_ms: 200,
             envoy_concurrency: 2,
             ready_timeout: Duration::from_secs(60),
@@ -151,8 +152,8 @@ impl StackBuilder {
         artifacts: Artifacts => artifacts);
     setter!(/// Where logs and generated config go (default: a new directory under the temp dir).
         run_dir: PathBuf => run_dir);
-    setter!(/// The workers' `--time-scale`.
-        time_scale: f64 => time_scale);
+    setter!(/// The workers' `--speed-up` over the modelled hardware.
+        speed_up: SpeedUp => speed_up);
     setter!(/// The filter's route call timeout.
         route_timeout_ms: u64 => route_timeout_ms);
     setter!(/// Envoy worker threads (each runs its own wasm VM).

@@ -11,7 +11,7 @@
 use std::path::PathBuf;
 
 use switchyard_stack::compare::{run_comparison, CompareConfig, WorkloadSpec};
-use switchyard_stack::{stop_children_on_signal, Profile};
+use switchyard_stack::{stop_children_on_signal, Profile, SpeedUp};
 
 /// Six requests, three of them turns of one conversation (shared leading blocks), so the
 /// conditional policy has cached prefixes to weigh. `hash_ids` cover 512 tokens each.
@@ -53,7 +53,7 @@ async fn every_mode_gets_a_complete_report_through_envoy() {
     );
     config.workers = 3;
     config.prefill_ratio = 0.34;
-    config.time_scale = 4.0;
+    config.speed_up = SpeedUp::new(4.0).unwrap();
     config.profile = Profile::Debug;
     config.max_run_s = 30.0;
     config.drain_s = 15.0;
@@ -61,7 +61,11 @@ async fn every_mode_gets_a_complete_report_through_envoy() {
     config.cross_check = true;
     let comparison = run_comparison(&config).await.expect("comparison runs");
 
-    let modes: Vec<&str> = comparison.runs.iter().map(|r| r.plan.mode).collect();
+    let modes: Vec<&str> = comparison
+        .runs
+        .iter()
+        .map(|r| r.run.mode.as_str())
+        .collect();
     assert_eq!(modes, ["agg", "disagg", "conditional"]);
     for run in &comparison.runs {
         let r = &run.report;
@@ -71,7 +75,7 @@ async fn every_mode_gets_a_complete_report_through_envoy() {
         assert_eq!((r.requests.failed, r.requests.not_sent), (0, 0), "{label}");
         assert!(r.errors.is_empty(), "{label}: {:?}", r.errors);
         assert_eq!(r.meta.gpus, 12, "{label}: 3 workers of 4 GPUs");
-        assert_eq!(r.meta.sim_speedup, 4.0, "{label}");
+        assert_eq!(r.meta.speed_up.factor(), 4.0, "{label}");
         // Every request went through the filter: each response names its route.
         assert!(
             !r.routes.modes.contains_key("none"),
@@ -90,7 +94,7 @@ async fn every_mode_gets_a_complete_report_through_envoy() {
         assert_eq!(r.tokens.output_count_mismatches, 0, "{label}");
         // The control plane answered: at least one request carries its mode's own verdict
         // (not only fail-open), so the run compared the mode it names.
-        let verdicts: &[&str] = match run.plan.mode {
+        let verdicts: &[&str] = match run.run.mode.as_str() {
             "agg" => &["agg"],
             "disagg" => &["disagg"],
             _ => &["bypass", "disagg"],
@@ -101,8 +105,8 @@ async fn every_mode_gets_a_complete_report_through_envoy() {
             "{label}: no verdict of its mode: {:?}",
             r.routes
         );
-        assert!(run.dir.join("report.json").is_file(), "{label}");
-        assert!(run.dir.join("records.jsonl").is_file(), "{label}");
+        assert!(run.detail.dir.join("report.json").is_file(), "{label}");
+        assert!(run.detail.dir.join("records.jsonl").is_file(), "{label}");
     }
     // Aggregated serving never bypasses (there is no prefill pool), disaggregated never
     // does either: only conditional serving may.

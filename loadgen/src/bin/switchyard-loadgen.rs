@@ -6,21 +6,23 @@
 //! - `switchyard-loadgen plan (--trace PATH | --agentic)`: the workload's shape, no requests.
 //! - `switchyard-loadgen compare --out DIR RUN...`: comparison table and plots across runs.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use switchyard_engine::SpeedUp;
 use switchyard_loadgen::agentic::generate_agentic;
 use switchyard_loadgen::client::{replay, ClientConfig};
-use switchyard_loadgen::markdown::{comparison_markdown, run_markdown};
-use switchyard_loadgen::plot::{interactivity_vs_throughput_svg, ThroughputKind};
+use switchyard_loadgen::compare::output::{write_comparison, write_run_files};
+use switchyard_loadgen::compare::table::comparison_tables;
+use switchyard_loadgen::markdown::run_markdown;
 use switchyard_loadgen::prompts::{BodyBuilder, PromptFraming};
 use switchyard_loadgen::report::{build_report, RunMeta, RunReport, Slo};
 use switchyard_loadgen::summary::WorkloadSummary;
 use switchyard_loadgen::trace::{plan_trace, read_trace};
 use switchyard_loadgen::vocab::Vocabulary;
-use switchyard_loadgen::{Workload, WorkloadArgs};
+use switchyard_loadgen::{ArrivalScale, Workload, WorkloadArgs};
 use switchyard_protocol::route::ApiKind;
 use switchyard_protocol::route::ServingMode;
 use switchyard_protocol::tokenize::{default_model_dir, ModelTokenizer};
@@ -78,9 +80,10 @@ struct RunArgs {
     /// Value of the request's `model` field.
     #[arg(long, default_value = "Qwen/Qwen3-235B-A22B")]
     model_name: String,
-    /// Multiplies arrival and think times (0.5 = twice the planned rate; 0 = all at once).
-    #[arg(long, default_value_t = 1.0)]
-    time_scale: f64,
+    /// Multiplies the planned arrival and think times, modelled time (0.5 = twice the
+    /// planned rate; 0 = all at once). With --speed-up the client sends that much faster.
+    #[arg(long, default_value_t = ArrivalScale::PLANNED)]
+    arrival_scale: ArrivalScale,
     /// Requests in flight at most.
     #[arg(long)]
     max_concurrency: Option<usize>,
@@ -108,10 +111,11 @@ struct RunArgs {
     /// GPUs per worker (a simulated GB200 worker is 4).
     #[arg(long, default_value_t = 4)]
     gpus_per_worker: u32,
-    /// Speed-up of the simulated workers behind the endpoint (their --time-scale): measured
-    /// times are multiplied by it so the report is in modelled-hardware time.
-    #[arg(long, default_value_t = 1.0)]
-    sim_speedup: f64,
+    /// Speed-up of the simulated workers behind the endpoint (their --speed-up): the client
+    /// sends that much faster, and measured times are multiplied by it so the report is in
+    /// modelled-hardware time.
+    #[arg(long, env = "SWITCHYARD_SPEED_UP", default_value_t = SpeedUp::REAL)]
+    speed_up: SpeedUp,
     /// Run label.
     #[arg(long)]
     label: Option<String>,
@@ -212,9 +216,6 @@ fn run(args: RunArgs) -> Result<()> {
             bail!("give --gpus N or --workers N (throughput per GPU needs the GPU count)")
         }
     };
-    if !(args.sim_speedup > 0.0 && args.sim_speedup.is_finite()) {
-        bail!("--sim-speedup must be a positive number");
-    }
     if gpus == 0 {
         bail!("the GPU count must be positive");
     }
@@ -246,24 +247,25 @@ fn run(args: RunArgs) -> Result<()> {
     let label = args
         .label
         .clone()
-        .unwrap_or_else(|| format!("{}@x{}", mode.unwrap_or("run"), args.time_scale));
+        .unwrap_or_else(|| format!("{}@arrival-x{}", mode.unwrap_or("run"), args.arrival_scale));
     let meta = RunMeta {
         label: label.clone(),
         mode: mode.map(str::to_string),
         workload: workload.name.clone(),
         endpoint: endpoint.clone(),
         gpus,
-        time_scale: args.time_scale,
+        arrival_scale: args.arrival_scale,
+        load_level: None,
         seed: args.workload.workload.seed,
         planned_requests: workload.requests.len(),
         malformed_trace_lines: malformed,
-        offered_rps: workload.offered_rps(args.time_scale * args.sim_speedup),
-        sim_speedup: args.sim_speedup,
+        offered_rps: workload.offered_rps(args.arrival_scale),
+        speed_up: args.speed_up,
     };
     let secs = |s: f64| Duration::from_secs_f64(s.max(0.0));
     let config = ClientConfig {
         endpoint,
-        time_scale: args.time_scale,
+        arrival_scale: args.arrival_scale.on_wall_clock(args.speed_up),
         max_concurrency: args.max_concurrency,
         max_duration: args.max_duration_s.map(secs),
         drain: secs(args.drain_s),
@@ -280,30 +282,10 @@ fn run(args: RunArgs) -> Result<()> {
         itl_ms: args.slo_itl_ms,
     };
     let report = build_report(meta, &outcome.records, outcome.not_sent, slo);
-    write_run(&out, &outcome.records, &report)?;
+    write_run_files(&out, &outcome.records, &report)?;
     println!("{}", run_markdown(&report));
     eprintln!("wrote {}", out.display());
     Ok(())
-}
-
-fn write_run(
-    out: &Path,
-    records: &[switchyard_loadgen::record::RequestRecord],
-    report: &RunReport,
-) -> Result<()> {
-    std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
-    let mut jsonl = String::new();
-    for r in records {
-        jsonl.push_str(&serde_json::to_string(r)?);
-        jsonl.push('\n');
-    }
-    let write = |name: &str, text: &str| {
-        let path = out.join(name);
-        std::fs::write(&path, text).with_context(|| format!("cannot write {}", path.display()))
-    };
-    write("records.jsonl", &jsonl)?;
-    write("report.json", &serde_json::to_string_pretty(report)?)?;
-    write("report.md", &run_markdown(report))
 }
 
 fn compare(args: &CompareArgs) -> Result<()> {
@@ -320,26 +302,14 @@ fn compare(args: &CompareArgs) -> Result<()> {
             .with_context(|| format!("{} is not a run report", file.display()))?;
         runs.push(report);
     }
-    std::fs::create_dir_all(&args.out)
-        .with_context(|| format!("cannot create {}", args.out.display()))?;
-    let table = comparison_markdown(&runs);
-    std::fs::write(args.out.join("comparison.md"), &table)?;
-    std::fs::write(
-        args.out.join("comparison.json"),
-        serde_json::to_string_pretty(&runs)?,
-    )?;
-    for (kind, name) in [
-        (ThroughputKind::Total, "throughput_vs_interactivity.svg"),
-        (
-            ThroughputKind::Output,
-            "output_throughput_vs_interactivity.svg",
-        ),
-    ] {
-        match interactivity_vs_throughput_svg(&runs, kind) {
-            Ok(svg) => std::fs::write(args.out.join(name), svg)?,
-            Err(e) => eprintln!("no plot {name}: {e}"),
-        }
-    }
+    // Runs given in any order read best grouped by mode, by rising offered load.
+    runs.sort_by(|a, b| {
+        (a.meta.mode.as_deref(), a.meta.offered_rps.unwrap_or(0.0))
+            .partial_cmp(&(b.meta.mode.as_deref(), b.meta.offered_rps.unwrap_or(0.0)))
+            .unwrap_or(std::cmp::Ordering::Equal)
+    });
+    let table = comparison_tables(&runs);
+    write_comparison(&args.out, &table, &runs, &runs)?;
     println!("{table}");
     Ok(())
 }

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use plotters::prelude::*;
 
-use super::report::RunReport;
+use crate::report::RunReport;
 
 /// Which throughput goes on the y axis.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

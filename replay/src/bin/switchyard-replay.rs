@@ -5,7 +5,7 @@
 //!
 //! Bad input (flags, trace, config JSON) exits with 64 and a message naming the problem.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
@@ -13,18 +13,20 @@ use clap::Parser;
 use switchyard_engine::PerfPreset;
 use switchyard_engine::DEFAULT_MODEL_NAME;
 use switchyard_loadgen::agentic::generate_agentic;
-use switchyard_loadgen::markdown::{comparison_markdown, run_markdown};
-use switchyard_loadgen::plot::{interactivity_vs_throughput_svg, ThroughputKind};
+use switchyard_loadgen::compare::output::write_comparison;
+use switchyard_loadgen::compare::table::comparison_tables;
+use switchyard_loadgen::compare::{run_comparison, ComparisonPlan, PrefillWorkers};
 use switchyard_loadgen::prompts::{BodyBuilder, PromptFraming};
-use switchyard_loadgen::report::{RunReport, Slo};
+use switchyard_loadgen::report::Slo;
 use switchyard_loadgen::trace::{plan_trace, read_trace};
 use switchyard_loadgen::vocab::Vocabulary;
-use switchyard_loadgen::{Workload, WorkloadArgs};
+use switchyard_loadgen::{ArrivalScale, LoadLevel, Workload, WorkloadArgs};
 use switchyard_protocol::route::ApiKind;
 use switchyard_protocol::tokenize::{default_model_dir, ModelTokenizer};
 use switchyard_replay::{
-    pick_from_sweep, recommend_thresholds, report_run, run_mode, sweep_markdown, sweep_thresholds,
+    block_on, pick_from_sweep, recommend_thresholds, sweep_markdown, sweep_thresholds,
     tuning_markdown, EffIslDistribution, GatewayModel, PromptSource, StackSpec, ThresholdGrid,
+    VirtualBackend,
 };
 use switchyard_router::config::{RouterConfig, ServingMode};
 use switchyard_support::cli::{parse_args, EXIT_USAGE};
@@ -50,13 +52,13 @@ struct Cli {
     /// Modes to run, comma-separated: agg, disagg, conditional.
     #[arg(long, value_delimiter = ',', default_value = "agg,disagg,conditional")]
     modes: Vec<ServingMode>,
-    /// Multiplies arrival times (0.5 = twice the trace's rate).
-    #[arg(long, default_value_t = 1.0)]
-    time_scale: f64,
-    /// Several time scales (load levels) for the interactivity-vs-throughput plot; overrides
-    /// --time-scale.
-    #[arg(long, value_delimiter = ',')]
-    load_levels: Vec<f64>,
+    /// Multiplies the workload's arrival and think times (0.5 = twice the trace's rate).
+    #[arg(long, alias = "time-scale", default_value_t = ArrivalScale::PLANNED)]
+    arrival_scale: ArrivalScale,
+    /// Offered-load multipliers (2 = twice the load at --arrival-scale); each mode runs once
+    /// per level (the interactivity-vs-throughput plot's points).
+    #[arg(long, value_delimiter = ',', default_value = "1")]
+    load_levels: Vec<LoadLevel>,
     /// Keep only the first N requests.
     #[arg(long)]
     max_requests: Option<usize>,
@@ -134,8 +136,7 @@ struct Plan {
     workload: Workload,
     source: PromptSource,
     base: StackSpec,
-    modes: Vec<ServingMode>,
-    scales: Vec<f64>,
+    comparison: ComparisonPlan,
     slo: Slo,
 }
 
@@ -184,7 +185,6 @@ fn default_trace() -> PathBuf {
 }
 
 fn plan(cli: &Cli) -> Result<Plan> {
-    let modes = cli.modes.clone();
     let preset: PerfPreset = cli
         .perf_preset
         .parse()
@@ -216,16 +216,17 @@ fn plan(cli: &Cli) -> Result<Plan> {
         }
         workload.truncate(n);
     }
-    if cli.workers < 2 && modes.iter().any(|&m| m != ServingMode::Agg) {
-        bail!("disagg and conditional modes need --workers of at least 2");
-    }
-    if !(cli.prefill_ratio > 0.0 && cli.prefill_ratio < 1.0) {
-        bail!("--prefill-ratio must be strictly between 0 and 1");
-    }
-    let prefill = cli.prefill_workers.unwrap_or_else(|| {
-        let p = (f64::from(cli.workers) * cli.prefill_ratio).round() as u32;
-        p.clamp(1, cli.workers.saturating_sub(1).max(1))
-    });
+    let comparison = ComparisonPlan {
+        modes: cli.modes.clone(),
+        load_levels: cli.load_levels.clone(),
+        arrival_scale: cli.arrival_scale,
+        workers: cli.workers,
+        prefill: match cli.prefill_workers {
+            Some(count) => PrefillWorkers::Count(count),
+            None => PrefillWorkers::Share(cli.prefill_ratio),
+        },
+    };
+    let runs = comparison.runs()?;
     let router = match &cli.conditional_disagg_config {
         Some(text) => {
             let json: serde_json::Value = serde_json::from_str(text)
@@ -234,21 +235,19 @@ fn plan(cli: &Cli) -> Result<Plan> {
         }
         None => RouterConfig::default(),
     };
-    let scales = if cli.load_levels.is_empty() {
-        vec![cli.time_scale]
-    } else {
-        cli.load_levels.clone()
-    };
-    if let Some(bad) = scales.iter().find(|s| !(s.is_finite() && **s >= 0.0)) {
-        bail!("time scales must be finite and >= 0, got {bad}");
-    }
     if cli.sweep {
         let ratios_ok = cli.sweep_ratios.iter().all(|r| (0.0..=1.0).contains(r));
         if cli.sweep_thresholds.is_empty() || !ratios_ok {
             bail!("--sweep needs thresholds and ratios in [0, 1]");
         }
     }
-    let mut base = StackSpec::new(ServingMode::Conditional, cli.workers, prefill);
+    // The split of the first run that has one (every split mode gets the same).
+    let prefill = runs.iter().map(|r| r.split.prefill).max().unwrap_or(0);
+    let mut base = StackSpec::new(
+        ServingMode::Conditional,
+        cli.workers,
+        u32::try_from(prefill).unwrap_or(u32::MAX),
+    );
     base.preset = preset;
     base.router = router;
     base.seed = cli.workload.seed;
@@ -264,13 +263,6 @@ fn plan(cli: &Cli) -> Result<Plan> {
     base.gateway
         .validate()
         .map_err(|e| anyhow::anyhow!("gateway: {e}"))?;
-    for &mode in &modes {
-        StackSpec {
-            mode,
-            ..base.clone()
-        }
-        .roles()?;
-    }
     let slo = Slo {
         ttft_ms: cli.slo_ttft_ms,
         itl_ms: cli.slo_itl_ms,
@@ -284,8 +276,7 @@ fn plan(cli: &Cli) -> Result<Plan> {
         workload,
         source,
         base,
-        modes,
-        scales,
+        comparison,
         slo,
     })
 }
@@ -313,20 +304,12 @@ fn chat_source(cli: &Cli, content_seed: u64) -> Result<PromptSource> {
     })
 }
 
-/// Wall-clock seconds since `start`, to report replay speed (not used in any result).
-#[allow(clippy::disallowed_methods)] // measuring the simulator's own speed needs the wall clock
-fn wall_s(start: Option<std::time::Instant>) -> (std::time::Instant, f64) {
-    let now = std::time::Instant::now();
-    (now, start.map_or(0.0, |s| (now - s).as_secs_f64()))
-}
-
 fn run(cli: &Cli, plan: Plan) -> Result<()> {
     let Plan {
         workload,
         source,
         base,
-        modes,
-        scales,
+        comparison,
         slo,
     } = plan;
     eprintln!(
@@ -337,37 +320,20 @@ fn run(cli: &Cli, plan: Plan) -> Result<()> {
         base.prefill_workers,
         base.preset.name()
     );
-    let mut reports: Vec<RunReport> = Vec::new();
-    let mut tuning = None;
-    for &scale in &scales {
-        for &mode in &modes {
-            let spec = StackSpec {
-                mode,
-                time_scale: scale,
-                ..base.clone()
-            };
-            let (start, _) = wall_s(None);
-            let run = run_mode(&workload, &source, spec)?;
-            let (_, secs) = wall_s(Some(start));
-            let label = format!("{}@x{scale}", mode.as_str());
-            eprintln!(
-                "{label}: {} requests in {:.1} s wall ({:.0} s virtual)",
-                run.records.len(),
-                secs,
-                run.end_ms / 1000.0
-            );
-            if mode == ServingMode::Conditional && tuning.is_none() {
-                tuning = Some(EffIslDistribution::from_notes(&run.notes));
-            }
-            let report = report_run(&run, &workload, slo, Some(label.clone()));
-            if let Some(out) = &cli.out {
-                write_run(&out.join("runs").join(&label), &run, &report)?;
-            }
-            reports.push(report);
-        }
-    }
-    let table = comparison_markdown(&reports);
+    let mut backend = VirtualBackend::new(&workload, &source, base.clone(), slo);
+    let runs = block_on(run_comparison(
+        &comparison,
+        &mut backend,
+        cli.out.as_deref(),
+    ))?;
+    let reports = runs.reports();
+    let table = comparison_tables(&reports);
     println!("{table}");
+    let tuning = runs
+        .runs
+        .iter()
+        .find(|r| r.run.mode == ServingMode::Conditional)
+        .map(|r| EffIslDistribution::from_notes(&r.detail.notes));
     let tuning_md = tuning.map(|dist| {
         let engine = switchyard_engine::EngineConfig::with_preset(
             switchyard_protocol::worker::WorkerRole::Decode,
@@ -384,8 +350,9 @@ fn run(cli: &Cli, plan: Plan) -> Result<()> {
             eff_isl_thresholds: cli.sweep_thresholds.clone(),
             ratio_thresholds: cli.sweep_ratios.clone(),
         };
+        // The sweep runs at the first load level's arrivals.
         let base = StackSpec {
-            time_scale: scales[0],
+            arrival_scale: comparison.arrival_scale.at_level(comparison.load_levels[0]),
             ..base.clone()
         };
         let points = sweep_thresholds(&workload, &source, &base, &grid, slo)?;
@@ -410,21 +377,7 @@ fn run(cli: &Cli, plan: Plan) -> Result<()> {
             let path = out.join(name);
             std::fs::write(&path, text).with_context(|| format!("cannot write {}", path.display()))
         };
-        std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
-        write("comparison.md", table)?;
-        write("comparison.json", serde_json::to_string_pretty(&reports)?)?;
-        for (kind, name) in [
-            (ThroughputKind::Total, "throughput_vs_interactivity.svg"),
-            (
-                ThroughputKind::Output,
-                "output_throughput_vs_interactivity.svg",
-            ),
-        ] {
-            match interactivity_vs_throughput_svg(&reports, kind) {
-                Ok(svg) => write(name, svg)?,
-                Err(e) => eprintln!("no plot {name}: {e}"),
-            }
-        }
+        write_comparison(out, &table, &reports, &reports)?;
         if let Some((md, dist, rec)) = tuning_md {
             write("tuning.md", md)?;
             write(
@@ -441,30 +394,4 @@ fn run(cli: &Cli, plan: Plan) -> Result<()> {
         eprintln!("wrote {}", out.display());
     }
     Ok(())
-}
-
-fn write_run(dir: &Path, run: &switchyard_replay::ReplayRun, report: &RunReport) -> Result<()> {
-    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    let mut records = String::new();
-    for r in &run.records {
-        records.push_str(&serde_json::to_string(r)?);
-        records.push('\n');
-    }
-    let mut notes = String::new();
-    for n in &run.notes {
-        notes.push_str(&serde_json::to_string(n)?);
-        notes.push('\n');
-    }
-    let write = |name: &str, text: &str| {
-        let path = dir.join(name);
-        std::fs::write(&path, text).with_context(|| format!("cannot write {}", path.display()))
-    };
-    write("records.jsonl", &records)?;
-    write("routes.jsonl", &notes)?;
-    write("report.json", &serde_json::to_string_pretty(report)?)?;
-    write(
-        "counters.json",
-        &serde_json::to_string_pretty(&run.counters)?,
-    )?;
-    write("report.md", &run_markdown(report))
 }

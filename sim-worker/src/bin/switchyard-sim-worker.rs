@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use clap::Parser;
 use switchyard_bus::{NatsArgs, RegistrationArgs};
-use switchyard_engine::{EngineConfig, PerfPreset, TransferMode};
+use switchyard_engine::{EngineConfig, PerfPreset, SpeedUp, TransferMode};
 use switchyard_protocol::tokenize::{default_model_dir, ModelTokenizer};
 use switchyard_sim_worker::{
     self as worker, WorkerConfig, WorkerDeps, WorkerSpec, DEFAULT_MODEL_NAME,
@@ -51,10 +51,11 @@ struct Args {
     /// Performance preset: gb200-fp8-tep4, gb200-fp8-dep4, gb200-nvfp4-dep4, h200-fp8-tep8.
     #[arg(long, env = "SWITCHYARD_PERF_PRESET", default_value = "gb200-fp8-tep4", value_parser = parse_preset)]
     perf_preset: PerfPreset,
-    /// Model milliseconds per wall-clock millisecond; above 1 the workers run faster than
-    /// the modelled hardware (every iteration, transfer and lease shrinks by this factor).
-    #[arg(long, env = "SWITCHYARD_TIME_SCALE", default_value_t = 1.0)]
-    time_scale: f64,
+    /// How many times faster than the modelled hardware the workers run: every iteration,
+    /// transfer and lease shrinks by this factor (latencies measured from outside must be
+    /// multiplied by it). `--time-scale` is its old name.
+    #[arg(long, alias = "time-scale", env = "SWITCHYARD_SPEED_UP", default_value_t = SpeedUp::REAL)]
+    speed_up: SpeedUp,
     /// Interval between heartbeats (ms).
     #[arg(long, default_value_t = 1_000)]
     heartbeat_interval_ms: u64,
@@ -152,7 +153,7 @@ impl Args {
             let cfg = WorkerConfig {
                 engine,
                 model_name: self.model_name.clone(),
-                time_scale: self.time_scale,
+                speed_up: self.speed_up,
                 heartbeat_interval_ms: self.heartbeat_interval_ms,
                 load_interval_ms: self.load_interval_ms,
                 max_model_len: self.max_model_len,

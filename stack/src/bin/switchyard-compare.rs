@@ -12,11 +12,11 @@ use std::process::ExitCode;
 
 use clap::{Parser, ValueEnum};
 use switchyard_loadgen::report::Slo;
-use switchyard_loadgen::WorkloadArgs;
+use switchyard_loadgen::{ArrivalScale, LoadLevel, WorkloadArgs};
 use switchyard_stack::compare::output::comparison_markdown;
 use switchyard_stack::compare::workload::default_trace;
 use switchyard_stack::compare::{run_comparison, CompareConfig, CompareError, WorkloadSpec};
-use switchyard_stack::{stop_children_on_signal, Profile, ServingMode};
+use switchyard_stack::{stop_children_on_signal, Profile, ServingMode, SpeedUp};
 use switchyard_support::cli::{parse_args, EXIT_USAGE};
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -48,16 +48,22 @@ struct Cli {
     /// Keep only the first N requests.
     #[arg(long, default_value_t = 200)]
     max_requests: usize,
-    /// The simulated workers' speed-up over the modelled hardware; reported times are
-    /// converted back to modelled time.
-    #[arg(long, default_value_t = 4.0)]
-    time_scale: f64,
+    /// How many times faster than the modelled hardware the simulated workers run; reported
+    /// times are converted back to modelled time.
+    #[arg(
+        long,
+        alias = "time-scale",
+        env = "SWITCHYARD_SPEED_UP",
+        default_value = "4"
+    )]
+    speed_up: SpeedUp,
     /// Multiplies the workload's arrival and think times (0.5 = twice its rate).
-    #[arg(long, default_value_t = 1.0)]
-    arrival_scale: f64,
-    /// Arrival-rate multipliers; each mode runs once per level (for the plot).
+    #[arg(long, default_value_t = ArrivalScale::PLANNED)]
+    arrival_scale: ArrivalScale,
+    /// Offered-load multipliers (2 = twice the load at --arrival-scale); each mode runs once
+    /// per level (for the plot).
     #[arg(long, value_delimiter = ',', action = clap::ArgAction::Set, default_value = "1")]
-    load_levels: Vec<f64>,
+    load_levels: Vec<LoadLevel>,
     /// TTFT objective for goodput, modelled ms.
     #[arg(long)]
     slo_ttft_ms: Option<f64>,
@@ -127,7 +133,11 @@ fn main() -> ExitCode {
             eprintln!("wrote {}", config.out.display());
             ExitCode::SUCCESS
         }
-        Err(e @ (CompareError::InvalidSetting(_) | CompareError::Workload(_))) => {
+        Err(
+            e @ (CompareError::InvalidSetting(_)
+            | CompareError::Plan(_)
+            | CompareError::Workload(_)),
+        ) => {
             eprintln!("switchyard-compare: {e}");
             ExitCode::from(EXIT_USAGE)
         }
@@ -166,7 +176,7 @@ fn config(cli: Cli) -> Result<CompareConfig, String> {
     config.prefill_ratio = cli.prefill_ratio;
     config.modes = modes;
     config.load_levels = cli.load_levels;
-    config.time_scale = cli.time_scale;
+    config.speed_up = cli.speed_up;
     config.arrival_scale = cli.arrival_scale;
     config.slo = Slo {
         ttft_ms: cli.slo_ttft_ms,
@@ -184,7 +194,7 @@ fn config(cli: Cli) -> Result<CompareConfig, String> {
     config.cross_check = cli.cross_check;
     config.progress = !cli.quiet;
     // Settings are checked before anything starts.
-    switchyard_stack::compare::plan_runs(&config).map_err(|e| e.to_string())?;
+    config.validate().map_err(|e| e.to_string())?;
     Ok(config)
 }
 

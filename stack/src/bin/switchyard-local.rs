@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use anyhow::Context as _;
 use clap::Parser;
-use switchyard_stack::{Profile, ServingMode, StackBuilder};
+use switchyard_stack::{Profile, ServingMode, SpeedUp, StackBuilder};
 
 /// Run the local Switchyard stack (Envoy + filter, control plane, NATS, simulated workers).
 #[derive(Debug, Parser)]
@@ -44,9 +44,10 @@ struct Args {
     /// Run `target/release` binaries (build with `cargo build --workspace --bins --release`).
     #[arg(long)]
     release: bool,
-    /// Simulated workers' time scale (>1 runs the model faster than real time).
-    #[arg(long)]
-    time_scale: Option<f64>,
+    /// How many times faster than the modelled hardware the simulated workers run (every
+    /// time measured from outside is then that many times shorter than modelled).
+    #[arg(long, alias = "time-scale", env = "SWITCHYARD_SPEED_UP")]
+    speed_up: Option<SpeedUp>,
     /// The filter's route call timeout in milliseconds.
     #[arg(long, default_value_t = 200)]
     route_timeout_ms: u64,
@@ -106,8 +107,8 @@ async fn main() -> anyhow::Result<()> {
     if let Some(v) = args.nats_port {
         builder = builder.nats_port(v);
     }
-    if let Some(v) = args.time_scale {
-        builder = builder.time_scale(v);
+    if let Some(v) = args.speed_up {
+        builder = builder.speed_up(v);
     }
     if let Some(v) = args.run_dir {
         builder = builder.run_dir(v);

@@ -121,6 +121,23 @@ fn parse_process_ticks(stat: &str) -> Option<f64> {
     Some(utime + stime)
 }
 
+/// A run's CPU use in one line: ms per process and other work, as average cores.
+pub fn cpu_summary(cpu: &CpuUsage) -> String {
+    let cores = |ms: Option<f64>| {
+        ms.map_or_else(
+            || "–".to_string(),
+            |ms| format!("{:.0} ms ({:.2} cores)", ms, ms / cpu.wall_ms.max(1.0)),
+        )
+    };
+    let mut parts: Vec<String> = cpu
+        .processes
+        .iter()
+        .map(|(name, ms)| format!("{name} {}", cores(*ms)))
+        .collect();
+    parts.push(format!("other work {}", cores(cpu.other_ms)));
+    parts.join(", ")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -4,8 +4,10 @@
 //!
 //! Both sides use the same workload, the same prompt token ids (the real tokenizer's
 //! vocabulary and chat framing), the same workers, split, preset, router config and arrival
-//! times. What only the real run has: HTTP, Envoy and the filter, NATS delivery delays,
-//! `time_scale`-compressed wall-clock sleeps that the OS rounds up, and two cores shared by
+//! times, and the same harness ([`switchyard_loadgen::compare`]) with the virtual-time
+//! backend ([`VirtualBackend`]). What only the real run has: HTTP, Envoy and the filter, NATS
+//! delivery delays, `speed_up`-compressed wall-clock sleeps that the OS rounds up, and two
+//! cores shared by
 //! every process. The largest part of that, the tokenizations in front of the first engine,
 //! is measured on this machine ([`super::gateway_cost`]) and modelled in the replay
 //! ([`GatewayModel`]): it delays every request and, in a burst, reorders the requests
@@ -15,13 +17,15 @@ use std::collections::BTreeSet;
 use std::fmt::Write as _;
 
 use serde::Serialize;
-use switchyard_engine::PerfPreset;
+use switchyard_engine::{PerfPreset, SpeedUp};
+use switchyard_loadgen::compare::output::{run_dir, write_json_lines};
+use switchyard_loadgen::compare::{run_comparison, HarnessError, RunResult};
 use switchyard_loadgen::record::RequestRecord;
 use switchyard_loadgen::report::{parse_route, RunReport};
-use switchyard_replay::{report_run, run_mode, GatewayModel, StackSpec};
-use switchyard_router::config::RouterConfig;
+use switchyard_replay::{GatewayModel, StackSpec, VirtualBackend, VirtualDetail};
+use switchyard_router::config::{RouterConfig, ServingMode};
 
-use super::runner::ModeRunOutcome;
+use super::real_backend::RealDetail;
 use super::workload::PreparedWorkload;
 use super::{CompareConfig, CompareError};
 
@@ -78,21 +82,21 @@ impl CrossCheckRow {
     }
 }
 
-/// Replays every real run's plan in virtual time, with `gateway` as the cost in front of the
-/// engines and the real run's send times (see [`real_send_times`]), writes its records next
-/// to the real ones, and reports each like the real run (label, modelled time, same SLOs).
-/// Returns the reports and the records.
+/// Replays every real run's plan in virtual time through the harness, with `gateway` as the
+/// cost in front of the engines and the real run's send times (see [`real_send_times`]),
+/// writes its records next to the real ones, and reports each like the real run (label
+/// `<run> (virtual)`, modelled time, same SLOs).
 ///
 /// # Errors
 /// [`CompareError::InvalidSetting`] for a router config the router rejects,
 /// [`CompareError::Virtual`] if a replay fails.
-pub fn virtual_reports(
+pub async fn virtual_runs(
     config: &CompareConfig,
     prepared: &PreparedWorkload,
     preset: PerfPreset,
-    runs: &[ModeRunOutcome],
+    real: &[RunResult<RealDetail>],
     gateway: GatewayModel,
-) -> Result<Vec<(RunReport, Vec<RequestRecord>)>, CompareError> {
+) -> Result<Vec<RunResult<VirtualDetail>>, CompareError> {
     let router = match &config.conditional_disagg_config {
         Some(text) => {
             let json: serde_json::Value = serde_json::from_str(text).map_err(|e| {
@@ -105,48 +109,45 @@ pub fn virtual_reports(
         None => RouterConfig::default(),
     };
     let source = prepared.prompt_source();
-    let mut reports = Vec::new();
-    for run in runs {
-        let plan = &run.plan;
-        let mode = plan.serving_mode();
-        let workers = u32::try_from(plan.split.total()).unwrap_or(u32::MAX);
-        let prefill = u32::try_from(plan.split.prefill).unwrap_or(u32::MAX);
-        let mut spec = StackSpec::new(mode, workers, prefill);
-        spec.preset = preset;
-        spec.router = router.clone();
-        spec.seed = config.seed;
-        spec.time_scale = plan.arrival_multiplier;
-        spec.gateway = gateway;
-        spec.sent_ms = Some(real_send_times(run, prepared.workload.requests.len()));
-        eprintln!("{}: replaying in virtual time", plan.label);
-        let run = run_mode(&prepared.workload, &source, spec).map_err(|source| {
-            CompareError::Virtual {
-                label: plan.label.clone(),
-                source: Box::new(source),
-            }
-        })?;
-        let dir = config.out.join("runs").join(&plan.label);
-        super::output::write_records(&dir, "virtual-records.jsonl", &run.records)?;
-        let mut report = report_run(
-            &run,
-            &prepared.workload,
-            config.slo,
-            Some(format!("{} (virtual)", plan.label)),
-        );
-        report.meta.malformed_trace_lines = prepared.malformed_trace_lines;
-        reports.push((report, run.records));
+    // The split mode's stack; `VirtualBackend::spec` sets each run's mode and split.
+    let mut base = StackSpec::new(ServingMode::Conditional, config.workers, 1);
+    base.preset = preset;
+    base.router = router;
+    base.seed = config.seed;
+    base.gateway = gateway;
+    let mut backend = VirtualBackend::new(&prepared.workload, &source, base, config.slo);
+    backend.label_suffix = " (virtual)".into();
+    backend.malformed_trace_lines = prepared.malformed_trace_lines;
+    let requests = prepared.workload.requests.len();
+    for run in real {
+        let sent = real_send_times(run, config.speed_up, requests);
+        backend.send_times.insert(run.run.label.clone(), sent);
     }
-    Ok(reports)
+    let comparison = run_comparison(&config.plan(), &mut backend, None)
+        .await
+        .map_err(|e| match e {
+            HarnessError::Backend { label, source } => CompareError::Virtual {
+                label,
+                source: Box::new(source),
+            },
+            HarnessError::Plan(e) => CompareError::Plan(e),
+            HarnessError::Output(e) => CompareError::Output(e),
+        })?;
+    for run in &comparison.runs {
+        let dir = run_dir(&config.out, &run.run.label);
+        write_json_lines(&dir, "virtual-records.jsonl", &run.records)?;
+    }
+    Ok(comparison.runs)
 }
 
 /// When the real client sent each request, in modelled ms by request id (NaN for requests
-/// it did not send): wall ms × the workers' time scale. Both sides then get the same
-/// arrival process (see [`StackSpec::sent_ms`]).
-fn real_send_times(run: &ModeRunOutcome, requests: usize) -> Vec<f64> {
+/// it did not send): wall ms × the workers' speed-up. Both sides then get the same arrival
+/// process (see [`StackSpec::sent_ms`]).
+fn real_send_times(run: &RunResult<RealDetail>, speed_up: SpeedUp, requests: usize) -> Vec<f64> {
     let mut sent = vec![f64::NAN; requests];
     for record in &run.records {
         if let Some(slot) = sent.get_mut(record.id) {
-            *slot = record.sent_ms * run.plan.worker_time_scale;
+            *slot = speed_up.model_ms(record.sent_ms);
         }
     }
     sent
@@ -167,6 +168,11 @@ fn failed_open(records: &[RequestRecord]) -> BTreeSet<usize> {
 
 /// One run's real and virtual side: its report and its records.
 pub type Side<'a> = (&'a RunReport, &'a [RequestRecord]);
+
+/// A run's side of the comparison.
+pub fn side<D>(run: &RunResult<D>) -> Side<'_> {
+    (&run.report, &run.records)
+}
 
 /// Pairs real and virtual runs by position (both in plan order).
 pub fn cross_check_rows(real: &[Side<'_>], virtual_runs: &[Side<'_>]) -> Vec<CrossCheckRow> {

@@ -9,8 +9,8 @@
 //! cores doing it. A route call that has not answered within the filter's route timeout fails
 //! open. Virtual time leaves all of this out by default; to compare like with like, the
 //! cross-check times the very same work here, on the workload's own request bodies, and gives
-//! the virtual stack that cost (× the workers' time scale, since every wall millisecond on the
-//! real stack is reported as `time_scale` modelled ones), the control plane's thread bound,
+//! the virtual stack that cost (× the workers' speed-up, since every wall millisecond on the
+//! real stack is reported as `speed_up` modelled ones), the control plane's thread bound,
 //! and the filter's timeout.
 //!
 //! A disaggregated request is tokenized a third time, by the decode worker after the prefill
@@ -20,6 +20,7 @@
 
 use std::path::Path;
 
+use switchyard_engine::SpeedUp;
 use switchyard_protocol::route::ApiKind;
 use switchyard_protocol::tokenize::ModelTokenizer;
 use switchyard_replay::GatewayModel;
@@ -115,19 +116,19 @@ fn time_one(tokenizer: &ModelTokenizer, body: &[u8]) -> Result<(u64, f64), Compa
     Ok((ids.len() as u64, start.elapsed().as_secs_f64()))
 }
 
-/// The virtual stack's gateway model for workers running `time_scale` times faster than the
+/// The virtual stack's gateway model for workers running `speed_up` times faster than the
 /// modelled hardware, from `measured` wall costs, on `cpus` cores, with the control plane's
 /// `route_threads` and the filter's `route_timeout_wall_ms`.
 pub fn gateway_model(
     measured: MeasuredCost,
-    time_scale: f64,
+    speed_up: SpeedUp,
     cpus: f64,
     route_threads: u32,
     route_timeout_wall_ms: u64,
 ) -> GatewayModel {
-    let per_token = (measured.tokenize_ms_per_token * time_scale).max(0.0);
+    let per_token = speed_up.model_ms(measured.tokenize_ms_per_token).max(0.0);
     GatewayModel {
-        body_ms_per_prompt_token: (measured.body_ms_per_token * time_scale).max(0.0),
+        body_ms_per_prompt_token: speed_up.model_ms(measured.body_ms_per_token).max(0.0),
         route_ms_per_prompt_token: per_token,
         route_threads,
         worker_ms_per_prompt_token: per_token,
@@ -137,7 +138,7 @@ pub fn gateway_model(
             1.0
         },
         decode_leg_ms_per_prompt_token: per_token * TOKENIZATIONS_ON_DECODE_LEG,
-        route_timeout_ms: Some(route_timeout_wall_ms.max(1) as f64 * time_scale.max(0.0))
+        route_timeout_ms: Some(speed_up.model_ms(route_timeout_wall_ms.max(1) as f64))
             .filter(|t| *t > 0.0),
     }
 }
@@ -156,6 +157,28 @@ pub fn machine_cpus() -> f64 {
     std::thread::available_parallelism().map_or(1.0, |n| n.get() as f64)
 }
 
+/// The gateway model in one line, for the log and `comparison.md`.
+pub fn gateway_summary(g: &GatewayModel) -> String {
+    let threads = match g.route_threads {
+        0 => "unbounded".to_string(),
+        n => n.to_string(),
+    };
+    let timeout = g
+        .route_timeout_ms
+        .map_or_else(|| "none".to_string(), |t| format!("{t:.0} ms"));
+    format!(
+        "body rendering {:.5} modelled ms per prompt token, route tokenization {:.4} ms per \
+         token on {threads} control-plane \
+         threads (FIFO), route timeout {timeout} (fail-open), worker tokenization {:.4} ms per \
+         token, decode-leg tokenization {:.4} ms per token, all processor-shared over {:.0} cores",
+        g.body_ms_per_prompt_token,
+        g.route_ms_per_prompt_token,
+        g.worker_ms_per_prompt_token,
+        g.decode_leg_ms_per_prompt_token,
+        g.cpus
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -166,14 +189,20 @@ mod tests {
             body_ms_per_token: body,
             tokenize_ms_per_token: tokenize,
         };
-        let m = gateway_model(cost(0.0005, 0.003), 4.0, 2.0, 2, 1000);
+        let m = gateway_model(
+            cost(0.0005, 0.003),
+            SpeedUp::new(4.0).unwrap(),
+            2.0,
+            2,
+            1000,
+        );
         assert!((m.body_ms_per_prompt_token - 0.002).abs() < 1e-12);
         assert!((m.route_ms_per_prompt_token - 0.012).abs() < 1e-12);
         assert!((m.worker_ms_per_prompt_token - 0.012).abs() < 1e-12);
         assert!((m.decode_leg_ms_per_prompt_token - 0.012).abs() < 1e-12);
         assert_eq!(m.route_timeout_ms, Some(4000.0));
         assert_eq!((m.cpus, m.route_threads), (2.0, 2));
-        let free = gateway_model(cost(-1.0, -1.0), 1.0, 0.0, 2, 1000);
+        let free = gateway_model(cost(-1.0, -1.0), SpeedUp::REAL, 0.0, 2, 1000);
         assert_eq!(free.cpus, 1.0);
         assert!(free.is_free());
         assert!(control_plane_route_threads() >= 1);

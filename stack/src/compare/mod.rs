@@ -3,44 +3,52 @@
 //! and seed, replayed through Envoy and the filter with the load generator's client.
 //!
 //! **Simulated workers.** Every latency and throughput comes from the simulated GB200
-//! workers' performance model, run `time_scale` times faster than the modelled hardware and
-//! converted back (measured × `time_scale`), so the tables are in modelled-hardware time.
+//! workers' performance model, run `speed_up` times faster than the modelled hardware and
+//! converted back (measured × `speed_up`), so the tables are in modelled-hardware time.
 //! What is real: nats-server, the control plane's routing, Envoy with the wasm filter, HTTP
 //! streaming, and the scheduling noise of this machine.
 //!
+//! The plan, the harness, the tables and the plots are the load generator's
+//! ([`switchyard_loadgen::compare`]), shared with the virtual-time front end; this module is
+//! the real stack's backend and page.
+//!
 //! # Layout
-//! - [`plan`] (pure): worker split per mode, load levels, labels and scales of every run.
 //! - [`workload`]: loading the trace or agentic workload and the request bodies.
-//! - [`runner`]: one run (start a stack, wait, replay, stop) and the whole comparison.
-//! - [`table`] (pure): the comparison as markdown.
-//! - [`output`]: the files written to the output folder.
+//! - [`real_backend`]: one run (start a stack, wait, replay, stop), the harness's backend.
 //! - [`cpu`]: CPU time per stack process and other work on the machine during a run.
-//! - [`cross_check`]: the same runs in virtual time ([`switchyard_replay`]) and the
-//!   real/virtual ratios of p50 TTFT and ITL.
+//! - [`gateway_cost`]: the gateway's CPU cost per prompt token, for the virtual side.
+//! - [`cross_check`]: the same runs in virtual time ([`switchyard_replay`]'s backend) and
+//!   the real/virtual ratios of p50 TTFT and ITL.
+//! - [`result`]: what a comparison on the real stack produced.
+//! - [`output`]: its page and files.
+//! - [`runner`]: the whole comparison, in that order.
 
 pub mod cpu;
 pub mod cross_check;
 pub mod gateway_cost;
 pub mod output;
-pub mod plan;
+pub mod real_backend;
+pub mod result;
 pub mod runner;
-pub mod table;
 pub mod workload;
 
 use std::path::PathBuf;
 
 use serde::Serialize;
+use switchyard_engine::SpeedUp;
 use switchyard_loadgen::agentic::AgenticConfig;
+use switchyard_loadgen::compare::{ComparisonPlan, PlanError, PlannedRun, PrefillWorkers};
 use switchyard_loadgen::report::Slo;
+use switchyard_loadgen::{ArrivalScale, LoadLevel};
 
 use crate::paths::Profile;
 use crate::stack::ServingMode;
 use crate::StackError;
 
 pub use cross_check::{cross_check_markdown, CrossCheckRow};
-pub use plan::{plan_runs, worker_split, RunPlan, WorkerSplit};
-pub use runner::{run_comparison, Comparison, ModeRunOutcome};
-pub use table::comparison_tables;
+pub use real_backend::{RealBackend, RealDetail};
+pub use result::StackComparison;
+pub use runner::run_comparison;
 
 /// Where the requests come from.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -74,15 +82,15 @@ pub struct CompareConfig {
     pub prefill_ratio: f64,
     /// Modes to run, in order.
     pub modes: Vec<ServingMode>,
-    /// Arrival-rate multipliers (1 = the workload's rate × `1 / arrival_scale`); each mode
-    /// runs once per level.
-    pub load_levels: Vec<f64>,
-    /// The workers' speed-up over the modelled hardware (their `--time-scale`); reported
+    /// Offered-load multipliers (2 = twice the load at `arrival_scale`); each mode runs once
+    /// per level.
+    pub load_levels: Vec<LoadLevel>,
+    /// The workers' speed-up over the modelled hardware (their `--speed-up`); reported
     /// times are converted back to modelled time.
-    pub time_scale: f64,
+    pub speed_up: SpeedUp,
     /// Multiplies the workload's arrival and think times (0.5 = twice its rate), in
     /// modelled time.
-    pub arrival_scale: f64,
+    pub arrival_scale: ArrivalScale,
     /// Latency objectives for goodput, modelled ms.
     pub slo: Slo,
     /// `--conditional-disagg-config` JSON for the control plane (and the virtual router).
@@ -108,6 +116,48 @@ pub struct CompareConfig {
 }
 
 impl CompareConfig {
+    /// The harness's plan: modes × load levels on the configured workers.
+    pub fn plan(&self) -> ComparisonPlan {
+        ComparisonPlan {
+            modes: self.modes.clone(),
+            load_levels: self.load_levels.clone(),
+            arrival_scale: self.arrival_scale,
+            workers: self.workers,
+            prefill: PrefillWorkers::Share(self.prefill_ratio),
+        }
+    }
+
+    /// Checks every setting and returns the runs, before anything starts.
+    ///
+    /// # Errors
+    /// [`CompareError::Plan`] for a plan the harness refuses, [`CompareError::InvalidSetting`]
+    /// for the real stack's own limits out of range.
+    pub fn validate(&self) -> Result<Vec<PlannedRun>, CompareError> {
+        let positive = |name: &str, x: f64| {
+            if x > 0.0 && x.is_finite() {
+                Ok(())
+            } else {
+                Err(CompareError::InvalidSetting(format!(
+                    "{name} must be a positive number, got {x}"
+                )))
+            }
+        };
+        positive("--max-run-s", self.max_run_s)?;
+        positive("--request-timeout-s", self.request_timeout_s)?;
+        if !(self.drain_s >= 0.0 && self.drain_s.is_finite()) {
+            return Err(CompareError::InvalidSetting(format!(
+                "--drain-s must be >= 0, got {}",
+                self.drain_s
+            )));
+        }
+        if self.max_requests == Some(0) {
+            return Err(CompareError::InvalidSetting(
+                "--max-requests must be at least 1".into(),
+            ));
+        }
+        Ok(self.plan().runs()?)
+    }
+
     /// A comparison of `workload` with the demo's defaults: 4 workers (1 prefill), all three
     /// modes at one load level, workers 4× faster than modelled, debug binaries.
     pub fn new(workload: WorkloadSpec, out: PathBuf) -> Self {
@@ -122,9 +172,11 @@ impl CompareConfig {
                 ServingMode::Disagg,
                 ServingMode::Conditional,
             ],
-            load_levels: vec![1.0],
-            time_scale: 4.0,
-            arrival_scale: 1.0,
+            load_levels: vec![LoadLevel::PLANNED],
+            // The workers 4× faster than modelled: a fair trade between run time and the
+            // gateway's CPU cost per modelled millisecond on a 2-core machine.
+            speed_up: SpeedUp::new(4.0).expect("4 is a valid speed-up"),
+            arrival_scale: ArrivalScale::PLANNED,
             slo: Slo::default(),
             conditional_disagg_config: None,
             profile: Profile::Debug,
@@ -146,6 +198,9 @@ pub enum CompareError {
     /// A setting is out of range or inconsistent.
     #[error("invalid comparison setting: {0}")]
     InvalidSetting(String),
+    /// The modes, load levels or workers cannot make a comparison.
+    #[error("invalid comparison setting: {0}")]
+    Plan(#[from] PlanError),
     /// The workload could not be loaded.
     #[error("workload: {0}")]
     Workload(String),
@@ -184,11 +239,57 @@ pub enum CompareError {
         /// The error.
         source: std::io::Error,
     },
+    /// Writing a run's or the comparison's files failed.
+    #[error(transparent)]
+    Output(#[from] switchyard_loadgen::compare::output::OutputError),
 }
 
 impl CompareError {
     pub(crate) fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> CompareError {
         let what = what.into();
         move |source| CompareError::Io { what, source }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> CompareConfig {
+        CompareConfig::new(
+            WorkloadSpec::Trace {
+                path: PathBuf::from("t.jsonl"),
+                block_tokens: 512,
+            },
+            PathBuf::from("out"),
+        )
+    }
+
+    #[test]
+    fn bad_settings_are_named() {
+        type Breaks = fn(&mut CompareConfig);
+        let cases: Vec<(Breaks, &str)> = vec![
+            (|c| c.modes.clear(), "no modes"),
+            (|c| c.max_requests = Some(0), "--max-requests"),
+            (|c| c.max_run_s = 0.0, "--max-run-s"),
+            (|c| c.request_timeout_s = f64::NAN, "--request-timeout-s"),
+            (|c| c.drain_s = -1.0, "--drain-s"),
+            (
+                |c| c.modes = vec![ServingMode::Agg, ServingMode::Agg],
+                "twice",
+            ),
+            (|c| c.workers = 1, "at least 2 workers"),
+            (
+                |c| c.load_levels = [0.5, 1.0, 1.0].map(|x| LoadLevel::new(x).unwrap()).to_vec(),
+                "given twice",
+            ),
+        ];
+        for (break_it, needle) in cases {
+            let mut c = config();
+            break_it(&mut c);
+            let message = c.validate().unwrap_err().to_string();
+            assert!(message.contains(needle), "{needle}: {message}");
+        }
+        assert_eq!(config().validate().unwrap().len(), 3);
     }
 }

@@ -1,4 +1,5 @@
-//! The files a comparison writes.
+//! The real stack's comparison page and JSON document; the harness's output module
+//! ([`switchyard_loadgen::compare::output`]) writes them with the plots and the runs' files.
 //!
 //! ```text
 //! <out>/comparison.md                        setup, tables, cross-check, notes
@@ -14,58 +15,18 @@
 //! ```
 
 use std::fmt::Write as _;
-use std::path::Path;
 
 use serde::Serialize;
-use switchyard_loadgen::markdown::run_markdown;
-use switchyard_loadgen::plot::{interactivity_vs_throughput_svg, ThroughputKind};
-use switchyard_loadgen::record::RequestRecord;
-use switchyard_loadgen::report::RunReport;
-use switchyard_replay::GatewayModel;
+use switchyard_engine::SpeedUp;
+use switchyard_loadgen::compare::output::write_comparison as write_files;
+use switchyard_loadgen::compare::table::comparison_tables;
+use switchyard_loadgen::{ArrivalScale, LoadLevel};
 
-use super::cpu::CpuUsage;
 use super::cross_check::cross_check_markdown;
-use super::runner::{Comparison, ModeRunOutcome};
-use super::table::comparison_tables;
+use super::gateway_cost::gateway_summary;
+use super::result::StackComparison;
 use super::{CompareConfig, CompareError, WorkloadSpec};
 use crate::paths::Profile;
-
-fn write(path: &Path, text: &str) -> Result<(), CompareError> {
-    std::fs::write(path, text).map_err(CompareError::io(format!("writing {}", path.display())))
-}
-
-fn json<T: Serialize>(value: &T) -> String {
-    serde_json::to_string_pretty(value).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
-}
-
-/// Writes one run's records and report into its folder.
-///
-/// # Errors
-/// [`CompareError::Io`].
-pub fn write_run(run: &ModeRunOutcome) -> Result<(), CompareError> {
-    write_records(&run.dir, "records.jsonl", &run.records)?;
-    write(&run.dir.join("report.json"), &json(&run.report))?;
-    write(&run.dir.join("report.md"), &run_markdown(&run.report))
-}
-
-/// Writes `records` as JSON lines to `dir/name` (creating `dir`).
-///
-/// # Errors
-/// [`CompareError::Io`].
-pub fn write_records(
-    dir: &Path,
-    name: &str,
-    records: &[RequestRecord],
-) -> Result<(), CompareError> {
-    std::fs::create_dir_all(dir)
-        .map_err(CompareError::io(format!("creating {}", dir.display())))?;
-    let mut lines = String::new();
-    for r in records {
-        lines.push_str(&serde_json::to_string(r).unwrap_or_default());
-        lines.push('\n');
-    }
-    write(&dir.join(name), &lines)
-}
 
 /// The settings of a comparison, as recorded next to its results.
 #[derive(Debug, Serialize)]
@@ -76,9 +37,9 @@ struct Settings<'a> {
     workers: u32,
     prefill_ratio: f64,
     modes: Vec<&'static str>,
-    load_levels: &'a [f64],
-    time_scale: f64,
-    arrival_scale: f64,
+    load_levels: &'a [LoadLevel],
+    speed_up: SpeedUp,
+    arrival_scale: ArrivalScale,
     slo_ttft_ms: Option<f64>,
     slo_itl_ms: Option<f64>,
     conditional_disagg_config: Option<&'a str>,
@@ -98,7 +59,7 @@ fn settings(config: &CompareConfig) -> Settings<'_> {
         prefill_ratio: config.prefill_ratio,
         modes: config.modes.iter().map(|m| m.as_str()).collect(),
         load_levels: &config.load_levels,
-        time_scale: config.time_scale,
+        speed_up: config.speed_up,
         arrival_scale: config.arrival_scale,
         slo_ttft_ms: config.slo.ttft_ms,
         slo_itl_ms: config.slo.itl_ms,
@@ -115,13 +76,13 @@ fn settings(config: &CompareConfig) -> Settings<'_> {
 }
 
 /// The comparison's markdown: setup, tables, cross-check, notes.
-pub fn comparison_markdown(config: &CompareConfig, c: &Comparison) -> String {
+pub fn comparison_markdown(config: &CompareConfig, c: &StackComparison) -> String {
     let mut out = String::from("# Serving modes on the local stack (simulated workers)\n\n");
     let split = c
         .runs
         .iter()
-        .find(|r| r.plan.split.prefill > 0)
-        .map(|r| r.plan.split);
+        .find(|r| r.run.split.prefill > 0)
+        .map(|r| r.run.split);
     let _ = writeln!(
         out,
         "- workload `{}`: {} requests per run ({} malformed trace lines skipped), seed {}",
@@ -143,14 +104,19 @@ pub fn comparison_markdown(config: &CompareConfig, c: &Comparison) -> String {
         out,
         "- the simulated workers ran {}x faster than the modelled hardware; every time and rate \
          below is in modelled time (measured × {})",
-        config.time_scale, config.time_scale
+        config.speed_up, config.speed_up
     );
     let _ = writeln!(
         out,
-        "- arrivals: planned times × {} ÷ load level (levels {:?}); router config: {}; \
-         route call timeout {} ms (wall)",
+        "- arrivals: planned times × {} ÷ load level (offered-load levels {}); router config: \
+         {}; route call timeout {} ms (wall)",
         config.arrival_scale,
-        config.load_levels,
+        config
+            .load_levels
+            .iter()
+            .map(|l| format!("{l}×"))
+            .collect::<Vec<_>>()
+            .join(", "),
         config
             .conditional_disagg_config
             .as_deref()
@@ -160,11 +126,10 @@ pub fn comparison_markdown(config: &CompareConfig, c: &Comparison) -> String {
     let walls: Vec<String> = c
         .runs
         .iter()
-        .map(|r| format!("{} {:.0} s", r.plan.label, r.wall_s))
+        .map(|r| format!("{} {:.0} s", r.run.label, r.wall_s))
         .collect();
     let _ = writeln!(out, "- wall time of each replay: {}\n", walls.join(", "));
-    let reports: Vec<RunReport> = c.runs.iter().map(|r| r.report.clone()).collect();
-    out.push_str(&comparison_tables(&reports));
+    out.push_str(&comparison_tables(&c.reports()));
     if !c.cross_check.is_empty() {
         out.push_str("\n## Cross-check: the same runs in virtual time\n\n");
         if let Some(g) = &c.gateway_model {
@@ -184,7 +149,7 @@ pub fn comparison_markdown(config: &CompareConfig, c: &Comparison) -> String {
         .flat_map(|r| {
             r.notes
                 .iter()
-                .map(move |n| format!("- {}: {n}", r.plan.label))
+                .map(move |n| format!("- {}: {n}", r.run.label))
         })
         .collect();
     if !notes.is_empty() {
@@ -196,66 +161,17 @@ pub fn comparison_markdown(config: &CompareConfig, c: &Comparison) -> String {
 /// Writes the comparison's markdown, JSON and plots into `config.out`.
 ///
 /// # Errors
-/// [`CompareError::Io`].
-pub fn write_comparison(config: &CompareConfig, c: &Comparison) -> Result<(), CompareError> {
-    let out = &config.out;
-    write(&out.join("comparison.md"), &comparison_markdown(config, c))?;
+/// [`CompareError::Output`].
+pub fn write_comparison(config: &CompareConfig, c: &StackComparison) -> Result<(), CompareError> {
     let doc = serde_json::json!({
         "settings": settings(config),
         "comparison": c,
     });
-    write(&out.join("comparison.json"), &json(&doc))?;
-    let reports: Vec<RunReport> = c.runs.iter().map(|r| r.report.clone()).collect();
-    for (kind, name) in [
-        (ThroughputKind::Total, "throughput_vs_interactivity.svg"),
-        (
-            ThroughputKind::Output,
-            "output_throughput_vs_interactivity.svg",
-        ),
-    ] {
-        match interactivity_vs_throughput_svg(&reports, kind) {
-            Ok(svg) => write(&out.join(name), &svg)?,
-            Err(e) => eprintln!("no plot {name}: {e}"),
-        }
-    }
+    write_files(
+        &config.out,
+        &comparison_markdown(config, c),
+        &doc,
+        &c.reports(),
+    )?;
     Ok(())
-}
-
-/// The gateway model in one line, for the log and `comparison.md`.
-pub fn gateway_summary(g: &GatewayModel) -> String {
-    let threads = match g.route_threads {
-        0 => "unbounded".to_string(),
-        n => n.to_string(),
-    };
-    let timeout = g
-        .route_timeout_ms
-        .map_or_else(|| "none".to_string(), |t| format!("{t:.0} ms"));
-    format!(
-        "body rendering {:.5} modelled ms per prompt token, route tokenization {:.4} ms per \
-         token on {threads} control-plane \
-         threads (FIFO), route timeout {timeout} (fail-open), worker tokenization {:.4} ms per \
-         token, decode-leg tokenization {:.4} ms per token, all processor-shared over {:.0} cores",
-        g.body_ms_per_prompt_token,
-        g.route_ms_per_prompt_token,
-        g.worker_ms_per_prompt_token,
-        g.decode_leg_ms_per_prompt_token,
-        g.cpus
-    )
-}
-
-/// A run's CPU use in one line: ms per process and other work, as average cores.
-pub fn cpu_summary(cpu: &CpuUsage) -> String {
-    let cores = |ms: Option<f64>| {
-        ms.map_or_else(
-            || "–".to_string(),
-            |ms| format!("{:.0} ms ({:.2} cores)", ms, ms / cpu.wall_ms.max(1.0)),
-        )
-    };
-    let mut parts: Vec<String> = cpu
-        .processes
-        .iter()
-        .map(|(name, ms)| format!("{name} {}", cores(*ms)))
-        .collect();
-    parts.push(format!("other work {}", cores(cpu.other_ms)));
-    parts.join(", ")
 }

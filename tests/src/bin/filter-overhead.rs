@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context as _};
 use switchyard_e2e::{client, prom_sum, start_stack};
-use switchyard_stack::{Component, Profile, Stack, StackBuilder};
+use switchyard_stack::{Component, Profile, SpeedUp, Stack, StackBuilder};
 use tokio::time::Instant;
 
 /// Command-line settings (hand-parsed: three flags do not need clap here).
@@ -248,7 +248,7 @@ async fn main() -> anyhow::Result<()> {
         StackBuilder::new()
             .decode_workers(1)
             .profile(profile)
-            .time_scale(1000.0)
+            .speed_up(SpeedUp::new(1000.0).expect("a positive speed-up"))
             .envoy_concurrency(1)
             // Cold tokenization of a 400 KB prompt is tens of milliseconds; the bench
             // measures routed requests, not fail-open ones.

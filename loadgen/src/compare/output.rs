@@ -1,0 +1,136 @@
+//! The files a comparison writes, whichever backend ran it.
+//!
+//! ```text
+//! <out>/comparison.md                        the front end's page (setup, tables, notes)
+//! <out>/comparison.json                      the front end's settings and every report
+//! <out>/throughput_vs_interactivity.svg      in+out tokens/s/GPU vs p50 tokens/s/user
+//! <out>/output_throughput_vs_interactivity.svg
+//! <out>/runs/<mode>@x<level>/records.jsonl   one line per request sent (as measured)
+//! <out>/runs/<mode>@x<level>/report.json     `switchyard-loadgen compare` reads these
+//! <out>/runs/<mode>@x<level>/report.md
+//! <out>/runs/<mode>@x<level>/...             the backend's own files (RunDetail::files)
+//! ```
+
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+use super::plot::{interactivity_vs_throughput_svg, ThroughputKind};
+use super::result::{RunDetail, RunResult};
+use crate::markdown::run_markdown;
+use crate::record::RequestRecord;
+use crate::report::RunReport;
+
+/// A file or folder that could not be written.
+#[derive(Debug, thiserror::Error)]
+#[error("{what}: {source}")]
+pub struct OutputError {
+    /// What was being written.
+    pub what: String,
+    /// The error.
+    pub source: std::io::Error,
+}
+
+fn write(path: &Path, text: &str) -> Result<(), OutputError> {
+    std::fs::write(path, text).map_err(|source| OutputError {
+        what: format!("writing {}", path.display()),
+        source,
+    })
+}
+
+fn create_dir(dir: &Path) -> Result<(), OutputError> {
+    std::fs::create_dir_all(dir).map_err(|source| OutputError {
+        what: format!("creating {}", dir.display()),
+        source,
+    })
+}
+
+/// Pretty JSON of `value` (a serialization error is written in its place: results are
+/// never lost to a report field that does not serialize).
+pub fn json<T: Serialize>(value: &T) -> String {
+    serde_json::to_string_pretty(value).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
+}
+
+/// The folder of run `label` under `out`.
+pub fn run_dir(out: &Path, label: &str) -> PathBuf {
+    out.join("runs").join(label)
+}
+
+/// Writes one run's records, report and the backend's files into its folder.
+///
+/// # Errors
+/// [`OutputError`].
+pub fn write_run<D: RunDetail>(out: &Path, result: &RunResult<D>) -> Result<(), OutputError> {
+    let dir = run_dir(out, &result.run.label);
+    write_run_files(&dir, &result.records, &result.report)?;
+    for (name, text) in result.detail.files() {
+        write(&dir.join(name), &text)?;
+    }
+    Ok(())
+}
+
+/// Writes a run's `records.jsonl`, `report.json` and `report.md` into `dir` (creating it).
+///
+/// # Errors
+/// [`OutputError`].
+pub fn write_run_files(
+    dir: &Path,
+    records: &[RequestRecord],
+    report: &RunReport,
+) -> Result<(), OutputError> {
+    write_json_lines(dir, "records.jsonl", records)?;
+    write(&dir.join("report.json"), &json(report))?;
+    write(&dir.join("report.md"), &run_markdown(report))
+}
+
+/// Writes `items` as JSON lines to `dir/name` (creating `dir`).
+///
+/// # Errors
+/// [`OutputError`].
+pub fn write_json_lines<T: Serialize>(
+    dir: &Path,
+    name: &str,
+    items: &[T],
+) -> Result<(), OutputError> {
+    create_dir(dir)?;
+    write(&dir.join(name), &json_lines(items))
+}
+
+/// `items` as JSON lines.
+pub fn json_lines<T: Serialize>(items: &[T]) -> String {
+    let mut lines = String::new();
+    for item in items {
+        lines.push_str(&serde_json::to_string(item).unwrap_or_default());
+        lines.push('\n');
+    }
+    lines
+}
+
+/// Writes the comparison page, its JSON document and the plots of `reports` into `out`.
+/// A plot with nothing to draw is skipped with a message on stderr.
+///
+/// # Errors
+/// [`OutputError`].
+pub fn write_comparison<T: Serialize>(
+    out: &Path,
+    page: &str,
+    doc: &T,
+    reports: &[RunReport],
+) -> Result<(), OutputError> {
+    create_dir(out)?;
+    write(&out.join("comparison.md"), page)?;
+    write(&out.join("comparison.json"), &json(doc))?;
+    for (kind, name) in [
+        (ThroughputKind::Total, "throughput_vs_interactivity.svg"),
+        (
+            ThroughputKind::Output,
+            "output_throughput_vs_interactivity.svg",
+        ),
+    ] {
+        match interactivity_vs_throughput_svg(reports, kind) {
+            Ok(svg) => write(&out.join(name), &svg)?,
+            Err(e) => eprintln!("no plot {name}: {e}"),
+        }
+    }
+    Ok(())
+}
