@@ -43,7 +43,7 @@ target/release/switchyard-compare \
   --trace "$trace" \
   --max-requests 200 \
   --workers 4 --prefill-ratio 0.25 \
-  --time-scale 4 \
+  --speed-up 4 \
   --load-levels 0.5,1 \
   --slo-ttft-ms 2000 --slo-itl-ms 25 \
   --quiet \
