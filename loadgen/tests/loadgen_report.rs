@@ -236,3 +236,21 @@ fn comparison_table_json_and_plot_cover_every_mode() {
         );
     }
 }
+
+#[test]
+fn reports_written_before_the_rename_still_load() {
+    // A virtual run's meta as written before `time_scale` / `sim_speedup` were renamed: 0
+    // meant "no speed-up".
+    let old = r#"{"label": "agg@x0.5", "mode": "agg", "workload": "w", "endpoint": "e",
+        "gpus": 8, "time_scale": 0.5, "seed": 0, "planned_requests": 3,
+        "offered_rps": 1.5, "sim_speedup": 0.0}"#;
+    let meta: RunMeta = serde_json::from_str(old).unwrap();
+    assert_eq!(meta.arrival_scale.factor(), 0.5);
+    assert_eq!(meta.speed_up, SpeedUp::REAL);
+    assert_eq!(meta.load_level, None);
+    let sped_up = old.replace("\"sim_speedup\": 0.0", "\"sim_speedup\": 4.0");
+    let meta: RunMeta = serde_json::from_str(&sped_up).unwrap();
+    assert_eq!(meta.speed_up.factor(), 4.0);
+    let negative = old.replace("\"sim_speedup\": 0.0", "\"sim_speedup\": -1.0");
+    assert!(serde_json::from_str::<RunMeta>(&negative).is_err());
+}

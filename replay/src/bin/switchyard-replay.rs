@@ -15,7 +15,7 @@ use switchyard_engine::DEFAULT_MODEL_NAME;
 use switchyard_loadgen::agentic::generate_agentic;
 use switchyard_loadgen::compare::output::write_comparison;
 use switchyard_loadgen::compare::table::comparison_tables;
-use switchyard_loadgen::compare::{run_comparison, ComparisonPlan, PrefillWorkers};
+use switchyard_loadgen::compare::{run_comparison, worker_split, ComparisonPlan, PrefillWorkers};
 use switchyard_loadgen::prompts::{BodyBuilder, PromptFraming};
 use switchyard_loadgen::report::Slo;
 use switchyard_loadgen::trace::{plan_trace, read_trace};
@@ -226,7 +226,8 @@ fn plan(cli: &Cli) -> Result<Plan> {
             None => PrefillWorkers::Share(cli.prefill_ratio),
         },
     };
-    let runs = comparison.runs()?;
+    // Checked here so that bad modes, levels or splits exit 64 before anything runs.
+    comparison.runs()?;
     let router = match &cli.conditional_disagg_config {
         Some(text) => {
             let json: serde_json::Value = serde_json::from_str(text)
@@ -241,8 +242,10 @@ fn plan(cli: &Cli) -> Result<Plan> {
             bail!("--sweep needs thresholds and ratios in [0, 1]");
         }
     }
-    // The split of the first run that has one (every split mode gets the same).
-    let prefill = runs.iter().map(|r| r.split.prefill).max().unwrap_or(0);
+    // The split every split mode gets, and the threshold sweep (conditional mode) too;
+    // with a single worker only agg runs, and there is none.
+    let prefill = worker_split(ServingMode::Conditional, cli.workers, comparison.prefill)
+        .map_or(0, |split| split.prefill);
     let mut base = StackSpec::new(
         ServingMode::Conditional,
         cli.workers,
