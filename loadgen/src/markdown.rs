@@ -7,14 +7,15 @@ use super::stats::Summary;
 use switchyard_engine::SpeedUp;
 
 /// `x` with `digits` decimals, or `–` when missing or not finite.
-fn num(x: Option<f64>, digits: usize) -> String {
+pub(crate) fn num(x: Option<f64>, digits: usize) -> String {
     match x {
         Some(v) if v.is_finite() => format!("{v:.digits$}"),
         _ => "–".to_string(),
     }
 }
 
-fn pct(x: Option<f64>) -> String {
+/// A share as a percentage with one decimal, or `–` when missing.
+pub(crate) fn pct(x: Option<f64>) -> String {
     x.map_or_else(|| "–".to_string(), |v| format!("{:.1} %", v * 100.0))
 }
 

@@ -5,19 +5,9 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
+use crate::markdown::{num, pct};
 use crate::report::{RunMeta, RunReport};
 use crate::stats::Summary;
-
-fn num(x: Option<f64>, digits: usize) -> String {
-    match x {
-        Some(v) if v.is_finite() => format!("{v:.digits$}"),
-        _ => "–".to_string(),
-    }
-}
-
-fn pct(x: Option<f64>) -> String {
-    x.map_or_else(|| "–".to_string(), |v| format!("{:.1} %", v * 100.0))
-}
 
 fn triple(s: &Summary, digits: usize) -> String {
     format!(
