@@ -6,7 +6,7 @@
 //! - `conditional`: the same split; the router's policy bypasses the prefill pool per request.
 //!
 //! A comparison of several modes and load levels goes through the load generator's harness
-//! ([`switchyard_loadgen::compare`]) with the [`VirtualBackend`](crate::VirtualBackend);
+//! ([`switchyard_loadgen::compare`]) with the [`VirtualBackend`];
 //! [`compare_modes`] is that harness at the spec's own arrival scale.
 
 use serde::Serialize;

@@ -83,7 +83,7 @@ impl CrossCheckRow {
 }
 
 /// Replays every real run's plan in virtual time through the harness, with `gateway` as the
-/// cost in front of the engines and the real run's send times (see [`real_send_times`]),
+/// cost in front of the engines and the real run's send times (`real_send_times`),
 /// writes its records next to the real ones, and reports each like the real run (label
 /// `<run> (virtual)`, modelled time, same SLOs).
 ///
