@@ -14,8 +14,11 @@
 //! 3. [`mapper::HashMapper::apply_batch`] it, and publish the resulting Switchyard
 //!    [`KvEvent`](switchyard_protocol::kv::KvEvent)s; when the mapper says a resync is needed,
 //!    replay or clear.
+//!
+//! [`feed::KvFeed`] does steps 2 and 3 for a caller that owns the sockets.
 
 pub mod block_hash;
+pub mod feed;
 pub mod frame;
 pub mod mapper;
 pub mod replay;
