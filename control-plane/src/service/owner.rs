@@ -58,6 +58,24 @@ impl Owner {
                 }
                 let _ = reply.send(outcome);
             }
+            Command::Declared {
+                worker,
+                expires_after_ms,
+                reply,
+            } => {
+                let outcome = self.core.declared(&worker, expires_after_ms, now_ms);
+                if matches!(outcome.change, WorkerChange::New | WorkerChange::Restarted) {
+                    self.update_worker_gauges();
+                }
+                let _ = reply.send(outcome);
+            }
+            Command::Withdraw { worker, reply } => {
+                let removed = self.core.withdraw(&worker, now_ms);
+                if removed {
+                    self.update_worker_gauges();
+                }
+                let _ = reply.send(removed);
+            }
             Command::KvBatch { batch, reply } => {
                 let _ = reply.send(self.core.kv_batch(&batch, now_ms));
             }
