@@ -19,6 +19,11 @@
 //!         kv_events: tcp://10.0.0.5:5557
 //!         kv_replay: tcp://10.0.0.5:5558
 //! ```
+//! vLLM binds its publisher only for a wildcard endpoint (`tcp://*:5557`) and otherwise
+//! connects to it. So a worker gives either `kv_events` (vLLM started with `tcp://*:PORT`;
+//! Switchyard connects to the worker's host) or `kv_events_listen` (Switchyard binds there,
+//! one port per worker, and vLLM is started with `endpoint` naming it). The replay socket is
+//! always vLLM's to bind.
 //! `metrics_url` and `health_url` default to `http://<address>/metrics` and `/health`;
 //! `kv_capacity_blocks` defaults to what vLLM's `vllm:cache_config_info` says.
 
@@ -149,7 +154,10 @@ struct RawWorker {
     role: WorkerRole,
     address: String,
     engine: EngineKind,
-    kv_events: String,
+    #[serde(default)]
+    kv_events: Option<String>,
+    #[serde(default)]
+    kv_events_listen: Option<String>,
     #[serde(default)]
     kv_replay: Option<String>,
     #[serde(default)]
@@ -158,6 +166,33 @@ struct RawWorker {
     health_url: Option<String>,
     #[serde(default)]
     kv_capacity_blocks: Option<u64>,
+}
+
+/// How the KV-event subscription meets a worker's publisher (see the module docs).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KvEventsSocket {
+    /// Connect to the worker's bound publisher at this endpoint.
+    Connect(String),
+    /// Bind this endpoint; the worker's publisher connects to it.
+    Listen(String),
+}
+
+impl KvEventsSocket {
+    /// The endpoint, either way.
+    pub fn endpoint(&self) -> &str {
+        match self {
+            KvEventsSocket::Connect(e) | KvEventsSocket::Listen(e) => e,
+        }
+    }
+}
+
+impl std::fmt::Display for KvEventsSocket {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            KvEventsSocket::Connect(e) => write!(f, "connect {e}"),
+            KvEventsSocket::Listen(e) => write!(f, "listen {e}"),
+        }
+    }
 }
 
 /// One worker as declared, validated and with defaults filled in.
@@ -175,8 +210,8 @@ pub struct DeclaredWorker {
     pub engine: EngineKind,
     /// KV block size in tokens.
     pub block_size: BlockSize,
-    /// ZMQ endpoint of its KV-event publisher (`tcp://host:port`).
-    pub kv_events: String,
+    /// Where its KV events come from.
+    pub kv_events: KvEventsSocket,
     /// ZMQ endpoint of its replay socket, if it has one.
     pub kv_replay: Option<String>,
     /// Where its Prometheus metrics are.
@@ -364,10 +399,32 @@ fn validate_worker(
         ));
     }
     check_host_port(&raw.address).map_err(|m| invalid(format!("{at}.address"), m))?;
-    check_zmq_endpoint(&raw.kv_events).map_err(|m| invalid(format!("{at}.kv_events"), m))?;
+    let kv_events = match (raw.kv_events, raw.kv_events_listen) {
+        (Some(connect), None) => {
+            check_zmq_endpoint(&connect).map_err(|m| invalid(format!("{at}.kv_events"), m))?;
+            KvEventsSocket::Connect(connect)
+        }
+        (None, Some(listen)) => {
+            check_zmq_endpoint(&listen)
+                .map_err(|m| invalid(format!("{at}.kv_events_listen"), m))?;
+            KvEventsSocket::Listen(listen)
+        }
+        (Some(_), Some(_)) => {
+            return Err(invalid(
+                format!("{at}.kv_events_listen"),
+                "give kv_events (connect to the worker) or kv_events_listen (the worker connects here), not both",
+            ))
+        }
+        (None, None) => {
+            return Err(invalid(
+                format!("{at}.kv_events"),
+                "missing: the worker's KV-event publisher (or kv_events_listen)",
+            ))
+        }
+    };
     if let Some(replay) = &raw.kv_replay {
         check_zmq_endpoint(replay).map_err(|m| invalid(format!("{at}.kv_replay"), m))?;
-        if *replay == raw.kv_events {
+        if replay == kv_events.endpoint() {
             return Err(invalid(
                 format!("{at}.kv_replay"),
                 "the replay socket cannot be the event socket",
@@ -398,7 +455,7 @@ fn validate_worker(
         address: raw.address,
         engine: raw.engine,
         block_size,
-        kv_events: raw.kv_events,
+        kv_events,
         kv_replay: raw.kv_replay,
         metrics_url,
         health_url,
@@ -498,6 +555,19 @@ models:
         let prefill = &pools.workers[&WorkerId("prefill-0".into())];
         assert_eq!(prefill.metrics_url, "http://127.0.0.1:9000/metrics");
         assert_eq!(prefill.kv_replay, None);
+        assert_eq!(
+            decode.kv_events,
+            KvEventsSocket::Connect("tcp://127.0.0.1:5557".into())
+        );
+        let listening = parse(&GOOD.replace(
+            "kv_events: tcp://127.0.0.1:5559",
+            "kv_events_listen: tcp://127.0.0.1:5559",
+        ))
+        .unwrap();
+        assert_eq!(
+            listening.workers[&WorkerId("prefill-0".into())].kv_events,
+            KvEventsSocket::Listen("tcp://127.0.0.1:5559".into())
+        );
         assert_eq!(prefill.kv_capacity_blocks, Some(4096));
     }
 
@@ -532,6 +602,16 @@ models:
         assert!(e.contains("workers[1].metrics_url"), "{e}");
         let e = error(&GOOD.replace("4096", "0"));
         assert!(e.contains("kv_capacity_blocks"), "{e}");
+        let e = error(&GOOD.replace("kv_events: tcp://127.0.0.1:5559", ""));
+        assert!(
+            e.contains("workers[1].kv_events") && e.contains("missing"),
+            "{e}"
+        );
+        let e = error(&GOOD.replace(
+            "kv_events: tcp://127.0.0.1:5559",
+            "kv_events: tcp://127.0.0.1:5559\n        kv_events_listen: tcp://127.0.0.1:5560",
+        ));
+        assert!(e.contains("not both"), "{e}");
         let e = error("models: [ {");
         assert!(e.contains("pools.yaml"), "{e}");
         let e = error("health: {}\n");

@@ -14,6 +14,8 @@ use switchyard_adapters::vllm::frame::decode_message;
 use switchyard_adapters::vllm::replay::{decode_reply, encode_request, ReplayFrame};
 use switchyard_adapters::vllm::{DecodeError, VllmBatch};
 
+use super::file::KvEventsSocket;
+
 /// Longest wait for a TCP connection to a worker's socket before trying again.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// Pause between two connection attempts to a worker that is not listening.
@@ -39,12 +41,17 @@ fn options() -> SocketOptions {
     options
 }
 
-/// Subscribes to `endpoint` and sends every message, decoded, to `out` until `out` closes.
-/// Connection failures are retried forever (the worker may not be up yet).
-pub async fn subscribe(endpoint: String, out: mpsc::Sender<LiveMessage>) {
+/// Subscribes to a worker's KV events and sends every message, decoded, to `out` until
+/// `out` closes. Connection and bind failures are retried forever (the worker may not be up
+/// yet; the port may still be held by a previous run).
+pub async fn subscribe(events: KvEventsSocket, out: mpsc::Sender<LiveMessage>) {
+    let endpoint = events.endpoint().to_owned();
     loop {
         let mut socket = SubSocket::with_options(options());
-        let connected = socket.connect(&endpoint).await;
+        let connected = match &events {
+            KvEventsSocket::Connect(e) => socket.connect(e).await,
+            KvEventsSocket::Listen(e) => socket.bind(e).await.map(|_| ()),
+        };
         if let Err(e) = connected {
             tracing::debug!(%endpoint, error = %e, "KV event socket not reachable yet");
             if out.is_closed() {
