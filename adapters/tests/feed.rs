@@ -126,7 +126,7 @@ fn a_gap_is_filled_by_the_replay_before_the_live_batches_held_meanwhile() {
 }
 
 #[test]
-fn a_replay_that_starts_past_the_gap_drops_the_worker_and_goes_on_live() {
+fn a_replay_that_starts_past_the_gap_drops_the_worker_and_indexes_what_is_left() {
     let mut feed = feed();
     feed.on_live(stored(0, 0));
     feed.on_live(stored(3, 3));
@@ -134,13 +134,21 @@ fn a_replay_that_starts_past_the_gap_drops_the_worker_and_goes_on_live() {
     let out = feed.on_replay(ReplayFrame::Batch(stored(2, 2)));
     let batches = published(&out);
     assert!(is_reset(batches[0]), "blocks dropped: {out:?}");
-    assert!(!feed.replaying());
     assert_eq!(feed.counters().unrecoverable_gaps, 1);
-    // Block 3's parent went with the gap: it cannot be hashed, and is not guessed.
+    // Block 2's parent went with the gap: it cannot be hashed, and is not guessed.
     assert!(stored_hashes(&batches).is_empty());
-    assert_eq!(feed.counters().refused_events, 1);
-    // The rest of the replay is late and ignored; live batches go on.
-    assert!(published(&feed.on_replay(ReplayFrame::End)).is_empty());
+    let out = feed.on_replay(ReplayFrame::End);
+    assert!(!feed.replaying());
+    assert!(
+        stored_hashes(&published(&out)).is_empty(),
+        "block 3 neither"
+    );
+    let c = feed.counters();
+    assert_eq!(
+        (c.refused_events, c.replayed_gaps, c.unrecoverable_gaps),
+        (2, 0, 1)
+    );
+    // New chains from the live stream are indexed again.
     let fresh = VllmBatch {
         seq: 4,
         ..stored(4, 0)
@@ -200,17 +208,73 @@ fn a_restarted_engine_clears_the_worker_and_duplicates_are_ignored() {
 }
 
 #[test]
-fn rejoining_clears_and_renumbers_under_the_new_instance() {
+fn rejoining_clears_renumbers_and_replays_everything_buffered() {
     let mut feed = feed();
     feed.on_live(stored(0, 0));
-    let FeedAction::Publish(batch) = feed.rejoin(8) else {
-        panic!("a publish");
-    };
-    assert!(is_reset(&batch));
-    assert_eq!((batch.seq, batch.instance_id), (1, 8));
-    // vLLM's next batch looks like a gap from 0: the feed asks for everything buffered.
+    let out = feed.rejoin(8);
+    let batches = published(&out);
+    assert!(is_reset(batches[0]));
+    assert_eq!((batches[0].seq, batches[0].instance_id), (1, 8));
+    assert!(out.contains(&FeedAction::RequestReplay { from: 0 }));
+    // An idle engine: the replay alone rebuilds the index.
+    let mut all = Vec::new();
+    all.extend(feed.on_replay(ReplayFrame::Batch(stored(0, 0))));
+    all.extend(feed.on_replay(ReplayFrame::Batch(stored(1, 1))));
+    all.extend(feed.on_replay(ReplayFrame::End));
     assert_eq!(
-        feed.on_live(stored(1, 1)),
-        vec![FeedAction::RequestReplay { from: 0 }]
+        stored_hashes(&published(&all)),
+        vec![our_hash(0), our_hash(1)]
     );
+    assert!(!feed.replaying());
+    // Live batches continue in order after the replay.
+    let next = feed.on_live(stored(2, 2));
+    assert_eq!(stored_hashes(&published(&next)), vec![our_hash(2)]);
+    assert_eq!(feed.counters().gaps, 0);
+}
+
+#[test]
+fn a_rejoin_holds_live_batches_and_skips_them_in_the_replay() {
+    let mut feed = feed();
+    feed.rejoin(1);
+    assert!(published(&feed.on_live(stored(2, 2))).is_empty(), "held");
+    let mut all = Vec::new();
+    for seq in 0..=2 {
+        all.extend(feed.on_replay(ReplayFrame::Batch(stored(seq, seq))));
+    }
+    all.extend(feed.on_replay(ReplayFrame::End));
+    assert_eq!(
+        stored_hashes(&published(&all)),
+        (0..=2).map(our_hash).collect::<Vec<_>>(),
+        "each block once, in order"
+    );
+}
+
+#[test]
+fn a_rejoin_into_an_empty_or_partial_buffer_is_no_gap() {
+    let mut feed = feed();
+    feed.rejoin(1);
+    assert!(published(&feed.on_replay(ReplayFrame::End)).is_empty());
+    assert_eq!(feed.counters().unrecoverable_gaps, 0);
+    assert!(!feed.replaying());
+
+    let mut feed = self::feed();
+    feed.rejoin(1);
+    let out = feed.on_replay(ReplayFrame::Batch(stored(5, 0)));
+    assert_eq!(stored_hashes(&published(&out)), vec![our_hash(0)]);
+    feed.on_replay(ReplayFrame::End);
+    let c = feed.counters();
+    assert_eq!((c.partial_rejoins, c.unrecoverable_gaps), (1, 0));
+    assert_eq!(
+        published(&feed.on_live(stored(6, 1))).len(),
+        1,
+        "in order after the replayed 5"
+    );
+
+    let mut feed = self::feed();
+    feed.rejoin(1);
+    assert!(
+        feed.on_replay_failed().is_empty(),
+        "no replay socket: go on live"
+    );
+    assert!(!feed.replaying());
 }

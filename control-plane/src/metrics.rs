@@ -121,7 +121,8 @@ pub struct Metrics {
     pub pool_reloads: Family<ReasonLabels, Counter>,
     /// What happened with declared (pool-file) workers, by event: `health_up`,
     /// `health_down`, `scrape_failed`, `kv_malformed`, `kv_gap_replayed`,
-    /// `kv_gap_unrecoverable`, `kv_restart`, `kv_refused_event`, `kv_replay_failed`.
+    /// `kv_gap_unrecoverable`, `kv_partial_rejoin` (the replay no longer reached back to the
+    /// engine's start), `kv_restart`, `kv_refused_event`, `kv_replay_failed`.
     pub declared_events: Family<ReasonLabels, Counter>,
 }
 

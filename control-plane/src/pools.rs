@@ -84,7 +84,12 @@ impl PoolWatcher {
             tasks: HashMap::new(),
             service,
             metrics,
-            http: reqwest::Client::new(),
+            // Health and metrics are in-cluster addresses: never through a proxy from the
+            // environment.
+            http: reqwest::Client::builder()
+                .no_proxy()
+                .build()
+                .unwrap_or_default(),
         };
         watcher.count("ok");
         watcher.apply(pools).await;

@@ -20,6 +20,9 @@
 //!   chain, which only costs cache hits.
 //! - vLLM restarting (its numbers back to 0) drops the worker's blocks the same way: the new
 //!   engine's cache starts empty.
+//! - [`KvFeed::rejoin`] (the worker registered, or registered again) clears the router's view
+//!   and asks for every batch vLLM still buffers, up to the first live one: an idle engine's
+//!   cache is indexed at once, and a control plane that restarted rebuilds its index.
 
 use switchyard_protocol::kv::{KvEvent, KvEventBatch};
 use switchyard_protocol::worker::WorkerId;
@@ -54,12 +57,24 @@ pub struct FeedCounters {
     pub replayed_gaps: u64,
     /// Gaps that could not be filled: the worker's blocks were dropped and rebuilt.
     pub unrecoverable_gaps: u64,
+    /// Rejoins whose replay no longer reached back to the engine's first batch: blocks
+    /// stored before the oldest buffered batch are not indexed.
+    pub partial_rejoins: u64,
     /// Engine restarts seen (numbers back to 0).
     pub restarts: u64,
     /// Batches seen twice or out of date, ignored.
     pub ignored_batches: u64,
     /// Events the mapper refused (wrong block size or token count) or could not chain.
     pub refused_events: u64,
+}
+
+/// Why a replay was asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ReplayFor {
+    /// Batches `from..=to` were missed.
+    Gap,
+    /// The feed (re)joined: everything the engine still buffers, up to the first live batch.
+    Rejoin,
 }
 
 /// Where the feed is.
@@ -69,9 +84,12 @@ enum State {
     Live,
     /// Waiting for the replay of `from..=to`; `held` are the live batches since.
     Replaying {
+        why: ReplayFor,
         from: u64,
+        /// Last batch wanted; for a rejoin, open (`u64::MAX`) until a live batch arrives.
         to: u64,
-        first_seen: bool,
+        /// The first replayed batch's number, once one arrived.
+        first_seq: Option<u64>,
         held: Vec<VllmBatch>,
     },
 }
@@ -114,15 +132,24 @@ impl KvFeed {
     }
 
     /// Starts over for a worker registered (again) as `instance_id`: everything known is
-    /// forgotten and the next live batch asks for a replay from vLLM's first batch, so the
-    /// index gets whatever vLLM's buffer still holds. Returns the resync batch that clears
-    /// the router's view.
-    pub fn rejoin(&mut self, instance_id: u64) -> FeedAction {
+    /// forgotten, the router's view is cleared, and the engine is asked for every batch it
+    /// still buffers, so an idle engine's cache is indexed without waiting for its next
+    /// event.
+    pub fn rejoin(&mut self, instance_id: u64) -> Vec<FeedAction> {
         self.instance_id = instance_id;
         self.published = 0;
         self.tracker.reset();
-        self.state = State::Live;
-        FeedAction::Publish(self.reset_batch())
+        self.state = State::Replaying {
+            why: ReplayFor::Rejoin,
+            from: 0,
+            to: u64::MAX,
+            first_seq: None,
+            held: Vec::new(),
+        };
+        vec![
+            FeedAction::Publish(self.reset_batch()),
+            FeedAction::RequestReplay { from: 0 },
+        ]
     }
 
     /// A message from the live PUB stream.
@@ -131,7 +158,11 @@ impl KvFeed {
         if self.published == 0 {
             out.push(FeedAction::Publish(self.reset_batch()));
         }
-        if let State::Replaying { held, .. } = &mut self.state {
+        if let State::Replaying { to, held, why, .. } = &mut self.state {
+            if *why == ReplayFor::Rejoin && held.is_empty() {
+                // What the live stream carries from here on is not wanted from the replay.
+                *to = (*to).min(batch.seq.saturating_sub(1));
+            }
             if held.len() < MAX_HELD_BATCHES {
                 held.push(batch);
             } else {
@@ -145,9 +176,10 @@ impl KvFeed {
             SeqStatus::Gap { from, to } => {
                 bump(&mut self.counters.gaps);
                 self.state = State::Replaying {
+                    why: ReplayFor::Gap,
                     from,
                     to,
-                    first_seen: false,
+                    first_seq: None,
                     held: vec![batch],
                 };
                 out.push(FeedAction::RequestReplay { from });
@@ -168,9 +200,10 @@ impl KvFeed {
     pub fn on_replay(&mut self, frame: ReplayFrame) -> Vec<FeedAction> {
         let mut out = Vec::new();
         let State::Replaying {
+            why,
             from,
             to,
-            first_seen,
+            first_seq,
             ..
         } = &mut self.state
         else {
@@ -178,27 +211,45 @@ impl KvFeed {
             bump(&mut self.counters.ignored_batches);
             return out;
         };
-        let (from, to) = (*from, *to);
+        let (why, from, to) = (*why, *from, *to);
         match frame {
             ReplayFrame::Batch(batch) => {
-                let first = !*first_seen;
-                *first_seen = true;
+                let first = first_seq.is_none();
+                first_seq.get_or_insert(batch.seq);
                 if first && batch.seq > from {
-                    // vLLM's buffer starts past the gap: the missed batches are gone.
-                    self.give_up(&mut out);
-                } else if (from..=to).contains(&batch.seq) {
+                    // The engine's buffer starts past what was wanted: those batches are gone.
+                    // Start clean and index what is still there.
+                    match why {
+                        ReplayFor::Gap => {
+                            bump(&mut self.counters.unrecoverable_gaps);
+                            out.push(FeedAction::Publish(self.reset_batch()));
+                        }
+                        ReplayFor::Rejoin => bump(&mut self.counters.partial_rejoins),
+                    }
+                }
+                if batch.seq >= from && batch.seq <= to {
+                    // Only the rejoin's tracker has not seen the live stream yet; for a gap
+                    // this is an older number and leaves the tracker where it is.
+                    self.tracker.observe(batch.seq);
                     self.apply(&batch, &mut out);
                 } else {
                     bump(&mut self.counters.ignored_batches);
                 }
             }
             ReplayFrame::End => {
-                if *first_seen {
-                    bump(&mut self.counters.replayed_gaps);
-                    self.release_held(&mut out);
-                } else {
-                    self.give_up(&mut out);
+                match (why, *first_seq) {
+                    (ReplayFor::Gap, None) => {
+                        self.give_up(&mut out);
+                        return out;
+                    }
+                    (ReplayFor::Gap, Some(first)) if first == from => {
+                        bump(&mut self.counters.replayed_gaps)
+                    }
+                    // Counted (and the blocks dropped) when the first batch came.
+                    (ReplayFor::Gap, Some(_)) => {}
+                    (ReplayFor::Rejoin, _) => {}
                 }
+                self.release_held(&mut out);
             }
         }
         out
@@ -207,8 +258,20 @@ impl KvFeed {
     /// The replay did not answer in time (or its socket failed): the gap cannot be filled.
     pub fn on_replay_failed(&mut self) -> Vec<FeedAction> {
         let mut out = Vec::new();
-        if self.replaying() {
-            self.give_up(&mut out);
+        match &self.state {
+            State::Replaying {
+                why: ReplayFor::Gap,
+                ..
+            } => self.give_up(&mut out),
+            // Nothing was known to be missing: go on from the live stream.
+            State::Replaying {
+                why: ReplayFor::Rejoin,
+                ..
+            } => {
+                bump(&mut self.counters.partial_rejoins);
+                self.release_held(&mut out);
+            }
+            State::Live => {}
         }
         out
     }
@@ -226,8 +289,9 @@ impl KvFeed {
             return;
         };
         for batch in held {
-            // The first held batch revealed the gap and was observed already; the tracker
-            // moved past it, so later ones are in order unless vLLM restarted meanwhile.
+            // A gap's first held batch revealed it and was observed already; the rest go
+            // through the tracker as live batches (in order, unless vLLM restarted
+            // meanwhile).
             if self.tracker.last() == Some(batch.seq) {
                 self.apply(&batch, out);
                 continue;

@@ -191,8 +191,8 @@ impl Declared {
         };
         tracing::info!(worker = %self.worker.id, change = ?outcome.change, capacity_blocks = self.capacity_blocks, "declared worker healthy: in the pools");
         self.registered = Some(info);
-        let reset = self.feed.rejoin(instance_id);
-        self.carry_out(vec![reset]).await;
+        let rejoin = self.feed.rejoin(instance_id);
+        self.carry_out(rejoin).await;
     }
 
     async fn refresh(&mut self) {
@@ -324,6 +324,10 @@ impl Declared {
             now.unrecoverable_gaps - was.unrecoverable_gaps,
         );
         m.declared_event("kv_restart", now.restarts - was.restarts);
+        m.declared_event(
+            "kv_partial_rejoin",
+            now.partial_rejoins - was.partial_rejoins,
+        );
         m.declared_event("kv_refused_event", now.refused_events - was.refused_events);
         if now.unrecoverable_gaps > was.unrecoverable_gaps {
             tracing::warn!(worker = %self.worker.id, "KV events missed beyond the engine's replay buffer: the worker's blocks were dropped and are rebuilt from live events");
