@@ -130,8 +130,7 @@ proptest! {
         let mut mapper = HashMapper::new(MapperConfig::new(block_size));
         let mut mapped: Vec<SequenceHash> = Vec::new();
         let mut start = 0;
-        let mut seq = 0;
-        for cut in cuts {
+        for (seq, cut) in (0u64..).zip(cuts) {
             if start == blocks {
                 break;
             }
@@ -158,7 +157,6 @@ proptest! {
             }
             prop_assert!(!out.resync_needed());
             start = end;
-            seq += 1;
         }
         let expected = sequence_hashes(&tokens[..start * bs as usize], block_size, HashSeed::default());
         prop_assert_eq!(mapped, expected);
