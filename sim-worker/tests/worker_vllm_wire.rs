@@ -7,6 +7,7 @@ mod worker_support;
 use std::time::Duration;
 
 use futures::StreamExt;
+use serde_json::json;
 use switchyard_adapters::vllm::encode::{EncodeOptions, EventEncoding, HashEncoding};
 use switchyard_adapters::vllm::frame::decode_message;
 use switchyard_adapters::vllm::mapper::{HashMapper, MapperConfig};
@@ -19,7 +20,7 @@ use switchyard_protocol::subjects;
 use switchyard_protocol::worker::WorkerRole;
 use switchyard_sim_worker::{RunningWorker, VllmWireConfig, Wire, WorkerConfig};
 use worker_support::{
-    chat_body, config, get, metric, metrics_text, post_json, start, tokenizer, CHAT,
+    chat_body, config, get, metric, metrics_text, post_json, start, tokenizer, CHAT, COMPLETIONS,
 };
 use zeromq::{DealerSocket, Socket, SocketRecv, SocketSend, SubSocket, ZmqMessage};
 
@@ -39,7 +40,11 @@ fn vllm_config(id: &str) -> WorkerConfig {
     cfg
 }
 
-async fn subscribe(w: &RunningWorker) -> SubSocket {
+/// A SUB socket that is known to receive. ZMQ drops what a PUB socket sends before a new
+/// subscriber's subscription has reached it (the "slow joiner"), and nothing says when it has;
+/// so completions of one or two blocks, sharing no block with the tests' chat prompts, are sent
+/// until one is heard. Their batches are then drained: each test maps with a fresh mapper.
+async fn subscribe(client: &reqwest::Client, w: &RunningWorker) -> SubSocket {
     let mut sub = SubSocket::new();
     let endpoint = w
         .kv_events_endpoint()
@@ -49,9 +54,23 @@ async fn subscribe(w: &RunningWorker) -> SubSocket {
         .expect("connect in time")
         .expect("connect");
     sub.subscribe("").await.expect("subscribe");
-    // The subscription travels to the PUB side asynchronously; messages published before it
-    // arrives are dropped (ZMQ's slow joiner).
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    for i in 0.. {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the subscription never took"
+        );
+        let body = json!({"prompt": format!("warm-up {i} ").repeat(8), "max_tokens": 1});
+        assert_eq!(post_json(client, w, COMPLETIONS, &body).await.status(), 200);
+        if let Ok(message) = tokio::time::timeout(Duration::from_millis(200), sub.recv()).await {
+            message.expect("receive");
+            break;
+        }
+    }
+    while tokio::time::timeout(Duration::from_millis(200), sub.recv())
+        .await
+        .is_ok()
+    {}
     sub
 }
 
@@ -122,7 +141,7 @@ async fn kv_events_over_zmq_map_to_the_prompt_hashes_and_replay_from_a_seq() {
     observer.flush().await.unwrap();
     let w = start(vllm_config("agg-vllm"), &tok, Some(&observer)).await;
     let client = reqwest::Client::new();
-    let mut sub = subscribe(&w).await;
+    let mut sub = subscribe(&client, &w).await;
 
     let body = chat_body("wire", 120, 3);
     let tokens = tok.tokenize_request(ApiKind::Chat, &body).unwrap();
@@ -138,9 +157,10 @@ async fn kv_events_over_zmq_map_to_the_prompt_hashes_and_replay_from_a_seq() {
         hashes, expected,
         "Switchyard's hashes of the prompt's tokens"
     );
-    assert_eq!(live[0].seq, 0, "vLLM numbers batches from 0");
+    let first = live[0].seq;
+    assert!(first > 0, "the warm-up's batches came first");
     for (i, batch) in live.iter().enumerate() {
-        assert_eq!(batch.seq, i as u64);
+        assert_eq!(batch.seq, first + i as u64, "+1 per batch");
         assert_eq!(batch.topic, "kv-events");
         assert_eq!(batch.data_parallel_rank, Some(0));
         assert!(batch.skipped.is_empty(), "{:?}", batch.skipped);
@@ -157,12 +177,13 @@ async fn kv_events_over_zmq_map_to_the_prompt_hashes_and_replay_from_a_seq() {
         .collect();
     assert_eq!(announced, tokens[..expected.len() * BLOCK_SIZE as usize]);
 
-    // Replay from 0 re-sends what was published; from 1 leaves out batch 0.
+    // Replay from 0 re-sends everything since the start, numbered from 0; from the first
+    // live batch, exactly what was seen live.
     let replayed = replay(&w, 0).await;
-    assert_eq!(replayed[..live.len()], live[..]);
-    let later = replay(&w, 1).await;
-    assert!(later.iter().all(|b| b.seq >= 1));
-    assert_eq!(later.len(), replayed.len() - 1);
+    assert_eq!(replayed[0].seq, 0, "vLLM numbers batches from 0");
+    assert!(replayed.windows(2).all(|p| p[1].seq == p[0].seq + 1));
+    assert_eq!(replayed[replayed.len() - live.len()..], live[..]);
+    assert_eq!(replay(&w, first).await, live);
 
     // Load in vLLM's names, with sane values once the request is done.
     let text = metrics_text(&client, &w).await;
@@ -190,7 +211,16 @@ async fn kv_events_over_zmq_map_to_the_prompt_hashes_and_replay_from_a_seq() {
             "vllm:prompt_tokens_by_source_total",
             Some("local_compute")
         ),
-        tokens.len() as f64
+        metric(&text, "vllm:prompt_tokens_total", None),
+        "no prompt shared a block with another: every prompt token was computed here"
+    );
+    assert_eq!(
+        metric(
+            &text,
+            "vllm:prompt_tokens_by_source_total",
+            Some("local_cache_hit")
+        ),
+        0.0
     );
     assert_eq!(
         metric(&text, "switchyard_kv_replay_requests_total", None),
@@ -217,7 +247,7 @@ async fn a_repeated_prompt_is_not_announced_twice_and_evictions_are() {
     cfg.max_model_len = 12 * BLOCK_SIZE;
     let w = start(cfg, &tok, None).await;
     let client = reqwest::Client::new();
-    let mut sub = subscribe(&w).await;
+    let mut sub = subscribe(&client, &w).await;
     let block_size = BlockSize::try_new(BLOCK_SIZE).unwrap();
     let mut mapper = HashMapper::new(MapperConfig::new(block_size));
 
@@ -266,7 +296,7 @@ async fn older_array_events_with_byte_hashes_map_the_same() {
     }
     let w = start(cfg, &tok, None).await;
     let client = reqwest::Client::new();
-    let mut sub = subscribe(&w).await;
+    let mut sub = subscribe(&client, &w).await;
     let body = chat_body("array", 60, 1);
     let tokens = tok.tokenize_request(ApiKind::Chat, &body).unwrap();
     let block_size = BlockSize::try_new(BLOCK_SIZE).unwrap();
