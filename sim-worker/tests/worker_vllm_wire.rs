@@ -187,6 +187,7 @@ async fn kv_events_over_zmq_map_to_the_prompt_hashes_and_replay_from_a_seq() {
 
     // Load in vLLM's names, with sane values once the request is done.
     let text = metrics_text(&client, &w).await;
+    assert_parses_as_prometheus_text(&text);
     assert_eq!(
         metric(&text, "vllm:num_requests_running", Some("model_name=")),
         0.0
@@ -306,4 +307,23 @@ async fn older_array_events_with_byte_hashes_map_the_same() {
     let (live, hashes) = stored_blocks(&mut sub, &mut mapper, expected.len()).await;
     assert_eq!(hashes, expected);
     assert_eq!(live[0].topic, "");
+}
+
+/// Every line is a `# HELP`/`# TYPE` comment or `name{labels} value` with a number, and every
+/// sample carries the `model_name` label vLLM's scrapers select by.
+fn assert_parses_as_prometheus_text(text: &str) {
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let (series, value) = line.rsplit_once(' ').unwrap_or_else(|| panic!("{line}"));
+        assert!(value.parse::<f64>().is_ok(), "not a number: {line}");
+        let (name, labels) = series.split_once('{').unwrap_or_else(|| panic!("{line}"));
+        assert!(
+            name.chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':'),
+            "{line}"
+        );
+        assert!(
+            labels.ends_with('}') && labels.contains("model_name=\""),
+            "{line}"
+        );
+    }
 }
