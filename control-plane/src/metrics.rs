@@ -122,7 +122,8 @@ pub struct Metrics {
     /// What happened with declared (pool-file) workers, by event: `health_up`,
     /// `health_down`, `scrape_failed`, `kv_malformed`, `kv_gap_replayed`,
     /// `kv_gap_unrecoverable`, `kv_partial_rejoin` (the replay no longer reached back to the
-    /// engine's start), `kv_restart`, `kv_refused_event`, `kv_replay_failed`.
+    /// engine's start), `kv_restart`, `kv_refused_event`, `kv_replay_failed`, `block_size_mismatch` (the engine's block
+    /// size is not the pool file's).
     pub declared_events: Family<ReasonLabels, Counter>,
 }
 

@@ -121,7 +121,11 @@ async fn verdict(http: &reqwest::Client, control_plane: &str, body: &Value) -> V
         .send()
         .await
         .expect("route call");
-    assert!(response.status().is_success(), "route: {}", response.status());
+    assert!(
+        response.status().is_success(),
+        "route: {}",
+        response.status()
+    );
     response.json().await.expect("verdict JSON")
 }
 
@@ -262,7 +266,11 @@ async fn a_real_vllm_prefill_decode_pair_behind_switchyard() {
     )
     .await;
     let isl = usage(&direct)["prompt_tokens"].as_u64().unwrap_or(0);
-    assert_eq!(estimate["isl"].as_u64(), Some(isl), "same tokens: {estimate}");
+    assert_eq!(
+        estimate["isl"].as_u64(),
+        Some(isl),
+        "same tokens: {estimate}"
+    );
     assert_eq!(
         vllm_would_report(estimate["cached_tokens"].as_u64().unwrap_or(0), isl),
         cached_tokens(&direct),
@@ -313,7 +321,10 @@ async fn wait_for_index(http: &reqwest::Client, control_plane: &str, worker: &st
         (indexed_blocks(http, control_plane, worker).await > 0).then_some(())
     })
     .await;
-    assert!(found.is_some(), "no KV events from {worker} reached the index");
+    assert!(
+        found.is_some(),
+        "no KV events from {worker} reached the index"
+    );
 }
 
 async fn poll_until<T, F, Fut>(timeout: Duration, mut probe: F) -> Option<T>

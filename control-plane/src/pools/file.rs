@@ -143,8 +143,9 @@ struct RawPoolFile {
 struct RawModel {
     name: String,
     block_size: u32,
+    /// `workers:` with nothing under it (YAML's null) is no workers, as `[]` is.
     #[serde(default)]
-    workers: Vec<RawWorker>,
+    workers: Option<Vec<RawWorker>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -364,7 +365,7 @@ fn validate(raw: RawPoolFile) -> Result<Pools, Invalid> {
         }
         let block_size = BlockSize::try_new(model.block_size)
             .map_err(|e| invalid(format!("{at}.block_size"), e.to_string()))?;
-        for (w, worker) in model.workers.into_iter().enumerate() {
+        for (w, worker) in model.workers.unwrap_or_default().into_iter().enumerate() {
             let at = format!("{at}.workers[{w}]");
             let declared = validate_worker(worker, &model.name, block_size, &at)?;
             if pools.workers.contains_key(&declared.id) {
@@ -569,6 +570,13 @@ models:
             KvEventsSocket::Listen("tcp://127.0.0.1:5559".into())
         );
         assert_eq!(prefill.kv_capacity_blocks, Some(4096));
+    }
+
+    #[test]
+    fn a_model_with_no_workers_yet_is_fine() {
+        let pools = parse("models:\n  - name: m\n    block_size: 16\n    workers:\n").unwrap();
+        assert!(pools.workers.is_empty());
+        assert_eq!(pools.models, vec!["m".to_string()]);
     }
 
     #[test]

@@ -98,6 +98,8 @@ struct Declared {
     /// Source of instance ids: a new one per registration.
     started: Instant,
     registrations: u64,
+    /// The engine's block size when it differs from the pool file's (said once).
+    block_size_mismatch: Option<u32>,
 }
 
 impl Declared {
@@ -118,6 +120,7 @@ impl Declared {
             counted: FeedCounters::default(),
             started: Instant::now(),
             registrations: 0,
+            block_size_mismatch: None,
         }
     }
 
@@ -230,9 +233,14 @@ impl Declared {
                 return;
             }
         };
-        if let Some(size) = load.block_size {
-            if size != self.worker.block_size.get() {
-                tracing::warn!(worker = %self.worker.id, engine = size, declared = self.worker.block_size.get(), "the engine's block size is not the pool file's; its KV events will be refused");
+        if let Some(size) = load
+            .block_size
+            .filter(|s| *s != self.worker.block_size.get())
+        {
+            if self.block_size_mismatch != Some(size) {
+                self.block_size_mismatch = Some(size);
+                self.cx.metrics.declared_event("block_size_mismatch", 1);
+                tracing::error!(worker = %self.worker.id, engine = size, declared = self.worker.block_size.get(), "the engine's block size is not the pool file's: its KV events are refused until the file says {size}");
             }
         }
         if self.worker.kv_capacity_blocks.is_none() {
