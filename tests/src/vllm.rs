@@ -221,12 +221,13 @@ impl VllmEngine {
                 .status();
         };
         signal("-TERM");
-        let deadline = std::time::Instant::now() + grace;
-        while std::time::Instant::now() < deadline {
+        // Polled in steps rather than timed: a bounded number of checks covers the grace.
+        let step = Duration::from_millis(100);
+        for _ in 0..(grace.as_millis() / step.as_millis()).max(1) {
             if matches!(child.try_wait(), Ok(Some(_))) {
                 break;
             }
-            std::thread::sleep(Duration::from_millis(100));
+            std::thread::sleep(step);
         }
         // The group's other members (engine core, workers) may outlive the leader.
         signal("-KILL");
