@@ -132,14 +132,19 @@ impl Declared {
             .saturating_add(self.cx.health.timeout_ms)
     }
 
-    async fn poll_health(&mut self) {
-        let timeout = Duration::from_millis(self.cx.health.timeout_ms);
-        let ok = match self
-            .cx
+    /// GETs `url` within `timeout_ms`.
+    async fn get(&self, url: &str, timeout_ms: u64) -> reqwest::Result<reqwest::Response> {
+        self.cx
             .http
-            .get(&self.worker.health_url)
-            .timeout(timeout)
+            .get(url)
+            .timeout(Duration::from_millis(timeout_ms))
             .send()
+            .await
+    }
+
+    async fn poll_health(&mut self) {
+        let ok = match self
+            .get(&self.worker.health_url, self.cx.health.timeout_ms)
             .await
         {
             Ok(response) => response.status().is_success(),
@@ -209,13 +214,8 @@ impl Declared {
     }
 
     async fn scrape(&mut self) {
-        let timeout = Duration::from_millis(self.cx.scrape.timeout_ms);
         let text = match self
-            .cx
-            .http
-            .get(&self.worker.metrics_url)
-            .timeout(timeout)
-            .send()
+            .get(&self.worker.metrics_url, self.cx.scrape.timeout_ms)
             .await
         {
             Ok(response) if response.status().is_success() => response.text().await.ok(),
