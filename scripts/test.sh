@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
 # Sets up a fresh machine and runs every check and test Switchyard has:
 # formatting, clippy (native and wasm), the wasm filter build, unit, property and
-# end-to-end tests (real nats-server and Envoy, started and stopped by the tests).
+# end-to-end tests (real nats-server and Envoy, started and stopped by the tests), and last
+# the real-vLLM test (vLLM's CPU build, installed by scripts/setup-vllm.sh).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 
 ./scripts/setup.sh
+./scripts/setup-vllm.sh
 # shellcheck disable=SC1091
 source .cache/env.sh
+# shellcheck disable=SC1091
+source .cache/vllm-env.sh
 
 step() { echo; echo "== $*"; }
 
@@ -41,3 +45,6 @@ cargo build --workspace --bins --locked
 
 step "tests"
 cargo test --workspace --locked
+
+step "real vLLM: a prefill/decode pair over NIXL behind the gateway (after the rest: idle NIXL engines busy-poll both cores)"
+cargo test -p switchyard-e2e --test e2e_vllm --locked -- --ignored

@@ -8,6 +8,8 @@
 //!
 //! # Layout
 //! - [`vllm::frame`]: one ZMQ message `[topic, seq, msgpack payload]` → [`vllm::VllmBatch`].
+//! - [`vllm::encode`]: the reverse, [`vllm::VllmEvent`]s → vLLM's exact bytes (either event
+//!   encoding, integer or byte hashes), for simulated workers that speak vLLM's wire.
 //! - [`vllm::mapper`]: vLLM events → Switchyard [`KvEvent`](switchyard_protocol::kv::KvEvent)s
 //!   carrying Switchyard's sequence hashes, chained across events.
 //! - [`vllm::replay`]: vLLM's replay protocol on its ROUTER socket (requests and answers).

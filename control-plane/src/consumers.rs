@@ -19,7 +19,7 @@ use switchyard_protocol::registration::{unix_now_ms, RegistrationError, Registra
 use switchyard_protocol::worker::{LoadReport, WorkerHeartbeat, WorkerId};
 use switchyard_protocol::{subjects, PROTOCOL_VERSION};
 
-use crate::metrics::{variant_label, Metrics};
+use crate::metrics::Metrics;
 use crate::router::core::Resync;
 use crate::router::WorkerChange;
 use crate::service::ServiceHandle;
@@ -210,15 +210,9 @@ impl Consumer {
                 Ok(batch) => {
                     let worker = batch.worker_id.clone();
                     let outcome = self.service.kv_batch(batch).await?;
-                    match &outcome.result {
-                        Ok(_) => {
-                            self.metrics.kv_batches_applied.inc();
-                        }
-                        Err(e) => {
-                            self.metrics.kv_rejected(&variant_label(e));
-                            tracing::debug!(worker = %worker, error = %e, "KV batch rejected");
-                        }
-                    };
+                    if let Err(e) = &outcome.result {
+                        tracing::debug!(worker = %worker, error = %e, "KV batch rejected");
+                    }
                     self.carry_out(outcome.resync).await;
                 }
                 Err(e) => self.bad(kind, subject, &e),

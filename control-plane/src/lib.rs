@@ -10,6 +10,8 @@
 //! - [`consumers`]: NATS subscriptions that decode messages and forward them.
 //! - [`metrics`]: Prometheus metrics.
 //! - [`eds`]: Envoy endpoint discovery (pool membership).
+//! - [`pools`]: declared workers (a pool file): health polls, metrics scrapes, vLLM's ZMQ KV
+//!   events.
 //! - [`settings`]: command-line flags and environment.
 #![deny(missing_docs)]
 
@@ -17,6 +19,7 @@ pub mod api;
 pub mod consumers;
 pub mod eds;
 pub mod metrics;
+pub mod pools;
 pub mod service;
 pub mod settings;
 

@@ -117,6 +117,14 @@ pub struct Metrics {
     pub tokenizer_cache_misses: Counter,
     /// 1 while connected to NATS, 0 otherwise (updated when scraped).
     pub nats_connected: Gauge,
+    /// Pool-file loads, by result (`ok`, `error`: the last good pools stay).
+    pub pool_reloads: Family<ReasonLabels, Counter>,
+    /// What happened with declared (pool-file) workers, by event: `health_up`,
+    /// `health_down`, `scrape_failed`, `kv_malformed`, `kv_gap_replayed`,
+    /// `kv_gap_unrecoverable`, `kv_partial_rejoin` (the replay no longer reached back to the
+    /// engine's start), `kv_restart`, `kv_refused_event`, `kv_replay_failed`, `block_size_mismatch` (the engine's block
+    /// size is not the pool file's).
+    pub declared_events: Family<ReasonLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -148,6 +156,8 @@ impl Default for Metrics {
             tokenizer_cache_hits: Counter::default(),
             tokenizer_cache_misses: Counter::default(),
             nats_connected: Gauge::default(),
+            pool_reloads: Family::default(),
+            declared_events: Family::default(),
         }
     }
 }
@@ -270,6 +280,16 @@ impl Metrics {
             m.bad_messages.clone(),
         );
         r.register(
+            "pool_reloads",
+            "Pool-file loads, by result (ok, error: the last good pools stay)",
+            m.pool_reloads.clone(),
+        );
+        r.register(
+            "declared_worker_events",
+            "Health changes, scrape failures and KV-feed events of declared (pool-file) workers",
+            m.declared_events.clone(),
+        );
+        r.register(
             "tokenizer_cache_hits",
             "Tokenizer segment-cache hits",
             m.tokenizer_cache_hits.clone(),
@@ -303,6 +323,17 @@ impl Metrics {
                 reason: reason.to_string(),
             })
             .inc();
+    }
+
+    /// Counts `n` events of declared workers (see [`Metrics::declared_events`]).
+    pub fn declared_event(&self, event: &str, n: u64) {
+        if n > 0 {
+            self.declared_events
+                .get_or_create(&ReasonLabels {
+                    reason: event.to_string(),
+                })
+                .inc_by(n);
+        }
     }
 
     /// Counts an undecodable NATS message.

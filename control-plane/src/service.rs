@@ -20,7 +20,7 @@ use tokio::time::Instant;
 use switchyard_protocol::kv::KvEventBatch;
 use switchyard_protocol::lifecycle::LifecycleBatch;
 use switchyard_protocol::route::Verdict;
-use switchyard_protocol::worker::{LoadReport, WorkerHeartbeat};
+use switchyard_protocol::worker::{LoadReport, WorkerHeartbeat, WorkerId, WorkerInfo};
 
 use crate::config::{ConfigError, RouterConfig};
 use crate::load::WorkerLoad;
@@ -47,6 +47,22 @@ pub enum Command {
         heartbeat: WorkerHeartbeat,
         /// What changed, and the resync it calls for.
         reply: oneshot::Sender<HeartbeatOutcome>,
+    },
+    /// A declared worker passed its health check (registration or refresh).
+    Declared {
+        /// The worker as the pool file and its engine describe it.
+        worker: WorkerInfo,
+        /// How long it stays live unless confirmed again.
+        expires_after_ms: u64,
+        /// What changed.
+        reply: oneshot::Sender<HeartbeatOutcome>,
+    },
+    /// A declared worker leaves the pools and the index (unhealthy, or no longer declared).
+    Withdraw {
+        /// Which worker.
+        worker: WorkerId,
+        /// Whether it was there.
+        reply: oneshot::Sender<bool>,
     },
     /// A batch of KV events from one worker.
     KvBatch {
@@ -155,6 +171,31 @@ impl ServiceHandle {
     ) -> Result<HeartbeatOutcome, ServiceStopped> {
         self.call(|reply| Command::Heartbeat { heartbeat, reply })
             .await
+    }
+
+    /// Registers or refreshes a declared worker whose health check passed.
+    ///
+    /// # Errors
+    /// [`ServiceStopped`] during shutdown.
+    pub async fn declared(
+        &self,
+        worker: WorkerInfo,
+        expires_after_ms: u64,
+    ) -> Result<HeartbeatOutcome, ServiceStopped> {
+        self.call(|reply| Command::Declared {
+            worker,
+            expires_after_ms,
+            reply,
+        })
+        .await
+    }
+
+    /// Takes a worker out of the pools and the index; whether it was there.
+    ///
+    /// # Errors
+    /// [`ServiceStopped`] during shutdown.
+    pub async fn withdraw(&self, worker: WorkerId) -> Result<bool, ServiceStopped> {
+        self.call(|reply| Command::Withdraw { worker, reply }).await
     }
 
     /// Applies a KV event batch.

@@ -67,6 +67,17 @@ pub struct Settings {
     #[arg(long, env = "SWITCHYARD_MODEL_DIR")]
     pub model_dir: Option<PathBuf>,
 
+    /// A pool file (YAML or JSON) declaring engines that do not register themselves, such as
+    /// vLLM workers: their addresses, roles and KV-event sockets (docs/vllm.md). Watched:
+    /// changes apply without a restart. Self-registering workers on NATS work beside it.
+    #[arg(long, env = "SWITCHYARD_POOL_FILE")]
+    pub pool_file: Option<PathBuf>,
+
+    /// How often the pool file is re-read, in milliseconds.
+    #[arg(long, env = "SWITCHYARD_POOL_RELOAD_MS", default_value_t = 1_000,
+          value_parser = clap::value_parser!(u64).range(100..=3_600_000))]
+    pub pool_reload_ms: u64,
+
     /// agg, disagg or conditional.
     #[arg(
         long,

@@ -22,8 +22,10 @@ pub fn routable_api(method: Option<&str>, path: Option<&str>) -> Option<ApiKind>
 /// fragment dropped, percent-escapes decoded (Starlette routes on the decoded path, so
 /// `/v1/chat/%63ompletions` reaches the chat handler), repeated slashes merged, `.` and `..`
 /// segments resolved, and a trailing slash dropped (vLLM redirects `/v1/chat/completions/` to
-/// the handler, warp matches it directly). `None` for a path that is not one: no leading
-/// slash, a bad or NUL escape, non-UTF-8 after decoding.
+/// the handler, warp matches it directly). A decoded `%`, `?` or `#` is escaped again, so the
+/// result is itself a path that means the same (`/%23` stays `/%23`, not a fragment).
+/// `None` for a path that is not one: no leading slash, a bad or NUL escape, non-UTF-8 after
+/// decoding.
 pub fn canonical_path(raw: &str) -> Option<String> {
     let path = raw.split(['?', '#']).next().unwrap_or("");
     if !path.starts_with('/') {
@@ -40,7 +42,22 @@ pub fn canonical_path(raw: &str) -> Option<String> {
             s => segments.push(s),
         }
     }
-    Some(format!("/{}", segments.join("/")))
+    let escaped: Vec<String> = segments.iter().map(|s| escape_reserved(s)).collect();
+    Some(format!("/{}", escaped.join("/")))
+}
+
+/// A decoded segment with the characters that would end or re-escape a path escaped again.
+fn escape_reserved(segment: &str) -> String {
+    let mut out = String::with_capacity(segment.len());
+    for c in segment.chars() {
+        match c {
+            '%' => out.push_str("%25"),
+            '?' => out.push_str("%3F"),
+            '#' => out.push_str("%23"),
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 /// Decodes `%XX` escapes; `None` for a malformed escape, an escaped NUL, or invalid UTF-8.
@@ -157,6 +174,17 @@ mod tests {
             Some("/etc/passwd")
         );
         assert_eq!(canonical_path("/").as_deref(), Some("/"));
+        // A decoded `#`, `?` or `%` is data, not a fragment, query or escape: kept escaped,
+        // so the canonical form is its own canonical form.
+        assert_eq!(canonical_path("/%23?x").as_deref(), Some("/%23"));
+        assert_eq!(
+            canonical_path("/a%3Fb/%2525").as_deref(),
+            Some("/a%3Fb/%2525")
+        );
+        assert_eq!(
+            canonical_path(&canonical_path("/%23").unwrap()).as_deref(),
+            Some("/%23")
+        );
     }
 
     #[test]

@@ -19,7 +19,7 @@ use std::collections::HashMap;
 use switchyard_protocol::kv::KvEventBatch;
 use switchyard_protocol::lifecycle::LifecycleEvent;
 use switchyard_protocol::route::Verdict;
-use switchyard_protocol::worker::{LoadReport, WorkerHeartbeat, WorkerId};
+use switchyard_protocol::worker::{LoadReport, WorkerHeartbeat, WorkerId, WorkerInfo};
 
 use crate::{KvApplyOutcome, KvEventError, RouteError, Router, WorkerChange};
 
@@ -146,17 +146,43 @@ impl ControlCore {
 
     /// A heartbeat (registration or refresh). Its authenticity is the caller's to check.
     pub fn heartbeat(&mut self, hb: &WorkerHeartbeat, now_ms: u64) -> HeartbeatOutcome {
-        self.observe(now_ms);
         let expires = self.expiry_ms(hb.interval_ms);
-        let change = self.router.upsert_worker(&hb.worker, expires, now_ms);
+        self.declared(&hb.worker, expires, now_ms)
+    }
+
+    /// A worker known to be up without a heartbeat of its own — a declared engine whose
+    /// health check passed — live for `expires_after_ms` unless confirmed again. The same
+    /// registration as a heartbeat's; the resync it asks for is the caller's to carry out
+    /// (a declared vLLM has no dump: its KV feed replays instead).
+    pub fn declared(
+        &mut self,
+        worker: &WorkerInfo,
+        expires_after_ms: u64,
+        now_ms: u64,
+    ) -> HeartbeatOutcome {
+        self.observe(now_ms);
+        let change = self.router.upsert_worker(worker, expires_after_ms, now_ms);
         let reason = match change {
             WorkerChange::New => Some(ResyncReason::NewWorker),
             WorkerChange::Restarted => Some(ResyncReason::Restarted),
             WorkerChange::Refreshed | WorkerChange::Rejected => None,
         };
-        let resync =
-            reason.map(|r| self.resync(&hb.worker.worker_id, hb.worker.instance_id, r, now_ms));
+        let resync = reason.map(|r| self.resync(&worker.worker_id, worker.instance_id, r, now_ms));
         HeartbeatOutcome { change, resync }
+    }
+
+    /// Takes a worker out of the pools and the index now (declared and found unhealthy, or
+    /// no longer declared). Returns whether it was there.
+    pub fn withdraw(&mut self, worker: &WorkerId, now_ms: u64) -> bool {
+        self.observe(now_ms);
+        self.resyncs.remove(worker);
+        let known = self
+            .router
+            .workers()
+            .iter()
+            .any(|w| &w.info.worker_id == worker);
+        self.router.remove_worker(worker);
+        known
     }
 
     /// A batch of KV events from one worker.
@@ -250,7 +276,7 @@ impl ControlCore {
 #[cfg(test)]
 mod tests {
     use switchyard_protocol::kv::KvEvent;
-    use switchyard_protocol::worker::{WorkerInfo, WorkerRole};
+    use switchyard_protocol::worker::WorkerRole;
 
     use super::*;
 
@@ -337,5 +363,30 @@ mod tests {
             assert!(t < 12_000, "expires after the window");
         }
         assert!(t > 11_000, "a full window from the stall's end: {t}");
+    }
+
+    #[test]
+    fn a_declared_worker_registers_like_a_heartbeat_and_withdraws_at_once() {
+        let mut core = ControlCore::new(Router::new(), 3);
+        let info = hb("vllm-0", 1).worker;
+        let first = core.declared(&info, 5_000, 0);
+        assert_eq!(first.change, WorkerChange::New);
+        assert_eq!(first.resync, sent(ResyncReason::NewWorker, "vllm-0"));
+        assert_eq!(
+            core.declared(&info, 5_000, 100).change,
+            WorkerChange::Refreshed
+        );
+        assert!(
+            core.tick(4_000).is_empty(),
+            "live for the window it was given"
+        );
+        assert!(core.withdraw(&info.worker_id, 4_100));
+        assert!(core.router().workers().is_empty());
+        assert!(!core.withdraw(&info.worker_id, 4_200), "already gone");
+        assert_eq!(
+            core.declared(&info, 5_000, 4_300).change,
+            WorkerChange::New,
+            "back as new: its old blocks are gone"
+        );
     }
 }

@@ -9,6 +9,8 @@ use switchyard_engine::{EngineConfig, SpeedUp};
 
 pub use switchyard_engine::{DEFAULT_LOAD_INTERVAL_MS, DEFAULT_MAX_MODEL_LEN, DEFAULT_MODEL_NAME};
 
+pub use crate::vllm_wire::{VllmWireConfig, Wire};
+
 /// One `--worker ROLE:ID@HOST:PORT` flag.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WorkerSpec {
@@ -94,6 +96,8 @@ pub struct WorkerConfig {
     pub load_interval_ms: u64,
     /// The model's context length: longer prompts and larger `max_tokens` get a 400.
     pub max_model_len: u32,
+    /// Switchyard's NATS wire or vLLM's (ZMQ KV events, no registration).
+    pub wire: Wire,
 }
 
 impl WorkerConfig {
@@ -107,6 +111,7 @@ impl WorkerConfig {
             heartbeat_interval_ms: switchyard_protocol::worker::DEFAULT_HEARTBEAT_INTERVAL_MS,
             load_interval_ms: DEFAULT_LOAD_INTERVAL_MS,
             max_model_len: DEFAULT_MAX_MODEL_LEN,
+            wire: Wire::default(),
         }
     }
 
@@ -126,6 +131,9 @@ impl WorkerConfig {
         }
         if !is_valid_worker_token(&self.spec.id.0) {
             return Err(SpecError::Id(self.spec.id.0.clone()).to_string());
+        }
+        if let Wire::Vllm(vllm) = &self.wire {
+            vllm.validate()?;
         }
         self.engine.validate().map_err(|e| e.to_string())
     }

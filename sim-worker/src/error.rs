@@ -120,4 +120,12 @@ pub enum StartError {
     /// The tokenizer could not be loaded.
     #[error("cannot load the tokenizer: {0}")]
     Tokenizer(String),
+    /// A ZMQ socket of the vLLM wire could not be bound.
+    #[error("cannot bind the ZMQ socket at {endpoint}: {source}")]
+    Zmq {
+        /// The endpoint asked for.
+        endpoint: String,
+        /// The ZMQ error.
+        source: zeromq::ZmqError,
+    },
 }

@@ -57,9 +57,12 @@ pub fn routes(
         .and(warp::get())
         .and(with_ctx.clone())
         .map(|ctx: Arc<WorkerContext>| {
-            let text = ctx
-                .metrics
-                .render(&ctx.model_name, &ctx.id.0, &ctx.engine.load());
+            let text = ctx.metrics.render(
+                &ctx.model_name,
+                &ctx.id.0,
+                &ctx.engine.load(),
+                ctx.engine_config.block_size,
+            );
             warp::reply::with_header(text, "content-type", "text/plain; version=0.0.4")
                 .into_response()
         });

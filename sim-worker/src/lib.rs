@@ -11,8 +11,11 @@
 //! - [`http`]: warp routes; [`completion`] serves one OpenAI request; [`stream`] is its SSE
 //!   body; [`openai`] holds the request fields and response shapes.
 //! - [`handoff`]: the prefill -> decode KV pull (NixlConnector semantics).
+//! - [`kv_sink`]: where the engine task hands its KV events, whichever the wire.
 //! - [`nats`]: heartbeats, load reports, KV event batches, resync dumps (the engine crate's
-//!   `kv_batches` numbers and splits the batches).
+//!   `kv_batches` numbers and splits the batches) — Switchyard's wire.
+//! - [`vllm_wire`]: vLLM's wire instead (`--wire vllm`): KV events over ZMQ in vLLM's msgpack,
+//!   replay, no NATS.
 //! - [`metrics`]: `/metrics` in vLLM's names plus ours.
 
 #![deny(missing_docs)]
@@ -23,11 +26,13 @@ pub mod context;
 pub mod error;
 pub mod handoff;
 pub mod http;
+pub mod kv_sink;
 pub mod metrics;
 pub mod nats;
 pub mod openai;
 pub mod runtime;
 pub mod stream;
+pub mod vllm_wire;
 
 use std::hash::{BuildHasher, Hasher};
 use std::net::SocketAddr;
@@ -42,7 +47,7 @@ use tokio::task::JoinHandle;
 
 use switchyard_engine::worker_core::WorkerCore;
 
-pub use config::{WorkerConfig, WorkerSpec, DEFAULT_MODEL_NAME};
+pub use config::{VllmWireConfig, Wire, WorkerConfig, WorkerSpec, DEFAULT_MODEL_NAME};
 pub use error::{ApiError, StartError};
 pub use metrics::{PullFailure, WorkerMetrics};
 pub use runtime::EngineHandle;
@@ -53,6 +58,7 @@ pub struct WorkerDeps {
     /// The prompt tokenizer (block hashes must equal the control plane's).
     pub tokenizer: Arc<ModelTokenizer>,
     /// NATS, if configured (see `switchyard_bus::connect`); `None` runs the worker without it.
+    /// Unused by workers on the vLLM wire.
     pub nats: Option<async_nats::Client>,
     /// Client for KV pulls from prefill workers.
     pub http: reqwest::Client,
@@ -83,6 +89,7 @@ impl WorkerDeps {
 pub struct RunningWorker {
     ctx: Arc<context::WorkerContext>,
     local_addr: SocketAddr,
+    vllm_endpoints: Option<(String, Option<String>)>,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -100,6 +107,21 @@ impl RunningWorker {
     /// Random id of this start (heartbeats and KV batches carry it).
     pub fn instance_id(&self) -> u64 {
         self.ctx.instance_id
+    }
+
+    /// On the vLLM wire, where its KV event PUB socket listens, port resolved
+    /// (`tcp://127.0.0.1:40123`); `None` on Switchyard's wire.
+    pub fn kv_events_endpoint(&self) -> Option<&str> {
+        self.vllm_endpoints
+            .as_ref()
+            .map(|(events, _)| events.as_str())
+    }
+
+    /// On the vLLM wire, where its replay ROUTER socket listens, if it has one.
+    pub fn kv_replay_endpoint(&self) -> Option<&str> {
+        self.vllm_endpoints
+            .as_ref()
+            .and_then(|(_, replay)| replay.as_deref())
     }
 
     /// The worker's counters.
@@ -137,11 +159,12 @@ pub fn random_instance_id() -> u64 {
     h.finish()
 }
 
-/// Binds the worker's port and starts its engine, HTTP server and (with NATS) publishers.
+/// Binds the worker's port and starts its engine, HTTP server and publishers: NATS on
+/// Switchyard's wire (when `deps` has a client), the ZMQ sockets on vLLM's.
 ///
 /// # Errors
 /// [`StartError::InvalidConfig`] for a bad configuration, [`StartError::Bind`] when the port
-/// cannot be bound.
+/// cannot be bound, [`StartError::Zmq`] when a vLLM-wire socket cannot be bound.
 pub async fn start_worker(
     cfg: WorkerConfig,
     deps: WorkerDeps,
@@ -183,8 +206,8 @@ pub async fn start_worker(
     );
     let core = WorkerCore::new(info, engine_cfg.clone())
         .map_err(|e| StartError::InvalidConfig(e.to_string()))?;
-    let (kv_tx, kv_rx) = mpsc::channel(runtime::KV_PUBLISH_QUEUE);
-    let (engine_handle, engine_task) = runtime::spawn_engine(core, clock, kv_tx, metrics.clone());
+    let (sink, wire) = kv_wire(&cfg.wire, &engine_cfg, &metrics).await?;
+    let (engine_handle, engine_task) = runtime::spawn_engine(core, clock, sink, metrics.clone());
     let ctx = Arc::new(context::WorkerContext::new(
         cfg.spec.id.clone(),
         cfg.spec.role,
@@ -205,8 +228,9 @@ pub async fn start_worker(
     let mut tasks = vec![engine_task];
     let server = warp::serve(http::routes(ctx.clone())).incoming(listener);
     tasks.push(tokio::spawn(server.run()));
-    match deps.nats {
-        Some(client) => tasks.extend(nats::spawn_nats_tasks(
+    let mut vllm_endpoints = None;
+    match (wire, deps.nats) {
+        (KvWire::Nats(kv_rx), Some(client)) => tasks.extend(nats::spawn_nats_tasks(
             ctx.clone(),
             client,
             kv_rx,
@@ -214,13 +238,61 @@ pub async fn start_worker(
             Duration::from_millis(cfg.load_interval_ms),
         )),
         // Without NATS nobody reads the batches; drain them so the engine never counts drops.
-        None => tasks.push(tokio::spawn(drain(kv_rx))),
+        (KvWire::Nats(kv_rx), None) => tasks.push(tokio::spawn(drain(kv_rx))),
+        (KvWire::Vllm(parts, steps), _) => {
+            let (sockets, vllm) = *parts;
+            vllm_endpoints = Some((
+                sockets.events_endpoint.clone(),
+                sockets.replay_endpoint.clone(),
+            ));
+            tasks.extend(vllm_wire::spawn(sockets, vllm, steps, ctx.metrics.clone()));
+        }
     }
     Ok(RunningWorker {
         ctx,
         local_addr,
+        vllm_endpoints,
         tasks,
     })
+}
+
+/// The receiving end of the engine's KV events, per wire.
+enum KvWire {
+    Nats(mpsc::Receiver<switchyard_protocol::kv::KvEventBatch>),
+    // Boxed: the sockets are large, and this lives for one start only.
+    Vllm(
+        Box<(vllm_wire::BoundSockets, VllmWireConfig)>,
+        mpsc::Receiver<vllm_wire::VllmStep>,
+    ),
+}
+
+/// The engine task's sink for `wire` and what will read from it; vLLM's sockets are bound
+/// here, before anything starts, so a bad endpoint fails the start.
+async fn kv_wire(
+    wire: &Wire,
+    engine: &switchyard_engine::EngineConfig,
+    metrics: &Arc<WorkerMetrics>,
+) -> Result<(Box<dyn kv_sink::KvSink>, KvWire), StartError> {
+    match wire {
+        Wire::Switchyard => {
+            let (tx, rx) = mpsc::channel(runtime::KV_PUBLISH_QUEUE);
+            let sink = kv_sink::NatsSink::new(tx, metrics.clone());
+            Ok((Box::new(sink), KvWire::Nats(rx)))
+        }
+        Wire::Vllm(vllm) => {
+            let sockets = vllm_wire::bind(vllm).await?;
+            let block_size = engine
+                .block_size()
+                .map_err(|e| StartError::InvalidConfig(e.to_string()))?;
+            let book = vllm_wire::BlockBook::new(block_size, engine.hash_seed);
+            let (tx, rx) = mpsc::channel(runtime::KV_PUBLISH_QUEUE);
+            let sink = vllm_wire::VllmSink::new(book, tx, metrics.clone());
+            Ok((
+                Box::new(sink),
+                KvWire::Vllm(Box::new((sockets, vllm.clone())), rx),
+            ))
+        }
+    }
 }
 
 async fn drain<T>(mut rx: mpsc::Receiver<T>) {

@@ -65,6 +65,10 @@ pub struct WorkerMetrics {
     pub generation_tokens: AtomicU64,
     /// Prompt tokens this worker computed itself (neither cached nor pulled).
     pub local_prefill_tokens: AtomicU64,
+    /// Prompt tokens of finished requests found in the local prefix cache.
+    pub cached_prompt_tokens: AtomicU64,
+    /// Prompt tokens of finished requests whose KV was pulled from a prefill worker.
+    pub remote_prompt_tokens: AtomicU64,
     /// Prefill legs answered with `kv_transfer_params` (KV held here).
     pub kv_holds: AtomicU64,
     /// Hold releases requested by decode workers that found the KV.
@@ -88,6 +92,8 @@ pub struct WorkerMetrics {
     pub kv_resyncs: AtomicU64,
     /// NATS publishes that failed.
     pub nats_publish_errors: AtomicU64,
+    /// Replay requests answered on the vLLM wire's ROUTER socket.
+    pub kv_replay_requests: AtomicU64,
 }
 
 impl WorkerMetrics {
@@ -109,8 +115,15 @@ impl WorkerMetrics {
         self.kv_pull_failures[i].load(Ordering::Relaxed)
     }
 
-    /// Prometheus text exposition, with the engine's `load` for the gauges.
-    pub fn render(&self, model: &str, worker_id: &str, load: &LoadSnapshot) -> String {
+    /// Prometheus text exposition, with the engine's `load` for the gauges and its block size
+    /// for `vllm:cache_config_info`.
+    pub fn render(
+        &self,
+        model: &str,
+        worker_id: &str,
+        load: &LoadSnapshot,
+        block_size: u32,
+    ) -> String {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         let labels = format!(
             "model_name=\"{}\",worker=\"{}\"",
@@ -162,6 +175,18 @@ impl WorkerMetrics {
             "",
             load.prefix_cache_hits.to_string(),
         );
+        // vLLM's info gauge: the cache's shape in labels, value 1. A scraper learns each
+        // worker's block size and capacity from it, as from a real vLLM.
+        put(
+            "vllm:cache_config_info",
+            "gauge",
+            "Information of the LLMEngine CacheConfig.",
+            &format!(
+                "block_size=\"{block_size}\",enable_prefix_caching=\"True\",num_gpu_blocks=\"{}\"",
+                load.kv_total_blocks
+            ),
+            "1".to_owned(),
+        );
         put(
             "vllm:num_preemptions_total",
             "counter",
@@ -176,6 +201,35 @@ impl WorkerMetrics {
             "",
             get(&self.prompt_tokens).to_string(),
         );
+        put(
+            "vllm:prompt_tokens_cached_total",
+            "counter",
+            "Prompt tokens of finished requests found in the prefix cache.",
+            "",
+            get(&self.cached_prompt_tokens).to_string(),
+        );
+        // What vLLM's `prompt_tokens_by_source_total` splits: computed here, found in the
+        // local cache, or received from a prefill worker (NIXL in vLLM, simulated here).
+        for (i, (source, counter)) in [
+            ("local_compute", &self.local_prefill_tokens),
+            ("local_cache_hit", &self.cached_prompt_tokens),
+            ("external_kv_transfer", &self.remote_prompt_tokens),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            put(
+                "vllm:prompt_tokens_by_source_total",
+                "counter",
+                if i == 0 {
+                    "Prompt tokens of finished requests, by where their KV came from."
+                } else {
+                    ""
+                },
+                &format!("source=\"{source}\""),
+                get(counter).to_string(),
+            );
+        }
         put(
             "vllm:generation_tokens_total",
             "counter",
@@ -336,6 +390,13 @@ impl WorkerMetrics {
             "Resync dumps sent.",
             "",
             get(&self.kv_resyncs).to_string(),
+        );
+        put(
+            "switchyard_kv_replay_requests_total",
+            "counter",
+            "Replay requests answered on the vLLM wire's replay socket.",
+            "",
+            get(&self.kv_replay_requests).to_string(),
         );
         put(
             "switchyard_nats_publish_errors_total",

@@ -3,8 +3,8 @@
 //! The worker core ([`WorkerCore`]: the engine and the batches it publishes) is pure; this
 //! task gives it a clock. It sleeps until the engine's next event (scaled by the time scale)
 //! or a command, steps the core to "now", routes each output to its request's channel,
-//! forwards the step's KV event batches to the NATS publisher, and publishes a load
-//! snapshot. Everyone else talks to it
+//! hands the step's KV event batches to the worker's [`KvSink`] (NATS or the vLLM wire), and
+//! publishes a load snapshot. Everyone else talks to it
 //! through an [`EngineHandle`] (one command enum, `oneshot` replies).
 
 use std::collections::HashMap;
@@ -14,17 +14,17 @@ use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 
-use switchyard_protocol::kv::KvEventBatch;
-
 use switchyard_engine::worker_core::WorkerCore;
 use switchyard_engine::{
     EngineError, EngineOutput, EngineRequest, HeldKv, LoadSnapshot, Prompt, SpeedUp,
 };
 
+use super::kv_sink::KvSink;
 use super::metrics::WorkerMetrics;
 
-/// Batches waiting for the NATS publisher; beyond this the newest are dropped (counted) and
-/// the control plane repairs the gap with a resync.
+/// Batches (vLLM wire: steps) waiting for the publisher; beyond this the newest are dropped
+/// (counted) and the control plane sees the gap in sequence numbers (Switchyard's wire: it
+/// asks for a resync; vLLM's: it replays or resets).
 pub const KV_PUBLISH_QUEUE: usize = 1_024;
 
 /// Maps the engine's milliseconds to tokio instants. A speed-up > 1 runs the model faster
@@ -186,12 +186,12 @@ impl EngineHandle {
     }
 }
 
-/// Starts the engine task. KV event batches go to `kv_out`; the task ends when every handle
-/// is dropped.
+/// Starts the engine task. KV events go to `kv_out`; the task ends when every handle is
+/// dropped.
 pub fn spawn_engine(
     core: WorkerCore,
     clock: EngineClock,
-    kv_out: mpsc::Sender<KvEventBatch>,
+    kv_out: Box<dyn KvSink>,
     metrics: Arc<WorkerMetrics>,
 ) -> (EngineHandle, tokio::task::JoinHandle<()>) {
     let (commands, rx) = mpsc::unbounded_channel();
@@ -212,7 +212,7 @@ pub fn spawn_engine(
 struct EngineTask {
     core: WorkerCore,
     clock: EngineClock,
-    kv_out: mpsc::Sender<KvEventBatch>,
+    kv_out: Box<dyn KvSink>,
     metrics: Arc<WorkerMetrics>,
     load_tx: watch::Sender<LoadSnapshot>,
     requests: HashMap<u64, mpsc::UnboundedSender<RequestEvent>>,
@@ -248,17 +248,23 @@ impl EngineTask {
         match cmd {
             Command::Submit { req, events, reply } => {
                 let id = req.id;
+                self.kv_out.request_submitted(id, &req.prompt);
                 let result = self.core.submit(req, now);
                 if result.is_ok() {
                     self.requests.insert(id, events);
+                } else {
+                    self.kv_out.request_ended(id);
                 }
                 let _ = reply.send(result);
             }
             Command::Abort { id } => {
-                if self.requests.remove(&id).is_some() && self.core.engine_mut().abort(id, now) {
-                    self.metrics
-                        .requests_aborted
-                        .fetch_add(1, Ordering::Relaxed);
+                if self.requests.remove(&id).is_some() {
+                    self.kv_out.request_ended(id);
+                    if self.core.engine_mut().abort(id, now) {
+                        self.metrics
+                            .requests_aborted
+                            .fetch_add(1, Ordering::Relaxed);
+                    }
                 }
             }
             Command::ReleaseHeld { id, reply } => {
@@ -269,9 +275,8 @@ impl EngineTask {
             }
             Command::Resync => {
                 self.metrics.kv_resyncs.fetch_add(1, Ordering::Relaxed);
-                for batch in self.core.resync_dump() {
-                    self.publish(batch);
-                }
+                let dump = self.core.resync_dump();
+                self.kv_out.publish_step(dump);
             }
         }
     }
@@ -312,6 +317,11 @@ impl EngineTask {
                 let local = prompt_tokens.saturating_sub(cached_tokens + remote_tokens);
                 m.local_prefill_tokens
                     .fetch_add(u64::from(local), Ordering::Relaxed);
+                m.cached_prompt_tokens
+                    .fetch_add(u64::from(cached_tokens), Ordering::Relaxed);
+                m.remote_prompt_tokens
+                    .fetch_add(u64::from(remote_tokens), Ordering::Relaxed);
+                self.kv_out.request_ended(id);
                 let held = if kv_held {
                     self.core.engine().held_kv(id).cloned()
                 } else {
@@ -337,32 +347,22 @@ impl EngineTask {
             .requests
             .get(&id)
             .is_some_and(|tx| tx.send(event).is_ok());
-        if !delivered
-            && self.requests.remove(&id).is_some()
-            && self.core.engine_mut().abort(id, now)
-        {
+        if !delivered && self.requests.remove(&id).is_some() {
             // The HTTP side dropped its receiver: the client went away.
-            self.metrics
-                .requests_aborted
-                .fetch_add(1, Ordering::Relaxed);
+            self.kv_out.request_ended(id);
+            if self.core.engine_mut().abort(id, now) {
+                self.metrics
+                    .requests_aborted
+                    .fetch_add(1, Ordering::Relaxed);
+            }
         }
     }
 
     fn flush_kv_events(&mut self) {
-        for batch in self.core.kv_batches() {
-            self.publish(batch);
-        }
-    }
-
-    fn publish(&self, batch: KvEventBatch) {
-        match self.kv_out.try_send(batch) {
-            Ok(()) => {}
-            Err(_) => {
-                self.metrics
-                    .kv_event_batches_dropped
-                    .fetch_add(1, Ordering::Relaxed);
-            }
-        }
+        // Called every step, even without events: a sink may have work deferred to the step's
+        // end (the vLLM wire forgets ended requests' tokens only after their last stores).
+        let batches = self.core.kv_batches();
+        self.kv_out.publish_step(batches);
     }
 }
 

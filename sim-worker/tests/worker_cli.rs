@@ -154,3 +154,91 @@ async fn a_worker_started_before_nats_serves_http_and_joins_nats_later() {
         Some(0)
     );
 }
+
+#[test]
+fn vllm_wire_flags_are_checked() {
+    let w = ["--worker", "agg:w@127.0.0.1:0"];
+    let cases: [(&[&str], &str); 5] = [
+        (&["--wire", "vllm"], "one --kv-events-endpoint per --worker"),
+        (
+            &["--kv-events-endpoint", "tcp://127.0.0.1:0"],
+            "need --wire vllm",
+        ),
+        (
+            &["--wire", "vllm", "--kv-events-endpoint", "ipc:///tmp/kv"],
+            "tcp://HOST:PORT",
+        ),
+        (
+            &[
+                "--wire",
+                "vllm",
+                "--kv-events-endpoint",
+                "tcp://127.0.0.1:0",
+                "--kv-replay-endpoint",
+                "tcp://127.0.0.1:0,tcp://127.0.0.1:0",
+            ],
+            "none or one per --worker",
+        ),
+        (&["--wire", "zmq"], "switchyard"),
+    ];
+    for (extra, needle) in cases {
+        let args: Vec<&str> = w.iter().chain(extra).copied().collect();
+        let (code, stderr) = exit_code(&args);
+        assert_eq!(code, 64, "{args:?}: {stderr}");
+        assert!(
+            stderr.contains(needle),
+            "{args:?}: {needle:?} not in {stderr}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_vllm_wire_worker_logs_its_bound_zmq_endpoints_and_serves() {
+    let http_port = free_port();
+    let mut child = Command::new(BIN)
+        .args([
+            "--wire",
+            "vllm",
+            "--worker",
+            &format!("agg:cli-vllm@127.0.0.1:{http_port}"),
+            "--kv-events-endpoint",
+            "tcp://127.0.0.1:0",
+            "--kv-replay-endpoint",
+            "tcp://127.0.0.1:0",
+        ])
+        .env("NO_COLOR", "1")
+        .env_remove("SWITCHYARD_NATS_URL")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("binary starts");
+    let stdout = child.stdout.take().unwrap();
+    let _guard = WorkerProcess(child);
+    let (lines_tx, lines) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if lines_tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let want = "worker cli-vllm publishes vLLM KV events on tcp://127.0.0.1:";
+    let line = (0..200)
+        .find_map(|_| {
+            lines
+                .recv_timeout(Duration::from_millis(50))
+                .ok()
+                .filter(|l| l.contains(want))
+        })
+        .unwrap_or_else(|| panic!("no {want:?} log line"));
+    // Both sockets got real ports (not the 0 asked for).
+    assert!(
+        !line.contains(":0, replay") && !line.trim_end().ends_with(":0"),
+        "{line}"
+    );
+    assert!(line.contains("replay on tcp://127.0.0.1:"), "{line}");
+    let health = reqwest::get(format!("http://127.0.0.1:{http_port}/health"))
+        .await
+        .unwrap();
+    assert_eq!(health.status(), 200);
+}

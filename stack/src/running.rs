@@ -40,6 +40,10 @@ pub struct Stack {
     pub(crate) nats_program: PathBuf,
     /// This run's NATS token and registration secret (see [`Stack::launch`]).
     pub(crate) nats_token: String,
+    /// Workers of the pool file: not started by the stack, but waited for in EDS.
+    pub(crate) declared: Vec<WorkerSpec>,
+    /// How the control plane was started (for [`Stack::restart_control_plane`]).
+    pub(crate) control_plane_command: (PathBuf, Vec<String>),
 }
 
 /// File in the run directory holding this run's NATS token.
@@ -55,7 +59,12 @@ impl StackBuilder {
     /// is stopped before this returns.
     pub async fn start(self) -> Result<Stack, StackError> {
         let worker_count = self.decode + self.prefill + self.agg;
-        if self.decode + self.agg == 0 {
+        let declared = self
+            .pool_file
+            .as_ref()
+            .map(|(_, workers)| workers.clone())
+            .unwrap_or_default();
+        if self.decode + self.agg == 0 && !declared.iter().any(|w| w.role.serves_decode()) {
             return Err(StackError::InvalidSetting(
                 "need at least one decode or agg worker".into(),
             ));
@@ -93,6 +102,8 @@ impl StackBuilder {
             remove_run_dir: !self.keep_logs,
             nats_program: artifacts.nats_server.clone(),
             nats_token: switchyard_support::random_token(),
+            declared,
+            control_plane_command: (artifacts.control_plane.clone(), Vec::new()),
         };
         stack.launch(&self, &artifacts).await?;
         Ok(stack)
@@ -235,17 +246,12 @@ impl Stack {
                 config.to_string(),
             ]);
         }
-        self.spawn(Component::ControlPlane, &artifacts.control_plane, cp_args)?;
-        let healthz = format!("{}/healthz", self.control_plane_url());
+        if let Some((file, _)) = &b.pool_file {
+            cp_args.extend(["--pool-file".into(), file.to_string_lossy().into_owned()]);
+        }
+        self.control_plane_command = (artifacts.control_plane.clone(), cp_args);
+        self.start_control_plane(timeout).await?;
         let client = self.client.clone();
-        wait_until(
-            "control plane",
-            timeout,
-            &mut || all_running(&mut self.processes),
-            &run_dir,
-            || http_ok(&client, &healthz),
-        )
-        .await?;
 
         // Prefill workers run in their own process, so the prefill pool can be killed alone.
         let (prefill, serving): (Vec<WorkerSpec>, Vec<WorkerSpec>) = self
@@ -344,6 +350,7 @@ impl Stack {
             let mut v: Vec<String> = self
                 .workers
                 .iter()
+                .chain(&self.declared)
                 .filter(|w| pred(w.role))
                 .map(|w| w.address.clone())
                 .collect();
@@ -475,6 +482,32 @@ impl Stack {
     pub async fn restart_nats(&mut self) -> Result<(), StackError> {
         self.stop_component(Component::Nats);
         self.start_nats(Duration::from_secs(30)).await
+    }
+
+    /// Stops the control plane and starts it again with the same flags (its state is lost:
+    /// what it knows afterwards comes from the workers again); waits until it answers.
+    ///
+    /// # Errors
+    /// As starting the stack's control plane.
+    pub async fn restart_control_plane(&mut self) -> Result<(), StackError> {
+        self.stop_component(Component::ControlPlane);
+        self.start_control_plane(Duration::from_secs(30)).await
+    }
+
+    async fn start_control_plane(&mut self, timeout: Duration) -> Result<(), StackError> {
+        let (program, args) = self.control_plane_command.clone();
+        self.spawn(Component::ControlPlane, &program, args)?;
+        let healthz = format!("{}/healthz", self.control_plane_url());
+        let client = self.client.clone();
+        let run_dir = self.run_dir.clone();
+        wait_until(
+            "control plane",
+            timeout,
+            &mut || all_running(&mut self.processes),
+            &run_dir,
+            || http_ok(&client, &healthz),
+        )
+        .await
     }
 
     /// The file holding this run's NATS token (for clients of the stack's NATS).

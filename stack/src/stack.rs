@@ -84,6 +84,8 @@ pub struct StackBuilder {
     pub(crate) filter_overrides: serde_json::Map<String, serde_json::Value>,
     pub(crate) plain_listen_port: Option<u16>,
     pub(crate) max_model_len: u32,
+    /// The control plane's `--pool-file`, and the workers it declares (not started here).
+    pub(crate) pool_file: Option<(PathBuf, Vec<WorkerSpec>)>,
 }
 
 impl Default for StackBuilder {
@@ -109,6 +111,7 @@ impl Default for StackBuilder {
             filter_overrides: serde_json::Map::new(),
             plain_listen_port: None,
             max_model_len: switchyard_engine::DEFAULT_MAX_MODEL_LEN,
+            pool_file: None,
         }
     }
 }
@@ -173,6 +176,14 @@ impl StackBuilder {
     /// the filter, and so Envoy, refuse to start.
     pub fn filter_setting(mut self, key: &str, value: impl Into<serde_json::Value>) -> Self {
         self.filter_overrides.insert(key.to_string(), value.into());
+        self
+    }
+
+    /// Gives the control plane a pool file declaring `workers` (engines started elsewhere,
+    /// such as real vLLM instances). The stack waits until Envoy lists them, as it does for
+    /// its own simulated workers; with a pool file, no simulated worker is required.
+    pub fn pool_file(mut self, file: PathBuf, workers: Vec<WorkerSpec>) -> Self {
+        self.pool_file = Some((file, workers));
         self
     }
 

@@ -19,6 +19,7 @@ use tokio::time::Instant;
 pub use switchyard_stack::{Component, Signal};
 
 pub mod probe;
+pub mod vllm;
 
 /// The command that builds everything the end-to-end tests run.
 pub const BUILD_COMMAND: &str = "cargo build -p switchyard-filter --target wasm32-wasip1 --profile wasm && cargo build --workspace --bins";

@@ -13,33 +13,11 @@ use super::batch::{Skipped, VllmEvent};
 use super::error::{EventError, Kind};
 use super::fields;
 use super::frame::Limits;
-
-const BLOCK_STORED: &str = "BlockStored";
-const BLOCK_REMOVED: &str = "BlockRemoved";
-const ALL_BLOCKS_CLEARED: &str = "AllBlocksCleared";
-
-/// Map keys of each event type that we read or knowingly ignore. `lora_name` is covered by
-/// `lora_id` and `extra_keys`; `kv_cache_spec_kind` by `group_idx`. Anything else is noted.
-const STORED_KEYS: &[&str] = &[
-    "type",
-    "block_hashes",
-    "parent_block_hash",
-    "token_ids",
-    "block_size",
-    "lora_id",
-    "medium",
-    "lora_name",
-    "extra_keys",
-    "group_idx",
-    "kv_cache_spec_kind",
-];
-const REMOVED_KEYS: &[&str] = &["type", "block_hashes", "medium", "group_idx"];
-const CLEARED_KEYS: &[&str] = &["type"];
-
-/// Items of the array form each event type has, tag included; more are noted.
-const STORED_ITEMS: usize = 9;
-const REMOVED_ITEMS: usize = 3;
-const CLEARED_ITEMS: usize = 1;
+use super::names::{
+    ALL_BLOCKS_CLEARED, BLOCK_HASHES, BLOCK_REMOVED, BLOCK_SIZE, BLOCK_STORED, CLEARED_ITEMS,
+    CLEARED_KEYS, EXTRA_KEYS, GROUP_IDX, LORA_ID, MEDIUM, PARENT_BLOCK_HASH, REMOVED_ITEMS,
+    REMOVED_KEYS, STORED_ITEMS, STORED_KEYS, TOKEN_IDS, TYPE,
+};
 
 /// The raw fields of a `BlockStored`, whichever the encoding.
 struct StoredFields<'v, 'a> {
@@ -136,7 +114,7 @@ fn from_map(
     limits: &Limits,
     skipped: &mut Vec<Skipped>,
 ) -> Result<Option<VllmEvent>, EventError> {
-    let tag = tag(field(entries, "type")?.ok_or(EventError::MissingType)?)?;
+    let tag = tag(field(entries, TYPE)?.ok_or(EventError::MissingType)?)?;
     let known = match tag {
         BLOCK_STORED => STORED_KEYS,
         BLOCK_REMOVED => REMOVED_KEYS,
@@ -147,22 +125,22 @@ fn from_map(
     let event = match tag {
         BLOCK_STORED => stored(
             StoredFields {
-                block_hashes: field(entries, "block_hashes")?,
-                parent: field(entries, "parent_block_hash")?,
-                token_ids: field(entries, "token_ids")?,
-                block_size: field(entries, "block_size")?,
-                lora_id: field(entries, "lora_id")?,
-                medium: field(entries, "medium")?,
-                extra_keys: field(entries, "extra_keys")?,
-                group_idx: field(entries, "group_idx")?,
+                block_hashes: field(entries, BLOCK_HASHES)?,
+                parent: field(entries, PARENT_BLOCK_HASH)?,
+                token_ids: field(entries, TOKEN_IDS)?,
+                block_size: field(entries, BLOCK_SIZE)?,
+                lora_id: field(entries, LORA_ID)?,
+                medium: field(entries, MEDIUM)?,
+                extra_keys: field(entries, EXTRA_KEYS)?,
+                group_idx: field(entries, GROUP_IDX)?,
             },
             limits,
         )?,
         BLOCK_REMOVED => removed(
             RemovedFields {
-                block_hashes: field(entries, "block_hashes")?,
-                medium: field(entries, "medium")?,
-                group_idx: field(entries, "group_idx")?,
+                block_hashes: field(entries, BLOCK_HASHES)?,
+                medium: field(entries, MEDIUM)?,
+                group_idx: field(entries, GROUP_IDX)?,
             },
             limits,
         )?,
@@ -232,32 +210,32 @@ fn required<'v, 'a>(
 fn stored(f: StoredFields<'_, '_>, limits: &Limits) -> Result<VllmEvent, EventError> {
     Ok(VllmEvent::BlockStored {
         block_hashes: fields::hash_list(
-            "block_hashes",
-            required(f.block_hashes, "block_hashes")?,
+            BLOCK_HASHES,
+            required(f.block_hashes, BLOCK_HASHES)?,
             limits.max_hashes_per_event,
         )?,
-        parent: fields::opt_hash("parent_block_hash", f.parent)?,
+        parent: fields::opt_hash(PARENT_BLOCK_HASH, f.parent)?,
         token_ids: fields::token_ids(
-            "token_ids",
-            required(f.token_ids, "token_ids")?,
+            TOKEN_IDS,
+            required(f.token_ids, TOKEN_IDS)?,
             limits.max_token_ids_per_event,
         )?,
-        block_size: fields::u32_value("block_size", required(f.block_size, "block_size")?)?,
-        lora_id: fields::opt_i64("lora_id", f.lora_id)?,
-        medium: fields::opt_string("medium", f.medium)?,
-        group_idx: fields::opt_i64("group_idx", f.group_idx)?,
-        hashed_with_extra_keys: fields::any_extra_keys("extra_keys", f.extra_keys)?,
+        block_size: fields::u32_value(BLOCK_SIZE, required(f.block_size, BLOCK_SIZE)?)?,
+        lora_id: fields::opt_i64(LORA_ID, f.lora_id)?,
+        medium: fields::opt_string(MEDIUM, f.medium)?,
+        group_idx: fields::opt_i64(GROUP_IDX, f.group_idx)?,
+        hashed_with_extra_keys: fields::any_extra_keys(EXTRA_KEYS, f.extra_keys)?,
     })
 }
 
 fn removed(f: RemovedFields<'_, '_>, limits: &Limits) -> Result<VllmEvent, EventError> {
     Ok(VllmEvent::BlockRemoved {
         block_hashes: fields::hash_list(
-            "block_hashes",
-            required(f.block_hashes, "block_hashes")?,
+            BLOCK_HASHES,
+            required(f.block_hashes, BLOCK_HASHES)?,
             limits.max_hashes_per_event,
         )?,
-        medium: fields::opt_string("medium", f.medium)?,
-        group_idx: fields::opt_i64("group_idx", f.group_idx)?,
+        medium: fields::opt_string(MEDIUM, f.medium)?,
+        group_idx: fields::opt_i64(GROUP_IDX, f.group_idx)?,
     })
 }

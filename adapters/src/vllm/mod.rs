@@ -14,8 +14,14 @@
 //! 3. [`mapper::HashMapper::apply_batch`] it, and publish the resulting Switchyard
 //!    [`KvEvent`](switchyard_protocol::kv::KvEvent)s; when the mapper says a resync is needed,
 //!    replay or clear.
+//!
+//! [`feed::KvFeed`] does steps 2 and 3 for a caller that owns the sockets. [`encode`] writes
+//! the same messages, for anything that must look like a vLLM engine on the wire (the
+//! simulated workers' vLLM mode).
 
 pub mod block_hash;
+pub mod encode;
+pub mod feed;
 pub mod frame;
 pub mod mapper;
 pub mod replay;
@@ -25,6 +31,7 @@ mod batch;
 mod error;
 mod event;
 mod fields;
+mod names;
 
 pub use batch::{Skipped, VllmBatch, VllmEvent};
 pub use error::{DecodeError, EventError, Kind, MsgpackFault};

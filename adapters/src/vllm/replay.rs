@@ -26,6 +26,7 @@
 //! so that a stand-in vLLM in tests speaks exactly the same frames.
 
 use super::batch::VllmBatch;
+use super::encode::encode_seq;
 use super::error::DecodeError;
 use super::frame::{self, Limits};
 
@@ -73,7 +74,7 @@ pub fn encode_request(start_seq: u64) -> [Vec<u8>; 2] {
 /// The one frame a REQ client would send (its socket adds the delimiter); see the module docs
 /// for why REQ is the wrong socket.
 pub fn request_seq_frame(start_seq: u64) -> [u8; 8] {
-    start_seq.to_be_bytes()
+    encode_seq(start_seq)
 }
 
 /// Reads one message received by a DEALER client, with [`Limits::DEFAULT`].
@@ -139,7 +140,7 @@ pub fn encode_reply_batch(topic: &[u8], seq: u64, payload: &[u8]) -> [Vec<u8>; 4
     [
         Vec::new(),
         topic.to_vec(),
-        seq.to_be_bytes().to_vec(),
+        encode_seq(seq).to_vec(),
         payload.to_vec(),
     ]
 }
@@ -149,7 +150,7 @@ pub fn encode_reply_end() -> [Vec<u8>; 4] {
     [
         Vec::new(),
         Vec::new(),
-        END_SEQ.to_be_bytes().to_vec(),
+        encode_seq(END_SEQ).to_vec(),
         Vec::new(),
     ]
 }

@@ -8,7 +8,7 @@ use tokio::time::Instant;
 use switchyard_protocol::worker::WorkerRole;
 
 use super::{Command, WorkerEntry};
-use crate::metrics::{Metrics, RoleLabels};
+use crate::metrics::{variant_label, Metrics, RoleLabels};
 use crate::router::{ControlCore, KvCounters, Router, WorkerChange};
 
 /// The owner's state: the control core plus what it needs to timestamp and count.
@@ -58,8 +58,34 @@ impl Owner {
                 }
                 let _ = reply.send(outcome);
             }
+            Command::Declared {
+                worker,
+                expires_after_ms,
+                reply,
+            } => {
+                let outcome = self.core.declared(&worker, expires_after_ms, now_ms);
+                if matches!(outcome.change, WorkerChange::New | WorkerChange::Restarted) {
+                    self.update_worker_gauges();
+                }
+                let _ = reply.send(outcome);
+            }
+            Command::Withdraw { worker, reply } => {
+                let removed = self.core.withdraw(&worker, now_ms);
+                if removed {
+                    self.update_worker_gauges();
+                }
+                let _ = reply.send(removed);
+            }
             Command::KvBatch { batch, reply } => {
-                let _ = reply.send(self.core.kv_batch(&batch, now_ms));
+                let outcome = self.core.kv_batch(&batch, now_ms);
+                // Counted here, whichever source the batch came from (NATS, a vLLM feed).
+                match &outcome.result {
+                    Ok(_) => {
+                        self.metrics.kv_batches_applied.inc();
+                    }
+                    Err(e) => self.metrics.kv_rejected(&variant_label(e)),
+                }
+                let _ = reply.send(outcome);
             }
             Command::Load { report } => self.core.load(&report, now_ms),
             Command::Lifecycle { batch } => {

@@ -4,6 +4,7 @@
 
 use std::future::Future;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
@@ -12,6 +13,7 @@ use tokio::sync::{oneshot, Semaphore};
 use crate::api::{self, route::RequestIds, ApiState};
 use crate::consumers::{self, Admission};
 use crate::metrics::Metrics;
+use crate::pools::PoolWatcher;
 use crate::router::Router;
 use crate::service::tokenizer::{
     load_model_tokenizer, PromptTokenizer, SegmentCacheStats, TokenizerLoadError,
@@ -30,6 +32,9 @@ pub enum RunError {
     /// The registration secret cannot be read or is too short.
     #[error(transparent)]
     Registration(#[from] switchyard_bus::BusError),
+    /// `--pool-file` does not load.
+    #[error(transparent)]
+    Pools(#[from] crate::pools::file::PoolFileError),
     /// The listener has no local address.
     #[error("listener: {0}")]
     Listener(#[from] std::io::Error),
@@ -143,6 +148,18 @@ pub async fn run_with_tokenizer(
         admission,
     ));
     let reachability = tokio::spawn(forward_reachability(nats.clone(), service.clone()));
+    let pools = match &settings.pool_file {
+        Some(file) => {
+            let pools = crate::pools::load(file)?;
+            tracing::info!(file = %file.display(), workers = pools.workers.len(), "pool file loaded");
+            let watcher =
+                PoolWatcher::start(file.clone(), pools, service.clone(), metrics.clone()).await;
+            Some(tokio::spawn(
+                watcher.watch(Duration::from_millis(settings.pool_reload_ms)),
+            ))
+        }
+        None => None,
+    };
 
     let permits = usize::try_from(settings.route_tokenize_threads)
         .unwrap_or(1)
@@ -180,6 +197,10 @@ pub async fn run_with_tokenizer(
     drop(server);
     consumer.abort();
     reachability.abort();
+    if let Some(pools) = pools {
+        pools.abort();
+        let _ = pools.await;
+    }
     let _ = consumer.await;
     let _ = reachability.await;
     // The last ServiceHandle went with the server and the consumer: the owner ends.

@@ -7,12 +7,14 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use clap::Parser;
+use clap::{Parser, ValueEnum};
+use switchyard_adapters::vllm::encode::{EncodeOptions, EventEncoding, HashEncoding};
 use switchyard_bus::{NatsArgs, RegistrationArgs};
 use switchyard_engine::{EngineConfig, PerfPreset, SpeedUp, TransferMode};
 use switchyard_protocol::tokenize::{default_model_dir, ModelTokenizer};
+use switchyard_sim_worker::vllm_wire::{DEFAULT_BUFFER_STEPS, DEFAULT_TOPIC};
 use switchyard_sim_worker::{
-    self as worker, WorkerConfig, WorkerDeps, WorkerSpec, DEFAULT_MODEL_NAME,
+    self as worker, VllmWireConfig, Wire, WorkerConfig, WorkerDeps, WorkerSpec, DEFAULT_MODEL_NAME,
 };
 use switchyard_support::cli::{parse_args, EXIT_USAGE};
 
@@ -32,6 +34,40 @@ struct Args {
     /// Run without NATS (HTTP only).
     #[arg(long)]
     no_nats: bool,
+    /// The protocols besides HTTP: `switchyard` (NATS: registration, load reports, KV event
+    /// batches) or `vllm` (like a vLLM worker: no NATS at all, KV events over ZMQ in vLLM's
+    /// msgpack with replay, load on /metrics only).
+    #[arg(long, env = "SWITCHYARD_WIRE", value_enum, default_value_t = WireArg::Switchyard)]
+    wire: WireArg,
+    /// vLLM wire: where a worker's KV event PUB socket binds, `tcp://HOST:PORT` (`*` for all
+    /// interfaces, port 0 for a free one, logged at start). One per --worker, in order.
+    #[arg(
+        long = "kv-events-endpoint",
+        env = "SWITCHYARD_KV_EVENTS_ENDPOINT",
+        value_delimiter = ','
+    )]
+    kv_events_endpoints: Vec<String>,
+    /// vLLM wire: where a worker's replay ROUTER socket binds; none, or one per --worker.
+    #[arg(
+        long = "kv-replay-endpoint",
+        env = "SWITCHYARD_KV_REPLAY_ENDPOINT",
+        value_delimiter = ','
+    )]
+    kv_replay_endpoints: Vec<String>,
+    /// vLLM wire: the topic frame of every KV event message (vLLM's `topic`).
+    #[arg(long, env = "SWITCHYARD_KV_EVENTS_TOPIC", default_value = DEFAULT_TOPIC)]
+    kv_events_topic: String,
+    /// vLLM wire: recent batches kept for replay (vLLM's `buffer_steps`).
+    #[arg(long, env = "SWITCHYARD_KV_EVENTS_BUFFER_STEPS", default_value_t = DEFAULT_BUFFER_STEPS)]
+    kv_events_buffer_steps: usize,
+    /// vLLM wire: events as `map`s keyed by field name (vLLM 0.32) or tag-first `array`s
+    /// (older vLLM).
+    #[arg(long, env = "SWITCHYARD_KV_EVENTS_ENCODING", value_enum, default_value_t = EncodingArg::Map)]
+    kv_events_encoding: EncodingArg,
+    /// vLLM wire: block hashes as `int`egers (vLLM's default) or 32-byte digests (`bytes`, as
+    /// with VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0).
+    #[arg(long, env = "SWITCHYARD_KV_BLOCK_HASHES", value_enum, default_value_t = HashArg::Int)]
+    kv_block_hashes: HashArg,
     /// Hugging Face model folder with tokenizer.json and tokenizer_config.json
     /// (default: `.cache/models/qwen3` in the workspace, from scripts/setup.sh).
     #[arg(long, env = "SWITCHYARD_MODEL_DIR")]
@@ -90,6 +126,33 @@ struct Args {
     max_num_seqs: Option<u32>,
 }
 
+/// `--wire`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum WireArg {
+    /// Switchyard's NATS protocol.
+    Switchyard,
+    /// vLLM's ZMQ KV events and `/metrics`.
+    Vllm,
+}
+
+/// `--kv-events-encoding`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum EncodingArg {
+    /// Maps keyed by field name (vLLM 0.32).
+    Map,
+    /// Tag-first arrays (older vLLM).
+    Array,
+}
+
+/// `--kv-block-hashes`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum HashArg {
+    /// Integers.
+    Int,
+    /// 32-byte digests.
+    Bytes,
+}
+
 fn parse_spec(s: &str) -> Result<WorkerSpec, String> {
     s.parse()
         .map_err(|e: worker::config::SpecError| e.to_string())
@@ -110,12 +173,66 @@ fn parse_transfer_mode(s: &str) -> Result<TransferMode, String> {
 }
 
 impl Args {
+    /// Each worker's wire, in `--worker` order, checked against the endpoint flags.
+    fn wires(&self) -> Result<Vec<Wire>, String> {
+        let workers = self.workers.len();
+        let (events, replays) = (&self.kv_events_endpoints, &self.kv_replay_endpoints);
+        if self.wire == WireArg::Switchyard {
+            if !events.is_empty() || !replays.is_empty() {
+                return Err(
+                    "--kv-events-endpoint and --kv-replay-endpoint need --wire vllm".into(),
+                );
+            }
+            return Ok(vec![Wire::Switchyard; workers]);
+        }
+        if events.len() != workers {
+            return Err(format!(
+                "--wire vllm needs one --kv-events-endpoint per --worker ({workers} workers, {} endpoints)",
+                events.len()
+            ));
+        }
+        if !replays.is_empty() && replays.len() != workers {
+            return Err(format!(
+                "--kv-replay-endpoint: give none or one per --worker ({workers} workers, {} endpoints)",
+                replays.len()
+            ));
+        }
+        let mut seen = std::collections::HashSet::new();
+        for endpoint in events.iter().chain(replays) {
+            if !endpoint.ends_with(":0") && !seen.insert(endpoint) {
+                return Err(format!("KV event endpoint {endpoint} is given twice"));
+            }
+        }
+        let encoding = EncodeOptions {
+            events: match self.kv_events_encoding {
+                EncodingArg::Map => EventEncoding::Map,
+                EncodingArg::Array => EventEncoding::Array,
+            },
+            hashes: match self.kv_block_hashes {
+                HashArg::Int => HashEncoding::Int,
+                HashArg::Bytes => HashEncoding::Bytes,
+            },
+        };
+        Ok(events
+            .iter()
+            .enumerate()
+            .map(|(i, endpoint)| {
+                let mut cfg = VllmWireConfig::new(endpoint.clone(), replays.get(i).cloned());
+                cfg.topic = self.kv_events_topic.clone();
+                cfg.buffer_steps = self.kv_events_buffer_steps;
+                cfg.encoding = encoding;
+                Wire::Vllm(cfg)
+            })
+            .collect())
+    }
+
     /// The per-worker configurations, checked.
     fn worker_configs(&self) -> Result<Vec<WorkerConfig>, String> {
+        let wires = self.wires()?;
         let mut seen_ids = std::collections::HashSet::new();
         let mut seen_ports = std::collections::HashSet::new();
         let mut out = Vec::new();
-        for spec in &self.workers {
+        for (spec, wire) in self.workers.iter().zip(wires) {
             if !seen_ids.insert(spec.id.clone()) {
                 return Err(format!("worker id {} is given twice", spec.id));
             }
@@ -157,6 +274,7 @@ impl Args {
                 heartbeat_interval_ms: self.heartbeat_interval_ms,
                 load_interval_ms: self.load_interval_ms,
                 max_model_len: self.max_model_len,
+                wire,
                 spec: spec.clone(),
             };
             cfg.validate()
@@ -212,7 +330,8 @@ async fn run(args: Args, configs: Vec<WorkerConfig>) -> anyhow::Result<()> {
             )
         })?;
     let registration = args.registration.secret()?;
-    let nats = if args.no_nats {
+    // A worker on vLLM's wire never registers: the control plane lists it in a pool file.
+    let nats = if args.no_nats || args.wire == WireArg::Vllm {
         None
     } else {
         let client =
@@ -230,6 +349,13 @@ async fn run(args: Args, configs: Vec<WorkerConfig>) -> anyhow::Result<()> {
             role.as_str(),
             w.local_addr()
         );
+        if let Some(events) = w.kv_events_endpoint() {
+            tracing::info!(
+                "worker {} publishes vLLM KV events on {events}, replay on {}",
+                w.id(),
+                w.kv_replay_endpoint().unwrap_or("(none)")
+            );
+        }
         running.push(w);
     }
     shutdown_signal().await;

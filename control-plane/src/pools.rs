@@ -1,0 +1,194 @@
+//! Declared pools: engines listed in a pool file rather than registering themselves, as a
+//! vLLM fleet is (vLLM never registers anywhere, reports load only on `/metrics` and
+//! publishes KV events on ZMQ).
+//!
+//! Declared workers sit beside self-registering (NATS) workers in the same router: the same
+//! registry, index, EDS and verdicts. The file is watched: re-read every
+//! `--pool-reload-ms`, and when its contents change, added workers start, removed ones leave
+//! the pools and the index, changed ones restart with their new settings. A file that does
+//! not load keeps the last good pools (counted in `switchyard_pool_reloads_total`).
+//!
+//! # Layout
+//! - [`file`]: the file's format, validation and the difference between two versions.
+//! - [`health`]: health from polls (pure).
+//! - [`scrape`]: load from vLLM's metrics text (pure).
+//! - [`zmq`]: a vLLM worker's SUB and replay sockets.
+//! - [`worker`]: one declared worker's task, tying them together.
+
+pub mod file;
+pub mod health;
+pub mod scrape;
+pub mod worker;
+pub mod zmq;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use switchyard_protocol::worker::WorkerId;
+
+use crate::metrics::{Metrics, ReasonLabels};
+use crate::service::ServiceHandle;
+use file::{PoolFileError, Pools};
+use worker::WorkerContext;
+
+/// A pool file this control plane cannot serve, though well-formed.
+fn check_servable(pools: &Pools, file: &std::path::Path) -> Result<(), PoolFileError> {
+    if pools.models.len() > 1 {
+        return Err(PoolFileError::Invalid {
+            file: file.to_owned(),
+            field: "models".into(),
+            message: format!(
+                "{} models declared; one control plane serves one model (its --model-dir tokenizer) today: run one per model",
+                pools.models.len()
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Loads the pool file for start-up: an invalid file stops the start.
+///
+/// # Errors
+/// [`PoolFileError`] naming the file and the field.
+pub fn load(file: &std::path::Path) -> Result<Pools, PoolFileError> {
+    let pools = Pools::load(file)?;
+    check_servable(&pools, file)?;
+    Ok(pools)
+}
+
+/// The running declared workers and the file they come from.
+pub struct PoolWatcher {
+    file: PathBuf,
+    current: Pools,
+    /// The file's text when last read, to skip re-parsing an unchanged file.
+    last_text: Option<String>,
+    tasks: HashMap<WorkerId, tokio::task::JoinHandle<()>>,
+    service: ServiceHandle,
+    metrics: Metrics,
+    http: reqwest::Client,
+}
+
+impl PoolWatcher {
+    /// Starts every worker of `pools` (loaded from `file`).
+    pub async fn start(
+        file: PathBuf,
+        pools: Pools,
+        service: ServiceHandle,
+        metrics: Metrics,
+    ) -> Self {
+        let mut watcher = PoolWatcher {
+            last_text: std::fs::read_to_string(&file).ok(),
+            file,
+            current: Pools::empty(),
+            tasks: HashMap::new(),
+            service,
+            metrics,
+            // Health and metrics are in-cluster addresses: never through a proxy from the
+            // environment.
+            http: reqwest::Client::builder()
+                .no_proxy()
+                .build()
+                .unwrap_or_default(),
+        };
+        watcher.count("ok");
+        watcher.apply(pools).await;
+        watcher
+    }
+
+    /// Re-reads the file every `every` and applies what changed, forever.
+    pub async fn watch(mut self, every: Duration) {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tick.tick().await;
+        loop {
+            tick.tick().await;
+            self.reload().await;
+        }
+    }
+
+    /// Reads the file once; applies it if it changed and loads, keeps the last good pools
+    /// (and counts the failure) if it does not.
+    pub async fn reload(&mut self) {
+        let text = std::fs::read_to_string(&self.file).ok();
+        if text.is_some() && text == self.last_text {
+            return;
+        }
+        self.last_text = text;
+        match load(&self.file) {
+            Ok(pools) => {
+                self.count("ok");
+                self.apply(pools).await;
+            }
+            Err(e) => {
+                self.count("error");
+                tracing::error!(error = %e, "pool file not reloaded; the last good pools stay");
+            }
+        }
+    }
+
+    fn count(&self, result: &str) {
+        self.metrics
+            .pool_reloads
+            .get_or_create(&ReasonLabels {
+                reason: result.into(),
+            })
+            .inc();
+    }
+
+    async fn apply(&mut self, next: Pools) {
+        let mut changes = self.current.changes_to(&next);
+        if (next.health, next.metrics) != (self.current.health, self.current.metrics) {
+            // New polling settings apply to every worker: restart them all.
+            changes.changed = next
+                .workers
+                .values()
+                .filter(|w| self.current.workers.contains_key(&w.id))
+                .cloned()
+                .collect();
+        }
+        for id in changes
+            .removed
+            .iter()
+            .chain(changes.changed.iter().map(|w| &w.id))
+        {
+            if let Some(task) = self.tasks.remove(id) {
+                task.abort();
+                let _ = task.await;
+            }
+            let _ = self.service.withdraw(id.clone()).await;
+        }
+        let cx = WorkerContext {
+            service: self.service.clone(),
+            metrics: self.metrics.clone(),
+            http: self.http.clone(),
+            health: next.health,
+            scrape: next.metrics,
+        };
+        for worker in changes.added.into_iter().chain(changes.changed) {
+            tracing::info!(worker = %worker.id, role = worker.role.as_str(), address = %worker.address, kv_events = %worker.kv_events, "declared worker");
+            let id = worker.id.clone();
+            self.tasks
+                .insert(id, tokio::spawn(worker::run(worker, cx.clone())));
+        }
+        for id in &changes.removed {
+            tracing::info!(worker = %id, "declared worker removed from the pool file");
+        }
+        self.current = next;
+    }
+
+    /// Ids of the workers running now.
+    pub fn running(&self) -> Vec<WorkerId> {
+        let mut ids: Vec<_> = self.tasks.keys().cloned().collect();
+        ids.sort();
+        ids
+    }
+}
+
+impl Drop for PoolWatcher {
+    fn drop(&mut self) {
+        for task in self.tasks.values() {
+            task.abort();
+        }
+    }
+}

@@ -1,0 +1,666 @@
+//! The pool file: which engines serve which model, as an operator declares them.
+//!
+//! YAML (JSON is YAML too, so a JSON file works unchanged), typically mounted from a
+//! Kubernetes ConfigMap. Parsed with `serde-saphyr`: pure Rust, no `unsafe` C parser, limits
+//! on nesting and aliases against hostile files, and errors that carry the line and column.
+//! Unknown fields are refused (a misspelt `kv_evnets` must not silently mean "no KV events").
+//!
+//! ```yaml
+//! health: { interval_ms: 1000, timeout_ms: 500, unhealthy_after: 3 }
+//! metrics: { interval_ms: 1000 }
+//! models:
+//!   - name: Qwen/Qwen3-0.6B
+//!     block_size: 16
+//!     workers:
+//!       - id: decode-0
+//!         role: decode
+//!         address: 10.0.0.5:8000
+//!         engine: vllm
+//!         kv_events: tcp://10.0.0.5:5557
+//!         kv_replay: tcp://10.0.0.5:5558
+//! ```
+//! vLLM binds its publisher only for a wildcard endpoint (`tcp://*:5557`) and otherwise
+//! connects to it. So a worker gives either `kv_events` (vLLM started with `tcp://*:PORT`;
+//! Switchyard connects to the worker's host) or `kv_events_listen` (Switchyard binds there,
+//! one port per worker, and vLLM is started with `endpoint` naming it). The replay socket is
+//! always vLLM's to bind.
+//! `metrics_url` and `health_url` default to `http://<address>/metrics` and `/health`;
+//! `kv_capacity_blocks` defaults to what vLLM's `vllm:cache_config_info` says.
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use switchyard_protocol::hash::BlockSize;
+use switchyard_protocol::route::is_usable_request_id;
+use switchyard_protocol::worker::{WorkerId, WorkerRole};
+
+/// Largest pool file read; a pool of thousands of workers is far below it.
+pub const MAX_POOL_FILE_BYTES: u64 = 4 * 1024 * 1024;
+
+/// Why a pool file was not taken. Names the file and where in it.
+#[derive(Debug, thiserror::Error)]
+pub enum PoolFileError {
+    /// The file could not be read.
+    #[error("pool file {file}: {source}")]
+    Read {
+        /// Which file.
+        file: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// Larger than [`MAX_POOL_FILE_BYTES`].
+    #[error("pool file {file}: {bytes} bytes, more than the {MAX_POOL_FILE_BYTES} accepted")]
+    TooLarge {
+        /// Which file.
+        file: PathBuf,
+        /// Its size.
+        bytes: u64,
+    },
+    /// Not YAML, or not the pool file's shape (the message carries line and column).
+    #[error("pool file {file}: {message}")]
+    Syntax {
+        /// Which file.
+        file: PathBuf,
+        /// The parser's words, with the location.
+        message: String,
+    },
+    /// Well-formed, but a value is not acceptable.
+    #[error("pool file {file}: {field}: {message}")]
+    Invalid {
+        /// Which file.
+        file: PathBuf,
+        /// Where, e.g. `models[0].workers[2].kv_events`.
+        field: String,
+        /// What is wrong with it.
+        message: String,
+    },
+}
+
+/// The engine behind a declared worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EngineKind {
+    /// vLLM: KV events on ZMQ, load on `/metrics`.
+    Vllm,
+}
+
+/// How declared workers are health-checked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HealthSettings {
+    /// Time between two polls of a worker's health URL.
+    pub interval_ms: u64,
+    /// A poll that takes longer failed.
+    pub timeout_ms: u64,
+    /// Consecutive failed polls after which the worker leaves the pools (and the index); it
+    /// comes back at its next healthy poll.
+    pub unhealthy_after: u32,
+}
+
+impl Default for HealthSettings {
+    fn default() -> Self {
+        HealthSettings {
+            interval_ms: 1_000,
+            timeout_ms: 500,
+            unhealthy_after: 3,
+        }
+    }
+}
+
+/// How declared workers' load is read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetricsSettings {
+    /// Time between two scrapes of a worker's metrics URL.
+    pub interval_ms: u64,
+    /// A scrape that takes longer failed.
+    pub timeout_ms: u64,
+}
+
+impl Default for MetricsSettings {
+    fn default() -> Self {
+        MetricsSettings {
+            interval_ms: 1_000,
+            timeout_ms: 500,
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPoolFile {
+    #[serde(default)]
+    health: HealthSettings,
+    #[serde(default)]
+    metrics: MetricsSettings,
+    models: Vec<RawModel>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawModel {
+    name: String,
+    block_size: u32,
+    /// `workers:` with nothing under it (YAML's null) is no workers, as `[]` is.
+    #[serde(default)]
+    workers: Option<Vec<RawWorker>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawWorker {
+    id: String,
+    role: WorkerRole,
+    address: String,
+    engine: EngineKind,
+    #[serde(default)]
+    kv_events: Option<String>,
+    #[serde(default)]
+    kv_events_listen: Option<String>,
+    #[serde(default)]
+    kv_replay: Option<String>,
+    #[serde(default)]
+    metrics_url: Option<String>,
+    #[serde(default)]
+    health_url: Option<String>,
+    #[serde(default)]
+    kv_capacity_blocks: Option<u64>,
+}
+
+/// How the KV-event subscription meets a worker's publisher (see the module docs).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KvEventsSocket {
+    /// Connect to the worker's bound publisher at this endpoint.
+    Connect(String),
+    /// Bind this endpoint; the worker's publisher connects to it.
+    Listen(String),
+}
+
+impl KvEventsSocket {
+    /// The endpoint, either way.
+    pub fn endpoint(&self) -> &str {
+        match self {
+            KvEventsSocket::Connect(e) | KvEventsSocket::Listen(e) => e,
+        }
+    }
+}
+
+impl std::fmt::Display for KvEventsSocket {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            KvEventsSocket::Connect(e) => write!(f, "connect {e}"),
+            KvEventsSocket::Listen(e) => write!(f, "listen {e}"),
+        }
+    }
+}
+
+/// One worker as declared, validated and with defaults filled in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeclaredWorker {
+    /// Its name (unique in the file).
+    pub id: WorkerId,
+    /// The model it serves.
+    pub model: String,
+    /// Its role in the pools.
+    pub role: WorkerRole,
+    /// `host:port` of its OpenAI API: its Envoy endpoint.
+    pub address: String,
+    /// The engine.
+    pub engine: EngineKind,
+    /// KV block size in tokens.
+    pub block_size: BlockSize,
+    /// Where its KV events come from.
+    pub kv_events: KvEventsSocket,
+    /// ZMQ endpoint of its replay socket, if it has one.
+    pub kv_replay: Option<String>,
+    /// Where its Prometheus metrics are.
+    pub metrics_url: String,
+    /// Where its health check is.
+    pub health_url: String,
+    /// KV capacity in blocks, if declared.
+    pub kv_capacity_blocks: Option<u64>,
+}
+
+/// A validated pool file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pools {
+    /// Health checking.
+    pub health: HealthSettings,
+    /// Load scraping.
+    pub metrics: MetricsSettings,
+    /// Every declared worker, by id.
+    pub workers: BTreeMap<WorkerId, DeclaredWorker>,
+    /// Declared model names, in file order.
+    pub models: Vec<String>,
+}
+
+/// What changed between two pool files.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PoolChanges {
+    /// Declared now, not before.
+    pub added: Vec<DeclaredWorker>,
+    /// Declared before, not now.
+    pub removed: Vec<WorkerId>,
+    /// Declared in both, with some setting changed (restarted with the new one).
+    pub changed: Vec<DeclaredWorker>,
+}
+
+impl PoolChanges {
+    /// Whether nothing changed.
+    pub fn is_empty(&self) -> bool {
+        self.added.is_empty() && self.removed.is_empty() && self.changed.is_empty()
+    }
+}
+
+impl Pools {
+    /// No workers declared.
+    pub fn empty() -> Self {
+        Pools {
+            health: HealthSettings::default(),
+            metrics: MetricsSettings::default(),
+            workers: BTreeMap::new(),
+            models: Vec::new(),
+        }
+    }
+
+    /// Reads and validates `file`.
+    ///
+    /// # Errors
+    /// [`PoolFileError`] naming the file and the line, column or field at fault.
+    pub fn load(file: &Path) -> Result<Pools, PoolFileError> {
+        let read = |source| PoolFileError::Read {
+            file: file.to_owned(),
+            source,
+        };
+        let bytes = std::fs::metadata(file).map_err(read)?.len();
+        if bytes > MAX_POOL_FILE_BYTES {
+            return Err(PoolFileError::TooLarge {
+                file: file.to_owned(),
+                bytes,
+            });
+        }
+        let text = std::fs::read_to_string(file).map_err(read)?;
+        Pools::parse(&text, file)
+    }
+
+    /// Parses and validates pool-file `text`; `file` names it in errors.
+    ///
+    /// # Errors
+    /// [`PoolFileError::Syntax`] or [`PoolFileError::Invalid`].
+    pub fn parse(text: &str, file: &Path) -> Result<Pools, PoolFileError> {
+        let raw: RawPoolFile = serde_saphyr::from_str(text).map_err(|e| PoolFileError::Syntax {
+            file: file.to_owned(),
+            message: e.to_string(),
+        })?;
+        validate(raw).map_err(|(field, message)| PoolFileError::Invalid {
+            file: file.to_owned(),
+            field,
+            message,
+        })
+    }
+
+    /// What must change to go from `self` to `next`.
+    pub fn changes_to(&self, next: &Pools) -> PoolChanges {
+        let mut changes = PoolChanges::default();
+        for (id, worker) in &next.workers {
+            match self.workers.get(id) {
+                None => changes.added.push(worker.clone()),
+                Some(old) if old != worker => changes.changed.push(worker.clone()),
+                Some(_) => {}
+            }
+        }
+        changes.removed = self
+            .workers
+            .keys()
+            .filter(|id| !next.workers.contains_key(*id))
+            .cloned()
+            .collect();
+        changes
+    }
+}
+
+type Invalid = (String, String);
+
+fn invalid(field: impl Into<String>, message: impl Into<String>) -> Invalid {
+    (field.into(), message.into())
+}
+
+fn validate(raw: RawPoolFile) -> Result<Pools, Invalid> {
+    check_range("health.interval_ms", raw.health.interval_ms, 100, 3_600_000)?;
+    check_range("health.timeout_ms", raw.health.timeout_ms, 10, 60_000)?;
+    check_range(
+        "health.unhealthy_after",
+        u64::from(raw.health.unhealthy_after),
+        1,
+        1_000,
+    )?;
+    check_range(
+        "metrics.interval_ms",
+        raw.metrics.interval_ms,
+        100,
+        3_600_000,
+    )?;
+    check_range("metrics.timeout_ms", raw.metrics.timeout_ms, 10, 60_000)?;
+    let mut pools = Pools {
+        health: raw.health,
+        metrics: raw.metrics,
+        ..Pools::empty()
+    };
+    let mut addresses = HashSet::new();
+    for (m, model) in raw.models.into_iter().enumerate() {
+        let at = format!("models[{m}]");
+        if model.name.trim().is_empty() || model.name.len() > 256 {
+            return Err(invalid(
+                format!("{at}.name"),
+                "a model name of 1 to 256 characters",
+            ));
+        }
+        if pools.models.contains(&model.name) {
+            return Err(invalid(
+                format!("{at}.name"),
+                format!("model {:?} is declared twice", model.name),
+            ));
+        }
+        let block_size = BlockSize::try_new(model.block_size)
+            .map_err(|e| invalid(format!("{at}.block_size"), e.to_string()))?;
+        for (w, worker) in model.workers.unwrap_or_default().into_iter().enumerate() {
+            let at = format!("{at}.workers[{w}]");
+            let declared = validate_worker(worker, &model.name, block_size, &at)?;
+            if pools.workers.contains_key(&declared.id) {
+                return Err(invalid(
+                    format!("{at}.id"),
+                    format!("worker {:?} is declared twice", declared.id.0),
+                ));
+            }
+            if !addresses.insert(declared.address.clone()) {
+                return Err(invalid(
+                    format!("{at}.address"),
+                    format!("{} is declared for two workers", declared.address),
+                ));
+            }
+            pools.workers.insert(declared.id.clone(), declared);
+        }
+        pools.models.push(model.name);
+    }
+    Ok(pools)
+}
+
+fn validate_worker(
+    raw: RawWorker,
+    model: &str,
+    block_size: BlockSize,
+    at: &str,
+) -> Result<DeclaredWorker, Invalid> {
+    if !is_usable_request_id(&raw.id) {
+        return Err(invalid(
+            format!("{at}.id"),
+            "a worker id of 1 to 128 printable characters without spaces",
+        ));
+    }
+    check_host_port(&raw.address).map_err(|m| invalid(format!("{at}.address"), m))?;
+    let kv_events = match (raw.kv_events, raw.kv_events_listen) {
+        (Some(connect), None) => {
+            check_zmq_endpoint(&connect).map_err(|m| invalid(format!("{at}.kv_events"), m))?;
+            KvEventsSocket::Connect(connect)
+        }
+        (None, Some(listen)) => {
+            check_zmq_endpoint(&listen)
+                .map_err(|m| invalid(format!("{at}.kv_events_listen"), m))?;
+            KvEventsSocket::Listen(listen)
+        }
+        (Some(_), Some(_)) => {
+            return Err(invalid(
+                format!("{at}.kv_events_listen"),
+                "give kv_events (connect to the worker) or kv_events_listen (the worker connects here), not both",
+            ))
+        }
+        (None, None) => {
+            return Err(invalid(
+                format!("{at}.kv_events"),
+                "missing: the worker's KV-event publisher (or kv_events_listen)",
+            ))
+        }
+    };
+    if let Some(replay) = &raw.kv_replay {
+        check_zmq_endpoint(replay).map_err(|m| invalid(format!("{at}.kv_replay"), m))?;
+        if replay == kv_events.endpoint() {
+            return Err(invalid(
+                format!("{at}.kv_replay"),
+                "the replay socket cannot be the event socket",
+            ));
+        }
+    }
+    let url = |given: Option<String>, field: &str, path: &str| -> Result<String, Invalid> {
+        match given {
+            Some(url) => {
+                check_http_url(&url).map_err(|m| invalid(format!("{at}.{field}"), m))?;
+                Ok(url)
+            }
+            None => Ok(format!("http://{}{path}", raw.address)),
+        }
+    };
+    let metrics_url = url(raw.metrics_url, "metrics_url", "/metrics")?;
+    let health_url = url(raw.health_url, "health_url", "/health")?;
+    if raw.kv_capacity_blocks == Some(0) {
+        return Err(invalid(
+            format!("{at}.kv_capacity_blocks"),
+            "at least 1 block (leave it out to read it from the engine)",
+        ));
+    }
+    Ok(DeclaredWorker {
+        id: WorkerId(raw.id),
+        model: model.to_owned(),
+        role: raw.role,
+        address: raw.address,
+        engine: raw.engine,
+        block_size,
+        kv_events,
+        kv_replay: raw.kv_replay,
+        metrics_url,
+        health_url,
+        kv_capacity_blocks: raw.kv_capacity_blocks,
+    })
+}
+
+fn check_range(field: &str, value: u64, min: u64, max: u64) -> Result<(), Invalid> {
+    if (min..=max).contains(&value) {
+        Ok(())
+    } else {
+        Err(invalid(field, format!("{value} is outside {min}..={max}")))
+    }
+}
+
+/// `host:port` with a non-empty host and a port in 1..=65535.
+fn check_host_port(text: &str) -> Result<(), String> {
+    let Some((host, port)) = text.rsplit_once(':') else {
+        return Err(format!("{text:?} is not host:port"));
+    };
+    let host_ok = !host.is_empty()
+        && host
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-.[]:_".contains(c));
+    match port.parse::<u16>() {
+        Ok(p) if p > 0 && host_ok => Ok(()),
+        _ => Err(format!("{text:?} is not host:port")),
+    }
+}
+
+fn check_zmq_endpoint(text: &str) -> Result<(), String> {
+    let Some(rest) = text.strip_prefix("tcp://") else {
+        return Err(format!(
+            "{text:?}: a ZMQ TCP endpoint, tcp://host:port (vLLM's publisher binds tcp://*:port; name the host here)"
+        ));
+    };
+    if rest.starts_with('*') {
+        return Err(format!("{text:?}: name the worker's host, not *"));
+    }
+    check_host_port(rest)
+}
+
+fn check_http_url(text: &str) -> Result<(), String> {
+    let Some(rest) = text.strip_prefix("http://") else {
+        return Err(format!("{text:?}: an http:// URL"));
+    };
+    let authority = rest.split('/').next().unwrap_or_default();
+    check_host_port(authority)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+health: { interval_ms: 500, unhealthy_after: 2 }
+models:
+  - name: tiny
+    block_size: 16
+    workers:
+      - id: decode-0
+        role: decode
+        address: 127.0.0.1:8100
+        engine: vllm
+        kv_events: tcp://127.0.0.1:5557
+        kv_replay: tcp://127.0.0.1:5558
+      - id: prefill-0
+        role: prefill
+        address: 127.0.0.1:8101
+        engine: vllm
+        kv_events: tcp://127.0.0.1:5559
+        metrics_url: http://127.0.0.1:9000/metrics
+        kv_capacity_blocks: 4096
+"#;
+
+    fn parse(text: &str) -> Result<Pools, PoolFileError> {
+        Pools::parse(text, Path::new("pools.yaml"))
+    }
+
+    fn error(text: &str) -> String {
+        parse(text).expect_err("refused").to_string()
+    }
+
+    #[test]
+    fn a_good_file_gives_every_worker_with_its_defaults() {
+        let pools = parse(GOOD).unwrap();
+        assert_eq!(pools.health.interval_ms, 500);
+        assert_eq!(pools.health.timeout_ms, 500, "default kept");
+        assert_eq!(pools.metrics, MetricsSettings::default());
+        assert_eq!(pools.models, vec!["tiny".to_string()]);
+        let decode = &pools.workers[&WorkerId("decode-0".into())];
+        assert_eq!(decode.role, WorkerRole::Decode);
+        assert_eq!(decode.block_size.get(), 16);
+        assert_eq!(decode.metrics_url, "http://127.0.0.1:8100/metrics");
+        assert_eq!(decode.health_url, "http://127.0.0.1:8100/health");
+        assert_eq!(decode.kv_capacity_blocks, None);
+        let prefill = &pools.workers[&WorkerId("prefill-0".into())];
+        assert_eq!(prefill.metrics_url, "http://127.0.0.1:9000/metrics");
+        assert_eq!(prefill.kv_replay, None);
+        assert_eq!(
+            decode.kv_events,
+            KvEventsSocket::Connect("tcp://127.0.0.1:5557".into())
+        );
+        let listening = parse(&GOOD.replace(
+            "kv_events: tcp://127.0.0.1:5559",
+            "kv_events_listen: tcp://127.0.0.1:5559",
+        ))
+        .unwrap();
+        assert_eq!(
+            listening.workers[&WorkerId("prefill-0".into())].kv_events,
+            KvEventsSocket::Listen("tcp://127.0.0.1:5559".into())
+        );
+        assert_eq!(prefill.kv_capacity_blocks, Some(4096));
+    }
+
+    #[test]
+    fn a_model_with_no_workers_yet_is_fine() {
+        let pools = parse("models:\n  - name: m\n    block_size: 16\n    workers:\n").unwrap();
+        assert!(pools.workers.is_empty());
+        assert_eq!(pools.models, vec!["m".to_string()]);
+    }
+
+    #[test]
+    fn json_is_accepted_too() {
+        let json = r#"{"models": [{"name": "m", "block_size": 16, "workers": [
+            {"id": "d", "role": "agg", "address": "h:1", "engine": "vllm",
+             "kv_events": "tcp://h:2"}]}]}"#;
+        assert_eq!(parse(json).unwrap().workers.len(), 1);
+    }
+
+    #[test]
+    fn errors_name_the_file_and_the_line_or_field() {
+        let e = error(&GOOD.replace("kv_replay:", "kv_replya:"));
+        assert!(e.contains("pools.yaml") && e.contains("kv_replya"), "{e}");
+        assert!(e.contains("line") || e.contains(':'), "a location: {e}");
+        let e = error(&GOOD.replace("role: decode", "role: chef"));
+        assert!(e.contains("chef"), "{e}");
+        let e = error(&GOOD.replace("block_size: 16", "block_size: 0"));
+        assert!(e.contains("models[0].block_size"), "{e}");
+        let e = error(&GOOD.replace("tcp://127.0.0.1:5557", "127.0.0.1:5557"));
+        assert!(e.contains("models[0].workers[0].kv_events"), "{e}");
+        let e = error(&GOOD.replace("tcp://127.0.0.1:5557", "tcp://*:5557"));
+        assert!(e.contains("not *"), "{e}");
+        let e = error(&GOOD.replace("127.0.0.1:8101", "127.0.0.1:8100"));
+        assert!(e.contains("workers[1].address"), "{e}");
+        let e = error(&GOOD.replace("prefill-0", "decode-0"));
+        assert!(e.contains("declared twice"), "{e}");
+        let e = error(&GOOD.replace("unhealthy_after: 2", "unhealthy_after: 0"));
+        assert!(e.contains("health.unhealthy_after"), "{e}");
+        let e = error(&GOOD.replace("http://127.0.0.1:9000", "ftp://x"));
+        assert!(e.contains("workers[1].metrics_url"), "{e}");
+        let e = error(&GOOD.replace("4096", "0"));
+        assert!(e.contains("kv_capacity_blocks"), "{e}");
+        let e = error(&GOOD.replace("kv_events: tcp://127.0.0.1:5559", ""));
+        assert!(
+            e.contains("workers[1].kv_events") && e.contains("missing"),
+            "{e}"
+        );
+        let e = error(&GOOD.replace(
+            "kv_events: tcp://127.0.0.1:5559",
+            "kv_events: tcp://127.0.0.1:5559\n        kv_events_listen: tcp://127.0.0.1:5560",
+        ));
+        assert!(e.contains("not both"), "{e}");
+        let e = error("models: [ {");
+        assert!(e.contains("pools.yaml"), "{e}");
+        let e = error("health: {}\n");
+        assert!(e.contains("models"), "{e}");
+    }
+
+    #[test]
+    fn changes_are_additions_removals_and_changed_settings() {
+        let before = parse(GOOD).unwrap();
+        let after = parse(
+            &GOOD
+                .replace("id: prefill-0", "id: prefill-1")
+                .replace("tcp://127.0.0.1:5558", "tcp://127.0.0.1:6000"),
+        )
+        .unwrap();
+        let changes = before.changes_to(&after);
+        assert_eq!(
+            changes
+                .added
+                .iter()
+                .map(|w| w.id.0.as_str())
+                .collect::<Vec<_>>(),
+            ["prefill-1"]
+        );
+        assert_eq!(changes.removed, vec![WorkerId("prefill-0".into())]);
+        assert_eq!(changes.changed.len(), 1);
+        assert_eq!(
+            changes.changed[0].kv_replay.as_deref(),
+            Some("tcp://127.0.0.1:6000")
+        );
+        assert!(after.changes_to(&after).is_empty());
+        assert_eq!(
+            Pools::empty().changes_to(&before).added.len(),
+            2,
+            "a first load adds everyone"
+        );
+    }
+
+    #[test]
+    fn a_missing_file_is_named() {
+        let e = Pools::load(Path::new("/nonexistent/pools.yaml")).unwrap_err();
+        assert!(e.to_string().contains("/nonexistent/pools.yaml"), "{e}");
+    }
+}

@@ -1,0 +1,344 @@
+//! One declared worker's task: health polls put it in and out of the pools, metrics scrapes
+//! give its load, its ZMQ KV events feed the index.
+//!
+//! Decisions are the pure parts' ([`HealthTracker`], [`KvFeed`], [`VllmLoad`]); this task
+//! only does I/O and carries out what they decide, one step at a time, so a slow poll never
+//! interleaves with a half-applied batch.
+//!
+//! - **In and out.** The first good health poll registers the worker (with a fresh instance
+//!   id and its feed restarted, so the router's view of its cache starts clean), every good
+//!   poll after that keeps it live for `interval × unhealthy_after + timeout`, and
+//!   `unhealthy_after` failed polls in a row withdraw it at once (it leaves EDS and the
+//!   index). The expiry is the backstop if this task itself stops.
+//! - **Load.** While healthy, each scrape becomes a load report; a capacity read from
+//!   `vllm:cache_config_info` (when the pool file gives none) re-registers the worker with it.
+//! - **KV events.** The SUB socket runs from the start, healthy or not, so the feed keeps
+//!   vLLM's numbering; batches reach the router only while the worker is registered.
+
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio::time::{interval, Instant, MissedTickBehavior};
+
+use switchyard_adapters::vllm::feed::{FeedAction, FeedCounters, KvFeed};
+use switchyard_adapters::vllm::mapper::MapperConfig;
+use switchyard_protocol::worker::WorkerInfo;
+
+use super::file::{DeclaredWorker, HealthSettings, MetricsSettings};
+use super::health::{HealthChange, HealthTracker};
+use super::scrape::VllmLoad;
+use super::zmq::{self, LiveMessage, ReplayEvent};
+use crate::metrics::Metrics;
+use crate::service::ServiceHandle;
+
+/// Live KV messages queued between the socket and this task.
+const LIVE_QUEUE: usize = 1_024;
+/// How long a replay may take before the gap counts as lost.
+const REPLAY_DEADLINE: Duration = Duration::from_secs(5);
+
+/// What a declared worker's task needs.
+#[derive(Clone)]
+pub struct WorkerContext {
+    /// The router owner.
+    pub service: ServiceHandle,
+    /// Counters.
+    pub metrics: Metrics,
+    /// For health polls and scrapes.
+    pub http: reqwest::Client,
+    /// Health polling.
+    pub health: HealthSettings,
+    /// Load scraping.
+    pub scrape: MetricsSettings,
+}
+
+/// Runs until aborted (the worker is no longer declared, or the service stops). The caller
+/// withdraws the worker from the router after aborting.
+pub async fn run(worker: DeclaredWorker, cx: WorkerContext) {
+    let (live_tx, mut live_rx) = mpsc::channel(LIVE_QUEUE);
+    let subscriber = tokio::spawn(zmq::subscribe(worker.kv_events.clone(), live_tx));
+    let _stop_subscriber = AbortOnDrop(subscriber);
+    let (replay_tx, mut replay_rx) = mpsc::channel(LIVE_QUEUE);
+    let mut state = Declared::new(worker, cx.clone(), replay_tx);
+
+    let mut health_tick = interval(Duration::from_millis(cx.health.interval_ms));
+    health_tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    let mut scrape_tick = interval(Duration::from_millis(cx.scrape.interval_ms));
+    scrape_tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = health_tick.tick() => state.poll_health().await,
+            _ = scrape_tick.tick(), if state.health.healthy() => state.scrape().await,
+            Some(message) = live_rx.recv() => state.on_live(message).await,
+            Some(event) = replay_rx.recv() => state.on_replay(event).await,
+        }
+    }
+}
+
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// The task's state.
+struct Declared {
+    worker: DeclaredWorker,
+    cx: WorkerContext,
+    health: HealthTracker,
+    feed: KvFeed,
+    /// The registration in force, while healthy.
+    registered: Option<WorkerInfo>,
+    /// Capacity in blocks: declared, else scraped, else 0 (unknown).
+    capacity_blocks: u64,
+    replay_tx: mpsc::Sender<ReplayEvent>,
+    /// Feed counters already counted in the metrics.
+    counted: FeedCounters,
+    /// Source of instance ids: a new one per registration.
+    started: Instant,
+    registrations: u64,
+    /// The engine's block size when it differs from the pool file's (said once).
+    block_size_mismatch: Option<u32>,
+}
+
+impl Declared {
+    fn new(
+        worker: DeclaredWorker,
+        cx: WorkerContext,
+        replay_tx: mpsc::Sender<ReplayEvent>,
+    ) -> Self {
+        let feed = KvFeed::new(worker.id.clone(), 0, MapperConfig::new(worker.block_size));
+        Declared {
+            health: HealthTracker::new(cx.health.unhealthy_after),
+            capacity_blocks: worker.kv_capacity_blocks.unwrap_or(0),
+            worker,
+            cx,
+            feed,
+            registered: None,
+            replay_tx,
+            counted: FeedCounters::default(),
+            started: Instant::now(),
+            registrations: 0,
+            block_size_mismatch: None,
+        }
+    }
+
+    fn expires_after_ms(&self) -> u64 {
+        self.cx
+            .health
+            .interval_ms
+            .saturating_mul(u64::from(self.cx.health.unhealthy_after))
+            .saturating_add(self.cx.health.timeout_ms)
+    }
+
+    /// GETs `url` within `timeout_ms`.
+    async fn get(&self, url: &str, timeout_ms: u64) -> reqwest::Result<reqwest::Response> {
+        self.cx
+            .http
+            .get(url)
+            .timeout(Duration::from_millis(timeout_ms))
+            .send()
+            .await
+    }
+
+    async fn poll_health(&mut self) {
+        let ok = match self
+            .get(&self.worker.health_url, self.cx.health.timeout_ms)
+            .await
+        {
+            Ok(response) => response.status().is_success(),
+            Err(e) => {
+                tracing::debug!(worker = %self.worker.id, error = %e, "health poll failed");
+                false
+            }
+        };
+        match self.health.observe(ok) {
+            Some(HealthChange::Up) => {
+                self.cx.metrics.declared_event("health_up", 1);
+                if self.worker.kv_capacity_blocks.is_none() {
+                    // Register with the engine's capacity when it can be had right away.
+                    self.scrape().await;
+                }
+                self.register().await;
+            }
+            Some(HealthChange::Down) => {
+                self.cx.metrics.declared_event("health_down", 1);
+                tracing::warn!(worker = %self.worker.id, polls = self.cx.health.unhealthy_after, "declared worker unhealthy: out of the pools");
+                self.registered = None;
+                let _ = self.cx.service.withdraw(self.worker.id.clone()).await;
+            }
+            None if ok && self.registered.is_some() => self.refresh().await,
+            None => {}
+        }
+    }
+
+    /// Registers under a new instance id and restarts the feed (the router forgets what it
+    /// knew of the worker's cache).
+    async fn register(&mut self) {
+        self.registrations += 1;
+        let instance_id = u64::try_from(self.started.elapsed().as_micros())
+            .unwrap_or(u64::MAX)
+            .wrapping_add(self.registrations);
+        let info = WorkerInfo {
+            worker_id: self.worker.id.clone(),
+            instance_id,
+            role: self.worker.role,
+            address: self.worker.address.clone(),
+            model: self.worker.model.clone(),
+            block_size: self.worker.block_size.get(),
+            kv_capacity_blocks: self.capacity_blocks,
+        };
+        let Ok(outcome) = self
+            .cx
+            .service
+            .declared(info.clone(), self.expires_after_ms())
+            .await
+        else {
+            return;
+        };
+        tracing::info!(worker = %self.worker.id, change = ?outcome.change, capacity_blocks = self.capacity_blocks, "declared worker healthy: in the pools");
+        self.registered = Some(info);
+        let rejoin = self.feed.rejoin(instance_id);
+        self.carry_out(rejoin).await;
+    }
+
+    async fn refresh(&mut self) {
+        if let Some(info) = self.registered.clone() {
+            let _ = self
+                .cx
+                .service
+                .declared(info, self.expires_after_ms())
+                .await;
+        }
+    }
+
+    async fn scrape(&mut self) {
+        let text = match self
+            .get(&self.worker.metrics_url, self.cx.scrape.timeout_ms)
+            .await
+        {
+            Ok(response) if response.status().is_success() => response.text().await.ok(),
+            _ => None,
+        };
+        let load = match text.as_deref().map(VllmLoad::parse) {
+            Some(Ok(load)) => load,
+            Some(Err(e)) => {
+                self.cx.metrics.declared_event("scrape_failed", 1);
+                tracing::debug!(worker = %self.worker.id, error = %e, "metrics scrape unusable");
+                return;
+            }
+            None => {
+                self.cx.metrics.declared_event("scrape_failed", 1);
+                return;
+            }
+        };
+        if let Some(size) = load
+            .block_size
+            .filter(|s| *s != self.worker.block_size.get())
+        {
+            if self.block_size_mismatch != Some(size) {
+                self.block_size_mismatch = Some(size);
+                self.cx.metrics.declared_event("block_size_mismatch", 1);
+                tracing::error!(worker = %self.worker.id, engine = size, declared = self.worker.block_size.get(), "the engine's block size is not the pool file's: its KV events are refused until the file says {size}");
+            }
+        }
+        if self.worker.kv_capacity_blocks.is_none() {
+            if let Some(blocks) = load.num_gpu_blocks.filter(|b| *b != self.capacity_blocks) {
+                self.capacity_blocks = blocks;
+                if let Some(info) = &mut self.registered {
+                    info.kv_capacity_blocks = blocks;
+                    self.refresh().await;
+                }
+            }
+        }
+        if self.registered.is_some() {
+            let report = load.report(&self.worker.id, self.capacity_blocks);
+            let _ = self.cx.service.load(report).await;
+        }
+    }
+
+    async fn on_live(&mut self, message: LiveMessage) {
+        match message {
+            Ok(batch) => {
+                let actions = self.feed.on_live(batch);
+                self.carry_out(actions).await;
+            }
+            Err(e) => {
+                self.cx.metrics.declared_event("kv_malformed", 1);
+                tracing::warn!(worker = %self.worker.id, error = %e, "malformed KV event message skipped");
+            }
+        }
+    }
+
+    async fn on_replay(&mut self, event: ReplayEvent) {
+        let actions = match event {
+            ReplayEvent::Frame(frame) => self.feed.on_replay(frame),
+            ReplayEvent::Malformed(e) => {
+                self.cx.metrics.declared_event("kv_malformed", 1);
+                tracing::warn!(worker = %self.worker.id, error = %e, "malformed replay message skipped");
+                return;
+            }
+            ReplayEvent::Failed(e) => {
+                self.cx.metrics.declared_event("kv_replay_failed", 1);
+                tracing::warn!(worker = %self.worker.id, error = %e, "KV replay failed");
+                self.feed.on_replay_failed()
+            }
+        };
+        self.carry_out(actions).await;
+    }
+
+    /// Publishes the feed's batches (while registered) and starts the replays it asks for.
+    async fn carry_out(&mut self, mut actions: Vec<FeedAction>) {
+        while !actions.is_empty() {
+            let mut next = Vec::new();
+            for action in actions {
+                match action {
+                    FeedAction::Publish(batch) if self.registered.is_some() => {
+                        if let Ok(outcome) = self.cx.service.kv_batch(batch).await {
+                            if let Err(e) = outcome.result {
+                                tracing::warn!(worker = %self.worker.id, error = %e, "KV batch refused by the router");
+                            }
+                        }
+                    }
+                    FeedAction::Publish(_) => {}
+                    FeedAction::RequestReplay { from } => match &self.worker.kv_replay {
+                        Some(endpoint) => {
+                            tracing::info!(worker = %self.worker.id, from, "KV events missed: asking for a replay");
+                            tokio::spawn(zmq::replay(
+                                endpoint.clone(),
+                                from,
+                                REPLAY_DEADLINE,
+                                self.replay_tx.clone(),
+                            ));
+                        }
+                        // No replay socket declared: the gap cannot be filled.
+                        None => next.extend(self.feed.on_replay_failed()),
+                    },
+                }
+            }
+            actions = next;
+        }
+        self.count_feed();
+    }
+
+    fn count_feed(&mut self) {
+        let now = self.feed.counters();
+        let was = std::mem::replace(&mut self.counted, now);
+        let m = &self.cx.metrics;
+        m.declared_event("kv_gap_replayed", now.replayed_gaps - was.replayed_gaps);
+        m.declared_event(
+            "kv_gap_unrecoverable",
+            now.unrecoverable_gaps - was.unrecoverable_gaps,
+        );
+        m.declared_event("kv_restart", now.restarts - was.restarts);
+        m.declared_event(
+            "kv_partial_rejoin",
+            now.partial_rejoins - was.partial_rejoins,
+        );
+        m.declared_event("kv_refused_event", now.refused_events - was.refused_events);
+        if now.unrecoverable_gaps > was.unrecoverable_gaps {
+            tracing::warn!(worker = %self.worker.id, "KV events missed beyond the engine's replay buffer: the worker's blocks were dropped and are rebuilt from live events");
+        }
+    }
+}

@@ -1,0 +1,135 @@
+//! The ZMQ sockets of one vLLM worker: its KV-event publisher (SUB) and its replay socket
+//! (DEALER). Bytes in, decoded values out on channels; what they mean is the
+//! [`KvFeed`](switchyard_adapters::vllm::feed::KvFeed)'s.
+//!
+//! ZMQ is `zeromq` (pure Rust on tokio): no libzmq to build or ship, and the control plane
+//! already runs on tokio. It speaks ZMTP 3, which vLLM's pyzmq sockets speak.
+
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use zeromq::{DealerSocket, Socket, SocketOptions, SocketRecv, SocketSend, SubSocket, ZmqMessage};
+
+use switchyard_adapters::vllm::frame::decode_message;
+use switchyard_adapters::vllm::replay::{decode_reply, encode_request, ReplayFrame};
+use switchyard_adapters::vllm::{DecodeError, VllmBatch};
+
+use super::file::KvEventsSocket;
+
+/// Longest wait for a TCP connection to a worker's socket before trying again.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// Pause between two connection attempts to a worker that is not listening.
+const RECONNECT_PAUSE: Duration = Duration::from_millis(500);
+
+/// One message from the live stream.
+pub type LiveMessage = Result<VllmBatch, DecodeError>;
+
+/// One answer of a replay, or why it ended without its end marker.
+#[derive(Debug)]
+pub enum ReplayEvent {
+    /// A replayed batch, or the end marker.
+    Frame(ReplayFrame),
+    /// A frame that does not decode; the replay goes on.
+    Malformed(String),
+    /// No end marker in time, or the socket failed.
+    Failed(String),
+}
+
+fn options() -> SocketOptions {
+    let mut options = SocketOptions::default();
+    options.connect_timeout(CONNECT_TIMEOUT);
+    options
+}
+
+/// Subscribes to a worker's KV events and sends every message, decoded, to `out` until
+/// `out` closes. Connection and bind failures are retried forever (the worker may not be up
+/// yet; the port may still be held by a previous run).
+pub async fn subscribe(events: KvEventsSocket, out: mpsc::Sender<LiveMessage>) {
+    let endpoint = events.endpoint().to_owned();
+    loop {
+        let mut socket = SubSocket::with_options(options());
+        let connected = match &events {
+            KvEventsSocket::Connect(e) => socket.connect(e).await,
+            KvEventsSocket::Listen(e) => socket.bind(e).await.map(|_| ()),
+        };
+        if let Err(e) = connected {
+            tracing::debug!(%endpoint, error = %e, "KV event socket not reachable yet");
+            if out.is_closed() {
+                return;
+            }
+            tokio::time::sleep(RECONNECT_PAUSE).await;
+            continue;
+        }
+        if let Err(e) = socket.subscribe("").await {
+            tracing::warn!(%endpoint, error = %e, "could not subscribe to KV events");
+            tokio::time::sleep(RECONNECT_PAUSE).await;
+            continue;
+        }
+        tracing::info!(%endpoint, "subscribed to KV events");
+        loop {
+            match socket.recv().await {
+                Ok(message) => {
+                    let frames = message.into_vec();
+                    if out.send(decode_message(&frames)).await.is_err() {
+                        return;
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(%endpoint, error = %e, "KV event socket failed; reconnecting");
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// Asks `endpoint` for every buffered batch from `from` on and sends the answers to `out`,
+/// ending with the end marker or [`ReplayEvent::Failed`] after `deadline`.
+pub async fn replay(
+    endpoint: String,
+    from: u64,
+    deadline: Duration,
+    out: mpsc::Sender<ReplayEvent>,
+) {
+    let outcome = tokio::time::timeout(deadline, replay_inner(&endpoint, from, &out)).await;
+    let failure = match outcome {
+        Ok(Ok(())) => return,
+        Ok(Err(e)) => e,
+        Err(_) => format!("no end of replay within {deadline:?}"),
+    };
+    let _ = out.send(ReplayEvent::Failed(failure)).await;
+}
+
+async fn replay_inner(
+    endpoint: &str,
+    from: u64,
+    out: &mpsc::Sender<ReplayEvent>,
+) -> Result<(), String> {
+    let mut socket = DealerSocket::with_options(options());
+    socket
+        .connect(endpoint)
+        .await
+        .map_err(|e| format!("connect {endpoint}: {e}"))?;
+    let [delimiter, seq] = encode_request(from);
+    let mut request = ZmqMessage::from(delimiter);
+    request.push_back(seq.into());
+    socket
+        .send(request)
+        .await
+        .map_err(|e| format!("send to {endpoint}: {e}"))?;
+    loop {
+        let message = socket
+            .recv()
+            .await
+            .map_err(|e| format!("receive from {endpoint}: {e}"))?;
+        let frames = message.into_vec();
+        let event = match decode_reply(&frames) {
+            Ok(frame) => ReplayEvent::Frame(frame),
+            Err(e) => ReplayEvent::Malformed(e.to_string()),
+        };
+        let end = matches!(event, ReplayEvent::Frame(ReplayFrame::End));
+        if out.send(event).await.is_err() || end {
+            return Ok(());
+        }
+    }
+}

@@ -1,0 +1,204 @@
+//! Declared pools against simulated workers on vLLM's wire (simulated: a GB200 model, no
+//! GPU): the same ZMQ events, replay socket and `/metrics` as a real vLLM, started in a
+//! second, so the pool file's whole life is exercised fast. The control plane runs with a
+//! NATS URL nothing listens on: declared workers need no NATS.
+//!
+//! - A declared worker joins at its first good health poll, with the capacity its
+//!   `vllm:cache_config_info` gives; its KV events reach the index.
+//! - Frozen (SIGSTOP), it fails its polls and leaves the pools and the index; thawed, it comes
+//!   back, and the index is rebuilt from its replay buffer.
+//! - A pool file that does not load keeps the last good pools, counted; removing a worker
+//!   from the file takes it out; adding it back brings it in.
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use switchyard_e2e::{client, get_json, get_text, prom_sum};
+use switchyard_stack::{Artifacts, Profile};
+use switchyard_support::{free_port, Process, TempDir};
+
+const WAIT: Duration = Duration::from_secs(15);
+
+struct Ports {
+    http: u16,
+    events: u16,
+    replay: u16,
+}
+
+fn pool_file(sim: &Ports, with_worker: bool) -> String {
+    let worker = format!(
+        "      - id: decode-0\n        role: decode\n        address: 127.0.0.1:{}\n        engine: vllm\n        kv_events: tcp://127.0.0.1:{}\n        kv_replay: tcp://127.0.0.1:{}\n",
+        sim.http, sim.events, sim.replay
+    );
+    format!(
+        "health: {{ interval_ms: 200, timeout_ms: 200, unhealthy_after: 2 }}\nmetrics: {{ interval_ms: 200 }}\nmodels:\n  - name: qwen3\n    block_size: 64\n    workers:\n{}",
+        if with_worker { worker.as_str() } else { "" }
+    )
+}
+
+async fn workers(http: &reqwest::Client, cp: &str) -> Vec<Value> {
+    get_json(http, &format!("{cp}/v1/workers"))
+        .await
+        .map(|v| v["workers"].as_array().cloned().unwrap_or_default())
+        .unwrap_or_default()
+}
+
+async fn cached_blocks(http: &reqwest::Client, cp: &str) -> Option<u64> {
+    workers(http, cp)
+        .await
+        .first()
+        .and_then(|w| w["cached_blocks"].as_u64())
+}
+
+/// Polls `probe` until it holds or [`WAIT`] passes; panics with `what` then.
+async fn eventually<F, Fut>(what: &str, mut probe: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !probe().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not within {WAIT:?}: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn reloads(http: &reqwest::Client, cp: &str, result: &str) -> f64 {
+    let text = get_text(http, &format!("{cp}/metrics"))
+        .await
+        .unwrap_or_default();
+    text.lines()
+        .filter(|l| l.contains(&format!("reason=\"{result}\"")))
+        .map(|l| prom_sum(l, "switchyard_pool_reloads_total"))
+        .sum()
+}
+
+fn write(path: &Path, text: &str) {
+    // Written whole, then renamed: the watcher never reads half a file (as with a ConfigMap).
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).expect("write pool file");
+    std::fs::rename(&tmp, path).expect("rename pool file");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn declared_workers_join_leave_and_follow_the_pool_file() {
+    let artifacts = Artifacts::locate(Profile::Debug).unwrap_or_else(|e| panic!("{e}"));
+    let dir = TempDir::new("pools-e2e").expect("scratch");
+    let sim = Ports {
+        http: free_port(),
+        events: free_port(),
+        replay: free_port(),
+    };
+    let model_dir = artifacts.model_dir.to_string_lossy().into_owned();
+    let mut worker = Process::spawn(
+        "sim-worker",
+        &artifacts.sim_worker,
+        &[
+            "--wire".into(),
+            "vllm".into(),
+            "--worker".into(),
+            format!("decode:decode-0@127.0.0.1:{}", sim.http),
+            "--kv-events-endpoint".into(),
+            format!("tcp://127.0.0.1:{}", sim.events),
+            "--kv-replay-endpoint".into(),
+            format!("tcp://127.0.0.1:{}", sim.replay),
+            "--model-dir".into(),
+            model_dir.clone(),
+        ],
+        Some(&dir.path().join("sim-worker.log")),
+    )
+    .expect("sim worker starts");
+    let pools = dir.path().join("pools.yaml");
+    write(&pools, &pool_file(&sim, true));
+    let cp_port = free_port();
+    let _cp = Process::spawn(
+        "control-plane",
+        &artifacts.control_plane,
+        &[
+            "--listen".into(),
+            format!("127.0.0.1:{cp_port}"),
+            "--nats-url".into(),
+            format!("nats://127.0.0.1:{}", free_port()),
+            "--model-dir".into(),
+            model_dir,
+            "--pool-file".into(),
+            pools.to_string_lossy().into_owned(),
+            "--pool-reload-ms".into(),
+            "100".into(),
+        ],
+        Some(&dir.path().join("control-plane.log")),
+    )
+    .expect("control plane starts");
+    let cp = format!("http://127.0.0.1:{cp_port}");
+    let http = client();
+
+    // Joins with the engine's capacity; its KV events reach the index.
+    eventually("decode-0 registered with its scraped capacity", || async {
+        workers(&http, &cp).await.first().is_some_and(|w| {
+            w["info"]["worker_id"] == "decode-0"
+                && w["info"]["kv_capacity_blocks"].as_u64().unwrap_or(0) > 0
+        })
+    })
+    .await;
+    let body = json!({
+        "model": "qwen3",
+        "messages": [{"role": "user", "content": "Pools are declared. ".repeat(60)}],
+        "max_tokens": 2,
+    });
+    let answer = http
+        .post(format!("http://127.0.0.1:{}/v1/chat/completions", sim.http))
+        .json(&body)
+        .send()
+        .await
+        .expect("chat");
+    assert!(answer.status().is_success());
+    eventually("the prompt's blocks indexed", || async {
+        cached_blocks(&http, &cp).await.unwrap_or(0) > 0
+    })
+    .await;
+    let indexed = cached_blocks(&http, &cp).await.unwrap_or(0);
+
+    // Frozen: out of the pools and the index. Thawed: back, the index rebuilt by replay.
+    worker.freeze(Duration::from_secs(5)).expect("SIGSTOP");
+    eventually("a frozen worker leaves the pools", || async {
+        workers(&http, &cp).await.is_empty()
+    })
+    .await;
+    worker
+        .signal(switchyard_support::Signal::Cont)
+        .expect("SIGCONT");
+    eventually("the thawed worker is back with its blocks", || async {
+        cached_blocks(&http, &cp).await == Some(indexed)
+    })
+    .await;
+
+    // A broken file keeps the last good pools, counted.
+    let errors_before = reloads(&http, &cp, "error").await;
+    write(&pools, "models: [ { name: qwen3, block_size: 0 } ]\n");
+    eventually("a bad reload is counted", || async {
+        reloads(&http, &cp, "error").await > errors_before
+    })
+    .await;
+    assert_eq!(
+        workers(&http, &cp).await.len(),
+        1,
+        "the last good pools stay"
+    );
+
+    // Removed from the file: gone. Added back: in again.
+    write(&pools, &pool_file(&sim, false));
+    eventually("a removed worker leaves", || async {
+        workers(&http, &cp).await.is_empty()
+    })
+    .await;
+    write(&pools, &pool_file(&sim, true));
+    eventually("a re-added worker joins with its blocks", || async {
+        cached_blocks(&http, &cp).await == Some(indexed)
+    })
+    .await;
+    worker.stop(Duration::from_secs(3));
+}

@@ -1,0 +1,343 @@
+//! Switchyard in front of a real vLLM prefill/decode pair: vLLM 0.32's CPU build serving the
+//! tiny local Qwen3 (`scripts/setup-vllm.sh`), NixlConnector moving KV between them on CPU,
+//! each engine pinned to its own core. Real Envoy with the filter, nats-server and the
+//! control plane with a pool file declaring both engines; vLLM never registers anywhere, so
+//! everything Switchyard knows comes from health polls, `/metrics` and the ZMQ KV events.
+//!
+//! One test, one pair of engines (each takes about 90 s to start), checks in order:
+//! 1. a cold long prompt is disaggregated: the prefill engine serves the first leg and the
+//!    decode engine pulls the KV over NIXL (its `local_compute` prompt tokens do not grow),
+//!    and the streamed answer equals the same request served by one engine alone;
+//! 2. the conversation's next turn bypasses to the same decode engine, which reports the
+//!    cached prefix;
+//! 3. the control plane's cached-token estimate for a prompt is what vLLM then reports;
+//! 4. with the prefill engine killed, requests are still served (local prefill);
+//! 5. a restarted control plane rebuilds its index from vLLM's replay.
+//!
+//! Ignored by default: `scripts/test.sh` runs it after the rest of the suite, since idle
+//! NIXL engines busy-poll the machine's cores (`cargo test -p switchyard-e2e --test e2e_vllm
+//! -- --ignored`).
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use switchyard_e2e::probe::{assistant_text, usage, PREFILL_HEADER};
+use switchyard_e2e::vllm::{EngineSpec, VllmEngine, VllmInstall, BLOCK_SIZE, MODEL_NAME};
+use switchyard_e2e::{client, get_json, post_observed, prom_sum, start_stack, Observed};
+use switchyard_e2e::{worker_metrics, DESTINATION_RESPONSE_HEADER};
+use switchyard_protocol::route::ROUTE_HEADER;
+use switchyard_protocol::worker::{WorkerId, WorkerRole};
+use switchyard_stack::{StackBuilder, WorkerSpec};
+use switchyard_support::{free_port, TempDir};
+
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
+/// Cold prompts above this many uncached tokens disaggregate; the next turns stay below.
+const THRESHOLD: u32 = 512;
+/// vLLM's prompt-token counter by where the KV came from.
+const BY_SOURCE: &str = "vllm:prompt_tokens_by_source_total";
+
+/// About 1,500 tokens unique to `topic`.
+fn cold_prompt(topic: &str) -> String {
+    let mut text = format!("Read these notes about {topic} and summarise them.\n");
+    for i in 0..110u32 {
+        text.push_str(&format!(
+            "Note {i} on {topic}: item {i} comes after item {}.\n",
+            i.saturating_sub(1)
+        ));
+    }
+    text
+}
+
+fn chat(messages: &Value, max_tokens: u32) -> Value {
+    json!({
+        "model": MODEL_NAME,
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": true,
+        "stream_options": {"include_usage": true},
+    })
+}
+
+fn engine(name: &str, kv_role: Option<&'static str>, core: u32) -> EngineSpec {
+    EngineSpec {
+        name: name.into(),
+        port: free_port(),
+        kv_events_port: free_port(),
+        kv_replay_port: free_port(),
+        kv_role,
+        nixl_port: free_port(),
+        core,
+        num_blocks: 256,
+    }
+}
+
+fn pool_file(prefill: &VllmEngine, decode: &VllmEngine) -> String {
+    let worker = |id: &str, role: &str, e: &VllmEngine| {
+        format!(
+            "      - id: {id}\n        role: {role}\n        address: {}\n        engine: vllm\n        kv_events_listen: tcp://127.0.0.1:{}\n        kv_replay: tcp://127.0.0.1:{}\n",
+            e.address(),
+            e.spec().kv_events_port,
+            e.spec().kv_replay_port
+        )
+    };
+    format!(
+        "health: {{ interval_ms: 500, unhealthy_after: 2 }}\nmetrics: {{ interval_ms: 500 }}\nmodels:\n  - name: {MODEL_NAME}\n    block_size: {BLOCK_SIZE}\n    workers:\n{}{}",
+        worker("prefill-0", "prefill", prefill),
+        worker("decode-0", "decode", decode)
+    )
+}
+
+async fn source_tokens(http: &reqwest::Client, address: &str, source: &str) -> f64 {
+    let text = worker_metrics(http, address)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    text.lines()
+        .filter(|l| l.starts_with(BY_SOURCE) && l.contains(&format!("source=\"{source}\"")))
+        .map(|l| prom_sum(l, BY_SOURCE))
+        .sum()
+}
+
+async fn post(http: &reqwest::Client, url: &str, body: &Value) -> Observed {
+    let response = post_observed(http, url, body, &[], REQUEST_TIMEOUT)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(response.status, 200, "{url}: {}", response.body());
+    response
+}
+
+fn cached_tokens(response: &Observed) -> u64 {
+    usage(response)["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap_or(0)
+}
+
+/// The control plane's verdict for `body` (as the filter would ask for it).
+async fn verdict(http: &reqwest::Client, control_plane: &str, body: &Value) -> Value {
+    let response = http
+        .post(format!("{control_plane}/v1/route"))
+        .header("x-switchyard-api", "chat")
+        .json(body)
+        .send()
+        .await
+        .expect("route call");
+    assert!(
+        response.status().is_success(),
+        "route: {}",
+        response.status()
+    );
+    response.json().await.expect("verdict JSON")
+}
+
+/// Blocks the control plane's index holds for `worker`.
+async fn indexed_blocks(http: &reqwest::Client, control_plane: &str, worker: &str) -> u64 {
+    let workers = get_json(http, &format!("{control_plane}/v1/workers"))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    workers["workers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|w| w["info"]["worker_id"] == worker)
+        .and_then(|w| w["cached_blocks"].as_u64())
+        .unwrap_or(0)
+}
+
+/// vLLM reports a prompt's cached tokens in whole blocks and always computes the prompt's
+/// last token itself: a fully cached prompt reports one block less.
+fn vllm_would_report(estimate: u64, prompt_tokens: u64) -> u64 {
+    if estimate >= prompt_tokens {
+        estimate.saturating_sub(u64::from(BLOCK_SIZE))
+    } else {
+        estimate
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "starts real vLLM engines: scripts/test.sh runs it after the rest"]
+async fn a_real_vllm_prefill_decode_pair_behind_switchyard() {
+    let install = VllmInstall::locate();
+    let scratch = TempDir::new("vllm-e2e").expect("scratch dir");
+    let http = client();
+    let mut prefill = VllmEngine::start(
+        &install,
+        engine("prefill", Some("kv_producer"), 0),
+        scratch.path(),
+    );
+    let mut decode = VllmEngine::start(
+        &install,
+        engine("decode", Some("kv_consumer"), 1),
+        scratch.path(),
+    );
+    prefill.wait_healthy(&http).await;
+    decode.wait_healthy(&http).await;
+
+    let pools = scratch.path().join("pools.yaml");
+    std::fs::write(&pools, pool_file(&prefill, &decode)).expect("pool file");
+    let declared = vec![
+        WorkerSpec {
+            id: WorkerId("prefill-0".into()),
+            role: WorkerRole::Prefill,
+            address: prefill.address(),
+        },
+        WorkerSpec {
+            id: WorkerId("decode-0".into()),
+            role: WorkerRole::Decode,
+            address: decode.address(),
+        },
+    ];
+    let mut stack = start_stack(
+        StackBuilder::new()
+            .decode_workers(0)
+            .pool_file(pools, declared)
+            .max_model_len(vllm_max_len())
+            .conditional_disagg_config(format!(
+                r#"{{"policy":"isl_bounding","eff_isl_threshold":{THRESHOLD}}}"#
+            ))
+            .route_timeout_ms(1_000)
+            .filter_setting("prefill_timeout_ms", 60_000u64)
+            .ready_timeout(Duration::from_secs(120)),
+    )
+    .await;
+    let gateway = format!("{}/v1/chat/completions", stack.gateway_url());
+    let control_plane = stack.control_plane_url();
+
+    // 1. A cold long prompt: prefill engine, then NIXL, then decode.
+    let first = json!([{"role": "user", "content": cold_prompt("lighthouses")}]);
+    let alone = post(
+        &http,
+        &format!("http://{}/v1/chat/completions", prefill.address()),
+        &chat(&first, 16),
+    )
+    .await;
+    let local_before = source_tokens(&http, &decode.address(), "local_compute").await;
+    let pulled_before = source_tokens(&http, &decode.address(), "external_kv_transfer").await;
+    let turn1 = post(&http, &gateway, &chat(&first, 16)).await;
+    assert!(
+        turn1.header(ROUTE_HEADER).starts_with("disagg"),
+        "a cold {}-token prompt disaggregates: {:?}",
+        usage(&turn1)["prompt_tokens"],
+        turn1.headers
+    );
+    assert_eq!(turn1.header(PREFILL_HEADER), prefill.address());
+    assert_eq!(turn1.header(DESTINATION_RESPONSE_HEADER), decode.address());
+    let prompt_tokens = usage(&turn1)["prompt_tokens"].as_f64().unwrap_or(0.0);
+    let local = source_tokens(&http, &decode.address(), "local_compute").await - local_before;
+    let pulled =
+        source_tokens(&http, &decode.address(), "external_kv_transfer").await - pulled_before;
+    assert!(
+        local < f64::from(BLOCK_SIZE) && pulled >= prompt_tokens - f64::from(BLOCK_SIZE),
+        "the decode engine pulled the prompt's KV ({pulled} tokens) instead of computing it ({local} of {prompt_tokens})"
+    );
+    let answer = assistant_text(&turn1);
+    assert!(!answer.is_empty());
+    assert_eq!(
+        answer,
+        assistant_text(&alone),
+        "greedy output equals one engine's"
+    );
+
+    // 2. The next turn: few new tokens, so it bypasses to the engine holding the prefix.
+    let mut second = first.as_array().cloned().unwrap_or_default();
+    second.push(json!({"role": "assistant", "content": answer}));
+    second.push(json!({"role": "user", "content": "And which item comes last?"}));
+    let second = Value::Array(second);
+    wait_for_index(&http, &control_plane, "decode-0").await;
+    let turn2 = post(&http, &gateway, &chat(&second, 8)).await;
+    assert!(
+        turn2.header(ROUTE_HEADER).starts_with("bypass"),
+        "{:?}",
+        turn2.headers
+    );
+    assert_eq!(turn2.header(DESTINATION_RESPONSE_HEADER), decode.address());
+    assert!(cached_tokens(&turn2) > 0, "usage: {}", usage(&turn2));
+
+    // 3. The index agrees with the engine, to the block.
+    let mut third = second.as_array().cloned().unwrap_or_default();
+    third.push(json!({"role": "assistant", "content": assistant_text(&turn2)}));
+    third.push(json!({"role": "user", "content": "Thanks."}));
+    let third = chat(&Value::Array(third), 4);
+    wait_for_index(&http, &control_plane, "decode-0").await;
+    let estimate = verdict(&http, &control_plane, &third).await;
+    let direct = post(
+        &http,
+        &format!("http://{}/v1/chat/completions", decode.address()),
+        &third,
+    )
+    .await;
+    let isl = usage(&direct)["prompt_tokens"].as_u64().unwrap_or(0);
+    assert_eq!(
+        estimate["isl"].as_u64(),
+        Some(isl),
+        "same tokens: {estimate}"
+    );
+    assert_eq!(
+        vllm_would_report(estimate["cached_tokens"].as_u64().unwrap_or(0), isl),
+        cached_tokens(&direct),
+        "estimate {estimate} vs vLLM's usage {}",
+        usage(&direct)
+    );
+
+    // 5. A restarted control plane rebuilds the index from vLLM's replay (before 4, which
+    // takes the prefill engine away).
+    let before = indexed_blocks(&http, &control_plane, "decode-0").await;
+    assert!(before > 0);
+    // The direct request just stored the third turn's blocks too.
+    let estimate = verdict(&http, &control_plane, &third).await;
+    stack
+        .restart_control_plane()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let rebuilt = poll_until(Duration::from_secs(30), || async {
+        let now = indexed_blocks(&http, &control_plane, "decode-0").await;
+        (now >= before).then_some(now)
+    })
+    .await;
+    assert!(
+        rebuilt.is_some(),
+        "the index had {before} blocks for decode-0 and did not get them back"
+    );
+    let again = verdict(&http, &control_plane, &third).await;
+    assert_eq!(again["cached_tokens"], estimate["cached_tokens"]);
+
+    // 4. Without the prefill engine, a cold prompt is still served (local prefill).
+    drop(prefill);
+    let cold = json!([{"role": "user", "content": cold_prompt("glaciers")}]);
+    let served = post(&http, &gateway, &chat(&cold, 8)).await;
+    assert!(!assistant_text(&served).is_empty());
+    assert_eq!(served.header(DESTINATION_RESPONSE_HEADER), decode.address());
+    stack.shutdown();
+    drop(decode);
+}
+
+/// The context length the engines serve with.
+fn vllm_max_len() -> u32 {
+    switchyard_e2e::vllm::MAX_MODEL_LEN
+}
+
+/// Waits until the index holds blocks for `worker` (KV events are asynchronous).
+async fn wait_for_index(http: &reqwest::Client, control_plane: &str, worker: &str) {
+    let found = poll_until(Duration::from_secs(10), || async {
+        (indexed_blocks(http, control_plane, worker).await > 0).then_some(())
+    })
+    .await;
+    assert!(
+        found.is_some(),
+        "no KV events from {worker} reached the index"
+    );
+}
+
+async fn poll_until<T, F, Fut>(timeout: Duration, mut probe: F) -> Option<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    while tokio::time::Instant::now() < deadline {
+        if let Some(v) = probe().await {
+            return Some(v);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    None
+}
