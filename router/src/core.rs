@@ -223,9 +223,24 @@ impl ControlCore {
         choices: u32,
         now_ms: u64,
     ) -> Result<Verdict, RouteError> {
+        self.route_model(request_id, tokens, choices, None, now_ms)
+    }
+
+    /// Routes a request among the workers of `model` only (see [`Router::route_model`]).
+    ///
+    /// # Errors
+    /// [`RouteError::NoDecodeWorkers`] when no live worker of `model` can decode.
+    pub fn route_model(
+        &mut self,
+        request_id: &str,
+        tokens: &[u32],
+        choices: u32,
+        model: Option<&str>,
+        now_ms: u64,
+    ) -> Result<Verdict, RouteError> {
         self.observe(now_ms);
         self.router
-            .route_request(request_id, tokens, choices, now_ms)
+            .route_model(request_id, tokens, choices, model, now_ms)
     }
 
     /// Whether heartbeats can reach the control plane (its event-bus connection).

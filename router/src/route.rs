@@ -39,8 +39,8 @@ impl Router {
     }
 
     /// Decides where and how to serve a request whose prompt is `tokens` and that asks for
-    /// `choices` choices (`n`). A request of more than one choice is never disaggregated:
-    /// the KV handoffs carry one sequence.
+    /// `choices` choices (`n`), among every live worker whatever its model (one model behind
+    /// the gateway; see [`Router::route_model`]).
     ///
     /// # Errors
     /// [`RouteError::NoDecodeWorkers`] when no live worker can decode.
@@ -51,12 +51,42 @@ impl Router {
         choices: u32,
         now_ms: u64,
     ) -> Result<Verdict, RouteError> {
+        self.route_model(request_id, tokens, choices, None, now_ms)
+    }
+
+    /// Decides where and how to serve a request whose prompt is `tokens` and that asks for
+    /// `choices` choices (`n`). A request of more than one choice is never disaggregated:
+    /// the KV handoffs carry one sequence.
+    ///
+    /// With `model`, only workers serving that model ([`WorkerInfo::model`]) are candidates,
+    /// for both legs: several models share one router (one registry, one index, one load
+    /// tracker), and a worker of another model can neither decode nor prefill the prompt,
+    /// whose tokens are that model's. `None` considers every worker.
+    ///
+    /// [`WorkerInfo::model`]: switchyard_protocol::worker::WorkerInfo::model
+    ///
+    /// # Errors
+    /// [`RouteError::NoDecodeWorkers`] when no live worker (of `model`) can decode.
+    pub fn route_model(
+        &mut self,
+        request_id: &str,
+        tokens: &[u32],
+        choices: u32,
+        model: Option<&str>,
+        now_ms: u64,
+    ) -> Result<Verdict, RouteError> {
         self.load.expire(now_ms, &self.config.load);
         let mode = self.config.serving_mode;
         let mut by_size: Vec<(u32, Vec<SequenceHash>)> = Vec::new();
         let mut decode = Vec::new();
         let mut prefill = Vec::new();
-        for w in self.workers.values().filter(|w| self.is_live(w, now_ms)) {
+        let serves = |w: &&crate::WorkerState| model.is_none_or(|m| w.info.model == m);
+        for w in self
+            .workers
+            .values()
+            .filter(serves)
+            .filter(|w| self.is_live(w, now_ms))
+        {
             let is_prefill = w.info.role == WorkerRole::Prefill;
             if !(w.info.role.serves_decode() || (is_prefill && mode != ServingMode::Agg)) {
                 continue;

@@ -683,3 +683,46 @@ fn several_choices_are_never_disaggregated() {
         RouteMode::Disagg
     );
 }
+
+#[test]
+fn a_model_is_served_by_its_own_workers_only() {
+    let mut r = Router::with_config(RouterConfig::default(), 7);
+    let of = |id: &str, role, model: &str| WorkerInfo {
+        model: model.into(),
+        ..info(id, role)
+    };
+    for w in [
+        of("a-decode", WorkerRole::Decode, "a"),
+        of("a-prefill", WorkerRole::Prefill, "a"),
+        of("b-decode", WorkerRole::Decode, "b"),
+    ] {
+        assert_eq!(r.upsert_worker(&w, 3_000, 0), WorkerChange::New);
+    }
+    // b's decode worker caches the prompt: the index must not draw a's request to it.
+    let p = prompt(8, 2_000);
+    r.apply_kv_batch(&stored("b-decode", 1, &p)).unwrap();
+    for i in 0..8 {
+        let v = r
+            .route_model(&format!("a{i}"), &p, 1, Some("a"), 1)
+            .unwrap();
+        assert_eq!(v.decode.worker_id.0, "a-decode");
+        assert!(v.prefill.iter().all(|p| p.worker_id.0 == "a-prefill"));
+        let v = r
+            .route_model(&format!("b{i}"), &p, 1, Some("b"), 1)
+            .unwrap();
+        assert_eq!(v.decode.worker_id.0, "b-decode");
+        assert_eq!(
+            (v.mode, v.reason),
+            (RouteMode::Agg, Reason::AggNoPrefillWorkers),
+            "a's prefill worker never prefills b's prompt"
+        );
+    }
+    assert_eq!(
+        r.route_model("c", &p, 1, Some("c"), 1),
+        Err(RouteError::NoDecodeWorkers),
+        "a model nobody serves has no decode worker"
+    );
+    // No model: every worker, as with one model.
+    let v = r.route_model("any", &p, 1, None, 1).unwrap();
+    assert_eq!(v.decode.worker_id.0, "b-decode", "the cache holder");
+}
