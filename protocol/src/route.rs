@@ -25,6 +25,48 @@ pub const MAX_REQUEST_ID_LEN: usize = 128;
 pub fn is_usable_request_id(id: &str) -> bool {
     !id.is_empty() && id.len() <= MAX_REQUEST_ID_LEN && id.bytes().all(|b| b.is_ascii_graphic())
 }
+/// Header the filter sets on a request it fails open, naming the body's `model`, so that an
+/// Envoy route matching it sends the request to that model's decode cluster
+/// ([`model_cluster`]) rather than to any model's worker. Clients cannot set it: the filter
+/// strips every `x-switchyard-` header they send.
+pub const MODEL_HEADER: &str = "x-switchyard-model";
+/// Longest `model` the filter copies into [`MODEL_HEADER`].
+pub const MAX_MODEL_HEADER_LEN: usize = 256;
+/// Envoy cluster of every decode (and agg) worker, whatever its model, as EDS serves it.
+pub const DECODE_CLUSTER: &str = "switchyard_decode";
+/// Envoy cluster of every prefill worker, whatever its model.
+pub const PREFILL_CLUSTER: &str = "switchyard_prefill";
+
+/// The Envoy cluster of `model`'s workers in `cluster` (one of [`DECODE_CLUSTER`],
+/// [`PREFILL_CLUSTER`]): `<cluster>__<model>` with every character but ASCII letters, digits,
+/// `-` and `_` written `_` (`Qwen/Qwen3-0.6B` → `switchyard_decode__Qwen_Qwen3-0_6B`), so the
+/// name is safe in Envoy's stat names and YAML. Two models whose names map to the same
+/// cluster are refused by the control plane's pool file.
+pub fn model_cluster(cluster: &str, model: &str) -> String {
+    let slug: String = model
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    format!("{cluster}__{slug}")
+}
+
+/// Whether `model` can be copied into [`MODEL_HEADER`] as it is: 1 to
+/// [`MAX_MODEL_HEADER_LEN`] printable ASCII characters (spaces allowed inside, as in a header
+/// value; no controls, nothing a header could not carry).
+pub fn is_header_safe_model(model: &str) -> bool {
+    !model.is_empty()
+        && model.len() <= MAX_MODEL_HEADER_LEN
+        && model.bytes().all(|b| b == b' ' || b.is_ascii_graphic())
+        && !model.starts_with(' ')
+        && !model.ends_with(' ')
+}
+
 /// Header the filter sets for Envoy's `override_host` load-balancing policy.
 pub const DESTINATION_HEADER: &str = "x-gateway-destination-endpoint";
 /// Response header telling the client how its request was routed (`bypass`, `disagg`, `agg`,
@@ -323,6 +365,16 @@ mod tests {
             assert_eq!(serde_json::from_str::<Reason>(&json).unwrap(), r);
         }
         assert_eq!(Reason::parse("bypass:something_new"), Reason::Unknown);
+        assert_eq!(
+            model_cluster(DECODE_CLUSTER, "Qwen/Qwen3-0.6B"),
+            "switchyard_decode__Qwen_Qwen3-0_6B"
+        );
+        assert_eq!(model_cluster(PREFILL_CLUSTER, "a"), "switchyard_prefill__a");
+        assert!(is_header_safe_model("Qwen/Qwen3 0.6B"));
+        for bad in ["", " a", "a\n", "a\u{7f}", "é"] {
+            assert!(!is_header_safe_model(bad), "{bad:?}");
+        }
+        assert!(!is_header_safe_model(&"m".repeat(MAX_MODEL_HEADER_LEN + 1)));
         assert_eq!(
             serde_json::from_str::<Reason>("\"x\"").unwrap(),
             Reason::Unknown
