@@ -3,7 +3,10 @@
 //! Envoy polls `POST /v3/discovery:endpoints` with a JSON `DiscoveryRequest` every
 //! `refresh_delay` and gets a `DiscoveryResponse` of `ClusterLoadAssignment`s:
 //! [`DECODE_CLUSTER`] holds every live decode and agg worker, [`PREFILL_CLUSTER`] every live
-//! prefill worker. Why EDS rather than generated static config: pools change (workers start,
+//! prefill worker, whatever their model; and each model's workers are also in that role's
+//! cluster for the model alone ([`model_cluster`]: `switchyard_decode__<model>`), which a
+//! gateway serving several models routes a failed-open request to (docs/vllm.md, "Several
+//! models"). Why EDS rather than generated static config: pools change (workers start,
 //! restart, die) without restarting or reloading Envoy, and when the control plane is down
 //! Envoy keeps the last endpoints it accepted, so routing fails open instead of emptying.
 //!
@@ -17,14 +20,12 @@ use std::net::SocketAddr;
 
 use serde::{Deserialize, Serialize};
 
+pub use switchyard_protocol::route::{model_cluster, DECODE_CLUSTER, PREFILL_CLUSTER};
+
 use crate::router::WorkerView;
 
 /// Path Envoy's REST EDS subscription polls.
 pub const EDS_PATH: &str = "/v3/discovery:endpoints";
-/// Cluster of workers that decode (roles `decode` and `agg`).
-pub const DECODE_CLUSTER: &str = "switchyard_decode";
-/// Cluster of prefill workers.
-pub const PREFILL_CLUSTER: &str = "switchyard_prefill";
 /// Type URL of the resources served.
 pub const CLUSTER_LOAD_ASSIGNMENT_TYPE: &str =
     "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment";
@@ -118,15 +119,24 @@ pub struct SocketAddress {
     pub port_value: u16,
 }
 
-/// A pool member: cluster, worker id and its socket address.
+/// A pool member: its clusters, worker id and socket address.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 struct Member {
+    /// Its role's cluster, every model's workers together.
     cluster: &'static str,
+    /// Its role's cluster for its model alone ([`model_cluster`]).
+    model_cluster: String,
     address: SocketAddr,
     worker: String,
 }
 
-/// Which cluster a worker belongs to; workers whose address is not `ip:port` are left out
+impl Member {
+    fn is_in(&self, cluster: &str) -> bool {
+        self.cluster == cluster || self.model_cluster == cluster
+    }
+}
+
+/// Which clusters a worker belongs to; workers whose address is not `ip:port` are left out
 /// (Envoy would reject the whole update for one bad endpoint) and returned separately so
 /// the caller can log them.
 fn members(workers: &[WorkerView]) -> (Vec<Member>, Vec<String>) {
@@ -141,6 +151,7 @@ fn members(workers: &[WorkerView]) -> (Vec<Member>, Vec<String>) {
         match w.info.address.parse::<SocketAddr>() {
             Ok(address) => members.push(Member {
                 cluster,
+                model_cluster: model_cluster(cluster, &w.info.model),
                 address,
                 worker: w.info.worker_id.0.clone(),
             }),
@@ -149,6 +160,19 @@ fn members(workers: &[WorkerView]) -> (Vec<Member>, Vec<String>) {
     }
     members.sort();
     (members, unusable)
+}
+
+/// Whether `name` is a cluster this EDS serves: a role's cluster, or a role's cluster for one
+/// model (served, empty, even before any worker of that model is live, so Envoy's cluster
+/// warms up and fails open to no host rather than waiting).
+fn is_known(name: &str) -> bool {
+    [DECODE_CLUSTER, PREFILL_CLUSTER].iter().any(|c| {
+        name == *c
+            || name
+                .strip_prefix(c)
+                .and_then(|rest| rest.strip_prefix("__"))
+                .is_some_and(|slug| !slug.is_empty())
+    })
 }
 
 /// The membership version: a hash of the sorted members, as 16 hex digits.
@@ -166,21 +190,31 @@ pub fn respond(
 ) -> (DiscoveryResponse, Vec<String>) {
     let (members, unusable) = members(workers);
     let version_info = version(&members);
-    let known = [DECODE_CLUSTER, PREFILL_CLUSTER];
-    let wanted: Vec<&'static str> = if request.resource_names.is_empty() {
-        known.to_vec()
-    } else {
-        known
+    let wanted: Vec<String> = if request.resource_names.is_empty() {
+        // Everything: the two role clusters, then each live model's, in name order.
+        let mut per_model: Vec<String> = members.iter().map(|m| m.model_cluster.clone()).collect();
+        per_model.sort();
+        per_model.dedup();
+        [DECODE_CLUSTER, PREFILL_CLUSTER]
             .into_iter()
-            .filter(|c| request.resource_names.iter().any(|n| n == c))
+            .map(String::from)
+            .chain(per_model)
             .collect()
+    } else {
+        let mut wanted: Vec<String> = Vec::new();
+        for name in &request.resource_names {
+            if is_known(name) && !wanted.contains(name) {
+                wanted.push(name.clone());
+            }
+        }
+        wanted
     };
     let resources = wanted
         .into_iter()
         .map(|cluster| {
             let lb_endpoints: Vec<LbEndpoint> = members
                 .iter()
-                .filter(|m| m.cluster == cluster)
+                .filter(|m| m.is_in(&cluster))
                 .map(|m| LbEndpoint {
                     endpoint: EndpointSpec {
                         address: Address {
@@ -195,7 +229,7 @@ pub fn respond(
                 .collect();
             ClusterLoadAssignment {
                 type_url: CLUSTER_LOAD_ASSIGNMENT_TYPE.to_string(),
-                cluster_name: cluster.to_string(),
+                cluster_name: cluster,
                 endpoints: if lb_endpoints.is_empty() {
                     Vec::new()
                 } else {
@@ -319,5 +353,60 @@ mod tests {
         assert_eq!(resp.resources.len(), 1);
         assert_eq!(resp.resources[0].cluster_name, PREFILL_CLUSTER);
         assert!(resp.resources[0].endpoints.is_empty());
+    }
+
+    #[test]
+    fn each_model_has_its_own_clusters_beside_the_shared_ones() {
+        let of = |id: &str, role, address: &str, model: &str| {
+            let mut w = worker(id, role, address);
+            w.info.model = model.into();
+            w
+        };
+        let workers = vec![
+            of("a-d", WorkerRole::Decode, "127.0.0.1:9001", "org/a-1.0"),
+            of("a-p", WorkerRole::Prefill, "127.0.0.1:9002", "org/a-1.0"),
+            of("b-d", WorkerRole::Agg, "127.0.0.1:9003", "b"),
+        ];
+        let hosts = |resp: &DiscoveryResponse, cluster: &str| -> Vec<String> {
+            resp.resources
+                .iter()
+                .filter(|r| r.cluster_name == cluster)
+                .flat_map(|r| r.endpoints.iter().flat_map(|e| e.lb_endpoints.iter()))
+                .map(|e| e.endpoint.hostname.clone())
+                .collect()
+        };
+        let (all, _) = respond(&DiscoveryRequest::default(), &workers);
+        let names: Vec<&str> = all
+            .resources
+            .iter()
+            .map(|r| r.cluster_name.as_str())
+            .collect();
+        assert_eq!(
+            names,
+            [
+                DECODE_CLUSTER,
+                PREFILL_CLUSTER,
+                "switchyard_decode__b",
+                "switchyard_decode__org_a-1_0",
+                "switchyard_prefill__org_a-1_0"
+            ]
+        );
+        assert_eq!(hosts(&all, DECODE_CLUSTER), ["a-d", "b-d"]);
+        assert_eq!(hosts(&all, "switchyard_decode__org_a-1_0"), ["a-d"]);
+        assert_eq!(hosts(&all, "switchyard_decode__b"), ["b-d"]);
+        // Asked by name, as each Envoy EDS cluster asks: a model with no live worker gets an
+        // empty assignment; a name outside the scheme gets nothing.
+        let req = DiscoveryRequest {
+            resource_names: vec![
+                "switchyard_decode__c".into(),
+                "switchyard_decode__".into(),
+                "switchyard_decodeX".into(),
+            ],
+            ..DiscoveryRequest::default()
+        };
+        let (named, _) = respond(&req, &workers);
+        assert_eq!(named.resources.len(), 1);
+        assert_eq!(named.resources[0].cluster_name, "switchyard_decode__c");
+        assert!(named.resources[0].endpoints.is_empty());
     }
 }
