@@ -30,7 +30,8 @@ use warp::{Filter, Reply};
 use switchyard_protocol::route::ApiError;
 
 use crate::metrics::Metrics;
-use crate::service::tokenizer::{PromptTokenizer, SegmentCacheStats};
+use crate::models::Models;
+use crate::service::tokenizer::SegmentCacheStats;
 use crate::service::ServiceHandle;
 
 /// Largest body accepted by the small JSON endpoints (lifecycle, config, EDS).
@@ -41,8 +42,9 @@ pub const MAX_SMALL_BODY_BYTES: usize = 1024 * 1024;
 pub struct ApiState {
     /// The router owner.
     pub service: ServiceHandle,
-    /// Prompt tokenizer (called on blocking threads).
-    pub tokenizer: Arc<dyn PromptTokenizer>,
+    /// The models served, each with its tokenizer (called on blocking threads) and context
+    /// length: longer prompts and larger `max_tokens` are refused.
+    pub models: Arc<Models>,
     /// Bounds concurrent tokenizations (`--route-tokenize-threads`).
     pub tokenize_permits: Arc<Semaphore>,
     /// Metric handles.
@@ -53,8 +55,6 @@ pub struct ApiState {
     pub nats: async_nats::Client,
     /// `--max-route-body-bytes`.
     pub max_route_body_bytes: usize,
-    /// The model's context length: longer prompts and larger `max_tokens` are refused.
-    pub max_model_len: u32,
     /// Makes ids for route requests that arrive without `x-request-id`.
     pub request_ids: Arc<route::RequestIds>,
     /// Tokenizer cache counters already folded into the metrics.

@@ -9,6 +9,7 @@
 //! - [`api`]: the REST API (route, workers, config, lifecycle, EDS, metrics, health).
 //! - [`consumers`]: NATS subscriptions that decode messages and forward them.
 //! - [`metrics`]: Prometheus metrics.
+//! - [`models`]: the models served: which one a request names, its tokenizer.
 //! - [`eds`]: Envoy endpoint discovery (pool membership).
 //! - [`pools`]: declared workers (a pool file): health polls, metrics scrapes, vLLM's ZMQ KV
 //!   events.
@@ -19,6 +20,7 @@ pub mod api;
 pub mod consumers;
 pub mod eds;
 pub mod metrics;
+pub mod models;
 pub mod pools;
 pub mod service;
 pub mod settings;

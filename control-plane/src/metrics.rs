@@ -57,6 +57,17 @@ pub struct KindLabels {
     pub kind: String,
 }
 
+/// Labels of a routing decision for one declared model.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ModelDecisionLabels {
+    /// The declared model (never a name a client made up: unknown models get no verdict).
+    pub model: String,
+    /// `bypass`, `disagg` or `agg`.
+    pub mode: &'static str,
+    /// The verdict's reason, e.g. `bypass:isl_bounding`.
+    pub reason: &'static str,
+}
+
 /// A single `role` label.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RoleLabels {
@@ -69,6 +80,9 @@ pub struct RoleLabels {
 pub struct Metrics {
     /// Verdicts given, by mode and reason.
     pub decisions: Family<DecisionLabels, Counter>,
+    /// Verdicts given for declared models, by model, mode and reason (bounded by the pool
+    /// file's models: only a declared model gets a verdict).
+    pub model_decisions: Family<ModelDecisionLabels, Counter>,
     /// Effective input length (tokens the decode worker would prefill) of each verdict.
     pub eff_isl_tokens: Histogram,
     /// Fraction of the prompt already cached on the chosen decode worker.
@@ -131,6 +145,7 @@ impl Default for Metrics {
     fn default() -> Self {
         Metrics {
             decisions: Family::default(),
+            model_decisions: Family::default(),
             // 16 .. 256k tokens.
             eff_isl_tokens: Histogram::new(exponential_buckets(16.0, 2.0, 15)),
             cached_fraction: Histogram::new(linear_buckets(0.1, 0.1, 10)),
@@ -178,6 +193,11 @@ impl Metrics {
             "route_decisions",
             "Verdicts given, by mode and reason",
             m.decisions.clone(),
+        );
+        r.register(
+            "route_model_decisions",
+            "Verdicts given for declared models, by model, mode and reason",
+            m.model_decisions.clone(),
         );
         r.register(
             "route_eff_isl_tokens",

@@ -23,38 +23,27 @@ pub mod zmq;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use switchyard_protocol::worker::WorkerId;
 
 use crate::metrics::{Metrics, ReasonLabels};
+use crate::models::{Models, ServedModel};
 use crate::service::ServiceHandle;
 use file::{PoolFileError, Pools};
 use worker::WorkerContext;
 
-/// A pool file this control plane cannot serve, though well-formed.
-fn check_servable(pools: &Pools, file: &std::path::Path) -> Result<(), PoolFileError> {
-    if pools.models.len() > 1 {
-        return Err(PoolFileError::Invalid {
-            file: file.to_owned(),
-            field: "models".into(),
-            message: format!(
-                "{} models declared; one control plane serves one model (its --model-dir tokenizer) today: run one per model",
-                pools.models.len()
-            ),
-        });
-    }
-    Ok(())
-}
+/// Declared models by name, ready to install.
+type DeclaredModels = std::collections::BTreeMap<String, Arc<ServedModel>>;
 
-/// Loads the pool file for start-up: an invalid file stops the start.
+/// Loads the pool file for start-up: an invalid file stops the start. (Its models'
+/// tokenizers are [`Models::load_declared`]'s.)
 ///
 /// # Errors
 /// [`PoolFileError`] naming the file and the field.
 pub fn load(file: &std::path::Path) -> Result<Pools, PoolFileError> {
-    let pools = Pools::load(file)?;
-    check_servable(&pools, file)?;
-    Ok(pools)
+    Pools::load(file)
 }
 
 /// The running declared workers and the file they come from.
@@ -66,16 +55,20 @@ pub struct PoolWatcher {
     tasks: HashMap<WorkerId, tokio::task::JoinHandle<()>>,
     service: ServiceHandle,
     metrics: Metrics,
+    /// The served models, which follow the file's `models`.
+    models: Arc<Models>,
     http: reqwest::Client,
 }
 
 impl PoolWatcher {
-    /// Starts every worker of `pools` (loaded from `file`).
+    /// Starts every worker of `pools` (loaded from `file`, its models already installed in
+    /// `models`).
     pub async fn start(
         file: PathBuf,
         pools: Pools,
         service: ServiceHandle,
         metrics: Metrics,
+        models: Arc<Models>,
     ) -> Self {
         let mut watcher = PoolWatcher {
             last_text: std::fs::read_to_string(&file).ok(),
@@ -84,6 +77,7 @@ impl PoolWatcher {
             tasks: HashMap::new(),
             service,
             metrics,
+            models,
             // Health and metrics are in-cluster addresses: never through a proxy from the
             // environment.
             http: reqwest::Client::builder()
@@ -115,9 +109,15 @@ impl PoolWatcher {
             return;
         }
         self.last_text = text;
-        match load(&self.file) {
-            Ok(pools) => {
+        let loaded = match load(&self.file) {
+            Ok(pools) => self.load_models(pools).await,
+            Err(e) => Err(e.to_string()),
+        };
+        match loaded {
+            Ok((pools, declared)) => {
                 self.count("ok");
+                // Models first: a new model's workers may be routed to as soon as they join.
+                self.models.install(declared);
                 self.apply(pools).await;
             }
             Err(e) => {
@@ -125,6 +125,17 @@ impl PoolWatcher {
                 tracing::error!(error = %e, "pool file not reloaded; the last good pools stay");
             }
         }
+    }
+
+    /// The tokenizers of `pools`' models, loaded off the async threads.
+    async fn load_models(&self, pools: Pools) -> Result<(Pools, DeclaredModels), String> {
+        let models = Arc::clone(&self.models);
+        tokio::task::spawn_blocking(move || {
+            let declared = models.load_declared(&pools).map_err(|e| e.to_string())?;
+            Ok((pools, declared))
+        })
+        .await
+        .map_err(|e| format!("tokenizer loading stopped: {e}"))?
     }
 
     fn count(&self, result: &str) {

@@ -122,6 +122,9 @@ pub struct RouteRequest {
     pub tokens: Vec<u32>,
     /// Choices the client asked for (`n`).
     pub choices: u32,
+    /// The declared model it is for: only that model's workers serve it. `None` without
+    /// declared models (every worker).
+    pub model: Option<String>,
 }
 
 /// A live worker with its predicted load and cache size, as `GET /v1/workers` shows it.

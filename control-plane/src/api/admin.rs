@@ -132,7 +132,7 @@ where
 /// `GET /metrics`.
 pub async fn metrics(state: ApiState) -> Response {
     // Fold the tokenizer's cumulative cache counters into our counters.
-    let stats = state.tokenizer.cache_stats();
+    let stats = state.models.cache_stats();
     if let Ok(mut seen) = state.cache_stats_seen.lock() {
         state
             .metrics

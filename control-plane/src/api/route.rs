@@ -21,7 +21,8 @@ use switchyard_protocol::route::{
 };
 
 use super::{error_reply, read_body, ApiState};
-use crate::metrics::DecisionLabels;
+use crate::metrics::{DecisionLabels, ModelDecisionLabels};
+use crate::models::{ModelRefusal, ServedModel};
 use crate::router::RouteError;
 use crate::service::tokenizer::TokenizeFailure;
 use crate::service::RouteRequest;
@@ -44,6 +45,10 @@ pub enum RouteFailure {
         /// The field and message.
         error: InvalidRequest,
     },
+    /// The body names a model the gateway does not serve: OpenAI's 404 `model_not_found`,
+    /// which the filter relays as is.
+    #[error("the model `{0}` does not exist")]
+    UnknownModel(String),
     /// The tokenizer failed on a valid body.
     #[error("tokenizer failed: {0}")]
     Tokenizer(String),
@@ -75,6 +80,9 @@ impl RouteFailure {
                 StatusCode::from_u16(error.kind.status()).unwrap_or(StatusCode::BAD_REQUEST),
                 reason.as_str(),
             ),
+            RouteFailure::UnknownModel(_) => {
+                (StatusCode::NOT_FOUND, RejectReason::UnknownModel.as_str())
+            }
             RouteFailure::Tokenizer(_) => (StatusCode::INTERNAL_SERVER_ERROR, "tokenizer"),
             RouteFailure::NoWorkers => (StatusCode::SERVICE_UNAVAILABLE, "no_workers"),
             RouteFailure::Unavailable => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
@@ -92,9 +100,27 @@ impl RouteFailure {
                 reason.as_str(),
             )
             .into_response(),
+            RouteFailure::UnknownModel(model) => warp::reply::with_header(
+                warp::reply::with_status(warp::reply::json(&model_not_found(&model)), status),
+                REJECT_HEADER,
+                RejectReason::UnknownModel.as_str(),
+            )
+            .into_response(),
             other => error_reply(status, code, other.to_string()),
         }
     }
+}
+
+/// OpenAI's answer to a model it does not serve (the body vLLM and OpenAI give).
+pub fn model_not_found(model: &str) -> serde_json::Value {
+    serde_json::json!({
+        "error": {
+            "message": format!("The model `{model}` does not exist."),
+            "type": "invalid_request_error",
+            "param": "model",
+            "code": "model_not_found",
+        }
+    })
 }
 
 /// Makes request ids unique within this process and, through the start time in the prefix,
@@ -158,6 +184,7 @@ fn request_id(headers: &HeaderMap, ids: &RequestIds) -> Result<String, RouteFail
 /// Tokenizes `body` on a blocking thread once a permit is free.
 async fn tokenize(
     state: &ApiState,
+    model: &ServedModel,
     api: ApiKind,
     body: serde_json::Value,
 ) -> Result<Vec<u32>, RouteFailure> {
@@ -165,7 +192,7 @@ async fn tokenize(
         .acquire_owned()
         .await
         .map_err(|_| RouteFailure::Unavailable)?;
-    let tokenizer = Arc::clone(&state.tokenizer);
+    let tokenizer = Arc::clone(&model.tokenizer);
     let joined = tokio::task::spawn_blocking(move || {
         let _permit = permit;
         tokenizer.tokenize(api, &body)
@@ -187,7 +214,7 @@ async fn decide<S, B>(
     headers: &HeaderMap,
     body: S,
     state: &ApiState,
-) -> Result<Verdict, (&'static str, Response)>
+) -> Result<(Verdict, Option<String>), (&'static str, Response)>
 where
     S: futures::Stream<Item = Result<B, warp::Error>> + Send,
     B: warp::Buf,
@@ -205,15 +232,23 @@ where
     let Some(object) = json.as_object() else {
         return Err(fail(RouteFailure::invalid("body", "must be a JSON object")));
     };
+    let model = state.models.resolve(object).map_err(|refusal| {
+        fail(match refusal {
+            ModelRefusal::Unknown(name) => RouteFailure::UnknownModel(name),
+            ModelRefusal::Missing => {
+                RouteFailure::invalid("model", "required: this gateway serves several models")
+            }
+        })
+    })?;
     // Before tokenizing: a request the engine would refuse costs nothing more.
-    let params = generation_params(api, object, state.max_model_len).map_err(|error| {
+    let params = generation_params(api, object, model.max_model_len).map_err(|error| {
         fail(RouteFailure::Client {
             reason: RejectReason::InvalidRequest,
             error,
         })
     })?;
-    let tokens = tokenize(state, api, json).await.map_err(fail)?;
-    check_prompt_length(tokens.len(), state.max_model_len).map_err(|error| {
+    let tokens = tokenize(state, &model, api, json).await.map_err(fail)?;
+    check_prompt_length(tokens.len(), model.max_model_len).map_err(|error| {
         fail(RouteFailure::Client {
             reason: RejectReason::PromptTooLong,
             error,
@@ -223,9 +258,10 @@ where
         request_id,
         tokens,
         choices: params.n,
+        model: model.name.clone(),
     };
     match state.service.route(request).await {
-        Ok(Ok(verdict)) => Ok(verdict),
+        Ok(Ok(verdict)) => Ok((verdict, model.name.clone())),
         Ok(Err(RouteError::NoDecodeWorkers)) => Err(fail(RouteFailure::NoWorkers)),
         Err(_) => Err(fail(RouteFailure::Unavailable)),
     }
@@ -243,10 +279,19 @@ where
     m.route_latency_seconds
         .observe(started.elapsed().as_secs_f64());
     match result {
-        Ok(verdict) => {
+        Ok((verdict, model)) => {
             m.decisions
                 .get_or_create(&DecisionLabels::of(verdict.mode, verdict.reason))
                 .inc();
+            if let Some(model) = model {
+                m.model_decisions
+                    .get_or_create(&ModelDecisionLabels {
+                        model,
+                        mode: verdict.mode.as_str(),
+                        reason: verdict.reason.as_str(),
+                    })
+                    .inc();
+            }
             m.eff_isl_tokens.observe(f64::from(verdict.eff_isl));
             if verdict.isl > 0 {
                 m.cached_fraction.observe(
@@ -303,5 +348,24 @@ mod tests {
         assert!(request_id(&h, &ids).is_err());
         h.insert(REQUEST_ID_HEADER, "a b".parse().unwrap());
         assert!(request_id(&h, &ids).is_err());
+    }
+
+    #[test]
+    fn an_unknown_model_is_openais_404_with_the_reject_header() {
+        let failure = RouteFailure::UnknownModel("x".into());
+        assert_eq!(
+            failure.status_and_code(),
+            (StatusCode::NOT_FOUND, "unknown_model")
+        );
+        let reply = failure.into_reply();
+        assert_eq!(reply.status(), StatusCode::NOT_FOUND);
+        assert_eq!(
+            reply.headers().get(REJECT_HEADER).unwrap(),
+            RejectReason::UnknownModel.as_str()
+        );
+        assert_eq!(
+            model_not_found("x").to_string(),
+            r#"{"error":{"message":"The model `x` does not exist.","type":"invalid_request_error","param":"model","code":"model_not_found"}}"#
+        );
     }
 }

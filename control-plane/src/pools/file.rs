@@ -10,6 +10,7 @@
 //! metrics: { interval_ms: 1000 }
 //! models:
 //!   - name: Qwen/Qwen3-0.6B
+//!     model_dir: /models/qwen3-0.6b   # tokenizer.json + tokenizer_config.json; default --model-dir
 //!     block_size: 16
 //!     workers:
 //!       - id: decode-0
@@ -33,7 +34,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use switchyard_protocol::hash::BlockSize;
-use switchyard_protocol::route::is_usable_request_id;
+use switchyard_protocol::route::{is_usable_request_id, model_cluster, DECODE_CLUSTER};
 use switchyard_protocol::worker::{WorkerId, WorkerRole};
 
 /// Largest pool file read; a pool of thousands of workers is far below it.
@@ -142,6 +143,8 @@ struct RawPoolFile {
 #[serde(deny_unknown_fields)]
 struct RawModel {
     name: String,
+    #[serde(default)]
+    model_dir: Option<PathBuf>,
     block_size: u32,
     /// `workers:` with nothing under it (YAML's null) is no workers, as `[]` is.
     #[serde(default)]
@@ -234,6 +237,8 @@ pub struct Pools {
     pub workers: BTreeMap<WorkerId, DeclaredWorker>,
     /// Declared model names, in file order.
     pub models: Vec<String>,
+    /// The tokenizer folder of each model that names one (the others use `--model-dir`).
+    pub model_dirs: BTreeMap<String, PathBuf>,
 }
 
 /// What changed between two pool files.
@@ -262,6 +267,7 @@ impl Pools {
             metrics: MetricsSettings::default(),
             workers: BTreeMap::new(),
             models: Vec::new(),
+            model_dirs: BTreeMap::new(),
         }
     }
 
@@ -362,6 +368,31 @@ fn validate(raw: RawPoolFile) -> Result<Pools, Invalid> {
                 format!("{at}.name"),
                 format!("model {:?} is declared twice", model.name),
             ));
+        }
+        // Each model gets its own Envoy clusters, named from the model: two names that map to
+        // one cluster would serve one model's fail-open traffic to the other.
+        let cluster = model_cluster(DECODE_CLUSTER, &model.name);
+        if let Some(other) = pools
+            .models
+            .iter()
+            .find(|m| model_cluster(DECODE_CLUSTER, m) == cluster)
+        {
+            return Err(invalid(
+                format!("{at}.name"),
+                format!(
+                    "model {:?} and model {other:?} would share the Envoy cluster {cluster}",
+                    model.name
+                ),
+            ));
+        }
+        if let Some(dir) = model.model_dir {
+            if dir.as_os_str().is_empty() {
+                return Err(invalid(
+                    format!("{at}.model_dir"),
+                    "a folder with tokenizer.json (leave it out for --model-dir)",
+                ));
+            }
+            pools.model_dirs.insert(model.name.clone(), dir);
         }
         let block_size = BlockSize::try_new(model.block_size)
             .map_err(|e| invalid(format!("{at}.block_size"), e.to_string()))?;

@@ -94,10 +94,11 @@ impl Owner {
                 }
             }
             Command::Route { request, reply } => {
-                let verdict = self.core.route(
+                let verdict = self.core.route_model(
                     &request.request_id,
                     &request.tokens,
                     request.choices,
+                    request.model.as_deref(),
                     now_ms,
                 );
                 let _ = reply.send(verdict);

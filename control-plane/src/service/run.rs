@@ -13,6 +13,7 @@ use tokio::sync::{oneshot, Semaphore};
 use crate::api::{self, route::RequestIds, ApiState};
 use crate::consumers::{self, Admission};
 use crate::metrics::Metrics;
+use crate::models::Models;
 use crate::pools::PoolWatcher;
 use crate::router::Router;
 use crate::service::tokenizer::{
@@ -63,8 +64,7 @@ pub async fn run(
     run_with_tokenizer(settings, tokenizer, listener, nats, shutdown).await
 }
 
-/// Context length assumed when neither `--max-model-len` nor the model folder gives one.
-pub const DEFAULT_MAX_MODEL_LEN: u32 = 131_072;
+pub use crate::models::DEFAULT_MAX_MODEL_LEN;
 
 /// Tells the router owner whenever the NATS connection comes or goes, so it never expires a
 /// worker for heartbeats that could not arrive.
@@ -131,12 +131,13 @@ pub async fn run_with_tokenizer(
             Admission::Closed
         }
     };
-    let max_model_len = settings
-        .max_model_len
-        .or(tokenizer.context_length())
-        .unwrap_or(DEFAULT_MAX_MODEL_LEN);
+    let models = Arc::new(Models::single(
+        settings.model_dir_or_default(),
+        tokenizer,
+        settings.max_model_len,
+    ));
     tracing::info!(
-        max_model_len,
+        max_model_len = models.default_model().max_model_len,
         "longer prompts and larger max_tokens are refused"
     );
     let router = Router::with_config(config, settings.seed);
@@ -151,9 +152,27 @@ pub async fn run_with_tokenizer(
     let pools = match &settings.pool_file {
         Some(file) => {
             let pools = crate::pools::load(file)?;
-            tracing::info!(file = %file.display(), workers = pools.workers.len(), "pool file loaded");
-            let watcher =
-                PoolWatcher::start(file.clone(), pools, service.clone(), metrics.clone()).await;
+            let declared = {
+                let (models, pools) = (Arc::clone(&models), pools.clone());
+                tokio::task::spawn_blocking(move || models.load_declared(&pools))
+                    .await
+                    .map_err(|e| {
+                        RunError::Tokenizer(TokenizerLoadError {
+                            dir: "?".into(),
+                            message: e.to_string(),
+                        })
+                    })??
+            };
+            models.install(declared);
+            tracing::info!(file = %file.display(), workers = pools.workers.len(), models = ?models.names(), "pool file loaded");
+            let watcher = PoolWatcher::start(
+                file.clone(),
+                pools,
+                service.clone(),
+                metrics.clone(),
+                Arc::clone(&models),
+            )
+            .await;
             Some(tokio::spawn(
                 watcher.watch(Duration::from_millis(settings.pool_reload_ms)),
             ))
@@ -166,13 +185,12 @@ pub async fn run_with_tokenizer(
         .max(1);
     let state = ApiState {
         service,
-        tokenizer,
+        models,
         tokenize_permits: Arc::new(Semaphore::new(permits)),
         metrics,
         registry: Arc::new(registry),
         nats,
         max_route_body_bytes: settings.max_route_body_bytes,
-        max_model_len,
         request_ids: Arc::new(RequestIds::new(request_id_prefix())),
         cache_stats_seen: Arc::new(Mutex::new(SegmentCacheStats::default())),
     };

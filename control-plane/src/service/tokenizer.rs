@@ -60,7 +60,7 @@ pub trait PromptTokenizer: Send + Sync + 'static {
 
 /// Why the model's tokenizer could not be loaded at start.
 #[derive(Debug, thiserror::Error)]
-#[error("cannot load the tokenizer from {dir} (--model-dir / SWITCHYARD_MODEL_DIR): {message}")]
+#[error("cannot load the tokenizer from {dir} (--model-dir / SWITCHYARD_MODEL_DIR, or a pool file model's model_dir): {message}")]
 pub struct TokenizerLoadError {
     /// The directory tried.
     pub dir: String,
