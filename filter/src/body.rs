@@ -25,6 +25,7 @@ use serde::Deserialize;
 use serde_json::{Map, Value};
 use switchyard_protocol::handoff::{DecodeLeg, Handoff};
 use switchyard_protocol::openai::CLIENT_STEERING_KEYS;
+use switchyard_protocol::route::is_header_safe_model;
 
 /// Why a body cannot be passed on (the client gets a 400 from the gateway).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -116,6 +117,18 @@ pub fn screen(body: &[u8]) -> Screened {
         Ok(body) => Screened::Stripped { doc, body, removed },
         Err(_) => Screened::Invalid(InvalidBody::NotJson),
     }
+}
+
+/// The `model` a body names, if it is a JSON object whose `model` is a string that can be a
+/// header value ([`is_header_safe_model`]). Read only when a request fails open, to keep it
+/// on its model's decode cluster: one pass that builds nothing but that string.
+pub fn model_of(body: &[u8]) -> Option<String> {
+    #[derive(Deserialize)]
+    struct ModelProbe {
+        model: Option<String>,
+    }
+    let model = serde_json::from_slice::<ModelProbe>(body).ok()?.model?;
+    is_header_safe_model(&model).then_some(model)
 }
 
 /// Whether a body that is not a JSON object might still carry a steering key for a parser
@@ -225,6 +238,23 @@ pub fn invalid_body_error(invalid: InvalidBody) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_model_is_read_when_it_can_be_a_header() {
+        let chat = br#"{"messages":[{"role":"user","content":"hi"}],"model":"org/m-1.0"}"#;
+        assert_eq!(model_of(chat).as_deref(), Some("org/m-1.0"));
+        for no in [
+            &br#"{"messages":[]}"#[..],
+            br#"{"model":3}"#,
+            br#"{"model":"a\nb"}"#,
+            br#"{"model":""}"#,
+            br#"{"model":"a","model":"b"}"#,
+            br#"["model"]"#,
+            b"not json",
+        ] {
+            assert_eq!(model_of(no), None, "{}", String::from_utf8_lossy(no));
+        }
+    }
 
     #[test]
     fn clean_objects_pass_as_they_are() {

@@ -4,7 +4,9 @@
 use log::{debug, warn};
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action;
-use switchyard_protocol::route::{ApiKind, RouteMode, API_HEADER, REQUEST_ID_HEADER, ROUTE_PATH};
+use switchyard_protocol::route::{
+    ApiKind, RouteMode, API_HEADER, MODEL_HEADER, REQUEST_ID_HEADER, ROUTE_PATH,
+};
 
 use super::{Phase, SwitchyardRequest};
 use crate::body::{self, RequestDoc, Screened};
@@ -65,7 +67,24 @@ impl SwitchyardRequest {
     pub(super) fn fail_open(&mut self, reason: FailOpenReason) {
         let outcome = RouteOutcome::FailOpen(reason);
         self.count_verdict(&outcome);
+        self.name_model();
         self.forward(Served::from_outcome(&outcome), None, None);
+    }
+
+    /// Names the body's model in [`MODEL_HEADER`], so that a gateway serving several models
+    /// routes a failed-open request to that model's decode cluster (an Envoy route matching
+    /// the header) instead of any model's worker. A gateway of one model has no such route
+    /// and ignores the header. Under ABI 0.2.1 Envoy clears its route cache when a filter
+    /// sets a request header (from Envoy 1.33 only filters of later ABIs must ask with the
+    /// `clear_route_cache` foreign function), so the route is chosen again with the header:
+    /// checked end to end by tests/tests/e2e_models.rs.
+    fn name_model(&mut self) {
+        let body = self
+            .get_http_request_body(0, self.body_len)
+            .unwrap_or_default();
+        if let Some(model) = body::model_of(&body) {
+            self.set_http_request_header(MODEL_HEADER, Some(&model));
+        }
     }
 
     fn count_verdict(&self, outcome: &RouteOutcome) {
@@ -157,6 +176,10 @@ impl SwitchyardRequest {
                         self.resume_http_request();
                     }
                 }
+            }
+            RouteOutcome::FailOpen(reason) => {
+                self.fail_open(reason);
+                self.resume_http_request();
             }
             other => {
                 self.count_verdict(&other);
