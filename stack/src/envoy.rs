@@ -9,13 +9,66 @@ use crate::error::StackError;
 /// works from any directory.
 pub const BOOTSTRAP_TEMPLATE: &str = include_str!("../../envoy/bootstrap.template.yaml");
 
-/// Envoy cluster of decode (and agg) workers, as the control plane's EDS names it.
-pub const DECODE_CLUSTER: &str = "switchyard_decode";
-/// Envoy cluster of prefill workers.
-pub const PREFILL_CLUSTER: &str = "switchyard_prefill";
+use switchyard_protocol::route::MODEL_HEADER;
+pub use switchyard_protocol::route::{model_cluster, DECODE_CLUSTER, PREFILL_CLUSTER};
 
 /// The template's comment line where extra listeners go.
 const EXTRA_LISTENERS_MARKER: &str = "    # switchyard:extra-listeners\n";
+
+/// The template's comment line where each model's routes go (before the shared ones: Envoy
+/// takes the first route that matches).
+const MODEL_ROUTES_MARKER: &str = "                        # switchyard:model-routes\n";
+/// The template's comment line where each model's decode cluster goes.
+const MODEL_CLUSTERS_MARKER: &str = "    # switchyard:model-clusters\n";
+/// The API paths a model's route covers (the shared routes' paths that reach workers with a
+/// body naming a model).
+const MODEL_PATHS: [&str; 2] = ["/v1/chat/completions", "/v1/completions"];
+
+/// Each model's routes: a request the filter failed open names its model in
+/// [`MODEL_HEADER`], and goes to that model's decode cluster rather than any model's worker.
+fn model_routes(models: &[String]) -> String {
+    let mut out = String::new();
+    for model in models {
+        // A JSON string is a YAML double-quoted scalar: any model name stays one value.
+        let quoted = serde_json::Value::from(model.as_str()).to_string();
+        let cluster = model_cluster(DECODE_CLUSTER, model);
+        for path in MODEL_PATHS {
+            out.push_str(&format!(
+                "                        - match: {{ path: \"{path}\", headers: [ {{ name: {MODEL_HEADER}, string_match: {{ exact: {quoted} }} }} ] }}\n                          route: {{ cluster: {cluster}, timeout: 0s }}\n"
+            ));
+        }
+    }
+    out
+}
+
+/// Each model's decode cluster: the template's shared decode cluster (its EDS source,
+/// buffer limit and override-host policy, written once there) under the model's name.
+fn model_clusters(rendered: &str, models: &[String]) -> Result<String, StackError> {
+    let start = format!("    - name: {DECODE_CLUSTER}\n");
+    let end = format!("    - name: {PREFILL_CLUSTER}\n");
+    let shared = rendered
+        .find(&start)
+        .and_then(|from| Some((from, from + rendered[from..].find(&end)?)))
+        .map(|(from, to)| &rendered[from..to])
+        .ok_or_else(|| {
+            StackError::InvalidSetting(format!(
+                "the bootstrap template has no {DECODE_CLUSTER} cluster followed by {PREFILL_CLUSTER}"
+            ))
+        })?;
+    let mut out = String::new();
+    for model in models {
+        let cluster = model_cluster(DECODE_CLUSTER, model);
+        out.push_str(
+            &shared
+                .replace(&start, &format!("    - name: {cluster}\n"))
+                .replace(
+                    &format!("service_name: {DECODE_CLUSTER}\n"),
+                    &format!("service_name: {cluster}\n"),
+                ),
+        );
+    }
+    Ok(out)
+}
 
 /// A listener routing to the decode cluster with no filter but the router.
 fn plain_listener(port: u16, buffer_limit_bytes: u64) -> String {
@@ -91,12 +144,24 @@ impl EnvoySettings {
     }
 }
 
-/// Fills the template in.
+/// Fills the template in, for a gateway of one model.
 ///
 /// # Errors
 /// [`StackError::InvalidSetting`] if the wasm path cannot be written into the YAML, or a
 /// placeholder is left unfilled (the template and this function disagree).
 pub fn render_bootstrap(settings: &EnvoySettings) -> Result<String, StackError> {
+    render_bootstrap_for_models(settings, &[])
+}
+
+/// Fills the template in, with a route and a decode cluster for each of `models` (the pool
+/// file's; none: exactly [`render_bootstrap`]'s config).
+///
+/// # Errors
+/// As [`render_bootstrap`].
+pub fn render_bootstrap_for_models(
+    settings: &EnvoySettings,
+    models: &[String],
+) -> Result<String, StackError> {
     let wasm = settings.wasm_path.to_string_lossy();
     if wasm.contains(['"', '\\', '\n']) {
         return Err(StackError::InvalidSetting(format!(
@@ -125,6 +190,10 @@ pub fn render_bootstrap(settings: &EnvoySettings) -> Result<String, StackError> 
         None => String::new(),
     };
     let rendered = rendered.replace(EXTRA_LISTENERS_MARKER, &plain);
+    let clusters = model_clusters(&rendered, models)?;
+    let rendered = rendered
+        .replace(MODEL_ROUTES_MARKER, &model_routes(models))
+        .replace(MODEL_CLUSTERS_MARKER, &clusters);
     let body_lines = rendered
         .lines()
         .filter(|l| !l.trim_start().starts_with('#'));
@@ -199,6 +268,28 @@ mod tests {
         );
         assert!(yaml.contains("name: switchyard_plain"));
         assert!(yaml.contains("port_value: 10001"));
+    }
+
+    #[test]
+    fn each_model_gets_a_route_on_its_header_and_a_decode_cluster() {
+        let one = render_bootstrap(&settings()).expect("renders");
+        assert!(!one.contains(MODEL_HEADER), "one model: no model routes");
+        assert_eq!(one.matches("- name: switchyard_decode").count(), 1);
+        let models = ["org/a-1.0".to_string(), "b".to_string()];
+        let yaml = render_bootstrap_for_models(&settings(), &models).expect("renders");
+        let route = yaml.find(r#"exact: "org/a-1.0""#).expect("a's route");
+        let shared = yaml
+            .find(r#"- match: { path: "/v1/chat/completions" }"#)
+            .expect("shared route");
+        assert!(route < shared, "model routes come first");
+        assert!(yaml.contains("route: { cluster: switchyard_decode__org_a-1_0, timeout: 0s }"));
+        assert!(yaml.contains("    - name: switchyard_decode__b\n"));
+        assert!(yaml.contains("service_name: switchyard_decode__b\n"));
+        assert_eq!(
+            yaml.matches("override_host_sources").count(),
+            4,
+            "2 shared + 2 models"
+        );
     }
 
     #[test]

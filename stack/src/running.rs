@@ -314,9 +314,22 @@ impl Stack {
             filter_overrides: b.filter_overrides.clone(),
             plain_listen_port: self.plain_listen_port,
         };
+        // The pool file's models each get a route and a decode cluster (a request failed open
+        // stays on its model's workers); read as the control plane reads it.
+        let models = match &b.pool_file {
+            Some((file, _)) => {
+                switchyard_control_plane::pools::file::Pools::load(file)
+                    .map_err(|e| StackError::InvalidSetting(e.to_string()))?
+                    .models
+            }
+            None => Vec::new(),
+        };
         let yaml_path = self.run_dir.join("envoy.yaml");
-        std::fs::write(&yaml_path, envoy::render_bootstrap(&settings)?)
-            .map_err(StackError::io(format!("writing {}", yaml_path.display())))?;
+        std::fs::write(
+            &yaml_path,
+            envoy::render_bootstrap_for_models(&settings, &models)?,
+        )
+        .map_err(StackError::io(format!("writing {}", yaml_path.display())))?;
         let envoy_args = vec![
             "-c".into(),
             yaml_path.to_string_lossy().into_owned(),
