@@ -127,6 +127,11 @@ pub fn model_of(body: &[u8]) -> Option<String> {
     struct ModelProbe {
         model: Option<String>,
     }
+    // A derived struct also reads a JSON array positionally (`["m"]`); only an object is a
+    // request body.
+    if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        return None;
+    }
     let model = serde_json::from_slice::<ModelProbe>(body).ok()?.model?;
     is_header_safe_model(&model).then_some(model)
 }
