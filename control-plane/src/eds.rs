@@ -124,10 +124,11 @@ pub struct SocketAddress {
 struct Member {
     /// Its role's cluster, every model's workers together.
     cluster: &'static str,
-    /// Its role's cluster for its model alone ([`model_cluster`]).
-    model_cluster: String,
+    // Sorted by cluster, then address: each cluster's endpoints in address order.
     address: SocketAddr,
     worker: String,
+    /// Its role's cluster for its model alone ([`model_cluster`]).
+    model_cluster: String,
 }
 
 impl Member {
@@ -151,9 +152,9 @@ fn members(workers: &[WorkerView]) -> (Vec<Member>, Vec<String>) {
         match w.info.address.parse::<SocketAddr>() {
             Ok(address) => members.push(Member {
                 cluster,
-                model_cluster: model_cluster(cluster, &w.info.model),
                 address,
                 worker: w.info.worker_id.0.clone(),
+                model_cluster: model_cluster(cluster, &w.info.model),
             }),
             Err(_) => unusable.push(w.info.worker_id.0.clone()),
         }
