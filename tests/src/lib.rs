@@ -285,6 +285,20 @@ pub fn parse_stats(text: &str) -> HashMap<String, u64> {
         .collect()
 }
 
+/// Polls `probe` every 100 ms until it holds; panics naming `what` when `timeout` passes
+/// first.
+pub async fn eventually<F, Fut>(what: &str, timeout: Duration, mut probe: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + timeout;
+    while !probe().await {
+        assert!(Instant::now() < deadline, "not within {timeout:?}: {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

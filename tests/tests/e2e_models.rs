@@ -13,7 +13,9 @@ use std::path::Path;
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use switchyard_e2e::{client, get_text, post_observed, prom_sum, start_stack, WORKER_HEADER};
+use switchyard_e2e::{
+    client, eventually, get_text, post_observed, prom_sum, start_stack, WORKER_HEADER,
+};
 use switchyard_protocol::route::{REJECT_HEADER, ROUTE_HEADER};
 use switchyard_protocol::worker::{WorkerId, WorkerRole};
 use switchyard_stack::envoy::{healthy_hosts, model_cluster, DECODE_CLUSTER};
@@ -94,22 +96,6 @@ fn chat(model: &str, salt: usize) -> Value {
     })
 }
 
-/// Polls `probe` until it holds or [`WAIT`] passes; panics with `what` then.
-async fn eventually<F, Fut>(what: &str, mut probe: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while !probe().await {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "not within {WAIT:?}: {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_models_are_served_by_their_own_workers_and_an_unknown_one_is_404() {
     let artifacts = Artifacts::locate(Profile::Debug).unwrap_or_else(|e| panic!("{e}"));
@@ -145,7 +131,7 @@ async fn two_models_are_served_by_their_own_workers_and_an_unknown_one_is_404() 
     let clusters = format!("{}/clusters", stack.admin_url());
     for (model, sim) in MODELS.iter().zip([&alpha, &beta]) {
         let cluster = model_cluster(DECODE_CLUSTER, model);
-        eventually(&format!("{cluster} holds {}", sim.id), || async {
+        eventually(&format!("{cluster} holds {}", sim.id), WAIT, || async {
             let page = get_text(&http, &clusters).await.unwrap_or_default();
             healthy_hosts(&page, &cluster) == [sim.address()]
         })

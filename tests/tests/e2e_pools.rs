@@ -14,7 +14,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use switchyard_e2e::{client, get_json, get_text, prom_sum};
+use switchyard_e2e::{client, eventually, get_json, get_text, prom_sum};
 use switchyard_stack::{Artifacts, Profile};
 use switchyard_support::{free_port, Process, TempDir};
 
@@ -49,22 +49,6 @@ async fn cached_blocks(http: &reqwest::Client, cp: &str) -> Option<u64> {
         .await
         .first()
         .and_then(|w| w["cached_blocks"].as_u64())
-}
-
-/// Polls `probe` until it holds or [`WAIT`] passes; panics with `what` then.
-async fn eventually<F, Fut>(what: &str, mut probe: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while !probe().await {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "not within {WAIT:?}: {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 async fn reloads(http: &reqwest::Client, cp: &str, result: &str) -> f64 {
@@ -137,12 +121,16 @@ async fn declared_workers_join_leave_and_follow_the_pool_file() {
     let http = client();
 
     // Joins with the engine's capacity; its KV events reach the index.
-    eventually("decode-0 registered with its scraped capacity", || async {
-        workers(&http, &cp).await.first().is_some_and(|w| {
-            w["info"]["worker_id"] == "decode-0"
-                && w["info"]["kv_capacity_blocks"].as_u64().unwrap_or(0) > 0
-        })
-    })
+    eventually(
+        "decode-0 registered with its scraped capacity",
+        WAIT,
+        || async {
+            workers(&http, &cp).await.first().is_some_and(|w| {
+                w["info"]["worker_id"] == "decode-0"
+                    && w["info"]["kv_capacity_blocks"].as_u64().unwrap_or(0) > 0
+            })
+        },
+    )
     .await;
     let body = json!({
         "model": "qwen3",
@@ -156,7 +144,7 @@ async fn declared_workers_join_leave_and_follow_the_pool_file() {
         .await
         .expect("chat");
     assert!(answer.status().is_success());
-    eventually("the prompt's blocks indexed", || async {
+    eventually("the prompt's blocks indexed", WAIT, || async {
         cached_blocks(&http, &cp).await.unwrap_or(0) > 0
     })
     .await;
@@ -164,22 +152,24 @@ async fn declared_workers_join_leave_and_follow_the_pool_file() {
 
     // Frozen: out of the pools and the index. Thawed: back, the index rebuilt by replay.
     worker.freeze(Duration::from_secs(5)).expect("SIGSTOP");
-    eventually("a frozen worker leaves the pools", || async {
+    eventually("a frozen worker leaves the pools", WAIT, || async {
         workers(&http, &cp).await.is_empty()
     })
     .await;
     worker
         .signal(switchyard_support::Signal::Cont)
         .expect("SIGCONT");
-    eventually("the thawed worker is back with its blocks", || async {
-        cached_blocks(&http, &cp).await == Some(indexed)
-    })
+    eventually(
+        "the thawed worker is back with its blocks",
+        WAIT,
+        || async { cached_blocks(&http, &cp).await == Some(indexed) },
+    )
     .await;
 
     // A broken file keeps the last good pools, counted.
     let errors_before = reloads(&http, &cp, "error").await;
     write(&pools, "models: [ { name: qwen3, block_size: 0 } ]\n");
-    eventually("a bad reload is counted", || async {
+    eventually("a bad reload is counted", WAIT, || async {
         reloads(&http, &cp, "error").await > errors_before
     })
     .await;
@@ -191,12 +181,12 @@ async fn declared_workers_join_leave_and_follow_the_pool_file() {
 
     // Removed from the file: gone. Added back: in again.
     write(&pools, &pool_file(&sim, false));
-    eventually("a removed worker leaves", || async {
+    eventually("a removed worker leaves", WAIT, || async {
         workers(&http, &cp).await.is_empty()
     })
     .await;
     write(&pools, &pool_file(&sim, true));
-    eventually("a re-added worker joins with its blocks", || async {
+    eventually("a re-added worker joins with its blocks", WAIT, || async {
         cached_blocks(&http, &cp).await == Some(indexed)
     })
     .await;
