@@ -22,8 +22,12 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use switchyard_e2e::probe::{assistant_text, usage, PREFILL_HEADER};
-use switchyard_e2e::vllm::{EngineSpec, VllmEngine, VllmInstall, BLOCK_SIZE, MODEL_NAME};
-use switchyard_e2e::{client, get_json, post_observed, prom_sum, start_stack, Observed};
+use switchyard_e2e::vllm::{
+    EngineSpec, VllmEngine, VllmInstall, BLOCK_SIZE, MAX_MODEL_LEN, MODEL_NAME,
+};
+use switchyard_e2e::{
+    client, eventually, get_json, post_observed, prom_sum, start_stack, Observed,
+};
 use switchyard_e2e::{worker_metrics, DESTINATION_RESPONSE_HEADER};
 use switchyard_protocol::route::ROUTE_HEADER;
 use switchyard_protocol::worker::{WorkerId, WorkerRole};
@@ -190,7 +194,7 @@ async fn a_real_vllm_prefill_decode_pair_behind_switchyard() {
         StackBuilder::new()
             .decode_workers(0)
             .pool_file(pools, declared)
-            .max_model_len(vllm_max_len())
+            .max_model_len(MAX_MODEL_LEN)
             .conditional_disagg_config(format!(
                 r#"{{"policy":"isl_bounding","eff_isl_threshold":{THRESHOLD}}}"#
             ))
@@ -288,15 +292,12 @@ async fn a_real_vllm_prefill_decode_pair_behind_switchyard() {
         .restart_control_plane()
         .await
         .unwrap_or_else(|e| panic!("{e}"));
-    let rebuilt = poll_until(Duration::from_secs(30), || async {
-        let now = indexed_blocks(&http, &control_plane, "decode-0").await;
-        (now >= before).then_some(now)
-    })
+    eventually(
+        &format!("the index had {before} blocks for decode-0 and gets them back"),
+        Duration::from_secs(30),
+        || async { indexed_blocks(&http, &control_plane, "decode-0").await >= before },
+    )
     .await;
-    assert!(
-        rebuilt.is_some(),
-        "the index had {before} blocks for decode-0 and did not get them back"
-    );
     let again = verdict(&http, &control_plane, &third).await;
     assert_eq!(again["cached_tokens"], estimate["cached_tokens"]);
 
@@ -310,34 +311,12 @@ async fn a_real_vllm_prefill_decode_pair_behind_switchyard() {
     drop(decode);
 }
 
-/// The context length the engines serve with.
-fn vllm_max_len() -> u32 {
-    switchyard_e2e::vllm::MAX_MODEL_LEN
-}
-
 /// Waits until the index holds blocks for `worker` (KV events are asynchronous).
 async fn wait_for_index(http: &reqwest::Client, control_plane: &str, worker: &str) {
-    let found = poll_until(Duration::from_secs(10), || async {
-        (indexed_blocks(http, control_plane, worker).await > 0).then_some(())
-    })
+    eventually(
+        &format!("KV events from {worker} reach the index"),
+        Duration::from_secs(10),
+        || async { indexed_blocks(http, control_plane, worker).await > 0 },
+    )
     .await;
-    assert!(
-        found.is_some(),
-        "no KV events from {worker} reached the index"
-    );
-}
-
-async fn poll_until<T, F, Fut>(timeout: Duration, mut probe: F) -> Option<T>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let deadline = tokio::time::Instant::now() + timeout;
-    while tokio::time::Instant::now() < deadline {
-        if let Some(v) = probe().await {
-            return Some(v);
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    None
 }
