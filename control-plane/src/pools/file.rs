@@ -629,7 +629,10 @@ models:
     fn errors_name_the_file_and_the_line_or_field() {
         let e = error(&GOOD.replace("kv_replay:", "kv_replya:"));
         assert!(e.contains("pools.yaml") && e.contains("kv_replya"), "{e}");
-        assert!(e.contains("line") || e.contains(':'), "a location: {e}");
+        assert!(
+            e.contains("line 12 column 9"),
+            "the typo's line and column: {e}"
+        );
         let e = error(&GOOD.replace("role: decode", "role: chef"));
         assert!(e.contains("chef"), "{e}");
         let e = error(&GOOD.replace("block_size: 16", "block_size: 0"));
