@@ -22,7 +22,7 @@ pub mod worker;
 pub mod zmq;
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -30,7 +30,6 @@ use switchyard_protocol::worker::WorkerId;
 
 use crate::metrics::{Metrics, ReasonLabels};
 use crate::models::{Models, ServedModel};
-use crate::service::tokenizer::TokenizerLoadError;
 use crate::service::ServiceHandle;
 use file::{PoolFileError, Pools};
 use worker::WorkerContext;
@@ -38,35 +37,13 @@ use worker::WorkerContext;
 /// Declared models by name, ready to install.
 type DeclaredModels = std::collections::BTreeMap<String, Arc<ServedModel>>;
 
-/// Why a pool file was not taken.
-#[derive(Debug, thiserror::Error)]
-pub enum PoolLoadError {
-    /// The file itself (read, syntax, a field).
-    #[error(transparent)]
-    File(#[from] PoolFileError),
-    /// A declared model's tokenizer.
-    #[error(transparent)]
-    Tokenizer(#[from] TokenizerLoadError),
-    /// The blocking task loading the tokenizers did not finish.
-    #[error("tokenizer loading stopped: {0}")]
-    Stopped(String),
-}
-
-/// Parses pool-file `text` (from `file`) and loads its models' tokenizers, off the async
-/// threads; nothing is installed yet.
-async fn parse_with_models(
-    file: &Path,
-    text: &str,
-    models: &Arc<Models>,
-) -> Result<(Pools, DeclaredModels), PoolLoadError> {
-    let pools = Pools::parse(text, file)?;
-    let models = Arc::clone(models);
-    tokio::task::spawn_blocking(move || {
-        let declared = models.load_declared(&pools)?;
-        Ok((pools, declared))
-    })
-    .await
-    .map_err(|e| PoolLoadError::Stopped(e.to_string()))?
+/// Loads the pool file for start-up: an invalid file stops the start. (Its models'
+/// tokenizers are [`Models::load_declared`]'s.)
+///
+/// # Errors
+/// [`PoolFileError`] naming the file and the field.
+pub fn load(file: &std::path::Path) -> Result<Pools, PoolFileError> {
+    Pools::load(file)
 }
 
 /// The running declared workers and the file they come from.
@@ -84,23 +61,17 @@ pub struct PoolWatcher {
 }
 
 impl PoolWatcher {
-    /// Loads `file` (its models into `models`) and starts every worker it declares: an
-    /// invalid file stops the start.
-    ///
-    /// # Errors
-    /// [`PoolLoadError`] naming the file and the field, or the model folder.
-    pub async fn open(
+    /// Starts every worker of `pools` (loaded from `file`, its models already installed in
+    /// `models`).
+    pub async fn start(
         file: PathBuf,
+        pools: Pools,
         service: ServiceHandle,
         metrics: Metrics,
         models: Arc<Models>,
-    ) -> Result<Self, PoolLoadError> {
-        let text = Pools::read_text(&file)?;
-        let (pools, declared) = parse_with_models(&file, &text, &models).await?;
-        models.install(declared);
-        tracing::info!(file = %file.display(), workers = pools.workers.len(), models = ?models.names(), "pool file loaded");
+    ) -> Self {
         let mut watcher = PoolWatcher {
-            last_text: Some(text),
+            last_text: std::fs::read_to_string(&file).ok(),
             file,
             current: Pools::empty(),
             tasks: HashMap::new(),
@@ -116,7 +87,7 @@ impl PoolWatcher {
         };
         watcher.count("ok");
         watcher.apply(pools).await;
-        Ok(watcher)
+        watcher
     }
 
     /// Re-reads the file every `every` and applies what changed, forever.
@@ -133,17 +104,14 @@ impl PoolWatcher {
     /// Reads the file once; applies it if it changed and loads, keeps the last good pools
     /// (and counts the failure) if it does not.
     pub async fn reload(&mut self) {
-        let loaded = match Pools::read_text(&self.file) {
-            Ok(text) if self.last_text.as_ref() == Some(&text) => return,
-            Ok(text) => {
-                let loaded = parse_with_models(&self.file, &text, &self.models).await;
-                self.last_text = Some(text);
-                loaded
-            }
-            Err(e) => {
-                self.last_text = None;
-                Err(e.into())
-            }
+        let text = std::fs::read_to_string(&self.file).ok();
+        if text.is_some() && text == self.last_text {
+            return;
+        }
+        self.last_text = text;
+        let loaded = match load(&self.file) {
+            Ok(pools) => self.load_models(pools).await,
+            Err(e) => Err(e.to_string()),
         };
         match loaded {
             Ok((pools, declared)) => {
@@ -157,6 +125,17 @@ impl PoolWatcher {
                 tracing::error!(error = %e, "pool file not reloaded; the last good pools stay");
             }
         }
+    }
+
+    /// The tokenizers of `pools`' models, loaded off the async threads.
+    async fn load_models(&self, pools: Pools) -> Result<(Pools, DeclaredModels), String> {
+        let models = Arc::clone(&self.models);
+        tokio::task::spawn_blocking(move || {
+            let declared = models.load_declared(&pools).map_err(|e| e.to_string())?;
+            Ok((pools, declared))
+        })
+        .await
+        .map_err(|e| format!("tokenizer loading stopped: {e}"))?
     }
 
     fn count(&self, result: &str) {

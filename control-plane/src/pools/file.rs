@@ -276,14 +276,6 @@ impl Pools {
     /// # Errors
     /// [`PoolFileError`] naming the file and the line, column or field at fault.
     pub fn load(file: &Path) -> Result<Pools, PoolFileError> {
-        Pools::parse(&Pools::read_text(file)?, file)
-    }
-
-    /// Reads `file`'s text, refusing one larger than [`MAX_POOL_FILE_BYTES`].
-    ///
-    /// # Errors
-    /// [`PoolFileError::Read`] or [`PoolFileError::TooLarge`].
-    pub fn read_text(file: &Path) -> Result<String, PoolFileError> {
         let read = |source| PoolFileError::Read {
             file: file.to_owned(),
             source,
@@ -295,7 +287,8 @@ impl Pools {
                 bytes,
             });
         }
-        std::fs::read_to_string(file).map_err(read)
+        let text = std::fs::read_to_string(file).map_err(read)?;
+        Pools::parse(&text, file)
     }
 
     /// Parses and validates pool-file `text`; `file` names it in errors.

@@ -35,7 +35,7 @@ pub enum RunError {
     Registration(#[from] switchyard_bus::BusError),
     /// `--pool-file` does not load.
     #[error(transparent)]
-    Pools(#[from] crate::pools::PoolLoadError),
+    Pools(#[from] crate::pools::file::PoolFileError),
     /// The listener has no local address.
     #[error("listener: {0}")]
     Listener(#[from] std::io::Error),
@@ -151,13 +151,28 @@ pub async fn run_with_tokenizer(
     let reachability = tokio::spawn(forward_reachability(nats.clone(), service.clone()));
     let pools = match &settings.pool_file {
         Some(file) => {
-            let watcher = PoolWatcher::open(
+            let pools = crate::pools::load(file)?;
+            let declared = {
+                let (models, pools) = (Arc::clone(&models), pools.clone());
+                tokio::task::spawn_blocking(move || models.load_declared(&pools))
+                    .await
+                    .map_err(|e| {
+                        RunError::Tokenizer(TokenizerLoadError {
+                            dir: "?".into(),
+                            message: e.to_string(),
+                        })
+                    })??
+            };
+            models.install(declared);
+            tracing::info!(file = %file.display(), workers = pools.workers.len(), models = ?models.names(), "pool file loaded");
+            let watcher = PoolWatcher::start(
                 file.clone(),
+                pools,
                 service.clone(),
                 metrics.clone(),
                 Arc::clone(&models),
             )
-            .await?;
+            .await;
             Some(tokio::spawn(
                 watcher.watch(Duration::from_millis(settings.pool_reload_ms)),
             ))
