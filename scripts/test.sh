@@ -39,12 +39,16 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 step "clippy (wasm32-wasip1 filter)"
 cargo clippy -p switchyard-filter --target wasm32-wasip1 --locked -- -D warnings
 
-step "build the filter (wasm32-wasip1) and the binaries the end-to-end tests start"
+step "build the filter (wasm32-wasip1), the binaries the end-to-end tests start, and the tests"
 cargo build -p switchyard-filter --target wasm32-wasip1 --profile wasm --locked
-cargo build --workspace --bins --locked
+# One build for the binaries and the tests, with the same selection (--workspace, tests and
+# examples) as the `cargo test` runs below: Cargo resolves dependency features per
+# invocation, and a selection without the tests (or with `-p`) builds ~40 crates a second
+# time with other features.
+cargo build --workspace --bins --tests --examples --locked
 
 step "tests"
 cargo test --workspace --locked
 
 step "real vLLM: a prefill/decode pair over NIXL behind the gateway (after the rest: idle NIXL engines busy-poll both cores)"
-cargo test -p switchyard-e2e --test e2e_vllm --locked -- --ignored
+cargo test --workspace --test e2e_vllm --locked -- --ignored

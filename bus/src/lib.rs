@@ -249,20 +249,23 @@ impl RegistrationArgs {
 }
 
 /// Connects as `args` say, in the background (the client is returned at once and retries
-/// until the server accepts it). `on_event` sees every connection event.
+/// until the server accepts it). `on_event` sees every connection event (log it, count it;
+/// [`ignore_event`] drops it).
+///
+/// A plain function pointer rather than a generic callback on purpose: generic, this function
+/// and async-nats's whole connector would be compiled again in every crate that calls it.
 ///
 /// # Errors
 /// [`BusError`] for unusable flags or URL; an unreachable server is not an error.
-pub async fn connect<F, Fut>(
+pub async fn connect(
     args: &NatsArgs,
     name: &str,
-    on_event: F,
-) -> Result<async_nats::Client, BusError>
-where
-    F: Fn(async_nats::Event) -> Fut + Send + Sync + 'static,
-    Fut: std::future::Future<Output = ()> + Send + Sync + 'static,
-{
-    let options = args.options(name).await?.event_callback(on_event);
+    on_event: fn(async_nats::Event),
+) -> Result<async_nats::Client, BusError> {
+    let options = args
+        .options(name)
+        .await?
+        .event_callback(move |event| async move { on_event(event) });
     options
         .connect(args.nats_url.as_str())
         .await
@@ -271,6 +274,9 @@ where
             message: e.to_string(),
         })
 }
+
+/// A connection-event callback for [`connect`] that does nothing.
+pub fn ignore_event(_: async_nats::Event) {}
 
 /// Whether the client is connected now.
 pub fn is_connected(client: &async_nats::Client) -> bool {

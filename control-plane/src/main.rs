@@ -153,20 +153,17 @@ async fn main() -> ExitCode {
     if !settings.nats.has_credentials() {
         tracing::warn!("connecting to NATS without credentials (see --nats-token-file and docs/control-plane.md)");
     }
-    let nats = match switchyard_bus::connect(
-        &settings.nats,
-        "switchyard-control-plane",
-        |event| async move { log_nats_event(event) },
-    )
-    .await
-    {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return ExitCode::from(EXIT_USAGE);
-        }
-    };
-    match service::run(settings, listener, nats, shutdown_signal()).await {
+    let nats =
+        match switchyard_bus::connect(&settings.nats, "switchyard-control-plane", log_nats_event)
+            .await
+        {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("error: {e}");
+                return ExitCode::from(EXIT_USAGE);
+            }
+        };
+    match service::run(settings, listener, nats, Box::pin(shutdown_signal())).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e @ RunError::Config(_)) => {
             eprintln!("error: {e}");

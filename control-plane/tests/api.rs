@@ -398,7 +398,7 @@ async fn run_refuses_to_start_on_bad_config_or_a_missing_tokenizer() {
         settings,
         listener().await,
         nats.clone(),
-        std::future::pending(),
+        Box::pin(std::future::pending()),
     )
     .await
     .unwrap_err();
@@ -408,9 +408,14 @@ async fn run_refuses_to_start_on_bad_config_or_a_missing_tokenizer() {
     let mut settings = Settings::for_tests();
     settings.model_dir = Some(model_dir());
     settings.conditional_disagg_config = Some(r#"{"policy": "coin_flip"}"#.into());
-    let err = run(settings, listener().await, nats, std::future::pending())
-        .await
-        .unwrap_err();
+    let err = run(
+        settings,
+        listener().await,
+        nats,
+        Box::pin(std::future::pending()),
+    )
+    .await
+    .unwrap_err();
     assert!(matches!(err, RunError::Config(_)), "{err}");
     assert!(err.to_string().contains("policy"), "{err}");
 }

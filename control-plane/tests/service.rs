@@ -284,7 +284,7 @@ async fn without_a_secret_or_the_development_flag_no_worker_joins() {
         tokenizer(),
         listener,
         nats,
-        async {},
+        Box::pin(async {}),
     )
     .await
     .unwrap_err();

@@ -134,7 +134,7 @@ async fn prefill_to_decode_handoff_over_real_http_with_kv_events_on_nats() {
     let workers_nats = switchyard_bus::connect(
         &switchyard_bus::NatsArgs::plain(nats_server.url.clone()),
         "test-workers",
-        |_| async {},
+        switchyard_bus::ignore_event,
     )
     .await
     .unwrap();

@@ -53,7 +53,7 @@ impl Service {
         let nats = switchyard_bus::connect(
             &switchyard_bus::NatsArgs::plain(nats_url),
             "test-control-plane",
-            |_| async {},
+            switchyard_bus::ignore_event,
         )
         .await
         .expect("nats client");
@@ -64,9 +64,9 @@ impl Service {
                 tokenizer,
                 listener,
                 nats,
-                async move {
+                Box::pin(async move {
                     let _ = stopped.await;
-                },
+                }),
             )
             .await
             .expect("service runs");

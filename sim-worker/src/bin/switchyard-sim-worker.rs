@@ -334,8 +334,12 @@ async fn run(args: Args, configs: Vec<WorkerConfig>) -> anyhow::Result<()> {
     let nats = if args.no_nats || args.wire == WireArg::Vllm {
         None
     } else {
-        let client =
-            switchyard_bus::connect(&args.nats, "switchyard-sim-worker", |_| async {}).await?;
+        let client = switchyard_bus::connect(
+            &args.nats,
+            "switchyard-sim-worker",
+            switchyard_bus::ignore_event,
+        )
+        .await?;
         Some(client)
     };
     let deps = WorkerDeps::new(Arc::new(tokenizer), nats).with_registration(registration);
