@@ -7,14 +7,33 @@ set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 
+# Each step prints how long it took, so CI logs show where the time goes.
+step_name=""
+step_start=$SECONDS
+step_done() {
+  local status=$?
+  if [[ -n $step_name ]]; then
+    echo "-- $step_name: $((SECONDS - step_start)) s"
+  fi
+  return $status
+}
+step() {
+  step_done
+  step_name=$*
+  step_start=$SECONDS
+  echo
+  echo "== $*"
+}
+trap step_done EXIT
+
+step "setup (wasm target, Envoy, nats-server, tokenizer)"
 ./scripts/setup.sh
+step "setup (vLLM CPU build and its tiny model)"
 ./scripts/setup-vllm.sh
 # shellcheck disable=SC1091
 source .cache/env.sh
 # shellcheck disable=SC1091
 source .cache/vllm-env.sh
-
-step() { echo; echo "== $*"; }
 
 step "rustfmt"
 cargo fmt --all --check
