@@ -64,6 +64,11 @@ pub async fn serve(
     request_id: Option<String>,
     body: Bytes,
 ) -> Result<Answer, ApiError> {
+    if ctx.faults.refuse_next() {
+        return Err(ApiError::unavailable(
+            "simulated fault: this worker refuses every --unavailable-every'th request",
+        ));
+    }
     let body: Value = serde_json::from_slice(&body)
         .map_err(|e| ApiError::bad_request(format!("request body is not valid JSON: {e}"), None))?;
     let req = parse_request(api, body, ctx.max_model_len)?;

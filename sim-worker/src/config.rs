@@ -1,5 +1,6 @@
 //! What one simulated worker is: its identity (`ROLE:ID@HOST:PORT`), model and engine.
 
+use std::num::NonZeroU64;
 use std::str::FromStr;
 
 use switchyard_protocol::subjects::is_valid_worker_token;
@@ -98,6 +99,8 @@ pub struct WorkerConfig {
     pub max_model_len: u32,
     /// Switchyard's NATS wire or vLLM's (ZMQ KV events, no registration).
     pub wire: Wire,
+    /// Simulated fault for failure tests: answer the 1st, (1+N)th, … completion request 503.
+    pub unavailable_every: Option<NonZeroU64>,
 }
 
 impl WorkerConfig {
@@ -112,6 +115,7 @@ impl WorkerConfig {
             load_interval_ms: DEFAULT_LOAD_INTERVAL_MS,
             max_model_len: DEFAULT_MAX_MODEL_LEN,
             wire: Wire::default(),
+            unavailable_every: None,
         }
     }
 

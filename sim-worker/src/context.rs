@@ -11,6 +11,7 @@ use switchyard_protocol::worker::{WorkerHeartbeat, WorkerId, WorkerInfo, WorkerR
 
 use switchyard_engine::EngineConfig;
 
+use super::fault::Faults;
 use super::handoff::HoldRegistry;
 use super::metrics::WorkerMetrics;
 use super::runtime::{EngineClock, EngineHandle};
@@ -48,6 +49,8 @@ pub struct WorkerContext {
     pub max_model_len: u32,
     /// The deployment's registration secret, signing every heartbeat.
     pub registration: Option<RegistrationSecret>,
+    /// Simulated faults (failure tests only).
+    pub faults: Faults,
     next_request: AtomicU64,
 }
 
@@ -86,8 +89,15 @@ impl WorkerContext {
             holds: HoldRegistry::default(),
             max_model_len,
             registration,
+            faults: Faults::default(),
             next_request: AtomicU64::new(1),
         }
+    }
+
+    /// The context with simulated `faults` (failure tests only).
+    pub fn with_faults(mut self, faults: Faults) -> Self {
+        self.faults = faults;
+        self
     }
 
     /// A fresh engine request id.

@@ -24,6 +24,7 @@ pub mod completion;
 pub mod config;
 pub mod context;
 pub mod error;
+pub mod fault;
 pub mod handoff;
 pub mod http;
 pub mod kv_sink;
@@ -208,22 +209,25 @@ pub async fn start_worker(
         .map_err(|e| StartError::InvalidConfig(e.to_string()))?;
     let (sink, wire) = kv_wire(&cfg.wire, &engine_cfg, &metrics).await?;
     let (engine_handle, engine_task) = runtime::spawn_engine(core, clock, sink, metrics.clone());
-    let ctx = Arc::new(context::WorkerContext::new(
-        cfg.spec.id.clone(),
-        cfg.spec.role,
-        instance_id,
-        cfg.model_name.clone(),
-        advertised_host,
-        local_addr.port(),
-        engine_handle,
-        engine_cfg,
-        clock,
-        deps.tokenizer,
-        deps.http,
-        metrics,
-        cfg.max_model_len,
-        deps.registration,
-    ));
+    let ctx = Arc::new(
+        context::WorkerContext::new(
+            cfg.spec.id.clone(),
+            cfg.spec.role,
+            instance_id,
+            cfg.model_name.clone(),
+            advertised_host,
+            local_addr.port(),
+            engine_handle,
+            engine_cfg,
+            clock,
+            deps.tokenizer,
+            deps.http,
+            metrics,
+            cfg.max_model_len,
+            deps.registration,
+        )
+        .with_faults(fault::Faults::new(cfg.unavailable_every)),
+    );
 
     let mut tasks = vec![engine_task];
     let server = warp::serve(http::routes(ctx.clone())).incoming(listener);

@@ -3,6 +3,7 @@
 //! **Simulated**: no model runs; timing comes from the GB200 performance model, text is
 //! filler. See `docs/sim-worker.md`.
 
+use std::num::NonZeroU64;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -124,6 +125,10 @@ struct Args {
     /// Most requests running at once (default: vLLM's 256 per attention rank).
     #[arg(long)]
     max_num_seqs: Option<u32>,
+    /// Simulated fault, for failure tests: answer the 1st, (1+N)th, (1+2N)th, … completion
+    /// request 503 without serving it.
+    #[arg(long)]
+    unavailable_every: Option<NonZeroU64>,
 }
 
 /// `--wire`.
@@ -275,6 +280,7 @@ impl Args {
                 load_interval_ms: self.load_interval_ms,
                 max_model_len: self.max_model_len,
                 wire,
+                unavailable_every: self.unavailable_every,
                 spec: spec.clone(),
             };
             cfg.validate()
