@@ -169,6 +169,15 @@ impl RequestDoc {
         }
     }
 
+    /// The body's `model`, if it is a string that can name a header value or a cluster
+    /// ([`is_header_safe_model`]).
+    pub fn model(&self) -> Option<&str> {
+        self.0
+            .get("model")
+            .and_then(Value::as_str)
+            .filter(|model| is_header_safe_model(model))
+    }
+
     /// The body as bytes.
     ///
     /// # Errors

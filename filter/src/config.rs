@@ -63,6 +63,11 @@ pub struct Config {
     pub prefill_timeout_ms: u64,
     /// Retries of a prefill leg answered 502/503/504 (0..=5).
     pub prefill_retries: u32,
+    /// Whether the bootstrap defines a prefill cluster per model
+    /// (`<prefill_cluster>__<model>`, as the control plane's EDS serves them): retries then
+    /// go to the request's model's cluster instead of the shared one, which holds every
+    /// model's prefill workers.
+    pub prefill_model_clusters: bool,
     /// Largest request body in bytes; larger ones get 413 from the filter.
     pub max_body_bytes: u64,
     /// Whether to report first-token/done to the control plane (`POST /v1/lifecycle`).
@@ -86,6 +91,7 @@ impl Default for Config {
             prefill_cluster: DEFAULT_PREFILL_CLUSTER.to_string(),
             prefill_timeout_ms: DEFAULT_PREFILL_TIMEOUT_MS,
             prefill_retries: DEFAULT_PREFILL_RETRIES,
+            prefill_model_clusters: false,
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             lifecycle_reports: true,
             lifecycle_flush_ms: DEFAULT_LIFECYCLE_FLUSH_MS,

@@ -5,6 +5,14 @@
 //! `dispatch_http_call` calls back with Envoy's synthetic 503 (unreachable) or 504 (timeout),
 //! so those are retried too, within the configured bound. A 200's body goes to the engine's
 //! [`switchyard_protocol::handoff::Handoff`], which reads the decode leg out of it.
+//!
+//! A retry names no worker (the verdict's failed), so Envoy's fallback balancer picks one:
+//! on a gateway of several models it must pick among the request's model's prefill workers
+//! only, which is what [`retry_cluster`] chooses.
+
+use std::borrow::Cow;
+
+use switchyard_protocol::route::{is_header_safe_model, model_cluster};
 
 /// What to do after a prefill-leg answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,9 +50,45 @@ pub fn classify_prefill_answer(
     }
 }
 
+/// The cluster a retried prefill attempt goes to. With `per_model` (the gateway defines a
+/// prefill cluster per model, `<prefill_cluster>__<model>`, as the control plane's EDS
+/// serves them) and a `model` that can name one, that model's cluster: a retry then never
+/// lands on another model's prefill worker. Otherwise the shared `prefill_cluster`.
+pub fn retry_cluster<'a>(
+    prefill_cluster: &'a str,
+    per_model: bool,
+    model: Option<&str>,
+) -> Cow<'a, str> {
+    match model {
+        Some(model) if per_model && is_header_safe_model(model) => {
+            Cow::Owned(model_cluster(prefill_cluster, model))
+        }
+        _ => Cow::Borrowed(prefill_cluster),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn retries_stay_in_the_models_cluster_only_when_the_gateway_has_one() {
+        assert_eq!(
+            retry_cluster("switchyard_prefill", true, Some("Qwen/Qwen3-8B")),
+            "switchyard_prefill__Qwen_Qwen3-8B"
+        );
+        assert_eq!(
+            retry_cluster("switchyard_prefill", false, Some("Qwen/Qwen3-8B")),
+            "switchyard_prefill"
+        );
+        for unnamed in [None, Some(""), Some(" padded "), Some("line\nbreak")] {
+            assert_eq!(
+                retry_cluster("switchyard_prefill", true, unnamed),
+                "switchyard_prefill",
+                "{unnamed:?}"
+            );
+        }
+    }
 
     #[test]
     fn a_200_is_answered() {

@@ -41,33 +41,42 @@ fn model_routes(models: &[String]) -> String {
     out
 }
 
-/// Each model's decode cluster: the template's shared decode cluster (its EDS source,
-/// buffer limit and override-host policy, written once there) under the model's name.
+/// Each model's decode and prefill clusters: the template's shared cluster of that role (its
+/// EDS source, buffer limit and override-host policy, written once there) under the model's
+/// name ([`model_cluster`]), which the control plane's EDS serves with that model's workers.
 fn model_clusters(rendered: &str, models: &[String]) -> Result<String, StackError> {
-    let start = format!("    - name: {DECODE_CLUSTER}\n");
-    let end = format!("    - name: {PREFILL_CLUSTER}\n");
-    let shared = rendered
-        .find(&start)
-        .and_then(|from| Some((from, from + rendered[from..].find(&end)?)))
-        .map(|(from, to)| &rendered[from..to])
-        .ok_or_else(|| {
+    let mut out = String::new();
+    for role_cluster in [DECODE_CLUSTER, PREFILL_CLUSTER] {
+        let shared = cluster_block(rendered, role_cluster).ok_or_else(|| {
             StackError::InvalidSetting(format!(
-                "the bootstrap template has no {DECODE_CLUSTER} cluster followed by {PREFILL_CLUSTER}"
+                "the bootstrap template has no {role_cluster} cluster followed by another"
             ))
         })?;
-    let mut out = String::new();
-    for model in models {
-        let cluster = model_cluster(DECODE_CLUSTER, model);
-        out.push_str(
-            &shared
-                .replace(&start, &format!("    - name: {cluster}\n"))
-                .replace(
-                    &format!("service_name: {DECODE_CLUSTER}\n"),
-                    &format!("service_name: {cluster}\n"),
-                ),
-        );
+        for model in models {
+            let cluster = model_cluster(role_cluster, model);
+            out.push_str(
+                &shared
+                    .replace(
+                        &format!("    - name: {role_cluster}\n"),
+                        &format!("    - name: {cluster}\n"),
+                    )
+                    .replace(
+                        &format!("service_name: {role_cluster}\n"),
+                        &format!("service_name: {cluster}\n"),
+                    ),
+            );
+        }
     }
     Ok(out)
+}
+
+/// The template's definition of cluster `name`: from its `- name:` line to the next
+/// cluster's.
+fn cluster_block<'a>(rendered: &'a str, name: &str) -> Option<&'a str> {
+    const NEXT: &str = "\n    - name: ";
+    let from = rendered.find(&format!("    - name: {name}\n"))?;
+    let to = from + rendered[from..].find(NEXT)? + 1;
+    Some(&rendered[from..to])
 }
 
 /// A listener routing to the decode cluster with no filter but the router.
@@ -129,6 +138,13 @@ impl EnvoySettings {
     /// body limit equal to Envoy's buffer limit (so the filter answers 413 with a JSON error
     /// before Envoy's plain-text one), then [`EnvoySettings::filter_overrides`].
     pub fn filter_config(&self) -> String {
+        self.filter_config_for_models(&[])
+    }
+
+    /// [`EnvoySettings::filter_config`] for a gateway of `models`: with any, prefill retries
+    /// go to the model's own prefill cluster (`prefill_model_clusters`), which
+    /// [`render_bootstrap_for_models`] defines.
+    fn filter_config_for_models(&self, models: &[String]) -> String {
         let mut config = serde_json::Map::new();
         config.insert(
             "control_plane_cluster".into(),
@@ -137,6 +153,9 @@ impl EnvoySettings {
         config.insert("prefill_cluster".into(), PREFILL_CLUSTER.into());
         config.insert("route_timeout_ms".into(), self.route_timeout_ms.into());
         config.insert("max_body_bytes".into(), self.buffer_limit_bytes.into());
+        if !models.is_empty() {
+            config.insert("prefill_model_clusters".into(), true.into());
+        }
         for (key, value) in &self.filter_overrides {
             config.insert(key.clone(), value.clone());
         }
@@ -153,8 +172,8 @@ pub fn render_bootstrap(settings: &EnvoySettings) -> Result<String, StackError> 
     render_bootstrap_for_models(settings, &[])
 }
 
-/// Fills the template in, with a route and a decode cluster for each of `models` (the pool
-/// file's; none: exactly [`render_bootstrap`]'s config).
+/// Fills the template in, with a route, a decode cluster and a prefill cluster for each of
+/// `models` (the pool file's; none: exactly [`render_bootstrap`]'s config).
 ///
 /// # Errors
 /// As [`render_bootstrap`].
@@ -170,7 +189,9 @@ pub fn render_bootstrap_for_models(
     }
     let refresh_ms = settings.eds_refresh.as_millis().max(1);
     // The filter config sits in a single-quoted YAML scalar: double any single quote.
-    let filter_config = settings.filter_config().replace('\'', "''");
+    let filter_config = settings
+        .filter_config_for_models(models)
+        .replace('\'', "''");
     let rendered = BOOTSTRAP_TEMPLATE
         .replace("${LISTEN_PORT}", &settings.listen_port.to_string())
         .replace("${ADMIN_PORT}", &settings.admin_port.to_string())
@@ -271,7 +292,7 @@ mod tests {
     }
 
     #[test]
-    fn each_model_gets_a_route_on_its_header_and_a_decode_cluster() {
+    fn each_model_gets_a_route_on_its_header_and_a_cluster_per_role() {
         let one = render_bootstrap(&settings()).expect("renders");
         assert!(!one.contains(MODEL_HEADER), "one model: no model routes");
         assert_eq!(one.matches("- name: switchyard_decode").count(), 1);
@@ -285,11 +306,18 @@ mod tests {
         assert!(yaml.contains("route: { cluster: switchyard_decode__org_a-1_0, timeout: 0s }"));
         assert!(yaml.contains("    - name: switchyard_decode__b\n"));
         assert!(yaml.contains("service_name: switchyard_decode__b\n"));
+        assert!(yaml.contains("    - name: switchyard_prefill__org_a-1_0\n"));
+        assert!(yaml.contains("service_name: switchyard_prefill__b\n"));
         assert_eq!(
             yaml.matches("override_host_sources").count(),
-            4,
-            "2 shared + 2 models"
+            6,
+            "2 shared + 2 per model"
         );
+        assert!(
+            yaml.contains(r#""prefill_model_clusters":true"#),
+            "retries stay in the model's prefill cluster: {yaml}"
+        );
+        assert!(!one.contains("prefill_model_clusters"));
     }
 
     #[test]

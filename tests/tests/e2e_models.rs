@@ -5,6 +5,9 @@
 //! - A model the gateway does not serve is answered OpenAI's 404 `model_not_found` by the
 //!   gateway (no worker sees it), counted in the control plane's metrics, and its name never
 //!   becomes a metric label.
+//! - A disaggregated request's prefill retry stays in its model: alpha's prefill worker
+//!   refuses every other request (a simulated 503), and each retry, which names no worker,
+//!   goes to alpha's own prefill cluster, never to beta's prefill worker.
 //! - With the control plane gone, requests fail open and still reach their own model's
 //!   worker (the filter names the model in `x-switchyard-model`, an Envoy route per model
 //!   sends it to that model's decode cluster).
@@ -13,12 +16,13 @@ use std::path::Path;
 use std::time::Duration;
 
 use serde_json::{json, Value};
+use switchyard_e2e::probe::{filter_stat, long_prompt, worker_metric};
 use switchyard_e2e::{
-    client, eventually, get_text, post_observed, prom_sum, start_stack, WORKER_HEADER,
+    client, envoy_stats, eventually, get_text, post_observed, prom_sum, start_stack, WORKER_HEADER,
 };
 use switchyard_protocol::route::{REJECT_HEADER, ROUTE_HEADER};
 use switchyard_protocol::worker::{WorkerId, WorkerRole};
-use switchyard_stack::envoy::{healthy_hosts, model_cluster, DECODE_CLUSTER};
+use switchyard_stack::envoy::{healthy_hosts, model_cluster, DECODE_CLUSTER, PREFILL_CLUSTER};
 use switchyard_stack::{Artifacts, Component, Profile, StackBuilder, WorkerSpec};
 use switchyard_support::{free_port, Process, TempDir};
 
@@ -29,6 +33,7 @@ const MODELS: [&str; 2] = ["org/alpha-1.0", "beta"];
 /// One simulated vLLM-wire worker and its ports.
 struct Sim {
     id: String,
+    role: WorkerRole,
     http: u16,
     events: u16,
     replay: u16,
@@ -36,28 +41,38 @@ struct Sim {
 }
 
 impl Sim {
-    fn start(id: &str, model_dir: &str, dir: &Path, artifacts: &Artifacts) -> Sim {
+    fn start(
+        id: &str,
+        role: WorkerRole,
+        extra_args: &[&str],
+        model_dir: &str,
+        dir: &Path,
+        artifacts: &Artifacts,
+    ) -> Sim {
         let (http, events, replay) = (free_port(), free_port(), free_port());
+        let mut args = vec![
+            "--wire".into(),
+            "vllm".into(),
+            "--worker".into(),
+            format!("{}:{id}@127.0.0.1:{http}", role.as_str()),
+            "--kv-events-endpoint".into(),
+            format!("tcp://127.0.0.1:{events}"),
+            "--kv-replay-endpoint".into(),
+            format!("tcp://127.0.0.1:{replay}"),
+            "--model-dir".into(),
+            model_dir.into(),
+        ];
+        args.extend(extra_args.iter().map(|a| a.to_string()));
         let process = Process::spawn(
             id,
             &artifacts.sim_worker,
-            &[
-                "--wire".into(),
-                "vllm".into(),
-                "--worker".into(),
-                format!("decode:{id}@127.0.0.1:{http}"),
-                "--kv-events-endpoint".into(),
-                format!("tcp://127.0.0.1:{events}"),
-                "--kv-replay-endpoint".into(),
-                format!("tcp://127.0.0.1:{replay}"),
-                "--model-dir".into(),
-                model_dir.into(),
-            ],
+            &args,
             Some(&dir.join(format!("{id}.log"))),
         )
         .expect("sim worker starts");
         Sim {
             id: id.into(),
+            role,
             http,
             events,
             replay,
@@ -71,8 +86,9 @@ impl Sim {
 
     fn declared(&self) -> String {
         format!(
-            "      - id: {}\n        role: decode\n        address: {}\n        engine: vllm\n        kv_events: tcp://127.0.0.1:{}\n        kv_replay: tcp://127.0.0.1:{}\n",
+            "      - id: {}\n        role: {}\n        address: {}\n        engine: vllm\n        kv_events: tcp://127.0.0.1:{}\n        kv_replay: tcp://127.0.0.1:{}\n",
             self.id,
+            self.role.as_str(),
             self.address(),
             self.events,
             self.replay
@@ -82,10 +98,20 @@ impl Sim {
     fn spec(&self) -> WorkerSpec {
         WorkerSpec {
             id: WorkerId(self.id.clone()),
-            role: WorkerRole::Decode,
+            role: self.role,
             address: self.address(),
         }
     }
+}
+
+/// A prompt of ~4,000 tokens no worker holds: above the default policy's threshold, so it is
+/// disaggregated.
+fn cold_chat(model: &str, salt: usize) -> Value {
+    json!({
+        "model": model,
+        "messages": [{"role": "user", "content": long_prompt(&format!("{model} topic {salt}"))}],
+        "max_tokens": 2,
+    })
 }
 
 fn chat(model: &str, salt: usize) -> Value {
@@ -101,8 +127,18 @@ async fn two_models_are_served_by_their_own_workers_and_an_unknown_one_is_404() 
     let artifacts = Artifacts::locate(Profile::Debug).unwrap_or_else(|e| panic!("{e}"));
     let dir = TempDir::new("models-e2e").expect("scratch");
     let model_dir = artifacts.model_dir.to_string_lossy().into_owned();
-    let alpha = Sim::start("alpha-0", &model_dir, dir.path(), &artifacts);
-    let beta = Sim::start("beta-0", &model_dir, dir.path(), &artifacts);
+    let start = |id, role, extra_args: &[&str]| {
+        Sim::start(id, role, extra_args, &model_dir, dir.path(), &artifacts)
+    };
+    let alpha = start("alpha-0", WorkerRole::Decode, &[]);
+    let beta = start("beta-0", WorkerRole::Decode, &[]);
+    // Alpha's prefill worker refuses its 1st, 3rd, 5th, ... request with a 503.
+    let alpha_prefill = start(
+        "alpha-p0",
+        WorkerRole::Prefill,
+        &["--unavailable-every", "2"],
+    );
+    let beta_prefill = start("beta-p0", WorkerRole::Prefill, &[]);
     let pools = dir.path().join("pools.yaml");
     // beta names its tokenizer folder; alpha takes --model-dir's.
     std::fs::write(
@@ -110,16 +146,17 @@ async fn two_models_are_served_by_their_own_workers_and_an_unknown_one_is_404() 
         format!(
             "health: {{ interval_ms: 200, timeout_ms: 200, unhealthy_after: 2 }}\nmetrics: {{ interval_ms: 200 }}\nmodels:\n  - name: {}\n    block_size: 64\n    workers:\n{}  - name: {}\n    model_dir: {model_dir}\n    block_size: 64\n    workers:\n{}",
             MODELS[0],
-            alpha.declared(),
+            alpha.declared() + &alpha_prefill.declared(),
             MODELS[1],
-            beta.declared()
+            beta.declared() + &beta_prefill.declared()
         ),
     )
     .expect("pool file");
+    let declared = [&alpha, &alpha_prefill, &beta, &beta_prefill];
     let mut stack = start_stack(
         StackBuilder::new()
             .decode_workers(0)
-            .pool_file(pools, vec![alpha.spec(), beta.spec()])
+            .pool_file(pools, declared.iter().map(|sim| sim.spec()).collect())
             .route_timeout_ms(1_000),
     )
     .await;
@@ -127,10 +164,17 @@ async fn two_models_are_served_by_their_own_workers_and_an_unknown_one_is_404() 
     let gateway = format!("{}/v1/chat/completions", stack.gateway_url());
     let cp = stack.control_plane_url();
 
-    // Each model's cluster has its worker (the fail-open leg below needs them).
+    // Each model's clusters have its workers (the fail-open leg and the prefill retries
+    // below need them).
     let clusters = format!("{}/clusters", stack.admin_url());
-    for (model, sim) in MODELS.iter().zip([&alpha, &beta]) {
-        let cluster = model_cluster(DECODE_CLUSTER, model);
+    let per_model = [
+        (MODELS[0], DECODE_CLUSTER, &alpha),
+        (MODELS[0], PREFILL_CLUSTER, &alpha_prefill),
+        (MODELS[1], DECODE_CLUSTER, &beta),
+        (MODELS[1], PREFILL_CLUSTER, &beta_prefill),
+    ];
+    for (model, role_cluster, sim) in per_model {
+        let cluster = model_cluster(role_cluster, model);
         eventually(&format!("{cluster} holds {}", sim.id), WAIT, || async {
             let page = get_text(&http, &clusters).await.unwrap_or_default();
             healthy_hosts(&page, &cluster) == [sim.address()]
@@ -203,6 +247,59 @@ async fn two_models_are_served_by_their_own_workers_and_an_unknown_one_is_404() 
         assert_eq!(decided, 6.0, "{model}: {metrics}");
     }
     assert!(!metrics.contains("gamma"), "an unknown name is no label");
+
+    // Prefill retries stay in the model. Every cold alpha prompt is disaggregated to alpha's
+    // prefill worker, which refuses the first attempt; the retry names no worker, so only
+    // the cluster decides where it goes: alpha's own prefill cluster holds alpha's worker
+    // alone (which serves it), while the shared one would also offer beta's.
+    const COLD: usize = 6;
+    let served = |address: String| {
+        let http = http.clone();
+        async move { worker_metric(&http, &address, "switchyard_requests_total").await }
+    };
+    let alpha_prefill_before = served(alpha_prefill.address()).await;
+    let beta_prefill_before = served(beta_prefill.address()).await;
+    let retries_before = filter_stat(
+        &envoy_stats(&http, &stack.admin_url()).await.expect("stats"),
+        "prefill.retries_total",
+    );
+    for i in 0..COLD {
+        let answer = post_observed(
+            &http,
+            &gateway,
+            &cold_chat(MODELS[0], i),
+            &[],
+            REQUEST_TIMEOUT,
+        )
+        .await
+        .unwrap_or_else(|e| panic!("cold {i}: {e}"));
+        assert_eq!(answer.status, 200, "cold {i}: {}", answer.body());
+        assert_eq!(
+            answer.header(ROUTE_HEADER),
+            "disagg",
+            "cold {i}: {:?}",
+            answer.headers
+        );
+        assert_eq!(answer.header(WORKER_HEADER), alpha.id, "cold {i}");
+    }
+    let retries = filter_stat(
+        &envoy_stats(&http, &stack.admin_url()).await.expect("stats"),
+        "prefill.retries_total",
+    ) - retries_before;
+    assert_eq!(
+        retries, COLD as u64,
+        "every first attempt was refused and retried once"
+    );
+    assert_eq!(
+        served(alpha_prefill.address()).await - alpha_prefill_before,
+        COLD as f64,
+        "alpha's prefill worker served every retry"
+    );
+    assert_eq!(
+        served(beta_prefill.address()).await,
+        beta_prefill_before,
+        "no alpha prefill reached beta's prefill worker"
+    );
 
     // The control plane gone: every request fails open, and stays on its model's workers.
     stack.stop_component(Component::ControlPlane);

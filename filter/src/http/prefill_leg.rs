@@ -15,7 +15,7 @@ use switchyard_protocol::route::{RouteMode, DESTINATION_HEADER, REQUEST_ID_HEADE
 use super::{Phase, PrefillLeg, SwitchyardRequest};
 use crate::body::{DecodeBody, RequestDoc};
 use crate::outcome::{FallbackReason, Served};
-use crate::prefill::{classify_prefill_answer, PrefillStep};
+use crate::prefill::{classify_prefill_answer, retry_cluster, PrefillStep};
 use crate::shared::increment;
 
 /// The handoff protocol of the prefill pool (vLLM's NIXL connector; other engines' come with
@@ -58,8 +58,9 @@ impl SwitchyardRequest {
         self.dispatch_prefill(leg, Some(&target));
     }
 
-    /// One prefill attempt. `target` names the prefill worker; retries pass `None` so Envoy's
-    /// fallback load balancer may pick a healthier one.
+    /// One prefill attempt. `target` names the prefill worker (on the shared prefill cluster);
+    /// retries pass `None` so Envoy's fallback load balancer may pick a healthier one, within
+    /// the request's model when the gateway has a cluster per model ([`retry_cluster`]).
     fn dispatch_prefill(&mut self, leg: PrefillLeg, target: Option<&str>) {
         let body = match leg.doc.prefill_body(HANDOFF) {
             Ok(body) => body,
@@ -81,11 +82,20 @@ impl SwitchyardRequest {
             ("content-type", "application/json"),
             (REQUEST_ID_HEADER, self.request_id.as_str()),
         ];
-        if let Some(target) = target {
-            headers.push((DESTINATION_HEADER, target));
-        }
+        let cluster = match target {
+            Some(target) => {
+                headers.push((DESTINATION_HEADER, target));
+                config.prefill_cluster.clone()
+            }
+            None => retry_cluster(
+                &config.prefill_cluster,
+                config.prefill_model_clusters,
+                leg.doc.model(),
+            )
+            .into_owned(),
+        };
         match self.dispatch_http_call(
-            &config.prefill_cluster,
+            &cluster,
             headers,
             Some(&body),
             vec![],
@@ -96,8 +106,10 @@ impl SwitchyardRequest {
                 self.phase = Phase::Prefilling { token, leg };
             }
             Err(status) => {
+                // A cluster Envoy does not define is refused here (e.g. a model added to the
+                // pool file that the bootstrap has no prefill cluster for).
                 warn!(
-                    "#{} {} prefill dispatch refused: {status:?}",
+                    "#{} {} prefill dispatch to {cluster} refused: {status:?}",
                     self.context_id, self.request_id
                 );
                 self.fall_back(leg.decode, leg.prefill, "the dispatch was refused");
