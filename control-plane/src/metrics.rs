@@ -9,6 +9,8 @@
 //! reasons, error codes, roles, message kinds), never request or worker ids, so cardinality
 //! stays bounded however much traffic arrives.
 
+use std::collections::{BTreeMap, BTreeSet};
+
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -68,6 +70,23 @@ pub struct ModelDecisionLabels {
     pub reason: &'static str,
 }
 
+/// Labels of a per-model worker gauge.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+pub struct ModelRoleLabels {
+    /// The model a worker was declared or registered with (bounded by the live workers:
+    /// declared ones come from the pool file, registered ones are signed).
+    pub model: String,
+    /// `prefill`, `decode` or `agg`.
+    pub role: &'static str,
+}
+
+/// A single `model` label.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+pub struct ModelLabels {
+    /// As in [`ModelRoleLabels::model`].
+    pub model: String,
+}
+
 /// A single `role` label.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RoleLabels {
@@ -93,6 +112,8 @@ pub struct Metrics {
     pub bad_requests: Family<CodeLabels, Counter>,
     /// Live workers, by role.
     pub live_workers: Family<RoleLabels, Gauge>,
+    /// Live workers, by model and role.
+    pub model_live_workers: Family<ModelRoleLabels, Gauge>,
     /// Workers expired because their heartbeats stopped.
     pub workers_expired: Counter,
     /// Heartbeats refused, by reason: `invalid` (block size, too many workers), `unsigned`,
@@ -103,6 +124,8 @@ pub struct Metrics {
     pub stalls: Counter,
     /// (worker, block) pairs held in the KV index.
     pub index_blocks: Gauge,
+    /// (worker, block) pairs held in the KV index, by the workers' model.
+    pub model_index_blocks: Family<ModelLabels, Gauge>,
     /// Distinct sequence hashes in the KV index.
     pub index_hashes: Gauge,
     /// Approximate heap bytes of the KV index.
@@ -153,10 +176,12 @@ impl Default for Metrics {
             route_latency_seconds: Histogram::new(exponential_buckets(0.000_05, 2.0, 15)),
             bad_requests: Family::default(),
             live_workers: Family::default(),
+            model_live_workers: Family::default(),
             workers_expired: Counter::default(),
             workers_rejected: Family::default(),
             stalls: Counter::default(),
             index_blocks: Gauge::default(),
+            model_index_blocks: Family::default(),
             index_hashes: Gauge::default(),
             index_bytes: Gauge::default(),
             kv_batches_applied: Counter::default(),
@@ -225,6 +250,11 @@ impl Metrics {
             m.live_workers.clone(),
         );
         r.register(
+            "model_live_workers",
+            "Live workers, by model and role",
+            m.model_live_workers.clone(),
+        );
+        r.register(
             "workers_expired",
             "Workers expired after missing heartbeats",
             m.workers_expired.clone(),
@@ -243,6 +273,11 @@ impl Metrics {
             "index_blocks",
             "(worker, block) pairs held in the KV index",
             m.index_blocks.clone(),
+        );
+        r.register(
+            "model_index_blocks",
+            "(worker, block) pairs held in the KV index, by the workers' model",
+            m.model_index_blocks.clone(),
         );
         r.register(
             "index_hashes",
@@ -389,6 +424,22 @@ impl Metrics {
         L: Clone + std::hash::Hash + Eq,
     {
         family.get(labels).map(|c| c.get()).unwrap_or(0)
+    }
+}
+
+/// Sets `family` to exactly `values`: label sets `seen` before and absent now are removed (a
+/// model whose workers all left has no series), so the family holds only what is live.
+pub fn set_gauges<L>(family: &Family<L, Gauge>, seen: &mut BTreeSet<L>, values: BTreeMap<L, i64>)
+where
+    L: Clone + std::hash::Hash + Eq + Ord,
+{
+    for gone in seen.iter().filter(|labels| !values.contains_key(labels)) {
+        family.remove(gone);
+    }
+    seen.clear();
+    for (labels, value) in values {
+        family.get_or_create(&labels).set(value);
+        seen.insert(labels);
     }
 }
 

@@ -3,12 +3,16 @@
 //! [`ControlCore`]'s (the same code the virtual-time replay drives); the owner adds the clock
 //! and the metrics.
 
+use std::collections::{BTreeMap, BTreeSet};
+
 use tokio::time::Instant;
 
 use switchyard_protocol::worker::WorkerRole;
 
 use super::{Command, WorkerEntry};
-use crate::metrics::{variant_label, Metrics, RoleLabels};
+use crate::metrics::{
+    set_gauges, variant_label, Metrics, ModelLabels, ModelRoleLabels, RoleLabels,
+};
 use crate::router::{ControlCore, KvCounters, Router, WorkerChange};
 
 /// The owner's state: the control core plus what it needs to timestamp and count.
@@ -19,6 +23,9 @@ pub(super) struct Owner {
     /// Router KV counters and stalls already folded into the metrics.
     kv_seen: KvCounters,
     stalls_seen: u64,
+    /// Per-model gauges set so far (removed once their model has no live worker).
+    model_workers_seen: BTreeSet<ModelRoleLabels>,
+    model_blocks_seen: BTreeSet<ModelLabels>,
 }
 
 impl Owner {
@@ -28,12 +35,14 @@ impl Owner {
         heartbeat_misses: u32,
         started: Instant,
     ) -> Self {
-        let owner = Owner {
+        let mut owner = Owner {
             core: ControlCore::new(router, heartbeat_misses),
             metrics,
             started,
             kv_seen: KvCounters::default(),
             stalls_seen: 0,
+            model_workers_seen: BTreeSet::new(),
+            model_blocks_seen: BTreeSet::new(),
         };
         owner.update_worker_gauges();
         owner
@@ -167,6 +176,27 @@ impl Owner {
         self.metrics.index_blocks.set(gauge(stats.pairs));
         self.metrics.index_hashes.set(gauge(stats.distinct_hashes));
         self.metrics.index_bytes.set(gauge(stats.approx_bytes));
+        let models: std::collections::HashMap<_, _> = self
+            .router()
+            .workers()
+            .into_iter()
+            .map(|view| (view.info.worker_id, view.info.model))
+            .collect();
+        let mut blocks: BTreeMap<ModelLabels, i64> = BTreeMap::new();
+        for worker in self.router().worker_stats() {
+            if let Some(model) = models.get(&worker.worker_id) {
+                *blocks
+                    .entry(ModelLabels {
+                        model: model.clone(),
+                    })
+                    .or_default() += gauge(worker.cached_blocks);
+            }
+        }
+        set_gauges(
+            &self.metrics.model_index_blocks,
+            &mut self.model_blocks_seen,
+            blocks,
+        );
     }
 
     /// Counts (and says) every stall the core saw since the last call.
@@ -200,8 +230,22 @@ impl Owner {
             .collect()
     }
 
-    fn update_worker_gauges(&self) {
+    fn update_worker_gauges(&mut self) {
         let workers = self.router().workers();
+        let mut per_model: BTreeMap<ModelRoleLabels, i64> = BTreeMap::new();
+        for worker in &workers {
+            *per_model
+                .entry(ModelRoleLabels {
+                    model: worker.info.model.clone(),
+                    role: worker.info.role.as_str(),
+                })
+                .or_default() += 1;
+        }
+        set_gauges(
+            &self.metrics.model_live_workers,
+            &mut self.model_workers_seen,
+            per_model,
+        );
         for role in [WorkerRole::Prefill, WorkerRole::Decode, WorkerRole::Agg] {
             let live = workers.iter().filter(|w| w.info.role == role).count();
             self.metrics
@@ -224,6 +268,10 @@ mod tests {
     use super::*;
 
     fn heartbeat(id: &str) -> Command {
+        heartbeat_of_model(id, "m")
+    }
+
+    fn heartbeat_of_model(id: &str, model: &str) -> Command {
         let (reply, _) = oneshot::channel();
         Command::Heartbeat {
             heartbeat: WorkerHeartbeat {
@@ -233,7 +281,7 @@ mod tests {
                     instance_id: 1,
                     role: WorkerRole::Decode,
                     address: "127.0.0.1:9000".into(),
-                    model: "m".into(),
+                    model: model.into(),
                     block_size: 16,
                     kv_capacity_blocks: 100,
                 },
@@ -270,5 +318,43 @@ mod tests {
             "expired after the window"
         );
         assert_eq!(metrics.stalls.get(), 1, "ticks 200 ms apart are no stall");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn per_model_gauges_follow_the_live_workers_and_drop_models_that_left() {
+        let metrics = Metrics::default();
+        let mut owner = Owner::new(Router::new(), metrics.clone(), 3, Instant::now());
+        owner.handle(heartbeat_of_model("a-0", "alpha"));
+        owner.handle(heartbeat_of_model("a-1", "alpha"));
+        owner.handle(heartbeat_of_model("b-0", "beta"));
+        owner.tick();
+        let live = |model: &str| {
+            metrics
+                .model_live_workers
+                .get(&ModelRoleLabels {
+                    model: model.into(),
+                    role: "decode",
+                })
+                .map(|g| g.get())
+        };
+        let blocks = |model: &str| {
+            metrics
+                .model_index_blocks
+                .get(&ModelLabels {
+                    model: model.into(),
+                })
+                .map(|g| g.get())
+        };
+        assert_eq!((live("alpha"), live("beta")), (Some(2), Some(1)));
+        assert_eq!((blocks("alpha"), blocks("beta")), (Some(0), Some(0)));
+        // Only alpha's workers keep beating: beta expires and its series go.
+        for _ in 0..20 {
+            tokio::time::advance(Duration::from_millis(200)).await;
+            owner.handle(heartbeat_of_model("a-0", "alpha"));
+            owner.handle(heartbeat_of_model("a-1", "alpha"));
+            owner.tick();
+        }
+        assert_eq!((live("alpha"), live("beta")), (Some(2), None));
+        assert_eq!((blocks("alpha"), blocks("beta")), (Some(0), None));
     }
 }
