@@ -76,9 +76,10 @@ impl Drop for Trap {
     }
 }
 
-/// A chat body with `extra` keys set.
+/// A chat body with `extra` keys set. 16 tokens stream over ~0.2 s, long enough that a
+/// client on a busy machine still sees them arrive in several reads (`assert_streamed`).
 fn chat_with(prompt: &str, extra: Value) -> Value {
-    let mut body = chat(json!([{"role": "user", "content": prompt}]), 4);
+    let mut body = chat(json!([{"role": "user", "content": prompt}]), 16);
     for (k, v) in extra.as_object().unwrap() {
         body[k] = v.clone();
     }
