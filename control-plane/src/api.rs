@@ -59,6 +59,8 @@ pub struct ApiState {
     pub request_ids: Arc<route::RequestIds>,
     /// Tokenizer cache counters already folded into the metrics.
     pub cache_stats_seen: Arc<Mutex<SegmentCacheStats>>,
+    /// Shut while the declared workers' first health polls are pending: EDS answers 503 then.
+    pub first_polls: crate::pools::first_polls::FirstPolls,
 }
 
 /// A JSON error reply, counted under its code by the caller.

@@ -16,6 +16,7 @@
 //! - [`worker`]: one declared worker's task, tying them together.
 
 pub mod file;
+pub mod first_polls;
 pub mod health;
 pub mod scrape;
 pub mod worker;
@@ -32,6 +33,7 @@ use crate::metrics::{Metrics, ReasonLabels};
 use crate::models::{Models, ServedModel};
 use crate::service::ServiceHandle;
 use file::{PoolFileError, Pools};
+use first_polls::FirstPolls;
 use worker::WorkerContext;
 
 /// Declared models by name, ready to install.
@@ -58,17 +60,20 @@ pub struct PoolWatcher {
     /// The served models, which follow the file's `models`.
     models: Arc<Models>,
     http: reqwest::Client,
+    /// While starting: the gate each initial worker's first health poll holds shut.
+    first_polls: Option<FirstPolls>,
 }
 
 impl PoolWatcher {
     /// Starts every worker of `pools` (loaded from `file`, its models already installed in
-    /// `models`).
+    /// `models`); each holds `first_polls` shut until its first health poll is done.
     pub async fn start(
         file: PathBuf,
         pools: Pools,
         service: ServiceHandle,
         metrics: Metrics,
         models: Arc<Models>,
+        first_polls: FirstPolls,
     ) -> Self {
         let mut watcher = PoolWatcher {
             last_text: std::fs::read_to_string(&file).ok(),
@@ -84,9 +89,11 @@ impl PoolWatcher {
                 .no_proxy()
                 .build()
                 .unwrap_or_default(),
+            first_polls: Some(first_polls),
         };
         watcher.count("ok");
         watcher.apply(pools).await;
+        watcher.first_polls = None;
         watcher
     }
 
@@ -179,8 +186,11 @@ impl PoolWatcher {
         for worker in changes.added.into_iter().chain(changes.changed) {
             tracing::info!(worker = %worker.id, role = worker.role.as_str(), address = %worker.address, kv_events = %worker.kv_events, "declared worker");
             let id = worker.id.clone();
-            self.tasks
-                .insert(id, tokio::spawn(worker::run(worker, cx.clone())));
+            let first_poll = self.first_polls.as_ref().map(FirstPolls::token);
+            self.tasks.insert(
+                id,
+                tokio::spawn(worker::run(worker, cx.clone(), first_poll)),
+            );
         }
         for id in &changes.removed {
             tracing::info!(worker = %id, "declared worker removed from the pool file");

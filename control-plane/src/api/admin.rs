@@ -117,6 +117,16 @@ where
     if let Some(detail) = &request.error_detail {
         tracing::warn!(%detail, version = %request.version_info, "Envoy rejected an EDS response");
     }
+    if !state.first_polls.is_open(tokio::time::Instant::now()) {
+        // An answer now would list no declared worker and empty Envoy's clusters; a failed
+        // update keeps the endpoints Envoy has (crate::pools::first_polls).
+        state.metrics.bad_request("starting");
+        return error_reply(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "starting",
+            "the declared workers' first health polls are not done yet",
+        );
+    }
     let workers = match state.service.workers().await {
         Ok(w) => w,
         Err(_) => return unavailable(&state),

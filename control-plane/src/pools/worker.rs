@@ -25,6 +25,7 @@ use switchyard_adapters::vllm::mapper::MapperConfig;
 use switchyard_protocol::worker::WorkerInfo;
 
 use super::file::{DeclaredWorker, HealthSettings, MetricsSettings};
+use super::first_polls::FirstPollToken;
 use super::health::{HealthChange, HealthTracker};
 use super::scrape::VllmLoad;
 use super::zmq::{self, LiveMessage, ReplayEvent};
@@ -52,8 +53,13 @@ pub struct WorkerContext {
 }
 
 /// Runs until aborted (the worker is no longer declared, or the service stops). The caller
-/// withdraws the worker from the router after aborting.
-pub async fn run(worker: DeclaredWorker, cx: WorkerContext) {
+/// withdraws the worker from the router after aborting. `first_poll` is released once the
+/// first health poll is done.
+pub async fn run(
+    worker: DeclaredWorker,
+    cx: WorkerContext,
+    mut first_poll: Option<FirstPollToken>,
+) {
     let (live_tx, mut live_rx) = mpsc::channel(LIVE_QUEUE);
     let subscriber = tokio::spawn(zmq::subscribe(worker.kv_events.clone(), live_tx));
     let _stop_subscriber = AbortOnDrop(subscriber);
@@ -66,7 +72,10 @@ pub async fn run(worker: DeclaredWorker, cx: WorkerContext) {
     scrape_tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
     loop {
         tokio::select! {
-            _ = health_tick.tick() => state.poll_health().await,
+            _ = health_tick.tick() => {
+                state.poll_health().await;
+                first_poll.take();
+            }
             _ = scrape_tick.tick(), if state.health.healthy() => state.scrape().await,
             Some(message) = live_rx.recv() => state.on_live(message).await,
             Some(event) = replay_rx.recv() => state.on_replay(event).await,

@@ -15,6 +15,7 @@ use crate::api::{self, route::RequestIds, ApiState};
 use crate::consumers::{self, Admission};
 use crate::metrics::Metrics;
 use crate::models::Models;
+use crate::pools::first_polls::FirstPolls;
 use crate::pools::PoolWatcher;
 use crate::router::Router;
 use crate::service::tokenizer::{
@@ -156,6 +157,7 @@ pub async fn run_with_tokenizer(
         admission,
     ));
     let reachability = tokio::spawn(forward_reachability(nats.clone(), service.clone()));
+    let mut first_polls = FirstPolls::open();
     let pools = match &settings.pool_file {
         Some(file) => {
             let pools = crate::pools::load(file)?;
@@ -172,12 +174,18 @@ pub async fn run_with_tokenizer(
             };
             models.install(declared);
             tracing::info!(file = %file.display(), workers = pools.workers.len(), models = ?models.names(), "pool file loaded");
+            // A first poll takes at most the health timeout; a second's margin for the rest.
+            first_polls = FirstPolls::until(
+                tokio::time::Instant::now(),
+                Duration::from_millis(pools.health.timeout_ms) + Duration::from_secs(1),
+            );
             let watcher = PoolWatcher::start(
                 file.clone(),
                 pools,
                 service.clone(),
                 metrics.clone(),
                 Arc::clone(&models),
+                first_polls.clone(),
             )
             .await;
             Some(tokio::spawn(
@@ -200,6 +208,7 @@ pub async fn run_with_tokenizer(
         max_route_body_bytes: settings.max_route_body_bytes,
         request_ids: Arc::new(RequestIds::new(request_id_prefix())),
         cache_stats_seen: Arc::new(Mutex::new(SegmentCacheStats::default())),
+        first_polls,
     };
 
     let addr = listener.local_addr()?;
