@@ -31,21 +31,12 @@ step "setup (wasm target, Envoy, nats-server, tokenizer)"
 # shellcheck disable=SC1091
 source .cache/env.sh
 
-# vLLM's install is mostly downloading and unpacking wheels: it runs beside the checks and the
-# build (in its own process group, stopped if this script ends first), and the real-vLLM step
-# waits for it.
-vllm_setup_log="$root/.cache/setup-vllm.log"
-setsid ./scripts/setup-vllm.sh >"$vllm_setup_log" 2>&1 &
-vllm_setup=$!
-stop_vllm_setup() {
-  local status=$?
-  if kill -0 "$vllm_setup" 2>/dev/null; then
-    kill -- "-$vllm_setup" 2>/dev/null || true
-  fi
-  step_done
-  return $status
-}
-trap stop_vllm_setup EXIT
+step "setup (vLLM CPU build and its tiny model)"
+# Not beside the build: measured so, pip's unpacking and bytecode compiling slowed the build
+# by more than the install takes alone.
+./scripts/setup-vllm.sh
+# shellcheck disable=SC1091
+source .cache/vllm-env.sh
 
 step "rustfmt"
 cargo fmt --all --check
@@ -90,16 +81,6 @@ cargo build --workspace --benches --profile dev --locked
 
 step "tests"
 cargo test --workspace --locked
-
-step "setup (vLLM CPU build and its tiny model, started beside the build)"
-if ! wait "$vllm_setup"; then
-  cat "$vllm_setup_log" >&2
-  echo "scripts/setup-vllm.sh failed (log above, also in $vllm_setup_log)" >&2
-  exit 1
-fi
-cat "$vllm_setup_log"
-# shellcheck disable=SC1091
-source .cache/vllm-env.sh
 
 step "real vLLM: a prefill/decode pair over NIXL behind the gateway (after the rest: idle NIXL engines busy-poll both cores)"
 cargo test --workspace --test e2e_vllm --locked -- --ignored
