@@ -140,6 +140,8 @@ pub struct WorkerStats {
     pub worker_id: WorkerId,
     /// Its role (a metric label).
     pub role: switchyard_protocol::worker::WorkerRole,
+    /// Its model (a metric label).
+    pub model: String,
     /// Predicted load (see [`crate::load`]).
     pub load: WorkerLoad,
     /// Distinct KV blocks the index holds for it.
@@ -300,6 +302,7 @@ impl Router {
             .map(|w| WorkerStats {
                 worker_id: w.info.worker_id.clone(),
                 role: w.info.role,
+                model: w.info.model.clone(),
                 load: self.load.load(w.slot),
                 cached_blocks: self.index.blocks_of(w.slot) as u64,
             })

@@ -176,21 +176,13 @@ impl Owner {
         self.metrics.index_blocks.set(gauge(stats.pairs));
         self.metrics.index_hashes.set(gauge(stats.distinct_hashes));
         self.metrics.index_bytes.set(gauge(stats.approx_bytes));
-        let models: std::collections::HashMap<_, _> = self
-            .router()
-            .workers()
-            .into_iter()
-            .map(|view| (view.info.worker_id, view.info.model))
-            .collect();
         let mut blocks: BTreeMap<ModelLabels, i64> = BTreeMap::new();
         for worker in self.router().worker_stats() {
-            if let Some(model) = models.get(&worker.worker_id) {
-                *blocks
-                    .entry(ModelLabels {
-                        model: model.clone(),
-                    })
-                    .or_default() += gauge(worker.cached_blocks);
-            }
+            *blocks
+                .entry(ModelLabels {
+                    model: worker.model,
+                })
+                .or_default() += gauge(worker.cached_blocks);
         }
         set_gauges(
             &self.metrics.model_index_blocks,
