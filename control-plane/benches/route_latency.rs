@@ -9,7 +9,7 @@
 //! Run: `cargo bench -p switchyard-control-plane --bench route_latency`
 //! (env `SWITCHYARD_BENCH_WARM_REQUESTS`, `SWITCHYARD_BENCH_COLD_REQUESTS` override counts).
 
-#[path = "../tests/common/mod.rs"]
+#[path = "../tests/control_plane/common/mod.rs"]
 mod common;
 
 use std::time::Duration;

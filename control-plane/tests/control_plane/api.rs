@@ -1,0 +1,478 @@
+//! The REST API over real HTTP (service in-process, real nats-server): route-body errors,
+//! runtime config, EDS.
+
+use crate::common;
+
+use common::*;
+use serde_json::json;
+use switchyard_control_plane::settings::Settings;
+use switchyard_protocol::route::{ApiError, Reason, REJECT_HEADER};
+use switchyard_protocol::worker::WorkerRole;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_route_bodies_get_400_naming_the_problem() {
+    let mut settings = Settings::for_tests();
+    settings.max_route_body_bytes = 4_096;
+    let (_server, svc, nats) = service_with_nats(settings).await;
+    register_worker(&svc, &nats, "decode-0", WorkerRole::Decode, 9001).await;
+
+    /// Our own error (not the client's request at fault).
+    async fn expect(resp: reqwest::Response, status: u16, code: &str, mentions: &str) {
+        assert_eq!(resp.status(), status);
+        assert!(resp.headers().get(REJECT_HEADER).is_none());
+        let err: ApiError = resp.json().await.unwrap();
+        assert_eq!(err.code, code, "{err:?}");
+        assert!(
+            err.message.contains(mentions),
+            "{err:?} should mention {mentions}"
+        );
+    }
+    /// A request the engine would refuse: the OpenAI error the client gets, with the
+    /// reason the filter relays it under.
+    async fn refused(resp: reqwest::Response, reason: &str, param: &str, mentions: &str) {
+        assert_eq!(resp.status(), 400);
+        assert_eq!(
+            resp.headers()
+                .get(REJECT_HEADER)
+                .and_then(|v| v.to_str().ok()),
+            Some(reason)
+        );
+        let body: serde_json::Value = resp.json().await.unwrap();
+        assert_eq!(body["error"]["type"], "BadRequestError", "{body}");
+        assert_eq!(body["error"]["code"], 400, "{body}");
+        assert_eq!(body["error"]["param"], param, "{body}");
+        let message = body["error"]["message"].as_str().unwrap_or("");
+        assert!(
+            message.contains(mentions),
+            "{body} should mention {mentions}"
+        );
+    }
+
+    let chat_with = |extra: serde_json::Value| {
+        let mut body = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]});
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        body.to_string()
+    };
+    refused(
+        route(&svc.base, "chat", None, "{\"messages\": [").await,
+        "invalid_request",
+        "body",
+        "EOF",
+    )
+    .await;
+    refused(
+        route(&svc.base, "chat", None, "[1, 2]").await,
+        "invalid_request",
+        "body",
+        "object",
+    )
+    .await;
+    refused(
+        route(&svc.base, "chat", None, json!({"model": "m"}).to_string()).await,
+        "invalid_request",
+        "messages",
+        "messages",
+    )
+    .await;
+    refused(
+        route(
+            &svc.base,
+            "chat",
+            None,
+            json!({"messages": [{"role": "user", "content": 7}]}).to_string(),
+        )
+        .await,
+        "invalid_request",
+        "messages[0].content",
+        "content",
+    )
+    .await;
+    refused(
+        route(
+            &svc.base,
+            "completions",
+            None,
+            json!({"model": "m"}).to_string(),
+        )
+        .await,
+        "invalid_request",
+        "prompt",
+        "prompt",
+    )
+    .await;
+    // What the engine refuses is refused before any worker does work for it.
+    for (extra, param) in [
+        (json!({"max_tokens": -1}), "max_tokens"),
+        (json!({"max_tokens": 0}), "max_tokens"),
+        (json!({"max_tokens": 1e12}), "max_tokens"),
+        (json!({"max_tokens": "x"}), "max_tokens"),
+        (json!({"stream": "maybe"}), "stream"),
+        (
+            json!({"stream_options": {"include_usage": true}}),
+            "stream_options",
+        ),
+        (json!({"n": 0}), "n"),
+    ] {
+        refused(
+            route(&svc.base, "chat", None, chat_with(extra)).await,
+            "invalid_request",
+            param,
+            param,
+        )
+        .await;
+    }
+    expect(
+        route(&svc.base, "embeddings", None, chat("x")).await,
+        400,
+        "unknown_api",
+        "embeddings",
+    )
+    .await;
+    expect(
+        route(&svc.base, "chat", None, chat(&"long ".repeat(2_000))).await,
+        413,
+        "body_too_large",
+        "4096",
+    )
+    .await;
+
+    let m = svc.metrics().await;
+    assert_metric(
+        &m,
+        "switchyard_route_bad_requests_total{code=\"invalid_request\"}",
+        12.0,
+    );
+    assert_metric(
+        &m,
+        "switchyard_route_bad_requests_total{code=\"unknown_api\"}",
+        1.0,
+    );
+    assert_metric(
+        &m,
+        "switchyard_route_bad_requests_total{code=\"body_too_large\"}",
+        1.0,
+    );
+    // Vaguely lax values vLLM accepts are accepted, and n > 1 is served, undisaggregated.
+    let ok = route(
+        &svc.base,
+        "chat",
+        None,
+        chat_with(json!({"max_tokens": "5", "stream": "yes", "n": 2})),
+    )
+    .await;
+    assert_eq!(ok.status(), 200);
+
+    // Unknown paths and methods answer JSON errors too.
+    let resp = reqwest::get(format!("{}/v1/nope", svc.base)).await.unwrap();
+    assert_eq!(resp.status(), 404);
+    let resp = reqwest::get(format!("{}/v1/route", svc.base))
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 405);
+    svc.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eds_serves_pool_membership_with_a_stable_version() {
+    let (_server, svc, nats) = service_with_nats(Settings::for_tests()).await;
+    let http = reqwest::Client::new();
+    let poll = |version: &str| {
+        let req = json!({"version_info": version, "node": {"id": "envoy"},
+            "resource_names": ["switchyard_decode", "switchyard_prefill"],
+            "type_url": "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"});
+        let fut = http
+            .post(format!("{}/v3/discovery:endpoints", svc.base))
+            .json(&req)
+            .send();
+        async move {
+            fut.await
+                .unwrap()
+                .json::<serde_json::Value>()
+                .await
+                .unwrap()
+        }
+    };
+    let empty = poll("").await;
+    assert_eq!(empty["resources"][0]["cluster_name"], "switchyard_decode");
+    assert_eq!(empty["resources"][0]["endpoints"], json!([]));
+
+    register_worker(&svc, &nats, "decode-0", WorkerRole::Decode, 9001).await;
+    register_worker(&svc, &nats, "prefill-0", WorkerRole::Prefill, 9100).await;
+    let full = poll(empty["version_info"].as_str().unwrap()).await;
+    assert_ne!(full["version_info"], empty["version_info"]);
+    let decode_eps = &full["resources"][0]["endpoints"][0]["lb_endpoints"];
+    assert_eq!(
+        decode_eps[0]["endpoint"]["address"]["socket_address"]["port_value"],
+        9001
+    );
+    let prefill_eps = &full["resources"][1]["endpoints"][0]["lb_endpoints"];
+    assert_eq!(prefill_eps[0]["endpoint"]["hostname"], "prefill-0");
+    // Same membership, same version.
+    assert_eq!(poll("x").await["version_info"], full["version_info"]);
+    svc.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn config_is_read_and_patched_with_field_named_errors() {
+    let mut settings = Settings::for_tests();
+    settings.conditional_disagg_config = Some(r#"{"eff_isl_threshold": 1024}"#.into());
+    let (_server, svc, _) = service_with_nats(settings).await;
+    let http = reqwest::Client::new();
+    let url = format!("{}/v1/config", svc.base);
+
+    let config = svc.get_json("/v1/config").await;
+    assert_eq!(
+        config["eff_isl_threshold"], 1024,
+        "start-up config applied: {config}"
+    );
+    assert_eq!(config["serving_mode"], "conditional");
+
+    let put = |body: serde_json::Value| http.put(&url).json(&body).send();
+    let resp = put(json!({"policy": "isl_or_load", "decode_busy_threshold": 0.9}))
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let after: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(after["policy"], "isl_or_load");
+    assert_eq!(
+        after["eff_isl_threshold"], 1024,
+        "absent fields keep their value"
+    );
+    assert_eq!(svc.get_json("/v1/config").await, after);
+
+    for (body, field) in [
+        (
+            json!({"eff_isl_ratio_threshold": 1.5}),
+            "eff_isl_ratio_threshold",
+        ),
+        (json!({"eff_isl_threshold": "big"}), "eff_isl_threshold"),
+        (json!({"no_such_knob": 1}), "no_such_knob"),
+        (
+            json!({"selection": {"temperature": -1.0}}),
+            "selection.temperature",
+        ),
+        (json!({"policy": "coin_flip"}), "policy"),
+    ] {
+        let resp = put(body.clone()).await.unwrap();
+        assert_eq!(resp.status(), 400, "{body}");
+        let err: ApiError = resp.json().await.unwrap();
+        assert_eq!(err.code, "invalid_config");
+        assert!(err.message.contains(field), "{err:?} should name {field}");
+    }
+    let resp = http.put(&url).body("{oops").send().await.unwrap();
+    assert_eq!(resp.status(), 400);
+    assert_eq!(resp.json::<ApiError>().await.unwrap().code, "invalid_json");
+    assert_eq!(
+        svc.get_json("/v1/config").await,
+        after,
+        "rejected patches change nothing"
+    );
+
+    let m = svc.metrics().await;
+    assert_metric(
+        &m,
+        "switchyard_route_bad_requests_total{code=\"invalid_config\"}",
+        5.0,
+    );
+    svc.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lifecycle_health_and_metrics_endpoints_answer_and_refuse_bad_input() {
+    let (_server, svc, _) = service_with_nats(Settings::for_tests()).await;
+    let http = reqwest::Client::new();
+    let url = format!("{}/v1/lifecycle", svc.base);
+
+    let ok = json!({"v": 1, "events": [
+        {"event": "first_token", "request_id": "r-1"},
+        {"event": "done", "request_id": "r-1", "ok": true}
+    ]});
+    let resp = http.post(&url).json(&ok).send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(
+        resp.json::<serde_json::Value>().await.unwrap()["accepted"],
+        2
+    );
+
+    let resp = http
+        .post(&url)
+        .json(&json!({"v": 9, "events": []}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 400);
+    assert_eq!(
+        resp.json::<ApiError>().await.unwrap().code,
+        "unsupported_version"
+    );
+    let resp = http
+        .post(&url)
+        .json(&json!({"events": [{"event": "teleported"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 400);
+    let err: ApiError = resp.json().await.unwrap();
+    assert_eq!(err.code, "invalid_json");
+    assert!(err.message.contains("teleported"), "{err:?}");
+
+    // The service's NATS client connects in the background; health reports it once it has.
+    eventually(
+        std::time::Duration::from_secs(10),
+        "healthz says nats connected",
+        || async { svc.get_json("/healthz").await == json!({"status": "ok", "nats": "connected"}) },
+    )
+    .await;
+    let resp = reqwest::get(format!("{}/metrics", svc.base)).await.unwrap();
+    assert!(resp.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("application/openmetrics-text"));
+    let text = resp.text().await.unwrap();
+    assert!(text.ends_with("# EOF\n"), "{text}");
+    assert_metric(&text, "switchyard_nats_connected", 1.0);
+    // Every verdict reason is there from the start.
+    for reason in Reason::ALL {
+        assert!(
+            text.contains(&format!("reason=\"{reason}\"")),
+            "{reason} missing: {text}"
+        );
+    }
+    svc.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_lets_an_in_flight_route_request_finish() {
+    let (_server, svc, nats) = service_with_nats(Settings::for_tests()).await;
+    register_worker(&svc, &nats, "decode-0", WorkerRole::Decode, 9001).await;
+
+    // Send half the body, start shutting down, then send the rest.
+    let body = chat("a request that is still uploading when shutdown starts");
+    let (first, rest) = body.split_at(body.len() / 2);
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<String, std::io::Error>>(2);
+    tx.send(Ok(first.to_string())).await.unwrap();
+    let stream = futures::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|item| (item, rx))
+    });
+    let base = svc.base.clone();
+    let pending = tokio::spawn(async move {
+        route(
+            &base,
+            "chat",
+            Some("draining"),
+            reqwest::Body::wrap_stream(stream),
+        )
+        .await
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let base = svc.base.clone();
+    let stopping = tokio::spawn(svc.stop());
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    tx.send(Ok(rest.to_string())).await.unwrap();
+    drop(tx);
+
+    let resp = pending.await.unwrap();
+    assert_eq!(resp.status(), 200, "the in-flight request was served");
+    stopping.await.unwrap();
+    assert!(
+        reqwest::get(format!("{base}/healthz")).await.is_err(),
+        "no longer listening"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_refuses_to_start_on_bad_config_or_a_missing_tokenizer() {
+    use switchyard_control_plane::service::{run, RunError};
+    let nats = async_nats::ConnectOptions::new()
+        .retry_on_initial_connect()
+        .connect(format!("nats://127.0.0.1:{}", free_port()))
+        .await
+        .unwrap();
+    let listener = || async { tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap() };
+
+    let mut settings = Settings::for_tests();
+    settings.model_dir = Some(std::path::PathBuf::from("/nonexistent/model"));
+    let err = run(
+        settings,
+        listener().await,
+        nats.clone(),
+        Box::pin(std::future::pending()),
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(err, RunError::Tokenizer(_)), "{err}");
+    assert!(err.to_string().contains("/nonexistent/model"), "{err}");
+
+    let mut settings = Settings::for_tests();
+    settings.model_dir = Some(model_dir());
+    settings.conditional_disagg_config = Some(r#"{"policy": "coin_flip"}"#.into());
+    let err = run(
+        settings,
+        listener().await,
+        nats,
+        Box::pin(std::future::pending()),
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(err, RunError::Config(_)), "{err}");
+    assert!(err.to_string().contains("policy"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prompts_beyond_the_context_are_refused_before_routing() {
+    let mut settings = Settings::for_tests();
+    settings.max_model_len = Some(64);
+    let (_server, svc, nats) = service_with_nats(settings).await;
+    register_worker(&svc, &nats, "decode-0", WorkerRole::Decode, 9001).await;
+    let long = route(
+        &svc.base,
+        "chat",
+        None,
+        chat(&"many words here ".repeat(40)),
+    )
+    .await;
+    assert_eq!(long.status(), 400);
+    assert_eq!(
+        long.headers()
+            .get(REJECT_HEADER)
+            .and_then(|v| v.to_str().ok()),
+        Some("prompt_too_long")
+    );
+    let body: serde_json::Value = long.json().await.unwrap();
+    assert_eq!(body["error"]["param"], "input_tokens", "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("64 tokens"),
+        "{body}"
+    );
+    let too_many = route(
+        &svc.base,
+        "chat",
+        None,
+        json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 65}).to_string(),
+    )
+    .await;
+    assert_eq!(too_many.status(), 400);
+    assert_eq!(
+        route(&svc.base, "chat", None, chat("short")).await.status(),
+        200
+    );
+    let m = svc.metrics().await;
+    assert_metric(
+        &m,
+        "switchyard_route_bad_requests_total{code=\"prompt_too_long\"}",
+        1.0,
+    );
+    // Refused requests are not routed: nothing is predicted or tracked for them.
+    let decisions: f64 = m
+        .lines()
+        .filter(|l| l.starts_with("switchyard_route_decisions_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert_eq!(decisions, 1.0, "{m}");
+    svc.stop().await;
+}

@@ -1,0 +1,9 @@
+//! The control plane crate's integration tests, one module per subject, linked into one test
+//! binary (one link instead of one per file).
+
+mod common;
+
+mod api;
+mod conditional;
+mod envoy_eds;
+mod service;

@@ -1,0 +1,166 @@
+//! The `switchyard-loadgen` binary end to end: clear errors for bad input, a run against a
+//! real SSE server writing records and reports, and `compare`.
+
+use crate::loadgen_support;
+
+use std::path::{Path, PathBuf};
+use std::process::Output;
+
+use loadgen_support::start_server;
+use switchyard_loadgen::report::RunReport;
+
+const BIN: &str = env!("CARGO_BIN_EXE_switchyard-loadgen");
+
+/// A scratch folder removed when the test ends, also on panic.
+struct Scratch(PathBuf);
+impl Scratch {
+    fn new(name: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("loadgen-cli-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Scratch(dir)
+    }
+    fn file(&self, name: &str, text: &str) -> PathBuf {
+        let path = self.0.join(name);
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+}
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+async fn loadgen(args: &[&str]) -> Output {
+    let run = tokio::process::Command::new(BIN)
+        .args(args)
+        .kill_on_drop(true)
+        .output();
+    tokio::time::timeout(std::time::Duration::from_secs(120), run)
+        .await
+        .expect("loadgen finishes")
+        .expect("loadgen starts")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+const ROWS: &str = r#"{"timestamp": 0, "input_length": 700, "output_length": 4, "hash_ids": [0, 1]}
+{"timestamp": 10, "input_length": 900, "output_length": 5, "hash_ids": [0, 1]}
+{"timestamp": 20, "input_length": 1100, "output_length": 6, "hash_ids": [0, 1, 2]}
+"#;
+
+#[tokio::test]
+async fn malformed_and_missing_traces_fail_clearly() {
+    let dir = Scratch::new("bad");
+    let trace = dir.file("t.jsonl", &format!("{ROWS}{{\"timestamp\": 1}}\n"));
+    let trace = trace.to_str().unwrap();
+
+    let plan = loadgen(&["plan", "--trace", trace]).await;
+    assert!(plan.status.success(), "{}", text(&plan.stderr));
+    let stderr = text(&plan.stderr);
+    assert!(
+        stderr.contains("t.jsonl:4: missing field `input_length`"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("1 malformed line(s) skipped"), "{stderr}");
+    assert!(
+        text(&plan.stdout).contains("3 requests"),
+        "{}",
+        text(&plan.stdout)
+    );
+
+    let strict = loadgen(&["plan", "--trace", trace, "--strict"]).await;
+    assert!(!strict.status.success());
+    assert!(text(&strict.stderr).contains("--strict"));
+
+    let missing = loadgen(&["plan", "--trace", "/nonexistent/trace.jsonl"]).await;
+    assert!(!missing.status.success());
+    assert!(text(&missing.stderr).contains("cannot read trace /nonexistent/trace.jsonl"));
+
+    let no_gpus = loadgen(&[
+        "--endpoint",
+        "http://127.0.0.1:9",
+        "--trace",
+        trace,
+        "--out",
+        "x",
+    ])
+    .await;
+    assert!(!no_gpus.status.success());
+    assert!(
+        text(&no_gpus.stderr).contains("--gpus"),
+        "{}",
+        text(&no_gpus.stderr)
+    );
+}
+
+fn report(dir: &Path) -> RunReport {
+    let json = std::fs::read_to_string(dir.join("report.json")).expect("report.json");
+    serde_json::from_str(&json).expect("a run report")
+}
+
+#[tokio::test]
+async fn a_run_writes_records_and_reports_and_compare_plots_them() {
+    let (addr, _) = start_server().await;
+    let dir = Scratch::new("run");
+    let trace = dir.file("t.jsonl", ROWS);
+    let endpoint = format!("http://{addr}");
+    for (mode, out) in [("agg", "agg"), ("conditional", "cond")] {
+        let out = dir.0.join(out);
+        let run = loadgen(&[
+            "--endpoint",
+            &endpoint,
+            "--trace",
+            trace.to_str().unwrap(),
+            "--api",
+            "completions",
+            "--arrival-scale",
+            "0.5",
+            "--workers",
+            "2",
+            "--mode",
+            mode,
+            "--slo-ttft-ms",
+            "5000",
+            "--out",
+            out.to_str().unwrap(),
+            "--quiet",
+        ])
+        .await;
+        assert!(run.status.success(), "{}", text(&run.stderr));
+        assert!(text(&run.stdout).contains("| TTFT (ms) |"));
+        let r = report(&out);
+        assert_eq!((r.requests.sent, r.requests.ok), (3, 3));
+        assert_eq!(r.meta.gpus, 8, "2 workers x 4 GPUs");
+        assert_eq!(r.meta.mode.as_deref(), Some(mode));
+        // The test server counts prompt words; completions prompts are exactly input_length.
+        assert_eq!(r.tokens.reported_prompt, 700 + 900 + 1100);
+        assert_eq!(r.tokens.prompt_count_mismatches, 0);
+        assert_eq!(r.routes.bypass_share, Some(1.0));
+        let records = std::fs::read_to_string(out.join("records.jsonl")).unwrap();
+        assert_eq!(records.lines().count(), 3);
+        assert!(std::fs::read_to_string(out.join("report.md"))
+            .unwrap()
+            .contains("bypass"));
+    }
+    let cmp = dir.0.join("cmp");
+    let compare = loadgen(&[
+        "compare",
+        "--out",
+        cmp.to_str().unwrap(),
+        dir.0.join("agg").to_str().unwrap(),
+        dir.0.join("cond").to_str().unwrap(),
+    ])
+    .await;
+    assert!(compare.status.success(), "{}", text(&compare.stderr));
+    let table = std::fs::read_to_string(cmp.join("comparison.md")).unwrap();
+    assert!(
+        table.contains("| agg |") && table.contains("| conditional |"),
+        "{table}"
+    );
+    let svg = std::fs::read_to_string(cmp.join("throughput_vs_interactivity.svg")).unwrap();
+    assert!(svg.contains("<svg") && svg.contains("conditional"));
+}

@@ -1,0 +1,7 @@
+//! The virtual-time replay crate's integration tests, one module per subject, linked into one test
+//! binary (one link instead of one per file).
+
+mod replay_cli;
+mod replay_gateway;
+mod replay_mooncake;
+mod replay_scenarios;

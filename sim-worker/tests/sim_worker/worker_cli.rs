@@ -1,0 +1,244 @@
+//! The `switchyard-sim-worker` binary: flag errors exit 64, and a worker started while NATS is
+//! down serves HTTP at once and joins NATS when the server comes up.
+
+use crate::worker_support;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use switchyard_protocol::subjects;
+use switchyard_protocol::worker::{WorkerHeartbeat, WorkerRole};
+use worker_support::{free_port, NatsServer};
+
+const BIN: &str = env!("CARGO_BIN_EXE_switchyard-sim-worker");
+
+fn exit_code(args: &[&str]) -> (i32, String) {
+    let out = Command::new(BIN)
+        .args(args)
+        .env_remove("SWITCHYARD_NATS_URL")
+        .output()
+        .expect("binary runs");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn bad_flags_exit_64_with_a_clear_message() {
+    let cases: [(&[&str], &str); 7] = [
+        (&[], "--worker"),
+        (&["--worker", "agg-0@127.0.0.1:1"], "ROLE:ID@HOST:PORT"),
+        (&["--worker", "boss:w@127.0.0.1:1"], "unknown worker role"),
+        (&["--worker", "agg:a.b@127.0.0.1:1"], "NATS"),
+        (&["--worker", "agg:w@127.0.0.1:x"], "port"),
+        (
+            &["--worker", "agg:w@127.0.0.1:0", "--speed-up", "0"],
+            "speed-up",
+        ),
+        (
+            &[
+                "--worker",
+                "agg:w@127.0.0.1:0",
+                "--worker",
+                "decode:w@127.0.0.1:0",
+            ],
+            "twice",
+        ),
+    ];
+    for (args, needle) in cases {
+        let (code, stderr) = exit_code(args);
+        assert_eq!(code, 64, "{args:?}: {stderr}");
+        assert!(
+            stderr.contains(needle),
+            "{args:?}: {needle:?} not in {stderr}"
+        );
+    }
+    let (code, stderr) = exit_code(&["--worker", "agg:w@127.0.0.1:0", "--perf-preset", "tpu"]);
+    assert_eq!(code, 64, "{stderr}");
+    assert!(stderr.contains("gb200-fp8-tep4"), "{stderr}");
+    let (code, _) = exit_code(&["--help"]);
+    assert_eq!(code, 0);
+}
+
+/// The worker process, killed by PID on drop.
+struct WorkerProcess(Child);
+
+impl Drop for WorkerProcess {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[tokio::test]
+async fn a_worker_started_before_nats_serves_http_and_joins_nats_later() {
+    let nats_port = free_port();
+    let http_port = free_port();
+    let mut child = Command::new(BIN)
+        .args([
+            "--nats-url",
+            &format!("nats://127.0.0.1:{nats_port}"),
+            "--worker",
+            &format!("agg:cli-0@127.0.0.1:{http_port}"),
+            "--heartbeat-interval-ms",
+            "100",
+            "--speed-up",
+            "10",
+        ])
+        .env("NO_COLOR", "1")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("binary starts");
+    let stdout = child.stdout.take().unwrap();
+    let mut guard = WorkerProcess(child);
+    let (lines_tx, lines) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if lines_tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let want = format!("worker cli-0 (agg) listening on 127.0.0.1:{http_port}");
+    let logged = (0..200).any(|_| {
+        lines
+            .recv_timeout(Duration::from_millis(50))
+            .is_ok_and(|l| l.contains(&want))
+    });
+    assert!(logged, "no {want:?} log line");
+
+    // HTTP works with NATS down.
+    let client = reqwest::Client::new();
+    let resp = client
+        .post(format!("http://127.0.0.1:{http_port}/v1/completions"))
+        .json(&serde_json::json!({"prompt": "hello", "max_tokens": 2}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["x-switchyard-worker"], "cli-0");
+
+    // NATS comes up: the worker's heartbeats arrive.
+    let server = NatsServer::start_on(nats_port);
+    let observer = async_nats::connect(&server.url).await.unwrap();
+    let mut heartbeats = observer.subscribe(subjects::HEARTBEAT).await.unwrap();
+    let msg = tokio::time::timeout(Duration::from_secs(15), heartbeats.next())
+        .await
+        .expect("a heartbeat after NATS came up")
+        .unwrap();
+    let hb: WorkerHeartbeat = serde_json::from_slice(&msg.payload).unwrap();
+    assert_eq!(hb.worker.worker_id.0, "cli-0");
+    assert_eq!(hb.worker.role, WorkerRole::Agg);
+    assert_eq!(hb.worker.address, format!("127.0.0.1:{http_port}"));
+    assert_eq!(hb.worker.model, "Qwen/Qwen3-235B-A22B");
+
+    // SIGTERM (sent to its PID) stops it cleanly.
+    let pid = guard.0.id().to_string();
+    let killed = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+    assert!(killed.success());
+    let mut status = None;
+    for _ in 0..100 {
+        if let Some(s) = guard.0.try_wait().unwrap() {
+            status = Some(s);
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(
+        status.expect("exited within 5 s of SIGTERM").code(),
+        Some(0)
+    );
+}
+
+#[test]
+fn vllm_wire_flags_are_checked() {
+    let w = ["--worker", "agg:w@127.0.0.1:0"];
+    let cases: [(&[&str], &str); 5] = [
+        (&["--wire", "vllm"], "one --kv-events-endpoint per --worker"),
+        (
+            &["--kv-events-endpoint", "tcp://127.0.0.1:0"],
+            "need --wire vllm",
+        ),
+        (
+            &["--wire", "vllm", "--kv-events-endpoint", "ipc:///tmp/kv"],
+            "tcp://HOST:PORT",
+        ),
+        (
+            &[
+                "--wire",
+                "vllm",
+                "--kv-events-endpoint",
+                "tcp://127.0.0.1:0",
+                "--kv-replay-endpoint",
+                "tcp://127.0.0.1:0,tcp://127.0.0.1:0",
+            ],
+            "none or one per --worker",
+        ),
+        (&["--wire", "zmq"], "switchyard"),
+    ];
+    for (extra, needle) in cases {
+        let args: Vec<&str> = w.iter().chain(extra).copied().collect();
+        let (code, stderr) = exit_code(&args);
+        assert_eq!(code, 64, "{args:?}: {stderr}");
+        assert!(
+            stderr.contains(needle),
+            "{args:?}: {needle:?} not in {stderr}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_vllm_wire_worker_logs_its_bound_zmq_endpoints_and_serves() {
+    let http_port = free_port();
+    let mut child = Command::new(BIN)
+        .args([
+            "--wire",
+            "vllm",
+            "--worker",
+            &format!("agg:cli-vllm@127.0.0.1:{http_port}"),
+            "--kv-events-endpoint",
+            "tcp://127.0.0.1:0",
+            "--kv-replay-endpoint",
+            "tcp://127.0.0.1:0",
+        ])
+        .env("NO_COLOR", "1")
+        .env_remove("SWITCHYARD_NATS_URL")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("binary starts");
+    let stdout = child.stdout.take().unwrap();
+    let _guard = WorkerProcess(child);
+    let (lines_tx, lines) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if lines_tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let want = "worker cli-vllm publishes vLLM KV events on tcp://127.0.0.1:";
+    let line = (0..200)
+        .find_map(|_| {
+            lines
+                .recv_timeout(Duration::from_millis(50))
+                .ok()
+                .filter(|l| l.contains(want))
+        })
+        .unwrap_or_else(|| panic!("no {want:?} log line"));
+    // Both sockets got real ports (not the 0 asked for).
+    assert!(
+        !line.contains(":0, replay") && !line.trim_end().ends_with(":0"),
+        "{line}"
+    );
+    assert!(line.contains("replay on tcp://127.0.0.1:"), "{line}");
+    let health = reqwest::get(format!("http://127.0.0.1:{http_port}/health"))
+        .await
+        .unwrap();
+    assert_eq!(health.status(), 200);
+}
