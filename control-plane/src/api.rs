@@ -1,20 +1,24 @@
-//! The REST API (warp): route verdicts, lifecycle reports, workers, runtime config, Envoy EDS,
-//! metrics and health.
+//! The REST API (warp), on two listeners: the route API for Envoy and the admin API for
+//! operators.
 //!
-//! | method | path | what |
-//! |---|---|---|
-//! | POST | `/v1/route` | client's OpenAI body verbatim → [`Verdict`](switchyard_protocol::route::Verdict) |
-//! | POST | `/v1/lifecycle` | [`LifecycleBatch`](switchyard_protocol::lifecycle::LifecycleBatch) from the filter |
-//! | GET | `/v1/workers` | live workers |
-//! | GET, PUT | `/v1/config` | conditional-disaggregation policy |
-//! | POST | `/v3/discovery:endpoints` | Envoy REST EDS (see [`crate::eds`]) |
-//! | GET | `/metrics` | Prometheus / OpenMetrics text |
-//! | GET | `/healthz` | liveness (200 while HTTP serves, NATS state included) |
+//! | listener | method | path | what |
+//! |---|---|---|---|
+//! | route | POST | `/v1/route` | client's OpenAI body verbatim → [`Verdict`](switchyard_protocol::route::Verdict) |
+//! | route | POST | `/v1/lifecycle` | [`LifecycleBatch`](switchyard_protocol::lifecycle::LifecycleBatch) from the filter |
+//! | route | POST | `/v3/discovery:endpoints` | Envoy REST EDS (see [`crate::eds`]) |
+//! | admin, token | GET | `/v1/workers` | live workers |
+//! | admin, token | GET, PUT | `/v1/config` | conditional-disaggregation policy |
+//! | both | GET | `/metrics` | Prometheus / OpenMetrics text |
+//! | both | GET | `/healthz` | liveness (200 while HTTP serves, NATS state included) |
+//!
+//! The route API is unauthenticated: Envoy's filter calls it on every request. The admin
+//! endpoints that change or dump state need the admin bearer token ([`auth`]).
 //!
 //! Every error is an [`ApiError`] `{code, message}` with a status callers can act on, and is
 //! counted by code. Handlers never panic on input.
 
 pub mod admin;
+pub mod auth;
 pub mod route;
 pub mod serve;
 
@@ -61,6 +65,8 @@ pub struct ApiState {
     pub cache_stats_seen: Arc<Mutex<SegmentCacheStats>>,
     /// Shut while the declared workers' first health polls are pending: EDS answers 503 then.
     pub first_polls: crate::pools::first_polls::FirstPolls,
+    /// The admin API's bearer token; `None` closes the admin endpoints.
+    pub admin_token: Option<auth::AdminToken>,
 }
 
 /// A JSON error reply, counted under its code by the caller.
@@ -76,8 +82,11 @@ fn with_state(state: ApiState) -> impl Filter<Extract = (ApiState,), Error = Inf
     warp::any().map(move || state.clone())
 }
 
-/// All routes, with unmatched paths and methods answered as [`ApiError`] JSON.
-pub fn routes(state: ApiState) -> impl Filter<Extract = (Response,), Error = Infallible> + Clone {
+/// The route listener's endpoints (for Envoy), with unmatched paths and methods answered as
+/// [`ApiError`] JSON.
+pub fn route_api(
+    state: ApiState,
+) -> impl Filter<Extract = (Response,), Error = Infallible> + Clone {
     let route = warp::path!("v1" / "route")
         .and(warp::post())
         .and(warp::header::headers_cloned())
@@ -89,24 +98,74 @@ pub fn routes(state: ApiState) -> impl Filter<Extract = (Response,), Error = Inf
         .and(warp::body::stream())
         .and(with_state(state.clone()))
         .then(admin::lifecycle);
-    let workers = warp::path!("v1" / "workers")
-        .and(warp::get())
-        .and(with_state(state.clone()))
-        .then(admin::workers);
-    let get_config = warp::path!("v1" / "config")
-        .and(warp::get())
-        .and(with_state(state.clone()))
-        .then(admin::get_config);
-    let put_config = warp::path!("v1" / "config")
-        .and(warp::put())
-        .and(warp::body::stream())
-        .and(with_state(state.clone()))
-        .then(admin::put_config);
     let eds = warp::path!("v3" / "discovery:endpoints")
         .and(warp::post())
         .and(warp::body::stream())
         .and(with_state(state.clone()))
         .then(admin::eds);
+    // Callers of the admin endpoints on this listener are told where they went.
+    let moved = (warp::path!("v1" / "config").or(warp::path!("v1" / "workers")))
+        .unify()
+        .and(with_state(state.clone()))
+        .map(|state: ApiState| {
+            let code = "admin_listener";
+            state.metrics.bad_request(code);
+            error_reply(
+                StatusCode::NOT_FOUND,
+                code,
+                "the admin endpoints are served on the admin listener (--admin-listen), not on the route listener",
+            )
+        });
+    route
+        .or(lifecycle)
+        .unify()
+        .or(eds)
+        .unify()
+        .or(moved)
+        .unify()
+        .or(observability(state))
+        .unify()
+        .recover(unmatched)
+        .unify()
+}
+
+/// The admin listener's endpoints (for operators): the runtime config and the worker list
+/// behind the admin token, metrics and health without it.
+pub fn admin_api(
+    state: ApiState,
+) -> impl Filter<Extract = (Response,), Error = Infallible> + Clone {
+    let workers = warp::path!("v1" / "workers")
+        .and(warp::get())
+        .and(warp::header::headers_cloned())
+        .and(with_state(state.clone()))
+        .then(admin::workers);
+    let get_config = warp::path!("v1" / "config")
+        .and(warp::get())
+        .and(warp::header::headers_cloned())
+        .and(with_state(state.clone()))
+        .then(admin::get_config);
+    let put_config = warp::path!("v1" / "config")
+        .and(warp::put())
+        .and(warp::header::headers_cloned())
+        .and(warp::body::stream())
+        .and(with_state(state.clone()))
+        .then(admin::put_config);
+    workers
+        .or(get_config)
+        .unify()
+        .or(put_config)
+        .unify()
+        .or(observability(state))
+        .unify()
+        .recover(unmatched)
+        .unify()
+}
+
+/// `/metrics` and `/healthz`, on both listeners: Prometheus scrapes and liveness probes reach
+/// whichever one they are given.
+fn observability(
+    state: ApiState,
+) -> impl Filter<Extract = (Response,), Error = warp::Rejection> + Clone {
     let metrics = warp::path!("metrics")
         .and(warp::get())
         .and(with_state(state.clone()))
@@ -115,23 +174,7 @@ pub fn routes(state: ApiState) -> impl Filter<Extract = (Response,), Error = Inf
         .and(warp::get())
         .and(with_state(state))
         .then(admin::health);
-    route
-        .or(lifecycle)
-        .unify()
-        .or(workers)
-        .unify()
-        .or(get_config)
-        .unify()
-        .or(put_config)
-        .unify()
-        .or(eds)
-        .unify()
-        .or(metrics)
-        .unify()
-        .or(health)
-        .unify()
-        .recover(unmatched)
-        .unify()
+    metrics.or(health).unify()
 }
 
 async fn unmatched(rejection: warp::Rejection) -> Result<Response, Infallible> {

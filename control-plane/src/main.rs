@@ -12,6 +12,14 @@ use switchyard_control_plane::settings::{LogFormat, Settings};
 /// EX_USAGE from sysexits.h: the command was used incorrectly.
 const EXIT_USAGE: u8 = 64;
 
+/// Binds `addr` (the value of `flag`), logging why it cannot.
+async fn bind(flag: &str, addr: std::net::SocketAddr) -> Option<tokio::net::TcpListener> {
+    tokio::net::TcpListener::bind(addr)
+        .await
+        .inspect_err(|e| tracing::error!(%addr, flag, error = %e, "cannot bind"))
+        .ok()
+}
+
 fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,async_nats=warn"));
@@ -141,13 +149,24 @@ async fn main() -> ExitCode {
         return ExitCode::from(EXIT_USAGE);
     }
 
-    let listener = match tokio::net::TcpListener::bind(settings.listen).await {
-        Ok(l) => l,
-        Err(e) => {
-            tracing::error!(addr = %settings.listen, error = %e, "cannot bind");
-            return ExitCode::FAILURE;
-        }
+    if let Err(e) = settings.admin_token() {
+        eprintln!("error: {e}");
+        return ExitCode::from(EXIT_USAGE);
+    }
+    if settings.admin_listen == settings.listen {
+        eprintln!(
+            "error: --admin-listen must differ from --listen (the admin API has its own listener)"
+        );
+        return ExitCode::from(EXIT_USAGE);
+    }
+    let (route, admin) = match (
+        bind("--listen", settings.listen).await,
+        bind("--admin-listen", settings.admin_listen).await,
+    ) {
+        (Some(route), Some(admin)) => (route, admin),
+        _ => return ExitCode::FAILURE,
     };
+    let listeners = service::Listeners { route, admin };
     // Connect in the background and keep retrying: the route API must serve (and the
     // filter fail open on stale state at worst) while NATS is unreachable.
     if !settings.nats.has_credentials() {
@@ -163,13 +182,13 @@ async fn main() -> ExitCode {
                 return ExitCode::from(EXIT_USAGE);
             }
         };
-    match service::run(settings, listener, nats, Box::pin(shutdown_signal())).await {
+    match service::run(settings, listeners, nats, Box::pin(shutdown_signal())).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e @ RunError::Config(_)) => {
             eprintln!("error: {e}");
             ExitCode::from(EXIT_USAGE)
         }
-        Err(e @ (RunError::Tokenizer(_) | RunError::Registration(_))) => {
+        Err(e @ (RunError::Tokenizer(_) | RunError::Registration(_) | RunError::AdminToken(_))) => {
             eprintln!("error: {e}");
             ExitCode::from(EXIT_USAGE)
         }

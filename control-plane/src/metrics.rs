@@ -162,6 +162,9 @@ pub struct Metrics {
     /// engine's start), `kv_restart`, `kv_refused_event`, `kv_replay_failed`, `block_size_mismatch` (the engine's block
     /// size is not the pool file's).
     pub declared_events: Family<ReasonLabels, Counter>,
+    /// Admin API requests refused by the token check, by reason (`missing_token`,
+    /// `wrong_token`, `admin_token_not_configured`).
+    pub admin_refusals: Family<ReasonLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -198,6 +201,7 @@ impl Default for Metrics {
             nats_connected: Gauge::default(),
             pool_reloads: Family::default(),
             declared_events: Family::default(),
+            admin_refusals: Family::default(),
         }
     }
 }
@@ -212,6 +216,11 @@ impl Metrics {
             if let Some(mode) = reason.mode() {
                 let _ = m.decisions.get_or_create(&DecisionLabels::of(mode, reason));
             }
+        }
+        for refusal in crate::api::auth::Refusal::ALL {
+            let _ = m.admin_refusals.get_or_create(&ReasonLabels {
+                reason: refusal.code().to_string(),
+            });
         }
         let r = registry.sub_registry_with_prefix("switchyard");
         r.register(
@@ -345,6 +354,11 @@ impl Metrics {
             m.declared_events.clone(),
         );
         r.register(
+            "admin_refusals",
+            "Admin API requests refused by the token check, by reason",
+            m.admin_refusals.clone(),
+        );
+        r.register(
             "tokenizer_cache_hits",
             "Tokenizer segment-cache hits",
             m.tokenizer_cache_hits.clone(),
@@ -367,6 +381,15 @@ impl Metrics {
         self.bad_requests
             .get_or_create(&CodeLabels {
                 code: code.to_string(),
+            })
+            .inc();
+    }
+
+    /// Counts an admin request the token check refused.
+    pub fn admin_refused(&self, refusal: crate::api::auth::Refusal) {
+        self.admin_refusals
+            .get_or_create(&ReasonLabels {
+                reason: refusal.code().to_string(),
             })
             .inc();
     }

@@ -30,7 +30,7 @@ use owner::Owner;
 use crate::router::core::{HeartbeatOutcome, KvBatchOutcome};
 use crate::router::{RouteError, Router, WorkerView};
 
-pub use run::{run, run_with_tokenizer, RunError, Shutdown};
+pub use run::{run, run_with_tokenizer, Listeners, RunError, Shutdown};
 
 /// How often the owner ticks the control core (looks for workers whose heartbeats stopped).
 pub const EXPIRY_TICK: Duration = Duration::from_millis(switchyard_router::core::TICK_MS);

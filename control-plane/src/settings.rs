@@ -12,11 +12,22 @@ use clap::{Parser, ValueEnum};
 
 use switchyard_bus::{NatsArgs, RegistrationArgs};
 
+use crate::api::auth::{AdminToken, AdminTokenError};
 use crate::config::{ConfigError, RouterConfig, ServingMode};
 
 /// Default largest `POST /v1/route` body. Long agentic prompts (250k tokens of text plus tool
 /// schemas) are a few MiB; anything far beyond that is a client error, not a prompt.
 pub const DEFAULT_MAX_ROUTE_BODY_BYTES: usize = 16 * 1024 * 1024;
+
+/// A secret taken from the environment; `Debug` shows nothing of it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Redacted(pub String);
+
+impl std::fmt::Debug for Redacted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
 
 /// Log line format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -35,9 +46,30 @@ pub enum LogFormat {
     about = "Switchyard control plane: KV-aware routing and conditional disaggregation verdicts for Envoy."
 )]
 pub struct Settings {
-    /// Address of the HTTP API (route, lifecycle, workers, config, EDS, metrics).
+    /// Address of the route API, for Envoy only: route verdicts, lifecycle reports, EDS,
+    /// metrics and health. Unauthenticated: expose it to the gateway, not to clients.
     #[arg(long, env = "SWITCHYARD_LISTEN", default_value = "127.0.0.1:8090")]
     pub listen: SocketAddr,
+
+    /// Address of the admin API: the runtime config (`GET`/`PUT /v1/config`) and the worker
+    /// list (`GET /v1/workers`), each behind the admin token; metrics and health too. Loopback
+    /// by default: bind it elsewhere only on a network operators alone reach.
+    #[arg(
+        long,
+        env = "SWITCHYARD_ADMIN_LISTEN",
+        default_value = "127.0.0.1:8091"
+    )]
+    pub admin_listen: SocketAddr,
+
+    /// File holding the admin API's bearer token (at least 16 characters, trimmed). Or set
+    /// `SWITCHYARD_ADMIN_TOKEN` (environment only: a flag's value would show in `ps`).
+    /// Without either, the admin endpoints refuse every request.
+    #[arg(long, env = "SWITCHYARD_ADMIN_TOKEN_FILE")]
+    pub admin_token_file: Option<PathBuf>,
+
+    /// `SWITCHYARD_ADMIN_TOKEN`, read from the environment at parse time.
+    #[arg(skip = std::env::var("SWITCHYARD_ADMIN_TOKEN").ok().map(Redacted))]
+    pub admin_token_env: Option<Redacted>,
 
     /// NATS, where the workers publish heartbeats, load reports and KV events, and its
     /// credentials.
@@ -149,6 +181,17 @@ impl Settings {
         Ok(config)
     }
 
+    /// The admin token from `--admin-token-file` or `SWITCHYARD_ADMIN_TOKEN`, if either is set.
+    ///
+    /// # Errors
+    /// [`AdminTokenError`] for an unreadable file, a short token, or both sources at once.
+    pub fn admin_token(&self) -> Result<Option<AdminToken>, AdminTokenError> {
+        AdminToken::load(
+            self.admin_token_file.as_deref(),
+            self.admin_token_env.as_ref().map(|v| v.0.as_str()),
+        )
+    }
+
     /// Defaults as if started with no flags and no environment, for tests that then set
     /// the fields they care about.
     pub fn for_tests() -> Self {
@@ -184,6 +227,8 @@ mod tests {
     fn defaults_match_the_documented_ones() {
         let s = Settings::try_parse_from(["x"]).expect("defaults parse");
         assert_eq!(s.listen.to_string(), "127.0.0.1:8090");
+        assert_eq!(s.admin_listen.to_string(), "127.0.0.1:8091");
+        assert_eq!(s.admin_token_file, None);
         assert_eq!(s.nats.nats_url, "nats://127.0.0.1:4222");
         assert!(!s.allow_unsigned_registrations);
         assert_eq!(s.registration.registration_secret_file, None);

@@ -29,6 +29,8 @@ pub struct Stack {
     pub(crate) workers: Vec<WorkerSpec>,
     pub(crate) nats_port: u16,
     pub(crate) control_plane_port: u16,
+    /// The control plane's admin API (`--admin-listen`).
+    pub(crate) control_plane_admin_port: u16,
     pub(crate) listen_port: u16,
     pub(crate) admin_port: u16,
     /// The filter-less baseline listener, if asked for.
@@ -40,6 +42,8 @@ pub struct Stack {
     pub(crate) nats_program: PathBuf,
     /// This run's NATS token and registration secret (see [`Stack::launch`]).
     pub(crate) nats_token: String,
+    /// This run's admin token for the control plane's admin API.
+    pub(crate) control_plane_admin_token: String,
     /// Workers of the pool file: not started by the stack, but waited for in EDS.
     pub(crate) declared: Vec<WorkerSpec>,
     /// How the control plane was started (for [`Stack::restart_control_plane`]).
@@ -50,6 +54,8 @@ pub struct Stack {
 pub const NATS_TOKEN_FILE: &str = "nats-token";
 /// File in the run directory holding this run's registration secret.
 pub const REGISTRATION_SECRET_FILE: &str = "registration-secret";
+/// File in the run directory holding this run's admin token for the control plane.
+pub const ADMIN_TOKEN_FILE: &str = "control-plane-admin-token";
 
 impl StackBuilder {
     /// Starts every process and waits until requests through Envoy can reach every worker.
@@ -80,7 +86,7 @@ impl StackBuilder {
         std::fs::create_dir_all(&run_dir)
             .map_err(StackError::io(format!("creating {}", run_dir.display())))?;
 
-        let ports = free_ports(5 + worker_count)?;
+        let ports = free_ports(6 + worker_count)?;
         let nats_port = self.nats_port.unwrap_or(ports[0]);
         let cp_port = self.control_plane_port.unwrap_or(ports[1]);
         let listen_port = self.listen_port.unwrap_or(ports[2]);
@@ -88,13 +94,15 @@ impl StackBuilder {
         let plain_listen_port = self
             .plain_listen_port
             .map(|p| if p == 0 { ports[4] } else { p });
-        let workers = self.workers(&ports[5..]);
+        let cp_admin_port = ports[5];
+        let workers = self.workers(&ports[6..]);
         let mut stack = Stack {
             processes: Vec::new(),
             run_dir,
             workers,
             nats_port,
             control_plane_port: cp_port,
+            control_plane_admin_port: cp_admin_port,
             listen_port,
             admin_port,
             plain_listen_port,
@@ -102,6 +110,7 @@ impl StackBuilder {
             remove_run_dir: !self.keep_logs,
             nats_program: artifacts.nats_server.clone(),
             nats_token: switchyard_support::random_token(),
+            control_plane_admin_token: switchyard_support::random_token(),
             declared,
             control_plane_command: (artifacts.control_plane.clone(), Vec::new()),
         };
@@ -229,9 +238,20 @@ impl Stack {
         let run_dir = self.run_dir.clone();
 
         let model_dir = artifacts.model_dir.to_string_lossy().into_owned();
+        write_secret(
+            &self.run_dir.join(ADMIN_TOKEN_FILE),
+            &self.control_plane_admin_token,
+        )?;
         let mut cp_args = vec![
             "--listen".into(),
             format!("127.0.0.1:{}", self.control_plane_port),
+            "--admin-listen".into(),
+            format!("127.0.0.1:{}", self.control_plane_admin_port),
+            "--admin-token-file".into(),
+            self.run_dir
+                .join(ADMIN_TOKEN_FILE)
+                .to_string_lossy()
+                .into_owned(),
             "--model-dir".into(),
             model_dir.clone(),
             "--max-model-len".into(),
@@ -418,9 +438,20 @@ impl Stack {
         format!("http://127.0.0.1:{}", self.admin_port)
     }
 
-    /// `http://127.0.0.1:PORT` of the control plane.
+    /// `http://127.0.0.1:PORT` of the control plane's route API (what Envoy calls).
     pub fn control_plane_url(&self) -> String {
         format!("http://127.0.0.1:{}", self.control_plane_port)
+    }
+
+    /// `http://127.0.0.1:PORT` of the control plane's admin API (config, workers).
+    pub fn control_plane_admin_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.control_plane_admin_port)
+    }
+
+    /// This run's bearer token for the control plane's admin API (also in the run
+    /// directory's [`ADMIN_TOKEN_FILE`]).
+    pub fn control_plane_admin_token(&self) -> &str {
+        &self.control_plane_admin_token
     }
 
     /// `nats://127.0.0.1:PORT`.

@@ -187,19 +187,44 @@ pub async fn post_raw_observed(
         .map_err(|_| format!("POST {url} did not finish within {timeout:?}"))?
 }
 
-/// `GET /v1/workers` on the control plane as worker id -> address. Accepts any JSON shape
-/// whose objects carry `worker_id` and `address` strings.
+/// `GET /v1/workers` on the stack's control-plane admin API (with the run's admin token) as
+/// worker id -> address. Accepts any JSON shape whose objects carry `worker_id` and `address`
+/// strings.
 ///
 /// # Errors
 /// A message if the call fails or the body is not JSON.
 pub async fn worker_addresses(
     client: &reqwest::Client,
-    control_plane_url: &str,
+    stack: &Stack,
 ) -> Result<HashMap<String, String>, String> {
-    let json = get_json(client, &format!("{control_plane_url}/v1/workers")).await?;
+    let json = admin_get_json(client, stack, "/v1/workers").await?;
     let mut found = HashMap::new();
     collect_workers(&json, &mut found);
     Ok(found)
+}
+
+/// `GET path` on the stack's control-plane admin API with the run's admin token, as JSON
+/// whatever the status.
+///
+/// # Errors
+/// A message naming the URL if the call fails or the body is not JSON.
+pub async fn admin_get_json(
+    client: &reqwest::Client,
+    stack: &Stack,
+    path: &str,
+) -> Result<Value, String> {
+    let url = format!("{}{path}", stack.control_plane_admin_url());
+    let response = client
+        .get(&url)
+        .bearer_auth(stack.control_plane_admin_token())
+        .send()
+        .await
+        .map_err(|e| format!("GET {url}: {e}"))?;
+    let text = response
+        .text()
+        .await
+        .map_err(|e| format!("GET {url}: {e}"))?;
+    serde_json::from_str(&text).map_err(|e| format!("GET {url}: {e}"))
 }
 
 fn collect_workers(value: &Value, found: &mut HashMap<String, String>) {

@@ -8,7 +8,7 @@ use serde_json::Value;
 use switchyard_stack::{ServingMode, Stack, StackBuilder};
 
 use crate::{
-    get_json, prom_sum, sse_data, start_stack, worker_addresses, worker_metrics, Observed,
+    admin_get_json, prom_sum, sse_data, start_stack, worker_addresses, worker_metrics, Observed,
 };
 
 /// Response header naming the prefill worker of a disaggregated request.
@@ -169,7 +169,7 @@ pub async fn known_workers(
 ) -> Result<HashMap<String, String>, String> {
     let mut last = HashMap::new();
     for _ in 0..WORKER_POLLS {
-        if let Ok(found) = worker_addresses(http, &stack.control_plane_url()).await {
+        if let Ok(found) = worker_addresses(http, stack).await {
             if stack.workers().iter().all(|w| found.contains_key(&w.id.0)) {
                 return Ok(found);
             }
@@ -199,7 +199,7 @@ pub async fn worker_loads(
     stack: &Stack,
     http: &reqwest::Client,
 ) -> Result<HashMap<String, WorkerLoad>, String> {
-    let json = get_json(http, &format!("{}/v1/workers", stack.control_plane_url())).await?;
+    let json = admin_get_json(http, stack, "/v1/workers").await?;
     Ok(parse_worker_loads(&json))
 }
 

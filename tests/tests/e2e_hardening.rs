@@ -254,7 +254,7 @@ async fn attacks_and_bad_input_are_refused_and_cost_nothing() {
         assert_eq!(response.status, 200);
     }
     assert_eq!(trap.hits(), 0, "no prompt reached the spoofed worker");
-    let listed = switchyard_e2e::worker_addresses(&http, &stack.control_plane_url())
+    let listed = switchyard_e2e::worker_addresses(&http, &stack)
         .await
         .unwrap();
     assert!(!listed.contains_key("decode-9"), "{listed:?}");

@@ -9,6 +9,8 @@
 //!   back, and the index is rebuilt from its replay buffer.
 //! - A pool file that does not load keeps the last good pools, counted; removing a worker
 //!   from the file takes it out; adding it back brings it in.
+//! - The worker list is read from the admin listener with the admin token (from a file); the
+//!   route listener does not serve it, and the admin listener refuses a missing or wrong token.
 
 use std::path::Path;
 use std::time::Duration;
@@ -37,28 +39,86 @@ fn pool_file(sim: &Ports, with_worker: bool) -> String {
     )
 }
 
-async fn workers(http: &reqwest::Client, cp: &str) -> Vec<Value> {
-    get_json(http, &format!("{cp}/v1/workers"))
-        .await
-        .map(|v| v["workers"].as_array().cloned().unwrap_or_default())
-        .unwrap_or_default()
+/// The control plane's two listeners and the admin token.
+struct ControlPlane {
+    route: String,
+    admin: String,
+    token: String,
 }
 
-async fn cached_blocks(http: &reqwest::Client, cp: &str) -> Option<u64> {
+async fn workers(http: &reqwest::Client, cp: &ControlPlane) -> Vec<Value> {
+    let response = http
+        .get(format!("{}/v1/workers", cp.admin))
+        .bearer_auth(&cp.token)
+        .send()
+        .await;
+    match response {
+        Ok(r) => r
+            .json::<Value>()
+            .await
+            .map(|v| v["workers"].as_array().cloned().unwrap_or_default())
+            .unwrap_or_default(),
+        Err(_) => Vec::new(),
+    }
+}
+
+async fn cached_blocks(http: &reqwest::Client, cp: &ControlPlane) -> Option<u64> {
     workers(http, cp)
         .await
         .first()
         .and_then(|w| w["cached_blocks"].as_u64())
 }
 
-async fn reloads(http: &reqwest::Client, cp: &str, result: &str) -> f64 {
-    let text = get_text(http, &format!("{cp}/metrics"))
+async fn reloads(http: &reqwest::Client, cp: &ControlPlane, result: &str) -> f64 {
+    let text = get_text(http, &format!("{}/metrics", cp.route))
         .await
         .unwrap_or_default();
     text.lines()
         .filter(|l| l.contains(&format!("reason=\"{result}\"")))
         .map(|l| prom_sum(l, "switchyard_pool_reloads_total"))
         .sum()
+}
+
+/// The worker list is the admin listener's, behind the token: 401 without one, 403 with a
+/// wrong one (both counted), and the route listener points elsewhere.
+async fn admin_listener_guards_the_worker_list(http: &reqwest::Client, cp: &ControlPlane) {
+    let url = format!("{}/v1/workers", cp.admin);
+    let missing = http.get(&url).send().await.expect("admin GET");
+    assert_eq!(missing.status(), 401);
+    assert_eq!(
+        missing
+            .headers()
+            .get("www-authenticate")
+            .map(|v| v.as_bytes()),
+        Some(&b"Bearer"[..])
+    );
+    let wrong = http
+        .get(&url)
+        .bearer_auth("not-the-admin-token-at-all")
+        .send()
+        .await
+        .expect("admin GET");
+    assert_eq!(wrong.status(), 403);
+    let body: Value = wrong.json().await.expect("error JSON");
+    assert_eq!(body["code"], "wrong_token");
+    let on_route = get_json(http, &format!("{}/v1/workers", cp.route))
+        .await
+        .expect("route listener answers JSON");
+    assert_eq!(on_route["code"], "admin_listener", "{on_route}");
+    let metrics = get_text(http, &format!("{}/metrics", cp.admin))
+        .await
+        .expect("metrics on the admin listener");
+    for (reason, want) in [("missing_token", 1.0), ("wrong_token", 1.0)] {
+        let line = metrics
+            .lines()
+            .find(|l| l.starts_with("switchyard_admin_refusals_total") && l.contains(reason))
+            .unwrap_or_else(|| panic!("no {reason} refusal counter in\n{metrics}"));
+        assert_eq!(
+            prom_sum(line, "switchyard_admin_refusals_total"),
+            want,
+            "{line}"
+        );
+    }
 }
 
 fn write(path: &Path, text: &str) {
@@ -98,13 +158,20 @@ async fn declared_workers_join_leave_and_follow_the_pool_file() {
     .expect("sim worker starts");
     let pools = dir.path().join("pools.yaml");
     write(&pools, &pool_file(&sim, true));
-    let cp_port = free_port();
+    let (cp_port, admin_port) = (free_port(), free_port());
+    let token = switchyard_support::random_token();
+    let token_file = dir.path().join("admin-token");
+    std::fs::write(&token_file, format!("{token}\n")).expect("token file");
     let _cp = Process::spawn(
         "control-plane",
         &artifacts.control_plane,
         &[
             "--listen".into(),
             format!("127.0.0.1:{cp_port}"),
+            "--admin-listen".into(),
+            format!("127.0.0.1:{admin_port}"),
+            "--admin-token-file".into(),
+            token_file.to_string_lossy().into_owned(),
             "--nats-url".into(),
             format!("nats://127.0.0.1:{}", free_port()),
             "--model-dir".into(),
@@ -117,7 +184,11 @@ async fn declared_workers_join_leave_and_follow_the_pool_file() {
         Some(&dir.path().join("control-plane.log")),
     )
     .expect("control plane starts");
-    let cp = format!("http://127.0.0.1:{cp_port}");
+    let cp = ControlPlane {
+        route: format!("http://127.0.0.1:{cp_port}"),
+        admin: format!("http://127.0.0.1:{admin_port}"),
+        token,
+    };
     let http = client();
 
     // Joins with the engine's capacity; its KV events reach the index.
@@ -132,6 +203,7 @@ async fn declared_workers_join_leave_and_follow_the_pool_file() {
         },
     )
     .await;
+    admin_listener_guards_the_worker_list(&http, &cp).await;
     let body = json!({
         "model": "qwen3",
         "messages": [{"role": "user", "content": "Pools are declared. ".repeat(60)}],

@@ -26,12 +26,12 @@ use switchyard_e2e::vllm::{
     EngineSpec, VllmEngine, VllmInstall, BLOCK_SIZE, MAX_MODEL_LEN, MODEL_NAME,
 };
 use switchyard_e2e::{
-    client, eventually, get_json, post_observed, prom_sum, start_stack, Observed,
+    admin_get_json, client, eventually, post_observed, prom_sum, start_stack, Observed,
 };
 use switchyard_e2e::{worker_metrics, DESTINATION_RESPONSE_HEADER};
 use switchyard_protocol::route::ROUTE_HEADER;
 use switchyard_protocol::worker::{WorkerId, WorkerRole};
-use switchyard_stack::{StackBuilder, WorkerSpec};
+use switchyard_stack::{Stack, StackBuilder, WorkerSpec};
 use switchyard_support::{free_port, TempDir};
 
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
@@ -134,8 +134,8 @@ async fn verdict(http: &reqwest::Client, control_plane: &str, body: &Value) -> V
 }
 
 /// Blocks the control plane's index holds for `worker`.
-async fn indexed_blocks(http: &reqwest::Client, control_plane: &str, worker: &str) -> u64 {
-    let workers = get_json(http, &format!("{control_plane}/v1/workers"))
+async fn indexed_blocks(http: &reqwest::Client, stack: &Stack, worker: &str) -> u64 {
+    let workers = admin_get_json(http, stack, "/v1/workers")
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     workers["workers"]
@@ -246,7 +246,7 @@ async fn a_real_vllm_prefill_decode_pair_behind_switchyard() {
     second.push(json!({"role": "assistant", "content": answer}));
     second.push(json!({"role": "user", "content": "And which item comes last?"}));
     let second = Value::Array(second);
-    wait_for_index(&http, &control_plane, "decode-0").await;
+    wait_for_index(&http, &stack, "decode-0").await;
     let turn2 = post(&http, &gateway, &chat(&second, 8)).await;
     assert!(
         turn2.header(ROUTE_HEADER).starts_with("bypass"),
@@ -261,7 +261,7 @@ async fn a_real_vllm_prefill_decode_pair_behind_switchyard() {
     third.push(json!({"role": "assistant", "content": assistant_text(&turn2)}));
     third.push(json!({"role": "user", "content": "Thanks."}));
     let third = chat(&Value::Array(third), 4);
-    wait_for_index(&http, &control_plane, "decode-0").await;
+    wait_for_index(&http, &stack, "decode-0").await;
     let estimate = verdict(&http, &control_plane, &third).await;
     let direct = post(
         &http,
@@ -284,7 +284,7 @@ async fn a_real_vllm_prefill_decode_pair_behind_switchyard() {
 
     // 5. A restarted control plane rebuilds the index from vLLM's replay (before 4, which
     // takes the prefill engine away).
-    let before = indexed_blocks(&http, &control_plane, "decode-0").await;
+    let before = indexed_blocks(&http, &stack, "decode-0").await;
     assert!(before > 0);
     // The direct request just stored the third turn's blocks too.
     let estimate = verdict(&http, &control_plane, &third).await;
@@ -295,7 +295,7 @@ async fn a_real_vllm_prefill_decode_pair_behind_switchyard() {
     eventually(
         &format!("the index had {before} blocks for decode-0 and gets them back"),
         Duration::from_secs(30),
-        || async { indexed_blocks(&http, &control_plane, "decode-0").await >= before },
+        || async { indexed_blocks(&http, &stack, "decode-0").await >= before },
     )
     .await;
     let again = verdict(&http, &control_plane, &third).await;
@@ -312,11 +312,11 @@ async fn a_real_vllm_prefill_decode_pair_behind_switchyard() {
 }
 
 /// Waits until the index holds blocks for `worker` (KV events are asynchronous).
-async fn wait_for_index(http: &reqwest::Client, control_plane: &str, worker: &str) {
+async fn wait_for_index(http: &reqwest::Client, stack: &Stack, worker: &str) {
     eventually(
         &format!("KV events from {worker} reach the index"),
         Duration::from_secs(10),
-        || async { indexed_blocks(http, control_plane, worker).await > 0 },
+        || async { indexed_blocks(http, stack, worker).await > 0 },
     )
     .await;
 }

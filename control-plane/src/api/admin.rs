@@ -1,12 +1,13 @@
 //! The small endpoints: lifecycle, workers, config, EDS, metrics, health.
 
-use warp::http::StatusCode;
+use warp::http::{HeaderMap, StatusCode};
 use warp::reply::Response;
 use warp::Reply;
 
 use switchyard_protocol::lifecycle::LifecycleBatch;
 use switchyard_protocol::PROTOCOL_VERSION;
 
+use super::auth::{authorize, Refusal};
 use super::{error_reply, read_body, ApiState, MAX_SMALL_BODY_BYTES};
 use crate::eds::{self, DiscoveryRequest};
 
@@ -17,6 +18,26 @@ fn unavailable(state: &ApiState) -> Response {
         "unavailable",
         "the control plane is shutting down",
     )
+}
+
+/// The admin token check every admin endpoint runs first: `Some` is the refusal to send
+/// (401 with `WWW-Authenticate`, or 403), counted.
+fn refused(state: &ApiState, headers: &HeaderMap) -> Option<Response> {
+    let header = headers
+        .get(warp::http::header::AUTHORIZATION)
+        .map(|v| v.as_bytes());
+    authorize(state.admin_token.as_ref(), header)
+        .err()
+        .map(|refusal| {
+            state.metrics.admin_refused(refusal);
+            let status = StatusCode::from_u16(refusal.status()).unwrap_or(StatusCode::FORBIDDEN);
+            let reply = error_reply(status, refusal.code(), refusal.message());
+            if refusal == Refusal::MissingToken {
+                warp::reply::with_header(reply, "www-authenticate", "Bearer").into_response()
+            } else {
+                reply
+            }
+        })
 }
 
 /// Reads and parses a small JSON body, counting and answering failures.
@@ -64,8 +85,11 @@ where
     }
 }
 
-/// `GET /v1/workers`.
-pub async fn workers(state: ApiState) -> Response {
+/// `GET /v1/workers` (admin token).
+pub async fn workers(headers: HeaderMap, state: ApiState) -> Response {
+    if let Some(refusal) = refused(&state, &headers) {
+        return refusal;
+    }
     match state.service.workers().await {
         Ok(workers) => {
             warp::reply::json(&serde_json::json!({ "workers": workers })).into_response()
@@ -74,22 +98,29 @@ pub async fn workers(state: ApiState) -> Response {
     }
 }
 
-/// `GET /v1/config`.
-pub async fn get_config(state: ApiState) -> Response {
+/// `GET /v1/config` (admin token).
+pub async fn get_config(headers: HeaderMap, state: ApiState) -> Response {
+    if let Some(refusal) = refused(&state, &headers) {
+        return refusal;
+    }
     match state.service.config().await {
         Ok(config) => warp::reply::json(&config).into_response(),
         Err(_) => unavailable(&state),
     }
 }
 
-/// `PUT /v1/config`: a JSON merge patch over the current config (absent fields keep their
-/// value, `null` resets an optional one); answers the whole new config, or 400
-/// `invalid_config` naming the field (config unchanged).
-pub async fn put_config<S, B>(body: S, state: ApiState) -> Response
+/// `PUT /v1/config` (admin token): a JSON merge patch over the current config (absent
+/// fields keep their value, `null` resets an optional one); answers the whole new config, or
+/// 400 `invalid_config` naming the field (config unchanged).
+pub async fn put_config<S, B>(headers: HeaderMap, body: S, state: ApiState) -> Response
 where
     S: futures::Stream<Item = Result<B, warp::Error>> + Send,
     B: warp::Buf,
 {
+    // Checked before the body is read: a refused caller costs no parsing.
+    if let Some(refusal) = refused(&state, &headers) {
+        return refusal;
+    }
     let patch: serde_json::Value = match json_body(body, &state).await {
         Ok(c) => c,
         Err(reply) => return reply,

@@ -1,6 +1,6 @@
-//! Wiring: router owner, NATS consumer and HTTP server, started together and stopped
-//! together. `main.rs` only parses flags, binds, connects and calls [`run`]; tests call it
-//! in-process on `127.0.0.1:0`.
+//! Wiring: router owner, NATS consumer and the two HTTP listeners (route API, admin API),
+//! started together and stopped together. `main.rs` only parses flags, binds, connects and
+//! calls [`run`]; tests call it in-process on `127.0.0.1:0`.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
-use tokio::sync::{oneshot, Semaphore};
+use tokio::sync::{watch, Semaphore};
 
 use crate::api::{self, route::RequestIds, ApiState};
 use crate::consumers::{self, Admission};
@@ -44,9 +44,21 @@ pub enum RunError {
     /// `--pool-file` does not load.
     #[error(transparent)]
     Pools(#[from] crate::pools::file::PoolFileError),
+    /// The admin token cannot be loaded.
+    #[error(transparent)]
+    AdminToken(#[from] crate::api::auth::AdminTokenError),
     /// The listener has no local address.
     #[error("listener: {0}")]
     Listener(#[from] std::io::Error),
+}
+
+/// The two bound listeners: the route API for Envoy, the admin API for operators.
+#[derive(Debug)]
+pub struct Listeners {
+    /// `--listen`: route verdicts, lifecycle reports, EDS, metrics, health.
+    pub route: TcpListener,
+    /// `--admin-listen`: config and workers behind the admin token, metrics, health.
+    pub admin: TcpListener,
 }
 
 /// Loads the tokenizer from `--model-dir`, then serves until `shutdown` resolves (see
@@ -56,7 +68,7 @@ pub enum RunError {
 /// [`RunError`] when start-up fails; serving itself does not fail.
 pub async fn run(
     settings: Settings,
-    listener: TcpListener,
+    listeners: Listeners,
     nats: async_nats::Client,
     shutdown: Shutdown,
 ) -> Result<(), RunError> {
@@ -69,7 +81,7 @@ pub async fn run(
                 message: e.to_string(),
             })
         })??;
-    run_with_tokenizer(settings, tokenizer, listener, nats, shutdown).await
+    run_with_tokenizer(settings, tokenizer, listeners, nats, shutdown).await
 }
 
 pub use crate::models::DEFAULT_MAX_MODEL_LEN;
@@ -102,7 +114,7 @@ fn request_id_prefix() -> String {
     format!("{:x}", nanos & u128::from(u64::MAX))
 }
 
-/// Serves the API on `listener` and consumes worker messages from `nats` until `shutdown`
+/// Serves the route and admin APIs on `listeners` and consumes worker messages from `nats` until `shutdown`
 /// resolves; then stops accepting, gives in-flight requests `--shutdown-grace-secs` to
 /// finish, and stops the consumer and the router owner.
 ///
@@ -114,10 +126,14 @@ fn request_id_prefix() -> String {
 pub async fn run_with_tokenizer(
     settings: Settings,
     tokenizer: Arc<dyn PromptTokenizer>,
-    listener: TcpListener,
+    listeners: Listeners,
     nats: async_nats::Client,
     shutdown: Shutdown,
 ) -> Result<(), RunError> {
+    let admin_token = settings.admin_token()?;
+    if admin_token.is_none() {
+        tracing::warn!("no admin token (--admin-token-file or SWITCHYARD_ADMIN_TOKEN): the admin API refuses every config and workers request");
+    }
     let mut registry = Registry::default();
     let metrics = Metrics::register(&mut registry);
     let config = settings
@@ -209,20 +225,31 @@ pub async fn run_with_tokenizer(
         request_ids: Arc::new(RequestIds::new(request_id_prefix())),
         cache_stats_seen: Arc::new(Mutex::new(SegmentCacheStats::default())),
         first_polls,
+        admin_token,
     };
 
-    let addr = listener.local_addr()?;
-    tracing::info!("listening on {addr}");
-    let (stop_tx, stop_rx) = oneshot::channel::<()>();
-    let server = api::serve::serve(listener, api::routes(state), async move {
-        let _ = stop_rx.await;
+    let route_addr = listeners.route.local_addr()?;
+    let admin_addr = listeners.admin.local_addr()?;
+    tracing::info!(route = %route_addr, admin = %admin_addr, "listening");
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let stopped = |mut stop_rx: watch::Receiver<bool>| async move {
+        let _ = stop_rx.wait_for(|stop| *stop).await;
+    };
+    let route_server = api::serve::serve(
+        listeners.route,
+        api::route_api(state.clone()),
+        stopped(stop_rx.clone()),
+    );
+    let admin_server = api::serve::serve(listeners.admin, api::admin_api(state), stopped(stop_rx));
+    // Both listeners serve until shutdown, then drain together.
+    let mut server = Box::pin(async move {
+        tokio::join!(route_server, admin_server);
     });
-    let mut server = Box::pin(server);
     tokio::select! {
-        () = &mut server => tracing::warn!("HTTP server stopped by itself"),
+        () = &mut server => tracing::warn!("HTTP servers stopped by themselves"),
         () = shutdown => {
             tracing::info!(grace_secs = settings.shutdown_grace_secs, "shutting down: draining HTTP requests");
-            let _ = stop_tx.send(());
+            let _ = stop_tx.send(true);
             if tokio::time::timeout(settings.shutdown_grace(), &mut server).await.is_err() {
                 tracing::warn!("grace period over; dropping unfinished requests");
             }

@@ -5,7 +5,7 @@ use crate::common;
 
 use common::*;
 use serde_json::json;
-use switchyard_control_plane::settings::Settings;
+use switchyard_control_plane::settings::{Redacted, Settings};
 use switchyard_protocol::route::{ApiError, Reason, REJECT_HEADER};
 use switchyard_protocol::worker::WorkerRole;
 
@@ -219,8 +219,6 @@ async fn config_is_read_and_patched_with_field_named_errors() {
     let mut settings = Settings::for_tests();
     settings.conditional_disagg_config = Some(r#"{"eff_isl_threshold": 1024}"#.into());
     let (_server, svc, _) = service_with_nats(settings).await;
-    let http = reqwest::Client::new();
-    let url = format!("{}/v1/config", svc.base);
 
     let config = svc.get_json("/v1/config").await;
     assert_eq!(
@@ -229,10 +227,9 @@ async fn config_is_read_and_patched_with_field_named_errors() {
     );
     assert_eq!(config["serving_mode"], "conditional");
 
-    let put = |body: serde_json::Value| http.put(&url).json(&body).send();
-    let resp = put(json!({"policy": "isl_or_load", "decode_busy_threshold": 0.9}))
-        .await
-        .unwrap();
+    let resp = svc
+        .put_config(&json!({"policy": "isl_or_load", "decode_busy_threshold": 0.9}))
+        .await;
     assert_eq!(resp.status(), 200);
     let after: serde_json::Value = resp.json().await.unwrap();
     assert_eq!(after["policy"], "isl_or_load");
@@ -255,13 +252,13 @@ async fn config_is_read_and_patched_with_field_named_errors() {
         ),
         (json!({"policy": "coin_flip"}), "policy"),
     ] {
-        let resp = put(body.clone()).await.unwrap();
+        let resp = svc.put_config(&body).await;
         assert_eq!(resp.status(), 400, "{body}");
         let err: ApiError = resp.json().await.unwrap();
         assert_eq!(err.code, "invalid_config");
         assert!(err.message.contains(field), "{err:?} should name {field}");
     }
-    let resp = http.put(&url).body("{oops").send().await.unwrap();
+    let resp = svc.put_config_raw("{oops".into()).await;
     assert_eq!(resp.status(), 400);
     assert_eq!(resp.json::<ApiError>().await.unwrap().code, "invalid_json");
     assert_eq!(
@@ -277,6 +274,135 @@ async fn config_is_read_and_patched_with_field_named_errors() {
         5.0,
     );
     svc.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_api_needs_its_token_and_has_its_own_listener() {
+    let (_server, svc, _) = service_with_nats(Settings::for_tests()).await;
+    let http = reqwest::Client::new();
+    let before = svc.get_json("/v1/config").await;
+    let patch = json!({"eff_isl_threshold": 7});
+
+    // No token: 401 asking for a bearer token.
+    let resp = http
+        .put(format!("{}/v1/config", svc.admin_base))
+        .json(&patch)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 401);
+    assert_eq!(resp.headers()["www-authenticate"], "Bearer");
+    assert_eq!(resp.json::<ApiError>().await.unwrap().code, "missing_token");
+
+    // A wrong token (shorter, longer, same length, another scheme): 403 on every admin
+    // endpoint that changes or dumps state.
+    let same_length: String = TEST_ADMIN_TOKEN.chars().rev().collect();
+    let wrong = [
+        format!("Bearer {}", &TEST_ADMIN_TOKEN[1..]),
+        format!("Bearer {TEST_ADMIN_TOKEN}0"),
+        format!("Bearer {same_length}"),
+        format!("Basic {TEST_ADMIN_TOKEN}"),
+    ];
+    for authorization in &wrong {
+        for request in [
+            http.put(format!("{}/v1/config", svc.admin_base))
+                .json(&patch),
+            http.get(format!("{}/v1/config", svc.admin_base)),
+            http.get(format!("{}/v1/workers", svc.admin_base)),
+        ] {
+            let resp = request
+                .header("authorization", authorization)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(resp.status(), 403, "{authorization}");
+            assert_eq!(resp.json::<ApiError>().await.unwrap().code, "wrong_token");
+        }
+    }
+    assert_eq!(
+        svc.get_json("/v1/config").await,
+        before,
+        "refused patches change nothing"
+    );
+
+    // The route listener does not serve the admin endpoints, with or without the token; it
+    // serves metrics and health, as the admin listener does.
+    for request in [
+        http.put(format!("{}/v1/config", svc.base)).json(&patch),
+        http.get(format!("{}/v1/workers", svc.base)),
+    ] {
+        let resp = request.bearer_auth(TEST_ADMIN_TOKEN).send().await.unwrap();
+        assert_eq!(resp.status(), 404);
+        assert_eq!(
+            resp.json::<ApiError>().await.unwrap().code,
+            "admin_listener"
+        );
+    }
+    for base in [&svc.base, &svc.admin_base] {
+        for path in ["/healthz", "/metrics"] {
+            let resp = http.get(format!("{base}{path}")).send().await.unwrap();
+            assert_eq!(resp.status(), 200, "{base}{path}");
+        }
+    }
+    // The route API itself needs no token (400: the body is not a request).
+    let resp = route(&svc.base, "chat", None, "{}").await;
+    assert_eq!(resp.status(), 400);
+
+    let m = svc.metrics().await;
+    assert_metric(
+        &m,
+        "switchyard_admin_refusals_total{reason=\"missing_token\"}",
+        1.0,
+    );
+    assert_metric(
+        &m,
+        "switchyard_admin_refusals_total{reason=\"wrong_token\"}",
+        12.0,
+    );
+    assert_metric(
+        &m,
+        "switchyard_admin_refusals_total{reason=\"admin_token_not_configured\"}",
+        0.0,
+    );
+    svc.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_an_admin_token_the_admin_api_is_closed_and_a_short_one_stops_start_up() {
+    let server = NatsServer::start();
+    let svc = Service::start_as_configured(Settings::for_tests(), tokenizer(), &server.url).await;
+    let http = reqwest::Client::new();
+    let resp = http
+        .get(format!("{}/v1/config", svc.admin_base))
+        .bearer_auth(TEST_ADMIN_TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 403);
+    assert_eq!(
+        resp.json::<ApiError>().await.unwrap().code,
+        "admin_token_not_configured"
+    );
+    assert_metric(
+        &svc.metrics().await,
+        "switchyard_admin_refusals_total{reason=\"admin_token_not_configured\"}",
+        1.0,
+    );
+    svc.stop().await;
+
+    let mut settings = Settings::for_tests();
+    settings.admin_token_env = Some(Redacted("short".into()));
+    let err = switchyard_control_plane::service::run_with_tokenizer(
+        settings,
+        tokenizer(),
+        loopback_listeners().await,
+        client(&server.url).await,
+        Box::pin(async {}),
+    )
+    .await
+    .unwrap_err();
+    assert!(err.to_string().contains("SWITCHYARD_ADMIN_TOKEN"), "{err}");
+    assert!(err.to_string().contains("at least 16"), "{err}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -390,13 +516,12 @@ async fn run_refuses_to_start_on_bad_config_or_a_missing_tokenizer() {
         .connect(format!("nats://127.0.0.1:{}", free_port()))
         .await
         .unwrap();
-    let listener = || async { tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap() };
 
     let mut settings = Settings::for_tests();
     settings.model_dir = Some(std::path::PathBuf::from("/nonexistent/model"));
     let err = run(
         settings,
-        listener().await,
+        loopback_listeners().await,
         nats.clone(),
         Box::pin(std::future::pending()),
     )
@@ -410,7 +535,7 @@ async fn run_refuses_to_start_on_bad_config_or_a_missing_tokenizer() {
     settings.conditional_disagg_config = Some(r#"{"policy": "coin_flip"}"#.into());
     let err = run(
         settings,
-        listener().await,
+        loopback_listeners().await,
         nats,
         Box::pin(std::future::pending()),
     )

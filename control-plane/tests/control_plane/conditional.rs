@@ -198,12 +198,7 @@ async fn second_turn_goes_home_and_bypasses_cold_prompts_disaggregate_busy_decod
 
     // Decode workers nearly full (load reports) and the decode-busy guard on: the home
     // worker still decodes turn 2 (its cache is there) but gets no bypass.
-    let resp = http
-        .put(format!("{}/v1/config", svc.base))
-        .json(&json!({"decode_busy_threshold": 0.8}))
-        .send()
-        .await
-        .unwrap();
+    let resp = svc.put_config(&json!({"decode_busy_threshold": 0.8})).await;
     assert_eq!(resp.status(), 200);
     for w in [home, other] {
         let report = LoadReport {

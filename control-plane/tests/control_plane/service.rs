@@ -277,12 +277,11 @@ async fn without_a_secret_or_the_development_flag_no_worker_joins() {
         "the default has no secret"
     );
     let server = NatsServer::start();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let nats = client(&server.url).await;
     let err = switchyard_control_plane::service::run_with_tokenizer(
         settings,
         tokenizer(),
-        listener,
+        loopback_listeners().await,
         nats,
         Box::pin(async {}),
     )

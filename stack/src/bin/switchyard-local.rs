@@ -138,7 +138,15 @@ async fn main() -> anyhow::Result<()> {
             worker.address
         );
     }
-    println!("  control plane  {}", stack.control_plane_url());
+    println!("  control plane  {} (route API)", stack.control_plane_url());
+    println!(
+        "  admin API      {} (token: {})",
+        stack.control_plane_admin_url(),
+        stack
+            .run_dir()
+            .join(switchyard_stack::ADMIN_TOKEN_FILE)
+            .display()
+    );
     println!("  envoy admin    {}", stack.admin_url());
     println!("  nats           {}", stack.nats_url());
     println!();

@@ -13,7 +13,8 @@ use serde_json::json;
 pub use switchyard_support::{free_port, NatsServer, TempDir};
 
 use switchyard_control_plane::service::tokenizer::PromptTokenizer;
-use switchyard_control_plane::settings::Settings;
+use switchyard_control_plane::service::Listeners;
+use switchyard_control_plane::settings::{Redacted, Settings};
 use switchyard_protocol::worker::{WorkerHeartbeat, WorkerId, WorkerInfo, WorkerRole};
 
 /// Starts a real nats-server, the service with `settings` connected to it, and a NATS client
@@ -26,24 +27,47 @@ pub async fn service_with_nats(settings: Settings) -> (NatsServer, Service, asyn
     (server, svc, nats)
 }
 
+/// The admin token the in-process control plane gets unless a test configures its own.
+pub const TEST_ADMIN_TOKEN: &str = "test-admin-token-0123456789";
+
 /// The control plane running in-process.
 pub struct Service {
     pub addr: SocketAddr,
+    /// The route listener (what Envoy calls).
     pub base: String,
+    /// The admin listener (config, workers: behind the admin token).
+    pub admin_base: String,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl Service {
-    /// Starts `run_with_tokenizer` on 127.0.0.1:0 with `settings`, connected to `nats_url`.
+    /// Starts `run_with_tokenizer` on 127.0.0.1:0 with `settings`, connected to `nats_url`;
+    /// with [`TEST_ADMIN_TOKEN`] as the admin token unless `settings` name one.
     pub async fn start(
         mut settings: Settings,
         tokenizer: Arc<dyn PromptTokenizer>,
         nats_url: &str,
     ) -> Self {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
+        if settings.admin_token_file.is_none() && settings.admin_token_env.is_none() {
+            settings.admin_token_env = Some(Redacted(TEST_ADMIN_TOKEN.into()));
+        }
+        Self::start_as_configured(settings, tokenizer, nats_url).await
+    }
+
+    /// As [`Service::start`], but the admin token is exactly what `settings` say (none, to
+    /// test a closed admin API).
+    pub async fn start_as_configured(
+        mut settings: Settings,
+        tokenizer: Arc<dyn PromptTokenizer>,
+        nats_url: &str,
+    ) -> Self {
+        let route = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let admin = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = route.local_addr().unwrap();
+        let admin_addr = admin.local_addr().unwrap();
         settings.listen = addr;
+        settings.admin_listen = admin_addr;
         settings.shutdown_grace_secs = 2;
         // Tests register workers with plain heartbeats unless they test signed ones.
         if settings.registration.registration_secret_file.is_none() {
@@ -62,7 +86,7 @@ impl Service {
             switchyard_control_plane::service::run_with_tokenizer(
                 settings,
                 tokenizer,
-                listener,
+                Listeners { route, admin },
                 nats,
                 Box::pin(async move {
                     let _ = stopped.await;
@@ -74,6 +98,7 @@ impl Service {
         Service {
             addr,
             base: format!("http://{addr}"),
+            admin_base: format!("http://{admin_addr}"),
             stop: Some(stop),
             task: Some(task),
         }
@@ -92,12 +117,33 @@ impl Service {
         }
     }
 
-    /// GET a JSON document.
+    /// GET a JSON document from the admin listener, with the test admin token (health,
+    /// config, workers).
     pub async fn get_json(&self, path: &str) -> serde_json::Value {
-        reqwest::get(format!("{}{path}", self.base))
+        reqwest::Client::new()
+            .get(format!("{}{path}", self.admin_base))
+            .bearer_auth(TEST_ADMIN_TOKEN)
+            .send()
             .await
             .unwrap()
             .json()
+            .await
+            .unwrap()
+    }
+
+    /// `PUT /v1/config` on the admin listener with the test admin token.
+    pub async fn put_config(&self, patch: &serde_json::Value) -> reqwest::Response {
+        self.put_config_raw(patch.to_string()).await
+    }
+
+    /// `PUT /v1/config` with `body` as it is (JSON or not), with the test admin token.
+    pub async fn put_config_raw(&self, body: String) -> reqwest::Response {
+        reqwest::Client::new()
+            .put(format!("{}/v1/config", self.admin_base))
+            .bearer_auth(TEST_ADMIN_TOKEN)
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
             .await
             .unwrap()
     }
@@ -121,6 +167,14 @@ impl Service {
             .iter()
             .map(|w| w["info"]["worker_id"].as_str().unwrap().to_string())
             .collect()
+    }
+}
+
+/// A route and an admin listener on free loopback ports.
+pub async fn loopback_listeners() -> Listeners {
+    Listeners {
+        route: tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap(),
+        admin: tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap(),
     }
 }
 
