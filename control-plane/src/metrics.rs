@@ -80,6 +80,18 @@ pub struct ModelRoleLabels {
     pub role: &'static str,
 }
 
+/// Labels of a per-worker gauge (bounded by the live workers: a worker that leaves loses its
+/// series).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+pub struct WorkerLabels {
+    /// The worker's id.
+    pub worker: String,
+    /// `prefill`, `decode` or `agg`.
+    pub role: &'static str,
+    /// Its model.
+    pub model: String,
+}
+
 /// A single `model` label.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
 pub struct ModelLabels {
@@ -162,6 +174,15 @@ pub struct Metrics {
     /// engine's start), `kv_restart`, `kv_refused_event`, `kv_replay_failed`, `block_size_mismatch` (the engine's block
     /// size is not the pool file's).
     pub declared_events: Family<ReasonLabels, Counter>,
+    /// Per live worker: requests the router believes in flight on it.
+    pub worker_in_flight: Family<WorkerLabels, Gauge>,
+    /// Per live worker: active KV blocks (its last load report, corrected by the router's
+    /// own accounting since).
+    pub worker_active_blocks: Family<WorkerLabels, Gauge>,
+    /// Per live worker: prompt tokens queued or being prefilled.
+    pub worker_prefill_tokens: Family<WorkerLabels, Gauge>,
+    /// Per live worker: distinct KV blocks the index holds for it.
+    pub worker_cached_blocks: Family<WorkerLabels, Gauge>,
     /// Admin API requests refused by the token check, by reason (`missing_token`,
     /// `wrong_token`, `admin_token_not_configured`).
     pub admin_refusals: Family<ReasonLabels, Counter>,
@@ -201,6 +222,10 @@ impl Default for Metrics {
             nats_connected: Gauge::default(),
             pool_reloads: Family::default(),
             declared_events: Family::default(),
+            worker_in_flight: Family::default(),
+            worker_active_blocks: Family::default(),
+            worker_prefill_tokens: Family::default(),
+            worker_cached_blocks: Family::default(),
             admin_refusals: Family::default(),
         }
     }
@@ -222,158 +247,199 @@ impl Metrics {
                 reason: refusal.code().to_string(),
             });
         }
-        let r = registry.sub_registry_with_prefix("switchyard");
-        r.register(
+        let mut r = Registrar {
+            registry: registry.sub_registry_with_prefix("switchyard"),
+            families: Vec::new(),
+        };
+        m.add_all(&mut r);
+        m
+    }
+
+    fn add_all(&self, r: &mut Registrar<'_>) {
+        r.add(
             "route_decisions",
             "Verdicts given, by mode and reason",
-            m.decisions.clone(),
+            self.decisions.clone(),
         );
-        r.register(
+        r.add(
             "route_model_decisions",
             "Verdicts given for declared models, by model, mode and reason",
-            m.model_decisions.clone(),
+            self.model_decisions.clone(),
         );
-        r.register(
+        r.add(
             "route_eff_isl_tokens",
             "Prompt tokens the chosen decode worker does not hold (eff_isl)",
-            m.eff_isl_tokens.clone(),
+            self.eff_isl_tokens.clone(),
         );
-        r.register(
+        r.add(
             "route_cached_fraction",
             "Fraction of the prompt cached on the chosen decode worker",
-            m.cached_fraction.clone(),
+            self.cached_fraction.clone(),
         );
-        r.register(
+        r.add(
             "route_latency_seconds",
             "Route call latency in the control plane (body read to verdict)",
-            m.route_latency_seconds.clone(),
+            self.route_latency_seconds.clone(),
         );
-        r.register(
+        r.add(
             "route_bad_requests",
             "Route requests answered with an error, by code",
-            m.bad_requests.clone(),
+            self.bad_requests.clone(),
         );
-        r.register(
+        r.add(
             "live_workers",
             "Live workers, by role",
-            m.live_workers.clone(),
+            self.live_workers.clone(),
         );
-        r.register(
+        r.add(
             "model_live_workers",
             "Live workers, by model and role",
-            m.model_live_workers.clone(),
+            self.model_live_workers.clone(),
         );
-        r.register(
+        r.add(
             "workers_expired",
             "Workers expired after missing heartbeats",
-            m.workers_expired.clone(),
+            self.workers_expired.clone(),
         );
-        r.register(
+        r.add(
             "workers_rejected",
             "Heartbeats refused, by reason (invalid, unsigned, bad_signature, stale)",
-            m.workers_rejected.clone(),
+            self.workers_rejected.clone(),
         );
-        r.register(
+        r.add(
             "stalls",
             "Times the control plane had not run for over a second and granted workers a fresh heartbeat window",
-            m.stalls.clone(),
+            self.stalls.clone(),
         );
-        r.register(
+        r.add(
             "index_blocks",
             "(worker, block) pairs held in the KV index",
-            m.index_blocks.clone(),
+            self.index_blocks.clone(),
         );
-        r.register(
+        r.add(
             "model_index_blocks",
             "(worker, block) pairs held in the KV index, by the workers' model",
-            m.model_index_blocks.clone(),
+            self.model_index_blocks.clone(),
         );
-        r.register(
+        r.add(
             "index_hashes",
             "Distinct sequence hashes in the KV index",
-            m.index_hashes.clone(),
+            self.index_hashes.clone(),
         );
-        r.register(
+        r.add(
             "index_bytes",
             "Approximate heap bytes of the KV index",
-            m.index_bytes.clone(),
+            self.index_bytes.clone(),
         );
-        r.register(
+        r.add(
             "kv_batches_applied",
             "KV event batches applied",
-            m.kv_batches_applied.clone(),
+            self.kv_batches_applied.clone(),
         );
-        r.register(
+        r.add(
             "kv_batches_rejected",
             "KV event batches rejected, by reason",
-            m.kv_batches_rejected.clone(),
+            self.kv_batches_rejected.clone(),
         );
-        r.register(
+        r.add(
             "kv_blocks_stored",
             "KV blocks recorded in the index",
-            m.kv_blocks_stored.clone(),
+            self.kv_blocks_stored.clone(),
         );
-        r.register(
+        r.add(
             "kv_blocks_removed",
             "KV blocks dropped from the index",
-            m.kv_blocks_removed.clone(),
+            self.kv_blocks_removed.clone(),
         );
-        r.register(
+        r.add(
             "kv_unknown_removals",
             "KV removals naming blocks the index did not know",
-            m.kv_unknown_removals.clone(),
+            self.kv_unknown_removals.clone(),
         );
-        r.register(
+        r.add(
             "kv_clears",
             "KV cleared events applied (resets and resync dumps)",
-            m.kv_clears.clone(),
+            self.kv_clears.clone(),
         );
-        r.register(
+        r.add(
             "resync_requests",
             "KV resync requests sent to workers, by reason",
-            m.resync_requests.clone(),
+            self.resync_requests.clone(),
         );
-        r.register(
+        r.add(
             "resync_suppressed",
             "KV resync requests suppressed by the per-worker rate limit",
-            m.resync_suppressed.clone(),
+            self.resync_suppressed.clone(),
         );
-        r.register(
+        r.add(
             "bad_messages",
             "NATS messages that could not be decoded, by kind",
-            m.bad_messages.clone(),
+            self.bad_messages.clone(),
         );
-        r.register(
+        r.add(
             "pool_reloads",
             "Pool-file loads, by result (ok, error: the last good pools stay)",
-            m.pool_reloads.clone(),
+            self.pool_reloads.clone(),
         );
-        r.register(
+        r.add(
             "declared_worker_events",
             "Health changes, scrape failures and KV-feed events of declared (pool-file) workers",
-            m.declared_events.clone(),
+            self.declared_events.clone(),
         );
-        r.register(
+        r.add(
+            "worker_in_flight",
+            "Requests the router believes in flight, per live worker",
+            self.worker_in_flight.clone(),
+        );
+        r.add(
+            "worker_active_blocks",
+            "Active KV blocks (last load report plus the router's accounting), per live worker",
+            self.worker_active_blocks.clone(),
+        );
+        r.add(
+            "worker_prefill_tokens",
+            "Prompt tokens queued or being prefilled, per live worker",
+            self.worker_prefill_tokens.clone(),
+        );
+        r.add(
+            "worker_cached_blocks",
+            "KV blocks the index holds, per live worker",
+            self.worker_cached_blocks.clone(),
+        );
+        r.add(
             "admin_refusals",
             "Admin API requests refused by the token check, by reason",
-            m.admin_refusals.clone(),
+            self.admin_refusals.clone(),
         );
-        r.register(
+        r.add(
             "tokenizer_cache_hits",
             "Tokenizer segment-cache hits",
-            m.tokenizer_cache_hits.clone(),
+            self.tokenizer_cache_hits.clone(),
         );
-        r.register(
+        r.add(
             "tokenizer_cache_misses",
             "Tokenizer segment-cache misses",
-            m.tokenizer_cache_misses.clone(),
+            self.tokenizer_cache_misses.clone(),
         );
-        r.register(
+        r.add(
             "nats_connected",
             "1 while the control plane is connected to NATS",
-            m.nats_connected.clone(),
+            self.nats_connected.clone(),
         );
-        m
+    }
+
+    /// The name of every sample the control plane can export (`switchyard_…`, with `_total`
+    /// for counters and `_bucket`/`_sum`/`_count` for histograms), whether or not a series
+    /// exists yet: `/metrics` leaves out a family no label set has touched, so a dashboard is
+    /// checked against this list (and a scrape) rather than a scrape alone.
+    pub fn exported_names() -> Vec<String> {
+        let mut registry = Registry::default();
+        let mut r = Registrar {
+            registry: registry.sub_registry_with_prefix("switchyard"),
+            families: Vec::new(),
+        };
+        Metrics::default().add_all(&mut r);
+        r.families
     }
 
     /// Counts a rejected route request.
@@ -466,6 +532,58 @@ where
     }
 }
 
+/// Registers metric families and remembers the sample names each one exports.
+struct Registrar<'a> {
+    registry: &'a mut Registry,
+    families: Vec<String>,
+}
+
+impl Registrar<'_> {
+    fn add<M>(&mut self, name: &str, help: &str, metric: M)
+    where
+        M: prometheus_client::registry::Metric + prometheus_client::metrics::TypedMetric,
+    {
+        let base = format!("switchyard_{name}");
+        let suffixes: &[&str] = match M::TYPE {
+            prometheus_client::metrics::MetricType::Counter => &["_total"],
+            prometheus_client::metrics::MetricType::Histogram => &["_bucket", "_sum", "_count"],
+            _ => &[""],
+        };
+        self.families
+            .extend(suffixes.iter().map(|suffix| format!("{base}{suffix}")));
+        self.registry.register(name, help, metric);
+    }
+}
+
+/// One live worker's gauge values, in the order of [`Metrics::set_worker_gauges`]'s families.
+pub type WorkerGaugeValues = [i64; 4];
+
+impl Metrics {
+    /// Sets the per-worker gauges to `values` and removes the series of workers no longer in
+    /// it (`seen` remembers which were set last time).
+    pub fn set_worker_gauges(
+        &self,
+        seen: &mut BTreeSet<WorkerLabels>,
+        values: BTreeMap<WorkerLabels, WorkerGaugeValues>,
+    ) {
+        let families = [
+            &self.worker_in_flight,
+            &self.worker_active_blocks,
+            &self.worker_prefill_tokens,
+            &self.worker_cached_blocks,
+        ];
+        for (i, family) in families.into_iter().enumerate() {
+            let one: BTreeMap<WorkerLabels, i64> = values
+                .iter()
+                .map(|(labels, v)| (labels.clone(), v[i]))
+                .collect();
+            let mut family_seen = seen.clone();
+            set_gauges(family, &mut family_seen, one);
+        }
+        *seen = values.into_keys().collect();
+    }
+}
+
 /// Metric label for an error value: its variant name in snake case (`UnknownWorker` ->
 /// `unknown_worker`). Derived from `Debug` so new variants get a label without code here.
 pub fn variant_label<E: std::fmt::Debug>(error: &E) -> String {
@@ -508,6 +626,36 @@ mod tests {
             text.contains("switchyard_route_bad_requests_total{code=\"invalid_json\"} 1"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn exported_names_are_the_sample_names_of_every_registered_family() {
+        let names = Metrics::exported_names();
+        let unique: BTreeSet<_> = names.iter().collect();
+        assert_eq!(unique.len(), names.len(), "no name twice: {names:?}");
+        for name in [
+            "switchyard_route_decisions_total",
+            "switchyard_route_latency_seconds_bucket",
+            "switchyard_route_latency_seconds_count",
+            "switchyard_index_blocks",
+            "switchyard_worker_in_flight",
+            "switchyard_pool_reloads_total",
+        ] {
+            assert!(names.iter().any(|n| n == name), "{name} in {names:?}");
+        }
+        // What a full exposition shows is in the list (every family touched once).
+        let mut registry = Registry::default();
+        let m = Metrics::register(&mut registry);
+        m.bad_message("heartbeat");
+        m.bad_request("invalid_json");
+        m.declared_event("health_up", 1);
+        m.worker_rejected("unsigned");
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            let name = &line[..line.find(['{', ' ']).unwrap_or(line.len())];
+            assert!(names.iter().any(|n| n == name), "{name} not listed");
+        }
     }
 
     #[test]

@@ -11,7 +11,7 @@ use switchyard_protocol::worker::WorkerRole;
 
 use super::{Command, WorkerEntry};
 use crate::metrics::{
-    set_gauges, variant_label, Metrics, ModelLabels, ModelRoleLabels, RoleLabels,
+    set_gauges, variant_label, Metrics, ModelLabels, ModelRoleLabels, RoleLabels, WorkerLabels,
 };
 use crate::router::{ControlCore, KvCounters, Router, WorkerChange};
 
@@ -26,6 +26,8 @@ pub(super) struct Owner {
     /// Per-model gauges set so far (removed once their model has no live worker).
     model_workers_seen: BTreeSet<ModelRoleLabels>,
     model_blocks_seen: BTreeSet<ModelLabels>,
+    /// Per-worker gauges set so far (removed once their worker left).
+    workers_seen: BTreeSet<WorkerLabels>,
 }
 
 impl Owner {
@@ -43,6 +45,7 @@ impl Owner {
             stalls_seen: 0,
             model_workers_seen: BTreeSet::new(),
             model_blocks_seen: BTreeSet::new(),
+            workers_seen: BTreeSet::new(),
         };
         owner.update_worker_gauges();
         owner
@@ -177,7 +180,22 @@ impl Owner {
         self.metrics.index_hashes.set(gauge(stats.distinct_hashes));
         self.metrics.index_bytes.set(gauge(stats.approx_bytes));
         let mut blocks: BTreeMap<ModelLabels, i64> = BTreeMap::new();
+        let mut per_worker = BTreeMap::new();
         for worker in self.router().worker_stats() {
+            let load = worker.load;
+            per_worker.insert(
+                WorkerLabels {
+                    worker: worker.worker_id.0.clone(),
+                    role: worker.role.as_str(),
+                    model: worker.model.clone(),
+                },
+                [
+                    i64::from(load.in_flight),
+                    gauge(load.active_blocks),
+                    gauge(load.prefill_tokens),
+                    gauge(worker.cached_blocks),
+                ],
+            );
             *blocks
                 .entry(ModelLabels {
                     model: worker.model,
@@ -189,6 +207,8 @@ impl Owner {
             &mut self.model_blocks_seen,
             blocks,
         );
+        self.metrics
+            .set_worker_gauges(&mut self.workers_seen, per_worker);
     }
 
     /// Counts (and says) every stall the core saw since the last call.
@@ -313,7 +333,7 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn per_model_gauges_follow_the_live_workers_and_drop_models_that_left() {
+    async fn per_model_and_per_worker_gauges_follow_the_live_workers_and_drop_those_that_left() {
         let metrics = Metrics::default();
         let mut owner = Owner::new(Router::new(), metrics.clone(), 3, Instant::now());
         owner.handle(heartbeat_of_model("a-0", "alpha"));
@@ -337,8 +357,23 @@ mod tests {
                 })
                 .map(|g| g.get())
         };
+        let worker_series = |id: &str, model: &str| {
+            let labels = WorkerLabels {
+                worker: id.into(),
+                role: "decode",
+                model: model.into(),
+            };
+            [
+                &metrics.worker_in_flight,
+                &metrics.worker_active_blocks,
+                &metrics.worker_prefill_tokens,
+                &metrics.worker_cached_blocks,
+            ]
+            .map(|family| family.get(&labels).map(|g| g.get()))
+        };
         assert_eq!((live("alpha"), live("beta")), (Some(2), Some(1)));
         assert_eq!((blocks("alpha"), blocks("beta")), (Some(0), Some(0)));
+        assert_eq!(worker_series("b-0", "beta"), [Some(0); 4]);
         // Only alpha's workers keep beating: beta expires and its series go.
         for _ in 0..20 {
             tokio::time::advance(Duration::from_millis(200)).await;
@@ -348,5 +383,11 @@ mod tests {
         }
         assert_eq!((live("alpha"), live("beta")), (Some(2), None));
         assert_eq!((blocks("alpha"), blocks("beta")), (Some(0), None));
+        assert_eq!(
+            worker_series("b-0", "beta"),
+            [None; 4],
+            "a worker that left has no series"
+        );
+        assert_eq!(worker_series("a-1", "alpha"), [Some(0); 4]);
     }
 }
