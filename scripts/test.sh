@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets up a fresh machine and runs every check and test Switchyard has:
 # formatting, clippy (native and wasm), the wasm filter build, unit, property and
-# end-to-end tests (real nats-server and Envoy, started and stopped by the tests), and last
+# end-to-end tests (real nats-server and Envoy, started and stopped by the tests; the status
+# page in headless Chromium), and last
 # the real-vLLM test (vLLM's CPU build, installed by scripts/setup-vllm.sh).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -30,6 +31,9 @@ step "setup (wasm target, Envoy, nats-server, tokenizer)"
 ./scripts/setup.sh
 # shellcheck disable=SC1091
 source .cache/env.sh
+
+step "setup (headless Chromium for the status page's test)"
+./scripts/setup-chromium.sh
 
 step "setup (vLLM CPU build and its tiny model)"
 # Not beside the build: measured so, pip's unpacking and bytecode compiling slowed the build

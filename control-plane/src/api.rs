@@ -8,6 +8,8 @@
 //! | route | POST | `/v3/discovery:endpoints` | Envoy REST EDS (see [`crate::eds`]) |
 //! | admin, token | GET | `/v1/workers` | live workers |
 //! | admin, token | GET, PUT | `/v1/config` | conditional-disaggregation policy |
+//! | admin, token | GET | `/v1/status` | workers, config, recent verdicts and the bypass share over time |
+//! | admin | GET | `/` | the status page (HTML; it asks for `/v1/status` with the token) |
 //! | both | GET | `/metrics` | Prometheus / OpenMetrics text |
 //! | both | GET | `/healthz` | liveness (200 while HTTP serves, NATS state included) |
 //!
@@ -67,6 +69,10 @@ pub struct ApiState {
     pub first_polls: crate::pools::first_polls::FirstPolls,
     /// The admin API's bearer token; `None` closes the admin endpoints.
     pub admin_token: Option<auth::AdminToken>,
+    /// The last verdicts and the bypass share, for the status page.
+    pub recent: Arc<Mutex<crate::status::RecentDecisions>>,
+    /// The service's start, the zero of the status page's times.
+    pub started: tokio::time::Instant,
 }
 
 /// A JSON error reply, counted under its code by the caller.
@@ -104,8 +110,11 @@ pub fn route_api(
         .and(with_state(state.clone()))
         .then(admin::eds);
     // Callers of the admin endpoints on this listener are told where they went.
-    let moved = (warp::path!("v1" / "config").or(warp::path!("v1" / "workers")))
+    let moved = (warp::path!("v1" / "config")
+        .or(warp::path!("v1" / "workers"))
         .unify()
+        .or(warp::path!("v1" / "status"))
+        .unify())
         .and(with_state(state.clone()))
         .map(|state: ApiState| {
             let code = "admin_listener";
@@ -150,10 +159,27 @@ pub fn admin_api(
         .and(warp::body::stream())
         .and(with_state(state.clone()))
         .then(admin::put_config);
+    let status = warp::path!("v1" / "status")
+        .and(warp::get())
+        .and(warp::header::headers_cloned())
+        .and(with_state(state.clone()))
+        .then(admin::status);
+    let page = warp::path::end().and(warp::get()).map(|| {
+        warp::reply::with_header(
+            admin::STATUS_PAGE,
+            "content-type",
+            "text/html; charset=utf-8",
+        )
+        .into_response()
+    });
     workers
         .or(get_config)
         .unify()
         .or(put_config)
+        .unify()
+        .or(status)
+        .unify()
+        .or(page)
         .unify()
         .or(observability(state))
         .unify()

@@ -6,7 +6,8 @@
 //!
 //! # Layout
 //! - [`service`]: the task that owns the router core; everyone else sends it commands.
-//! - [`api`]: the REST API (route, workers, config, lifecycle, EDS, metrics, health).
+//! - [`api`]: the REST API: the route listener (route, lifecycle, EDS) and the admin listener
+//!   (workers, config, status page, behind a token); metrics and health on both.
 //! - [`consumers`]: NATS subscriptions that decode messages and forward them.
 //! - [`metrics`]: Prometheus metrics.
 //! - [`models`]: the models served: which one a request names, its tokenizer.
@@ -14,6 +15,7 @@
 //! - [`pools`]: declared workers (a pool file): health polls, metrics scrapes, vLLM's ZMQ KV
 //!   events.
 //! - [`settings`]: command-line flags and environment.
+//! - [`status`]: the recent verdicts and bypass share the status page shows.
 #![deny(missing_docs)]
 
 pub mod api;
@@ -24,6 +26,7 @@ pub mod models;
 pub mod pools;
 pub mod service;
 pub mod settings;
+pub mod status;
 
 pub use switchyard_router as router;
 pub use switchyard_router::{config, index, load, policy, predict, select};

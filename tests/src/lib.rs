@@ -18,6 +18,7 @@ use tokio::time::Instant;
 
 pub use switchyard_stack::{Component, Signal};
 
+pub mod browser;
 pub mod probe;
 pub mod vllm;
 

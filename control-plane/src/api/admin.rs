@@ -98,6 +98,33 @@ pub async fn workers(headers: HeaderMap, state: ApiState) -> Response {
     }
 }
 
+/// The status page: static HTML whose script fetches `GET /v1/status` with the admin token
+/// (taken from the URL fragment or a form, so it never reaches a server log).
+pub const STATUS_PAGE: &str = include_str!("status.html");
+
+/// `GET /v1/status` (admin token): what the status page shows.
+pub async fn status(headers: HeaderMap, state: ApiState) -> Response {
+    if let Some(refusal) = refused(&state, &headers) {
+        return refusal;
+    }
+    let (Ok(workers), Ok(config)) = (state.service.workers().await, state.service.config().await)
+    else {
+        return unavailable(&state);
+    };
+    let now_ms = u64::try_from(state.started.elapsed().as_millis()).unwrap_or(u64::MAX);
+    let decisions = match state.recent.lock() {
+        Ok(recent) => recent.view(now_ms),
+        Err(poisoned) => poisoned.into_inner().view(now_ms),
+    };
+    warp::reply::json(&serde_json::json!({
+        "now_ms": now_ms,
+        "workers": workers,
+        "config": config,
+        "decisions": decisions,
+    }))
+    .into_response()
+}
+
 /// `GET /v1/config` (admin token).
 pub async fn get_config(headers: HeaderMap, state: ApiState) -> Response {
     if let Some(refusal) = refused(&state, &headers) {

@@ -26,6 +26,7 @@ use crate::models::{ModelRefusal, ServedModel};
 use crate::router::RouteError;
 use crate::service::tokenizer::TokenizeFailure;
 use crate::service::RouteRequest;
+use crate::status::DecisionRecord;
 
 /// Why a route request got no verdict.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -280,6 +281,12 @@ where
         .observe(started.elapsed().as_secs_f64());
     match result {
         Ok((verdict, model)) => {
+            let at_ms = u64::try_from(state.started.elapsed().as_millis()).unwrap_or(u64::MAX);
+            let record = DecisionRecord::of(&verdict, model.clone(), at_ms);
+            match state.recent.lock() {
+                Ok(mut recent) => recent.record(record),
+                Err(poisoned) => poisoned.into_inner().record(record),
+            }
             m.decisions
                 .get_or_create(&DecisionLabels::of(verdict.mode, verdict.reason))
                 .inc();

@@ -226,6 +226,8 @@ pub async fn run_with_tokenizer(
         cache_stats_seen: Arc::new(Mutex::new(SegmentCacheStats::default())),
         first_polls,
         admin_token,
+        recent: Arc::new(Mutex::new(crate::status::RecentDecisions::default())),
+        started: tokio::time::Instant::now(),
     };
 
     let route_addr = listeners.route.local_addr()?;
