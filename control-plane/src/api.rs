@@ -138,8 +138,8 @@ pub fn route_api(
         .unify()
 }
 
-/// The admin listener's endpoints (for operators): the runtime config and the worker list
-/// behind the admin token, metrics and health without it.
+/// The admin listener's endpoints (for operators): the runtime config, the worker list and the
+/// status behind the admin token; the status page, metrics and health without it.
 pub fn admin_api(
     state: ApiState,
 ) -> impl Filter<Extract = (Response,), Error = Infallible> + Clone {
