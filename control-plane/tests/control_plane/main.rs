@@ -4,6 +4,7 @@
 mod common;
 
 mod api;
+mod cli;
 mod conditional;
 mod envoy_eds;
 mod service;
