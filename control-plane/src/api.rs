@@ -75,6 +75,20 @@ pub struct ApiState {
     pub started: tokio::time::Instant,
 }
 
+impl ApiState {
+    /// Milliseconds since the service started: the status page's clock.
+    pub fn now_ms(&self) -> u64 {
+        u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// The recent verdicts, whatever a panicking holder left behind (the data is plain).
+    pub fn recent(&self) -> std::sync::MutexGuard<'_, crate::status::RecentDecisions> {
+        self.recent
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
 /// A JSON error reply, counted under its code by the caller.
 pub fn error_reply(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
     let body = ApiError {

@@ -572,13 +572,15 @@ impl Metrics {
             &self.worker_prefill_tokens,
             &self.worker_cached_blocks,
         ];
-        for (i, family) in families.into_iter().enumerate() {
-            let one: BTreeMap<WorkerLabels, i64> = values
-                .iter()
-                .map(|(labels, v)| (labels.clone(), v[i]))
-                .collect();
-            let mut family_seen = seen.clone();
-            set_gauges(family, &mut family_seen, one);
+        for gone in seen.iter().filter(|labels| !values.contains_key(labels)) {
+            for family in families {
+                family.remove(gone);
+            }
+        }
+        for (labels, gauges) in &values {
+            for (family, value) in families.iter().zip(gauges) {
+                family.get_or_create(labels).set(*value);
+            }
         }
         *seen = values.into_keys().collect();
     }

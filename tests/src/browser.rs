@@ -110,7 +110,7 @@ impl Chromium {
             .process_group(0)
             .spawn()
             .unwrap_or_else(|e| panic!("{} does not start: {e}", self.program.display()));
-        let group = format!("-{}", child.id());
+        let leader = child.id();
         // Polled in steps: a bounded number of checks covers the timeout.
         let step = Duration::from_millis(100);
         let mut status = None;
@@ -122,10 +122,7 @@ impl Chromium {
             std::thread::sleep(step);
         }
         // Helpers (zygote, renderer, GPU process) may outlive the browser process.
-        let _ = Command::new("kill")
-            .args(["-KILL", "--", &group])
-            .stderr(Stdio::null())
-            .status();
+        crate::signal_group(leader, "-KILL");
         let _ = child.wait();
         let log_text = std::fs::read_to_string(&log).unwrap_or_default();
         match status {

@@ -49,6 +49,15 @@ pub async fn start_stack(builder: StackBuilder) -> Stack {
     }
 }
 
+/// Sends `signal` (`-TERM`, `-KILL`, ...) to the whole process group led by `leader`: a
+/// child started with `process_group(0)` and the helpers it forked.
+pub fn signal_group(leader: u32, signal: &str) {
+    let _ = std::process::Command::new("kill")
+        .args([signal, "--", &format!("-{leader}")])
+        .stderr(std::process::Stdio::null())
+        .status();
+}
+
 /// A client for loopback calls: no proxy from the environment, no overall timeout (streams
 /// are bounded by [`post_observed`]'s own timeout).
 pub fn client() -> reqwest::Client {

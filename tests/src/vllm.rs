@@ -213,14 +213,8 @@ impl VllmEngine {
         let Some(mut child) = self.child.take() else {
             return;
         };
-        let group = format!("-{}", child.id());
-        let signal = |flag: &str| {
-            let _ = Command::new("kill")
-                .args([flag, "--", &group])
-                .stderr(Stdio::null())
-                .status();
-        };
-        signal("-TERM");
+        let leader = child.id();
+        crate::signal_group(leader, "-TERM");
         // Polled in steps rather than timed: a bounded number of checks covers the grace.
         let step = Duration::from_millis(100);
         for _ in 0..(grace.as_millis() / step.as_millis()).max(1) {
@@ -230,7 +224,7 @@ impl VllmEngine {
             std::thread::sleep(step);
         }
         // The group's other members (engine core, workers) may outlive the leader.
-        signal("-KILL");
+        crate::signal_group(leader, "-KILL");
         let _ = child.wait();
     }
 }

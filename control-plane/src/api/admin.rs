@@ -111,11 +111,8 @@ pub async fn status(headers: HeaderMap, state: ApiState) -> Response {
     else {
         return unavailable(&state);
     };
-    let now_ms = u64::try_from(state.started.elapsed().as_millis()).unwrap_or(u64::MAX);
-    let decisions = match state.recent.lock() {
-        Ok(recent) => recent.view(now_ms),
-        Err(poisoned) => poisoned.into_inner().view(now_ms),
-    };
+    let now_ms = state.now_ms();
+    let decisions = state.recent().view(now_ms);
     warp::reply::json(&serde_json::json!({
         "now_ms": now_ms,
         "workers": workers,

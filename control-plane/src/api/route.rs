@@ -281,12 +281,8 @@ where
         .observe(started.elapsed().as_secs_f64());
     match result {
         Ok((verdict, model)) => {
-            let at_ms = u64::try_from(state.started.elapsed().as_millis()).unwrap_or(u64::MAX);
-            let record = DecisionRecord::of(&verdict, model.clone(), at_ms);
-            match state.recent.lock() {
-                Ok(mut recent) => recent.record(record),
-                Err(poisoned) => poisoned.into_inner().record(record),
-            }
+            let record = DecisionRecord::of(&verdict, model.clone(), state.now_ms());
+            state.recent().record(record);
             m.decisions
                 .get_or_create(&DecisionLabels::of(verdict.mode, verdict.reason))
                 .inc();
