@@ -14,6 +14,8 @@
 //! - [`worker`]: worker identity, registration/heartbeat, load reports.
 //! - [`kv`]: KV cache events and resync requests.
 //! - [`lifecycle`]: the filter's per-request lifecycle reports.
+//! - [`replica`]: what control-plane replicas share (routing decisions, lifecycle reports,
+//!   the config bucket).
 //! - [`openai`]: the request fields that change what an engine does, validated as vLLM does,
 //!   and the OpenAI error a refused request gets.
 //! - `registration` (feature `registration`): signed worker registrations.
@@ -29,6 +31,7 @@ pub mod lifecycle;
 pub mod openai;
 #[cfg(feature = "registration")]
 pub mod registration;
+pub mod replica;
 pub mod route;
 pub mod subjects;
 #[cfg(feature = "tokenizer")]

@@ -34,6 +34,10 @@ pub const TICK_MS: u64 = 200;
 /// several ticks long, so ordinary scheduling jitter is no stall.
 pub const STALL_GAP_MS: u64 = 1_000;
 
+/// How long a new worker's first KV dump is waited for (see [`ControlCore::dumps_pending`]):
+/// a worker that never answers its resync request must not keep a replica unready.
+pub const DUMP_WAIT_MS: u64 = 5_000;
+
 /// Why a worker is asked for a full dump of its KV cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ResyncReason {
@@ -94,6 +98,8 @@ pub struct ControlCore {
     heartbeat_misses: u32,
     /// Worker -> (instance last asked for a resync, when).
     resyncs: HashMap<WorkerId, (u64, u64)>,
+    /// New workers asked for their first KV dump, and when; left when a dump batch arrives.
+    awaiting_dump: HashMap<WorkerId, u64>,
     /// When the core was last called.
     last_active_ms: Option<u64>,
     stalls: u64,
@@ -106,6 +112,7 @@ impl ControlCore {
             router,
             heartbeat_misses: heartbeat_misses.max(1),
             resyncs: HashMap::new(),
+            awaiting_dump: HashMap::new(),
             last_active_ms: None,
             stalls: 0,
         }
@@ -147,7 +154,44 @@ impl ControlCore {
     /// A heartbeat (registration or refresh). Its authenticity is the caller's to check.
     pub fn heartbeat(&mut self, hb: &WorkerHeartbeat, now_ms: u64) -> HeartbeatOutcome {
         let expires = self.expiry_ms(hb.interval_ms);
-        self.declared(&hb.worker, expires, now_ms)
+        let outcome = self.declared(&hb.worker, expires, now_ms);
+        if let Some(Resync::Send {
+            reason: ResyncReason::NewWorker,
+            ..
+        }) = outcome.resync
+        {
+            self.awaiting_dump
+                .insert(hb.worker.worker_id.clone(), now_ms);
+        }
+        outcome
+    }
+
+    /// New workers (heard over the event bus) whose first KV dump has been asked for, has not
+    /// arrived, and is still waited for ([`DUMP_WAIT_MS`]): until there are none, this
+    /// replica's index is missing caches that other replicas already see, and it should not
+    /// be given route calls.
+    pub fn dumps_pending(&self, now_ms: u64) -> usize {
+        self.awaiting_dump
+            .values()
+            .filter(|asked| now_ms.saturating_sub(**asked) < DUMP_WAIT_MS)
+            .count()
+    }
+
+    /// Applies another control-plane replica's routing decision (see
+    /// [`Router::apply_peer_route`]).
+    ///
+    /// # Errors
+    /// [`crate::PeerRouteError`] when it names a worker not known here.
+    pub fn peer_route(
+        &mut self,
+        request_id: &str,
+        decode: &switchyard_protocol::replica::SharedLeg,
+        prefill: Option<&switchyard_protocol::replica::SharedLeg>,
+        now_ms: u64,
+    ) -> Result<(), crate::PeerRouteError> {
+        self.observe(now_ms);
+        self.router
+            .apply_peer_route(request_id, decode, prefill, now_ms)
     }
 
     /// A worker known to be up without a heartbeat of its own — a declared engine whose
@@ -176,6 +220,7 @@ impl ControlCore {
     pub fn withdraw(&mut self, worker: &WorkerId, now_ms: u64) -> bool {
         self.observe(now_ms);
         self.resyncs.remove(worker);
+        self.awaiting_dump.remove(worker);
         let known = self
             .router
             .workers()
@@ -189,6 +234,9 @@ impl ControlCore {
     pub fn kv_batch(&mut self, batch: &KvEventBatch, now_ms: u64) -> KvBatchOutcome {
         self.observe(now_ms);
         let result = self.router.apply_kv_batch(batch);
+        if batch.resync && result.is_ok() {
+            self.awaiting_dump.remove(&batch.worker_id);
+        }
         let resync = matches!(result, Ok(KvApplyOutcome::NeedsResync)).then(|| {
             self.resync(
                 &batch.worker_id,
@@ -256,6 +304,7 @@ impl ControlCore {
         let expired = self.router.expire_workers(now_ms);
         for id in &expired {
             self.resyncs.remove(id);
+            self.awaiting_dump.remove(id);
         }
         expired
     }
@@ -358,6 +407,26 @@ mod tests {
             sent(ResyncReason::Restarted, "a"),
             "a new instance always"
         );
+    }
+
+    #[test]
+    fn a_new_workers_first_dump_is_waited_for_until_it_arrives_or_the_wait_is_over() {
+        let mut core = ControlCore::new(Router::new(), 3);
+        assert_eq!(core.dumps_pending(0), 0);
+        core.heartbeat(&hb("a", 1), 0);
+        core.heartbeat(&hb("b", 1), 0);
+        core.heartbeat(&hb("a", 1), 100);
+        assert_eq!(core.dumps_pending(100), 2, "refreshes ask for nothing new");
+        // An ordinary batch is no dump.
+        assert!(core.kv_batch(&batch("a", 1, 1), 200).result.is_ok());
+        assert_eq!(core.dumps_pending(200), 2);
+        let mut dump = batch("a", 1, 2);
+        dump.resync = true;
+        assert!(core.kv_batch(&dump, 300).result.is_ok());
+        assert_eq!(core.dumps_pending(300), 1, "a's dump arrived");
+        // b never answers: after the wait it no longer counts.
+        assert_eq!(core.dumps_pending(DUMP_WAIT_MS - 1), 1);
+        assert_eq!(core.dumps_pending(DUMP_WAIT_MS), 0);
     }
 
     #[test]

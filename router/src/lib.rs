@@ -18,7 +18,8 @@
 //! - [`policy`]: the conditional-disaggregation rules (bypass or disaggregate).
 //! - [`config`]: runtime configuration, validated.
 //! - [`Router`] itself: the worker registry (`workers.rs`), KV batches into the index with
-//!   per-worker sequence numbers (`kv_events.rs`), tokens → verdict (`route.rs`).
+//!   per-worker sequence numbers (`kv_events.rs`), tokens → verdict (`route.rs`), decisions
+//!   shared with other control-plane replicas (`replica.rs`).
 //! - [`core`]: the [`ControlCore`] both clocks drive.
 //!
 //! Counting: the router counts *blocks* (stored, removed, unknown removals; see
@@ -37,6 +38,7 @@ pub mod core;
 pub use crate::core::ControlCore;
 
 mod kv_events;
+mod replica;
 mod route;
 mod workers;
 
@@ -55,6 +57,7 @@ use crate::index::{IndexStats, KvIndex, OverlapScores, WorkerSlot};
 use crate::load::{LoadTracker, WorkerLoad};
 use crate::predict::Predictions;
 
+pub use replica::PeerRouteError;
 pub use switchyard_protocol::route::Reason;
 
 /// What changed when a heartbeat arrived.

@@ -215,6 +215,12 @@ impl LoadTracker {
         );
     }
 
+    /// The load a tracked request puts on its workers (its prefill leg included even after
+    /// `first_token`).
+    pub fn routed(&self, request_id: &str) -> Option<&RoutedLoad> {
+        self.requests.get(request_id).map(|a| &a.load)
+    }
+
     /// Prefill done: frees the request's prefill tokens and its prefill worker's blocks.
     /// Unknown ids (expired, or routed by a previous process) are ignored.
     pub fn on_first_token(&mut self, request_id: &str) {
