@@ -12,6 +12,7 @@
 //! | admin | GET | `/` | the status page (HTML; it asks for `/v1/status` with the token) |
 //! | both | GET | `/metrics` | Prometheus / OpenMetrics text |
 //! | both | GET | `/healthz` | liveness (200 while HTTP serves, NATS state included) |
+//! | both | GET | `/readyz` | readiness for route calls (503 naming what is awaited; see [`crate::readiness`]) |
 //!
 //! The route API is unauthenticated: Envoy's filter calls it on every request. The admin
 //! endpoints that change or dump state need the admin bearer token ([`auth`]).
@@ -73,6 +74,15 @@ pub struct ApiState {
     pub recent: Arc<Mutex<crate::status::RecentDecisions>>,
     /// The service's start, the zero of the status page's times.
     pub started: tokio::time::Instant,
+    /// When NATS connected, and whether `/readyz` said ready before.
+    pub readiness: crate::readiness::Readiness,
+    /// Whether readiness waits for NATS (workers register over it, or replicas share state).
+    pub needs_nats: bool,
+    /// `--ready-after-ms`.
+    pub ready_after_ms: u64,
+    /// Whether the router config is shared with other replicas (`--replica-id`): `PUT
+    /// /v1/config` then writes the shared config.
+    pub shares_config: bool,
 }
 
 impl ApiState {
@@ -212,9 +222,13 @@ fn observability(
         .then(admin::metrics);
     let health = warp::path!("healthz")
         .and(warp::get())
-        .and(with_state(state))
+        .and(with_state(state.clone()))
         .then(admin::health);
-    metrics.or(health).unify()
+    let ready = warp::path!("readyz")
+        .and(warp::get())
+        .and(with_state(state))
+        .then(admin::ready);
+    metrics.or(health).unify().or(ready).unify()
 }
 
 async fn unmatched(rejection: warp::Rejection) -> Result<Response, Infallible> {

@@ -125,7 +125,7 @@ pub async fn run(
     tracing::debug!("NATS consumer stopped");
 }
 
-async fn subscribe_with_retry(
+pub(crate) async fn subscribe_with_retry(
     client: &async_nats::Client,
     subject: &'static str,
 ) -> async_nats::Subscriber {
@@ -152,7 +152,7 @@ struct Consumer {
 }
 
 /// Decodes a message, rejecting newer protocol versions than this build understands.
-fn decode<T: serde::de::DeserializeOwned>(
+pub(crate) fn decode<T: serde::de::DeserializeOwned>(
     payload: &[u8],
     version: impl Fn(&T) -> u32,
 ) -> Result<T, String> {

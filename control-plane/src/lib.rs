@@ -14,6 +14,8 @@
 //! - [`eds`]: Envoy endpoint discovery (pool membership).
 //! - [`pools`]: declared workers (a pool file): health polls, metrics scrapes, vLLM's ZMQ KV
 //!   events.
+//! - [`replicas`]: active-active replicas: shared decisions, lifecycle reports and config.
+//! - [`readiness`]: `/readyz`, when a (late-joining) replica may be given route calls.
 //! - [`settings`]: command-line flags and environment.
 //! - [`status`]: the recent verdicts and bypass share the status page shows.
 #![deny(missing_docs)]
@@ -24,6 +26,8 @@ pub mod eds;
 pub mod metrics;
 pub mod models;
 pub mod pools;
+pub mod readiness;
+pub mod replicas;
 pub mod service;
 pub mod settings;
 pub mod status;

@@ -186,6 +186,17 @@ pub struct Metrics {
     /// Admin API requests refused by the token check, by reason (`missing_token`,
     /// `wrong_token`, `admin_token_not_configured`).
     pub admin_refusals: Family<ReasonLabels, Counter>,
+    /// Updates exchanged with other control-plane replicas, by result (`sent`, `applied`,
+    /// `rejected`: naming a worker unknown here, `dropped`: not sent, the queue was full or
+    /// NATS refused).
+    pub replica_updates: Family<ReasonLabels, Counter>,
+    /// How old another replica's update was when it was applied here (sender's clock to
+    /// this one's): how stale this replica's view of the others' load is.
+    pub replica_sync_lag_seconds: Histogram,
+    /// The version (NATS KV revision) of the router config in force; 0 when not shared.
+    pub config_version: Gauge,
+    /// 1 once this replica reports ready (`/readyz`).
+    pub ready: Gauge,
 }
 
 impl Default for Metrics {
@@ -227,6 +238,11 @@ impl Default for Metrics {
             worker_prefill_tokens: Family::default(),
             worker_cached_blocks: Family::default(),
             admin_refusals: Family::default(),
+            replica_updates: Family::default(),
+            // 100 µs .. ~3 s.
+            replica_sync_lag_seconds: Histogram::new(exponential_buckets(0.000_1, 2.0, 15)),
+            config_version: Gauge::default(),
+            ready: Gauge::default(),
         }
     }
 }
@@ -412,6 +428,26 @@ impl Metrics {
             self.admin_refusals.clone(),
         );
         r.add(
+            "replica_updates",
+            "Updates exchanged with other control-plane replicas, by result",
+            self.replica_updates.clone(),
+        );
+        r.add(
+            "replica_sync_lag_seconds",
+            "Age of another replica's update when applied here",
+            self.replica_sync_lag_seconds.clone(),
+        );
+        r.add(
+            "config_version",
+            "Version (NATS KV revision) of the router config in force; 0 when not shared",
+            self.config_version.clone(),
+        );
+        r.add(
+            "ready",
+            "1 once this replica reports ready (/readyz)",
+            self.ready.clone(),
+        );
+        r.add(
             "tokenizer_cache_hits",
             "Tokenizer segment-cache hits",
             self.tokenizer_cache_hits.clone(),
@@ -485,6 +521,15 @@ impl Metrics {
         self.bad_messages
             .get_or_create(&KindLabels {
                 kind: kind.to_string(),
+            })
+            .inc();
+    }
+
+    /// Counts replica updates by result (see [`Metrics::replica_updates`]).
+    pub fn replica_update(&self, result: &str) {
+        self.replica_updates
+            .get_or_create(&ReasonLabels {
+                reason: result.to_string(),
             })
             .inc();
     }

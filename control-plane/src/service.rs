@@ -19,12 +19,14 @@ use tokio::time::Instant;
 
 use switchyard_protocol::kv::KvEventBatch;
 use switchyard_protocol::lifecycle::LifecycleBatch;
+use switchyard_protocol::replica::ReplicaUpdate;
 use switchyard_protocol::route::Verdict;
 use switchyard_protocol::worker::{LoadReport, WorkerHeartbeat, WorkerId, WorkerInfo};
 
 use crate::config::{ConfigError, RouterConfig};
 use crate::load::WorkerLoad;
 use crate::metrics::Metrics;
+use crate::replicas::ReplicaLink;
 use owner::Owner;
 
 use crate::router::core::{HeartbeatOutcome, KvBatchOutcome};
@@ -99,10 +101,30 @@ pub enum Command {
         /// The workers, ordered by id.
         reply: oneshot::Sender<Vec<WorkerEntry>>,
     },
-    /// The current router config.
+    /// The current router config and its shared version (0: not shared).
     Config {
         /// The config.
-        reply: oneshot::Sender<RouterConfig>,
+        reply: oneshot::Sender<(RouterConfig, u64)>,
+    },
+    /// Another replica's update (see [`crate::replicas`]).
+    Peer {
+        /// The update as received.
+        update: ReplicaUpdate,
+    },
+    /// A version of the shared config (see [`crate::replicas::config_store`]): applied if
+    /// newer than the one in force.
+    SetSharedConfig {
+        /// The config.
+        config: RouterConfig,
+        /// Its version.
+        version: u64,
+        /// Done (or refused: the owner validates again).
+        reply: oneshot::Sender<Result<(), ConfigError>>,
+    },
+    /// New workers whose first KV dump is still awaited (readiness).
+    DumpsPending {
+        /// How many.
+        reply: oneshot::Sender<usize>,
     },
     /// Applies a JSON merge patch to the router config (absent fields keep their value).
     PatchConfig {
@@ -266,7 +288,52 @@ impl ServiceHandle {
     /// # Errors
     /// [`ServiceStopped`] during shutdown.
     pub async fn config(&self) -> Result<RouterConfig, ServiceStopped> {
+        Ok(self.versioned_config().await?.0)
+    }
+
+    /// The current router config and its shared version (0: the start-up config, not
+    /// shared).
+    ///
+    /// # Errors
+    /// [`ServiceStopped`] during shutdown.
+    pub async fn versioned_config(&self) -> Result<(RouterConfig, u64), ServiceStopped> {
         self.call(|reply| Command::Config { reply }).await
+    }
+
+    /// Applies another replica's update (no reply: nothing for the sender to act on).
+    ///
+    /// # Errors
+    /// [`ServiceStopped`] during shutdown.
+    pub async fn peer(&self, update: ReplicaUpdate) -> Result<(), ServiceStopped> {
+        self.tx
+            .send(Command::Peer { update })
+            .await
+            .map_err(|_| ServiceStopped)
+    }
+
+    /// Applies version `version` of the shared config, unless a newer one is in force.
+    ///
+    /// # Errors
+    /// [`ServiceStopped`] during shutdown.
+    pub async fn set_shared_config(
+        &self,
+        config: RouterConfig,
+        version: u64,
+    ) -> Result<Result<(), ConfigError>, ServiceStopped> {
+        self.call(|reply| Command::SetSharedConfig {
+            config,
+            version,
+            reply,
+        })
+        .await
+    }
+
+    /// New workers whose first KV dump is still awaited.
+    ///
+    /// # Errors
+    /// [`ServiceStopped`] during shutdown.
+    pub async fn dumps_pending(&self) -> Result<usize, ServiceStopped> {
+        self.call(|reply| Command::DumpsPending { reply }).await
     }
 
     /// Patches the router config.
@@ -282,14 +349,16 @@ impl ServiceHandle {
     }
 }
 
-/// Starts the owner task. It runs until every [`ServiceHandle`] is dropped.
+/// Starts the owner task. It runs until every [`ServiceHandle`] is dropped. With `replicas`,
+/// it shares its decisions and the lifecycle reports it receives with the other replicas.
 pub fn spawn(
     router: Router,
     metrics: Metrics,
     heartbeat_misses: u32,
+    replicas: Option<ReplicaLink>,
 ) -> (ServiceHandle, tokio::task::JoinHandle<()>) {
     let (tx, mut rx) = mpsc::channel(COMMAND_QUEUE);
-    let mut owner = Owner::new(router, metrics, heartbeat_misses, Instant::now());
+    let mut owner = Owner::new(router, metrics, heartbeat_misses, Instant::now(), replicas);
     let task = tokio::spawn(async move {
         let mut tick = tokio::time::interval(EXPIRY_TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

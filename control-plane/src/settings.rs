@@ -148,6 +148,21 @@ pub struct Settings {
     #[arg(long, env = "SWITCHYARD_SEED", default_value_t = 0)]
     pub seed: u64,
 
+    /// Run as one of several control-plane replicas behind the gateway, under this id
+    /// (`[A-Za-z0-9_-]`, at most 64 characters, unique per replica): routing decisions and
+    /// lifecycle reports are shared with the other replicas over NATS, and the router config
+    /// is kept in a NATS KV bucket (JetStream) that one `PUT /v1/config` changes for all.
+    /// Without it the control plane runs alone and its config is its own.
+    #[arg(long, env = "SWITCHYARD_REPLICA_ID", value_parser = parse_replica_id)]
+    pub replica_id: Option<String>,
+
+    /// How long NATS must have been connected before `/readyz` says ready, in milliseconds:
+    /// enough to hear every live worker's heartbeat (one interval; 1 s by default) and ask for
+    /// its KV dump. Only when workers register over NATS or replicas share state.
+    #[arg(long, env = "SWITCHYARD_READY_AFTER_MS", default_value_t = 1_500,
+          value_parser = clap::value_parser!(u64).range(0..=600_000))]
+    pub ready_after_ms: u64,
+
     /// text or json.
     #[arg(
         long,
@@ -156,6 +171,14 @@ pub struct Settings {
         default_value = "text"
     )]
     pub log_format: LogFormat,
+}
+
+fn parse_replica_id(id: &str) -> Result<String, String> {
+    if crate::replicas::is_valid_replica_id(id) {
+        Ok(id.to_string())
+    } else {
+        Err("a replica id is 1 to 64 characters of A-Z, a-z, 0-9, '-' and '_'".into())
+    }
 }
 
 impl Settings {
@@ -245,6 +268,10 @@ mod tests {
         assert!(err.to_string().contains("--heartbeat-misses"), "{err}");
         let err = Settings::try_parse_from(["x", "--listen", "not-an-addr"]).unwrap_err();
         assert!(err.to_string().contains("--listen"), "{err}");
+        let err = Settings::try_parse_from(["x", "--replica-id", "cp.0"]).unwrap_err();
+        assert!(err.to_string().contains("--replica-id"), "{err}");
+        let s = Settings::try_parse_from(["x", "--replica-id", "cp-0"]).unwrap();
+        assert_eq!(s.replica_id.as_deref(), Some("cp-0"));
     }
 
     #[test]

@@ -24,8 +24,8 @@ pub const MAX_CLOCK_SKEW_MS: u64 = 60_000;
 pub const MIN_SECRET_BYTES: usize = 16;
 
 /// Unix milliseconds now, the clock a signed heartbeat's `sent_at_ms` is on: the sender signs
-/// with it and the receiver checks the skew against its own. The one reason either side reads
-/// the wall clock.
+/// with it and the receiver checks the skew against its own; control-plane replicas stamp
+/// their shared updates with it to measure how stale they arrive.
 pub fn unix_now_ms() -> u64 {
     #[allow(clippy::disallowed_methods)]
     let now = std::time::SystemTime::now();

@@ -18,6 +18,21 @@ const EXTRA_LISTENERS_MARKER: &str = "    # switchyard:extra-listeners\n";
 /// The template's comment line where each model's routes go (before the shared ones: Envoy
 /// takes the first route that matches).
 const MODEL_ROUTES_MARKER: &str = "                        # switchyard:model-routes\n";
+/// The template's comment line where further control-plane replicas' endpoints go.
+const REPLICAS_MARKER: &str = "              # switchyard:control-plane-replicas\n";
+
+/// An endpoint of the control-plane cluster for each further replica.
+fn replica_endpoints(ports: &[u16]) -> String {
+    ports
+        .iter()
+        .map(|port| {
+            format!(
+                "              - endpoint:\n                  address:\n                    socket_address: {{ address: 127.0.0.1, port_value: {port} }}\n"
+            )
+        })
+        .collect()
+}
+
 /// The template's comment line where each model's decode cluster goes.
 const MODEL_CLUSTERS_MARKER: &str = "    # switchyard:model-clusters\n";
 /// The API paths a model's route covers (the shared routes' paths that reach workers with a
@@ -118,6 +133,8 @@ pub struct EnvoySettings {
     pub admin_port: u16,
     /// The control plane's port on 127.0.0.1 (route API and EDS).
     pub control_plane_port: u16,
+    /// Further control-plane replicas' route ports on 127.0.0.1 (active-active).
+    pub control_plane_replica_ports: Vec<u16>,
     /// The filter's `.wasm`.
     pub wasm_path: PathBuf,
     /// Route call timeout handed to the filter.
@@ -210,7 +227,10 @@ pub fn render_bootstrap_for_models(
         Some(port) => plain_listener(port, settings.buffer_limit_bytes),
         None => String::new(),
     };
-    let rendered = rendered.replace(EXTRA_LISTENERS_MARKER, &plain);
+    let rendered = rendered.replace(EXTRA_LISTENERS_MARKER, &plain).replace(
+        REPLICAS_MARKER,
+        &replica_endpoints(&settings.control_plane_replica_ports),
+    );
     let clusters = model_clusters(&rendered, models)?;
     let rendered = rendered
         .replace(MODEL_ROUTES_MARKER, &model_routes(models))
@@ -252,6 +272,7 @@ mod tests {
             listen_port: 10000,
             admin_port: 9901,
             control_plane_port: 8080,
+            control_plane_replica_ports: Vec::new(),
             wasm_path: PathBuf::from("/tmp/switchyard_filter.wasm"),
             route_timeout_ms: 150,
             buffer_limit_bytes: 16 << 20,
@@ -259,6 +280,24 @@ mod tests {
             filter_overrides: serde_json::Map::new(),
             plain_listen_port: None,
         }
+    }
+
+    #[test]
+    fn each_control_plane_replica_is_an_endpoint_health_checked_on_readyz() {
+        let one = render_bootstrap(&settings()).expect("renders");
+        let two = render_bootstrap(&EnvoySettings {
+            control_plane_replica_ports: vec![8082, 8084],
+            ..settings()
+        })
+        .expect("renders");
+        let cluster = |yaml: &str| {
+            let start = yaml.find("- name: switchyard_control_plane").unwrap();
+            yaml[start..].to_string()
+        };
+        assert_eq!(cluster(&one).matches("- endpoint:").count(), 1);
+        assert_eq!(cluster(&two).matches("- endpoint:").count(), 3);
+        assert!(cluster(&two).contains("port_value: 8084 }"));
+        assert!(cluster(&one).contains("http_health_check: { path: /readyz }"));
     }
 
     #[test]

@@ -12,7 +12,7 @@ use crate::paths::Artifacts;
 use crate::ports::free_ports;
 use crate::process::{Signal, Supervised};
 use crate::readiness::{http_ok, tcp_open, wait_until};
-use crate::stack::{http_client, Component, StackBuilder, WorkerSpec};
+use crate::stack::{http_client, Component, StackBuilder, WorkerSpec, MAX_CONTROL_PLANES};
 
 /// Largest body Envoy buffers per connection: long agentic prompts run to megabytes of JSON.
 pub const BUFFER_LIMIT_BYTES: u64 = 16 << 20;
@@ -46,8 +46,11 @@ pub struct Stack {
     pub(crate) control_plane_admin_token: String,
     /// Workers of the pool file: not started by the stack, but waited for in EDS.
     pub(crate) declared: Vec<WorkerSpec>,
-    /// How the control plane was started (for [`Stack::restart_control_plane`]).
-    pub(crate) control_plane_command: (PathBuf, Vec<String>),
+    /// Further control-plane replicas' route and admin ports.
+    pub(crate) replica_ports: Vec<(u16, u16)>,
+    /// How each control-plane replica was started (for [`Stack::restart_control_plane`]);
+    /// the first is [`Component::ControlPlane`].
+    pub(crate) control_plane_commands: Vec<(PathBuf, Vec<String>)>,
 }
 
 /// File in the run directory holding this run's NATS token.
@@ -75,6 +78,12 @@ impl StackBuilder {
                 "need at least one decode or agg worker".into(),
             ));
         }
+        if !(1..=MAX_CONTROL_PLANES).contains(&self.control_planes) {
+            return Err(StackError::InvalidSetting(format!(
+                "control planes: {} (1 to {MAX_CONTROL_PLANES})",
+                self.control_planes
+            )));
+        }
         let artifacts = match self.artifacts.clone() {
             Some(a) => a,
             None => Artifacts::locate(self.profile)?,
@@ -86,7 +95,8 @@ impl StackBuilder {
         std::fs::create_dir_all(&run_dir)
             .map_err(StackError::io(format!("creating {}", run_dir.display())))?;
 
-        let ports = free_ports(6 + worker_count)?;
+        let extra_replicas = self.control_planes - 1;
+        let ports = free_ports(6 + worker_count + 2 * extra_replicas)?;
         let nats_port = self.nats_port.unwrap_or(ports[0]);
         let cp_port = self.control_plane_port.unwrap_or(ports[1]);
         let listen_port = self.listen_port.unwrap_or(ports[2]);
@@ -95,7 +105,11 @@ impl StackBuilder {
             .plain_listen_port
             .map(|p| if p == 0 { ports[4] } else { p });
         let cp_admin_port = ports[5];
-        let workers = self.workers(&ports[6..]);
+        let workers = self.workers(&ports[6..6 + worker_count]);
+        let replica_ports = ports[6 + worker_count..]
+            .chunks(2)
+            .map(|pair| (pair[0], pair[1]))
+            .collect();
         let mut stack = Stack {
             processes: Vec::new(),
             run_dir,
@@ -112,10 +126,19 @@ impl StackBuilder {
             nats_token: switchyard_support::random_token(),
             control_plane_admin_token: switchyard_support::random_token(),
             declared,
-            control_plane_command: (artifacts.control_plane.clone(), Vec::new()),
+            replica_ports,
+            control_plane_commands: Vec::new(),
         };
         stack.launch(&self, &artifacts).await?;
         Ok(stack)
+    }
+}
+
+/// The component of control-plane replica `replica`.
+pub fn replica_component(replica: usize) -> Component {
+    match replica {
+        0 => Component::ControlPlane,
+        n => Component::ControlPlaneReplica(u8::try_from(n).unwrap_or(u8::MAX)),
     }
 }
 
@@ -243,10 +266,6 @@ impl Stack {
             &self.control_plane_admin_token,
         )?;
         let mut cp_args = vec![
-            "--listen".into(),
-            format!("127.0.0.1:{}", self.control_plane_port),
-            "--admin-listen".into(),
-            format!("127.0.0.1:{}", self.control_plane_admin_port),
             "--admin-token-file".into(),
             self.run_dir
                 .join(ADMIN_TOKEN_FILE)
@@ -269,8 +288,27 @@ impl Stack {
         if let Some((file, _)) = &b.pool_file {
             cp_args.extend(["--pool-file".into(), file.to_string_lossy().into_owned()]);
         }
-        self.control_plane_command = (artifacts.control_plane.clone(), cp_args);
-        self.start_control_plane(timeout).await?;
+        let listens = std::iter::once((self.control_plane_port, self.control_plane_admin_port))
+            .chain(self.replica_ports.iter().copied());
+        self.control_plane_commands = listens
+            .enumerate()
+            .map(|(i, (route, admin))| {
+                let mut args = vec![
+                    "--listen".to_string(),
+                    format!("127.0.0.1:{route}"),
+                    "--admin-listen".into(),
+                    format!("127.0.0.1:{admin}"),
+                ];
+                if b.control_planes > 1 {
+                    args.extend(["--replica-id".into(), format!("cp-{i}")]);
+                }
+                args.extend(cp_args.iter().cloned());
+                (artifacts.control_plane.clone(), args)
+            })
+            .collect();
+        for replica in 0..b.control_planes {
+            self.start_control_plane(replica, timeout).await?;
+        }
         let client = self.client.clone();
 
         // Prefill workers run in their own process, so the prefill pool can be killed alone.
@@ -327,6 +365,11 @@ impl Stack {
             listen_port: self.listen_port,
             admin_port: self.admin_port,
             control_plane_port: self.control_plane_port,
+            control_plane_replica_ports: self
+                .replica_ports
+                .iter()
+                .map(|(route, _)| *route)
+                .collect(),
             wasm_path: artifacts.filter_wasm.clone(),
             route_timeout_ms: b.route_timeout_ms,
             buffer_limit_bytes: BUFFER_LIMIT_BYTES,
@@ -370,7 +413,34 @@ impl Stack {
             || http_ok(&client, &ready),
         )
         .await?;
-        self.wait_for_eds(timeout).await
+        self.wait_for_eds(timeout).await?;
+        for replica in 0..b.control_planes {
+            self.wait_ready(replica, timeout).await?;
+        }
+        Ok(())
+    }
+
+    /// Waits until control-plane replica `replica` says ready (`/readyz`): it has heard the
+    /// workers and their KV dumps, and Envoy's health check will send it route calls.
+    ///
+    /// # Errors
+    /// [`StackError::NotReady`] with what it still waits for.
+    pub async fn wait_ready(
+        &mut self,
+        replica: usize,
+        timeout: Duration,
+    ) -> Result<(), StackError> {
+        let readyz = format!("{}/readyz", self.control_plane_replica_url(replica));
+        let client = self.client.clone();
+        let run_dir = self.run_dir.clone();
+        wait_until(
+            replica_component(replica).name(),
+            timeout,
+            &mut || all_running(&mut self.processes),
+            &run_dir,
+            || http_ok(&client, &readyz),
+        )
+        .await
     }
 
     /// Waits until Envoy's clusters list every worker as healthy (the control plane learned
@@ -441,6 +511,28 @@ impl Stack {
     /// `http://127.0.0.1:PORT` of the control plane's route API (what Envoy calls).
     pub fn control_plane_url(&self) -> String {
         format!("http://127.0.0.1:{}", self.control_plane_port)
+    }
+
+    /// How many control-plane replicas the stack runs.
+    pub fn control_planes(&self) -> usize {
+        1 + self.replica_ports.len()
+    }
+
+    /// `http://127.0.0.1:PORT` of replica `replica`'s route API (0: [`Stack::control_plane_url`]).
+    pub fn control_plane_replica_url(&self, replica: usize) -> String {
+        match replica.checked_sub(1) {
+            None => self.control_plane_url(),
+            Some(i) => format!("http://127.0.0.1:{}", self.replica_ports[i].0),
+        }
+    }
+
+    /// `http://127.0.0.1:PORT` of replica `replica`'s admin API (0:
+    /// [`Stack::control_plane_admin_url`]).
+    pub fn control_plane_replica_admin_url(&self, replica: usize) -> String {
+        match replica.checked_sub(1) {
+            None => self.control_plane_admin_url(),
+            Some(i) => format!("http://127.0.0.1:{}", self.replica_ports[i].1),
+        }
     }
 
     /// `http://127.0.0.1:PORT` of the control plane's admin API (config, workers).
@@ -534,14 +626,31 @@ impl Stack {
     /// # Errors
     /// As starting the stack's control plane.
     pub async fn restart_control_plane(&mut self) -> Result<(), StackError> {
-        self.stop_component(Component::ControlPlane);
-        self.start_control_plane(Duration::from_secs(30)).await
+        self.restart_control_plane_replica(0).await
     }
 
-    async fn start_control_plane(&mut self, timeout: Duration) -> Result<(), StackError> {
-        let (program, args) = self.control_plane_command.clone();
-        self.spawn(Component::ControlPlane, &program, args)?;
-        let healthz = format!("{}/healthz", self.control_plane_url());
+    /// Stops control-plane replica `replica` (if it still runs) and starts it again with the
+    /// same flags; waits until it answers (not until it is ready: see [`Stack::wait_ready`]).
+    ///
+    /// # Errors
+    /// As starting the stack's control plane.
+    pub async fn restart_control_plane_replica(
+        &mut self,
+        replica: usize,
+    ) -> Result<(), StackError> {
+        self.stop_component(replica_component(replica));
+        self.start_control_plane(replica, Duration::from_secs(30))
+            .await
+    }
+
+    async fn start_control_plane(
+        &mut self,
+        replica: usize,
+        timeout: Duration,
+    ) -> Result<(), StackError> {
+        let (program, args) = self.control_plane_commands[replica].clone();
+        self.spawn(replica_component(replica), &program, args)?;
+        let healthz = format!("{}/healthz", self.control_plane_replica_url(replica));
         let client = self.client.clone();
         let run_dir = self.run_dir.clone();
         wait_until(

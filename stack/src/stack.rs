@@ -19,8 +19,10 @@ pub use switchyard_protocol::route::ServingMode;
 pub enum Component {
     /// nats-server.
     Nats,
-    /// The control plane.
+    /// The control plane (the first replica, when there are several).
     ControlPlane,
+    /// A further control-plane replica (1, 2 or 3; see [`StackBuilder::control_planes`]).
+    ControlPlaneReplica(u8),
     /// The simulated decode and agg workers (one process).
     Workers,
     /// The simulated prefill workers (their own process, so a test can kill the prefill pool
@@ -36,6 +38,9 @@ impl Component {
         match self {
             Component::Nats => "nats-server",
             Component::ControlPlane => "control-plane",
+            Component::ControlPlaneReplica(1) => "control-plane-1",
+            Component::ControlPlaneReplica(2) => "control-plane-2",
+            Component::ControlPlaneReplica(_) => "control-plane-3",
             Component::Workers => "sim-workers",
             Component::PrefillWorkers => "sim-prefill-workers",
             Component::Envoy => "envoy",
@@ -86,6 +91,7 @@ pub struct StackBuilder {
     pub(crate) max_model_len: u32,
     /// The control plane's `--pool-file`, and the workers it declares (not started here).
     pub(crate) pool_file: Option<(PathBuf, Vec<WorkerSpec>)>,
+    pub(crate) control_planes: usize,
 }
 
 impl Default for StackBuilder {
@@ -112,9 +118,13 @@ impl Default for StackBuilder {
             plain_listen_port: None,
             max_model_len: switchyard_engine::DEFAULT_MAX_MODEL_LEN,
             pool_file: None,
+            control_planes: 1,
         }
     }
 }
+
+/// Most control-plane replicas a local stack runs.
+pub const MAX_CONTROL_PLANES: usize = 4;
 
 macro_rules! setter {
     ($(#[$doc:meta])* $name:ident: $ty:ty => $field:ident) => {
@@ -164,6 +174,10 @@ impl StackBuilder {
     setter!(/// The model's context length, enforced by the control plane and the workers
         /// (default: the simulated Qwen3-235B-A22B's 262,144 tokens).
         max_model_len: u32 => max_model_len);
+    setter!(/// Control-plane replicas, 1 to [`MAX_CONTROL_PLANES`] (default 1). With more than one,
+        /// each runs with `--replica-id cp-N` (decisions, lifecycle reports and config shared
+        /// over NATS) and Envoy balances route calls across the ready ones.
+        control_planes: usize => control_planes);
     setter!(/// Budget for each readiness stage.
         ready_timeout: Duration => ready_timeout);
     setter!(/// Keep the run directory when the stack is dropped (default). With `false` it is

@@ -19,6 +19,7 @@ use tokio::time::Instant;
 pub use switchyard_stack::{Component, Signal};
 
 pub mod browser;
+pub mod drill;
 pub mod probe;
 pub mod vllm;
 
@@ -223,7 +224,20 @@ pub async fn admin_get_json(
     stack: &Stack,
     path: &str,
 ) -> Result<Value, String> {
-    let url = format!("{}{path}", stack.control_plane_admin_url());
+    replica_admin_get_json(client, stack, 0, path).await
+}
+
+/// As [`admin_get_json`], on control-plane replica `replica`'s admin API.
+///
+/// # Errors
+/// A message naming the URL if the call fails or the body is not JSON.
+pub async fn replica_admin_get_json(
+    client: &reqwest::Client,
+    stack: &Stack,
+    replica: usize,
+    path: &str,
+) -> Result<Value, String> {
+    let url = format!("{}{path}", stack.control_plane_replica_admin_url(replica));
     let response = client
         .get(&url)
         .bearer_auth(stack.control_plane_admin_token())
@@ -330,6 +344,26 @@ where
     let deadline = Instant::now() + timeout;
     while !probe().await {
         assert!(Instant::now() < deadline, "not within {timeout:?}: {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// As [`eventually`], with a probe that says what it saw: the panic after `timeout` shows
+/// the last `Err`.
+pub async fn eventually_ok<F, Fut>(what: &str, timeout: Duration, mut probe: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<(), String>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        match probe().await {
+            Ok(()) => return,
+            Err(seen) => assert!(
+                Instant::now() < deadline,
+                "not within {timeout:?}: {what}; last saw {seen}"
+            ),
+        }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }

@@ -39,6 +39,7 @@ fn settings(artifacts: &Artifacts, route_timeout_ms: u64) -> EnvoySettings {
         listen_port: 10000,
         admin_port: 9901,
         control_plane_port: 8080,
+        control_plane_replica_ports: vec![8082],
         wasm_path: artifacts.filter_wasm.clone(),
         route_timeout_ms,
         buffer_limit_bytes: 16 << 20,

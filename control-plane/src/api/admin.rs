@@ -127,10 +127,24 @@ pub async fn get_config(headers: HeaderMap, state: ApiState) -> Response {
     if let Some(refusal) = refused(&state, &headers) {
         return refusal;
     }
-    match state.service.config().await {
-        Ok(config) => warp::reply::json(&config).into_response(),
+    match state.service.versioned_config().await {
+        Ok((config, version)) => with_version(warp::reply::json(&config).into_response(), version),
         Err(_) => unavailable(&state),
     }
+}
+
+/// The config's shared version as an `ETag` (absent while the config is not shared).
+fn with_version(reply: Response, version: u64) -> Response {
+    if version == 0 {
+        reply
+    } else {
+        warp::reply::with_header(reply, "etag", format!("\"{version}\"")).into_response()
+    }
+}
+
+fn invalid_config(state: &ApiState, e: &crate::config::ConfigError) -> Response {
+    state.metrics.bad_request("invalid_config");
+    error_reply(StatusCode::BAD_REQUEST, "invalid_config", e.to_string())
 }
 
 /// `PUT /v1/config` (admin token): a JSON merge patch over the current config (absent
@@ -149,13 +163,55 @@ where
         Ok(c) => c,
         Err(reply) => return reply,
     };
+    if state.shares_config {
+        return match crate::replicas::config_store::patch(&state.nats, &state.service, &patch).await
+        {
+            Ok(Ok(v)) => with_version(warp::reply::json(&v.config).into_response(), v.version),
+            Ok(Err(e)) => invalid_config(&state, &e),
+            Err(e) => {
+                // Fails loudly: a change that reached one replica only would split the fleet.
+                let code = "config_store_unavailable";
+                state.metrics.bad_request(code);
+                error_reply(StatusCode::SERVICE_UNAVAILABLE, code, e.to_string())
+            }
+        };
+    }
     match state.service.patch_config(patch).await {
         Ok(Ok(config)) => warp::reply::json(&config).into_response(),
-        Ok(Err(e)) => {
-            state.metrics.bad_request("invalid_config");
-            error_reply(StatusCode::BAD_REQUEST, "invalid_config", e.to_string())
-        }
+        Ok(Err(e)) => invalid_config(&state, &e),
         Err(_) => unavailable(&state),
+    }
+}
+
+/// `GET /readyz`: 200 once this replica may be given route calls, else 503 naming what it
+/// still waits for (see [`crate::readiness`]).
+pub async fn ready(state: ApiState) -> Response {
+    let now = tokio::time::Instant::now();
+    let result = if state.readiness.latched() {
+        Ok(())
+    } else {
+        let Ok(dumps_pending) = state.service.dumps_pending().await else {
+            return unavailable(&state);
+        };
+        state.readiness.check(&crate::readiness::Facts {
+            needs_nats: state.needs_nats,
+            nats_connected_for_ms: state.readiness.nats_connected_for_ms(now),
+            warmup_ms: state.ready_after_ms,
+            dumps_pending,
+            first_polls_done: state.first_polls.is_open(now),
+        })
+    };
+    match result {
+        Ok(()) => {
+            state.metrics.ready.set(1);
+            warp::reply::json(&serde_json::json!({ "ready": true })).into_response()
+        }
+        Err(waiting) => {
+            let mut body = serde_json::to_value(waiting).unwrap_or_default();
+            body["ready"] = false.into();
+            warp::reply::with_status(warp::reply::json(&body), StatusCode::SERVICE_UNAVAILABLE)
+                .into_response()
+        }
     }
 }
 

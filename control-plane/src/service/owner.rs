@@ -7,12 +7,14 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use tokio::time::Instant;
 
+use switchyard_protocol::replica::ReplicaUpdate;
 use switchyard_protocol::worker::WorkerRole;
 
 use super::{Command, WorkerEntry};
 use crate::metrics::{
     set_gauges, variant_label, Metrics, ModelLabels, ModelRoleLabels, RoleLabels, WorkerLabels,
 };
+use crate::replicas::ReplicaLink;
 use crate::router::{ControlCore, KvCounters, Router, WorkerChange};
 
 /// The owner's state: the control core plus what it needs to timestamp and count.
@@ -28,6 +30,10 @@ pub(super) struct Owner {
     model_blocks_seen: BTreeSet<ModelLabels>,
     /// Per-worker gauges set so far (removed once their worker left).
     workers_seen: BTreeSet<WorkerLabels>,
+    /// The other replicas, when this is one of several.
+    replicas: Option<ReplicaLink>,
+    /// Version of the shared config in force (0: the start-up config, not shared yet).
+    config_version: u64,
 }
 
 impl Owner {
@@ -36,6 +42,7 @@ impl Owner {
         metrics: Metrics,
         heartbeat_misses: u32,
         started: Instant,
+        replicas: Option<ReplicaLink>,
     ) -> Self {
         let mut owner = Owner {
             core: ControlCore::new(router, heartbeat_misses),
@@ -46,6 +53,8 @@ impl Owner {
             model_workers_seen: BTreeSet::new(),
             model_blocks_seen: BTreeSet::new(),
             workers_seen: BTreeSet::new(),
+            replicas,
+            config_version: 0,
         };
         owner.update_worker_gauges();
         owner
@@ -104,6 +113,11 @@ impl Owner {
                 for event in &batch.events {
                     self.core.lifecycle(event, now_ms);
                 }
+                if let Some(link) = &self.replicas {
+                    link.share(ReplicaUpdate::Lifecycle {
+                        events: batch.events,
+                    });
+                }
             }
             Command::Route { request, reply } => {
                 let verdict = self.core.route_model(
@@ -113,7 +127,40 @@ impl Owner {
                     request.model.as_deref(),
                     now_ms,
                 );
+                if let (Ok(_), Some(link)) = (&verdict, &self.replicas) {
+                    if let Some((decode, prefill)) =
+                        self.core.router().shared_route(&request.request_id)
+                    {
+                        link.share(ReplicaUpdate::Routed {
+                            request_id: request.request_id,
+                            decode,
+                            prefill,
+                        });
+                    }
+                }
                 let _ = reply.send(verdict);
+            }
+            Command::Peer { update } => self.apply_peer(update, now_ms),
+            Command::SetSharedConfig {
+                config,
+                version,
+                reply,
+            } => {
+                let result = if version <= self.config_version {
+                    Ok(())
+                } else {
+                    self.core.router_mut().set_config(config).map(|()| {
+                        self.config_version = version;
+                        self.metrics
+                            .config_version
+                            .set(i64::try_from(version).unwrap_or(i64::MAX));
+                        tracing::info!(version, config = %serde_json::to_string(self.router().config()).unwrap_or_default(), "shared router config applied");
+                    })
+                };
+                let _ = reply.send(result);
+            }
+            Command::DumpsPending { reply } => {
+                let _ = reply.send(self.core.dumps_pending(now_ms));
             }
             Command::HeartbeatsReachable { reachable } => {
                 if reachable {
@@ -127,7 +174,7 @@ impl Owner {
                 let _ = reply.send(self.worker_entries());
             }
             Command::Config { reply } => {
-                let _ = reply.send(self.router().config().clone());
+                let _ = reply.send((self.router().config().clone(), self.config_version));
             }
             Command::PatchConfig { patch, reply } => {
                 let result = self
@@ -146,6 +193,32 @@ impl Owner {
             }
         }
         self.fold_stalls();
+    }
+
+    /// Another replica's decision or lifecycle reports, applied as if they were this one's.
+    fn apply_peer(&mut self, update: ReplicaUpdate, now_ms: u64) {
+        match update {
+            ReplicaUpdate::Routed {
+                request_id,
+                decode,
+                prefill,
+            } => match self
+                .core
+                .peer_route(&request_id, &decode, prefill.as_ref(), now_ms)
+            {
+                Ok(()) => self.metrics.replica_update("applied"),
+                Err(error) => {
+                    tracing::debug!(%error, request_id, "peer decision not applied");
+                    self.metrics.replica_update("rejected");
+                }
+            },
+            ReplicaUpdate::Lifecycle { events } => {
+                for event in &events {
+                    self.core.lifecycle(event, now_ms);
+                }
+                self.metrics.replica_update("applied");
+            }
+        }
     }
 
     /// Periodic housekeeping: expire silent workers, refresh the index gauges.
@@ -308,7 +381,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_stall_longer_than_the_heartbeat_window_expires_nobody() {
         let metrics = Metrics::default();
-        let mut owner = Owner::new(Router::new(), metrics.clone(), 3, Instant::now());
+        let mut owner = Owner::new(Router::new(), metrics.clone(), 3, Instant::now(), None);
         owner.handle(heartbeat("decode-0"));
         owner.tick();
         // The process is stopped for 5 s (SIGSTOP): no tick, no heartbeat processed.
@@ -335,7 +408,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn per_model_and_per_worker_gauges_follow_the_live_workers_and_drop_those_that_left() {
         let metrics = Metrics::default();
-        let mut owner = Owner::new(Router::new(), metrics.clone(), 3, Instant::now());
+        let mut owner = Owner::new(Router::new(), metrics.clone(), 3, Instant::now(), None);
         owner.handle(heartbeat_of_model("a-0", "alpha"));
         owner.handle(heartbeat_of_model("a-1", "alpha"));
         owner.handle(heartbeat_of_model("b-0", "beta"));

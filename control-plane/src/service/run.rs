@@ -17,6 +17,8 @@ use crate::metrics::Metrics;
 use crate::models::Models;
 use crate::pools::first_polls::FirstPolls;
 use crate::pools::PoolWatcher;
+use crate::readiness::Readiness;
+use crate::replicas::{self, ReplicaLink};
 use crate::router::Router;
 use crate::service::tokenizer::{
     load_model_tokenizer, PromptTokenizer, SegmentCacheStats, TokenizerLoadError,
@@ -88,10 +90,15 @@ pub use crate::models::DEFAULT_MAX_MODEL_LEN;
 
 /// Tells the router owner whenever the NATS connection comes or goes, so it never expires a
 /// worker for heartbeats that could not arrive.
-async fn forward_reachability(nats: async_nats::Client, service: crate::service::ServiceHandle) {
+async fn forward_reachability(
+    nats: async_nats::Client,
+    service: crate::service::ServiceHandle,
+    readiness: Readiness,
+) {
     let (mut connected, poller) = switchyard_bus::watch_connection(nats);
     loop {
         let reachable = *connected.borrow_and_update();
+        readiness.nats_connected(reachable, tokio::time::Instant::now());
         if service.heartbeats_reachable(reachable).await.is_err()
             || connected.changed().await.is_err()
         {
@@ -165,14 +172,48 @@ pub async fn run_with_tokenizer(
         "longer prompts and larger max_tokens are refused"
     );
     let router = Router::with_config(config, settings.seed);
-    let (service, owner) = super::spawn(router, metrics.clone(), settings.heartbeat_misses);
+    let (link, updates) = match &settings.replica_id {
+        Some(id) => {
+            tracing::info!(replica = %id, "one of several replicas: decisions, lifecycle reports and config shared over NATS");
+            let (link, updates) = ReplicaLink::new(metrics.clone());
+            (Some(link), Some(updates))
+        }
+        None => (None, None),
+    };
+    let (service, owner) = super::spawn(router, metrics.clone(), settings.heartbeat_misses, link);
+    let mut replica_tasks = Vec::new();
+    if let (Some(id), Some(updates)) = (&settings.replica_id, updates) {
+        replica_tasks.push(tokio::spawn(replicas::publish(
+            nats.clone(),
+            id.clone(),
+            updates,
+            metrics.clone(),
+        )));
+        replica_tasks.push(tokio::spawn(replicas::subscribe(
+            nats.clone(),
+            id.clone(),
+            service.clone(),
+            metrics.clone(),
+        )));
+        replica_tasks.push(tokio::spawn(replicas::config_store::follow(
+            nats.clone(),
+            service.clone(),
+            metrics.clone(),
+        )));
+    }
+    let readiness = Readiness::default();
+    let needs_nats = settings.replica_id.is_some() || !matches!(admission, Admission::Closed);
     let consumer = tokio::spawn(consumers::run(
         nats.clone(),
         service.clone(),
         metrics.clone(),
         admission,
     ));
-    let reachability = tokio::spawn(forward_reachability(nats.clone(), service.clone()));
+    let reachability = tokio::spawn(forward_reachability(
+        nats.clone(),
+        service.clone(),
+        readiness.clone(),
+    ));
     let mut first_polls = FirstPolls::open();
     let pools = match &settings.pool_file {
         Some(file) => {
@@ -228,6 +269,10 @@ pub async fn run_with_tokenizer(
         admin_token,
         recent: Arc::new(Mutex::new(crate::status::RecentDecisions::default())),
         started: tokio::time::Instant::now(),
+        readiness,
+        needs_nats,
+        ready_after_ms: settings.ready_after_ms,
+        shares_config: settings.replica_id.is_some(),
     };
 
     let route_addr = listeners.route.local_addr()?;
@@ -260,6 +305,9 @@ pub async fn run_with_tokenizer(
     drop(server);
     consumer.abort();
     reachability.abort();
+    for task in &replica_tasks {
+        task.abort();
+    }
     if let Some(pools) = pools {
         pools.abort();
         let _ = pools.await;

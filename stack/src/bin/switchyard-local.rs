@@ -41,6 +41,11 @@ struct Args {
     /// nats-server port (default: a free one).
     #[arg(long)]
     nats_port: Option<u16>,
+    /// Control-plane replicas behind Envoy (active-active: decisions, lifecycle reports and
+    /// config shared over NATS).
+    #[arg(long, default_value_t = 1,
+          value_parser = clap::value_parser!(u16).range(1..=switchyard_stack::MAX_CONTROL_PLANES as i64))]
+    control_planes: u16,
     /// Run `target/release` binaries (build with `cargo build --workspace --bins --release`).
     #[arg(long)]
     release: bool,
@@ -91,7 +96,8 @@ async fn main() -> anyhow::Result<()> {
         } else {
             Profile::Debug
         })
-        .route_timeout_ms(args.route_timeout_ms);
+        .route_timeout_ms(args.route_timeout_ms)
+        .control_planes(usize::from(args.control_planes));
     if let Some(v) = args.conditional_disagg_config {
         builder = builder.conditional_disagg_config(v);
     }
@@ -139,6 +145,13 @@ async fn main() -> anyhow::Result<()> {
         );
     }
     println!("  control plane  {} (route API)", stack.control_plane_url());
+    for replica in 1..stack.control_planes() {
+        println!(
+            "  replica cp-{replica}   {} (route API), {} (admin API)",
+            stack.control_plane_replica_url(replica),
+            stack.control_plane_replica_admin_url(replica)
+        );
+    }
     println!(
         "  admin API      {} (token: {})",
         stack.control_plane_admin_url(),

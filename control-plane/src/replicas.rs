@@ -1,0 +1,113 @@
+//! Active-active: several control planes behind one gateway (`--replica-id`), each with its
+//! own KV index from the workers' events, sharing what one replica alone cannot see.
+//!
+//! - **Load.** Every routing decision and every lifecycle report a replica receives goes out
+//!   on [`SYNC_SUBJECT`] ([`ReplicaLink::share`], published by [`publish`]); the others apply
+//!   it as their own ([`subscribe`]), so a burst split across replicas spreads across workers
+//!   as one replica would spread it. How stale a view gets is NATS's delivery time plus the
+//!   owner's queue, measured per update in `switchyard_replica_sync_lag_seconds`; while NATS
+//!   is down each replica sees only its own decisions (and the workers' reports stop too).
+//! - **Config.** The router config lives in a NATS KV bucket ([`config_store`]); a `PUT` on
+//!   any replica writes it there with a compare-and-set on its revision, and every replica
+//!   applies each new revision it watches.
+//! - **Readiness** (`/readyz`, [`crate::readiness`]): a replica that joins late answers 503
+//!   until it has heard the workers and their KV dumps, and Envoy's health check keeps route
+//!   calls away until then.
+
+pub mod config_store;
+
+use tokio::sync::mpsc;
+
+use switchyard_protocol::registration::unix_now_ms;
+use switchyard_protocol::replica::{ReplicaSync, ReplicaUpdate, SYNC_SUBJECT};
+use switchyard_protocol::PROTOCOL_VERSION;
+
+use crate::consumers::{decode, subscribe_with_retry};
+use crate::metrics::Metrics;
+use crate::service::ServiceHandle;
+
+/// Updates queued for publishing before new ones are dropped (counted): a replica that
+/// cannot publish must not grow without bound or slow its route calls.
+const PUBLISH_QUEUE: usize = 8_192;
+
+/// Whether a replica id can be used: non-empty, at most 64 characters of `[A-Za-z0-9_-]`.
+pub fn is_valid_replica_id(id: &str) -> bool {
+    !id.is_empty() && id.len() <= 64 && switchyard_protocol::subjects::is_valid_worker_token(id)
+}
+
+/// The router owner's side of the sync: hands updates to the publisher without waiting.
+#[derive(Debug, Clone)]
+pub struct ReplicaLink {
+    tx: mpsc::Sender<ReplicaUpdate>,
+    metrics: Metrics,
+}
+
+impl ReplicaLink {
+    /// A link and the queue [`publish`] drains.
+    pub fn new(metrics: Metrics) -> (ReplicaLink, mpsc::Receiver<ReplicaUpdate>) {
+        let (tx, rx) = mpsc::channel(PUBLISH_QUEUE);
+        (ReplicaLink { tx, metrics }, rx)
+    }
+
+    /// Queues `update` for the other replicas; a full queue drops it (counted `dropped`):
+    /// the peers' load views correct themselves at the workers' next load reports.
+    pub fn share(&self, update: ReplicaUpdate) {
+        if self.tx.try_send(update).is_err() {
+            self.metrics.replica_update("dropped");
+        }
+    }
+}
+
+/// Publishes queued updates on [`SYNC_SUBJECT`] as replica `id` until the link is dropped.
+pub async fn publish(
+    nats: async_nats::Client,
+    id: String,
+    mut updates: mpsc::Receiver<ReplicaUpdate>,
+    metrics: Metrics,
+) {
+    while let Some(update) = updates.recv().await {
+        let sync = ReplicaSync {
+            v: PROTOCOL_VERSION,
+            replica: id.clone(),
+            sent_at_unix_ms: unix_now_ms(),
+            update,
+        };
+        let sent = match serde_json::to_vec(&sync) {
+            Ok(bytes) => nats.publish(SYNC_SUBJECT, bytes.into()).await.is_ok(),
+            Err(_) => false,
+        };
+        metrics.replica_update(if sent { "sent" } else { "dropped" });
+    }
+}
+
+/// Applies the other replicas' updates (skipping this one's own, which NATS also delivers
+/// here) until the router owner stops.
+pub async fn subscribe(
+    nats: async_nats::Client,
+    id: String,
+    service: ServiceHandle,
+    metrics: Metrics,
+) {
+    use futures::StreamExt;
+    let mut sub = subscribe_with_retry(&nats, SYNC_SUBJECT).await;
+    while let Some(message) = sub.next().await {
+        let sync = match decode::<ReplicaSync>(&message.payload, |m| m.v) {
+            Ok(sync) => sync,
+            Err(error) => {
+                metrics.bad_message("replica_sync");
+                tracing::warn!(%error, "undecodable replica update");
+                continue;
+            }
+        };
+        if sync.replica == id {
+            continue;
+        }
+        let lag_ms = unix_now_ms().saturating_sub(sync.sent_at_unix_ms);
+        metrics
+            .replica_sync_lag_seconds
+            .observe(lag_ms as f64 / 1_000.0);
+        if service.peer(sync.update).await.is_err() {
+            break;
+        }
+    }
+}

@@ -1,0 +1,352 @@
+//! Fault drills: a bounded streaming load of multi-turn conversations through the gateway
+//! while a test breaks something, and what every request got.
+//!
+//! Each client holds a conversation: every turn sends the whole history again (the earlier
+//! prompts and the assistant's answers), so from the second turn on most of the prompt is
+//! cached on the decode worker that served the turn before. A turn is *routed with KV
+//! affinity* when the control plane gave a verdict (not a fail-open or fallback) and sent it
+//! to that same worker: the share of such turns per second is the routing quality a drill
+//! watches fall and recover.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use crate::probe::{assistant_text, streamed_chat};
+use crate::{post_observed, DESTINATION_RESPONSE_HEADER};
+use switchyard_protocol::route::ROUTE_HEADER;
+
+/// How long one request may take before it counts as failed.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The load's shape.
+#[derive(Debug, Clone, Copy)]
+pub struct DrillLoad {
+    /// Clients, each one conversation at a time.
+    pub clients: usize,
+    /// Turns per conversation before a client starts a new one.
+    pub turns: usize,
+    /// Tokens asked for per turn.
+    pub max_tokens: u32,
+    /// Requests each client sends at most (the bound on the load's count).
+    pub max_requests_per_client: usize,
+}
+
+impl Default for DrillLoad {
+    fn default() -> Self {
+        DrillLoad {
+            clients: 3,
+            turns: 6,
+            max_tokens: 16,
+            max_requests_per_client: 400,
+        }
+    }
+}
+
+/// What one request got.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    /// When it was sent, from the load's start.
+    pub at: Duration,
+    /// The turn's index in its conversation (0: the first).
+    pub turn: usize,
+    /// HTTP status (0: no response).
+    pub status: u16,
+    /// 200 and a complete stream.
+    pub ok: bool,
+    /// `x-switchyard-route`: `bypass`, `disagg`, `agg`, `fail-open;reason=…`, ….
+    pub route: String,
+    /// The decode worker that served it.
+    pub destination: Option<String>,
+    /// For turns after the first: routed by a verdict to the previous turn's worker.
+    pub affinity: Option<bool>,
+    /// What went wrong, when not ok.
+    pub error: Option<String>,
+}
+
+impl Outcome {
+    /// Whether the filter failed open for it (no verdict in time).
+    pub fn failed_open(&self) -> bool {
+        self.route.starts_with("fail-open")
+    }
+}
+
+/// A load that is running.
+pub struct DrillRun {
+    started: Instant,
+    stop: Arc<AtomicBool>,
+    outcomes: Arc<Mutex<Vec<Outcome>>>,
+    clients: Vec<tokio::task::JoinHandle<()>>,
+}
+
+/// Starts `load` against the gateway at `gateway` (its base URL).
+pub fn start(http: &reqwest::Client, gateway: &str, load: DrillLoad) -> DrillRun {
+    let started = Instant::now();
+    let stop = Arc::new(AtomicBool::new(false));
+    let outcomes = Arc::new(Mutex::new(Vec::new()));
+    let url = format!("{gateway}/v1/chat/completions");
+    let clients = (0..load.clients)
+        .map(|client| {
+            let (http, url, stop, outcomes) =
+                (http.clone(), url.clone(), stop.clone(), outcomes.clone());
+            tokio::spawn(async move {
+                run_client(client, &http, &url, load, started, &stop, &outcomes).await;
+            })
+        })
+        .collect();
+    DrillRun {
+        started,
+        stop,
+        outcomes,
+        clients,
+    }
+}
+
+/// The first message of a conversation: ~600 tokens of text unique to it.
+fn opening(client: usize, conversation: usize) -> String {
+    let mut text = format!("Client {client}, conversation {conversation}: plan the work.\n");
+    for i in 0..40 {
+        text.push_str(&format!(
+            "Step {i} of plan {client}/{conversation} depends on step {} and unlocks {}.\n",
+            i.max(1) - 1,
+            i + 1
+        ));
+    }
+    text
+}
+
+async fn run_client(
+    client: usize,
+    http: &reqwest::Client,
+    url: &str,
+    load: DrillLoad,
+    started: Instant,
+    stop: &AtomicBool,
+    outcomes: &Mutex<Vec<Outcome>>,
+) {
+    let mut sent = 0;
+    let mut conversation = 0;
+    while sent < load.max_requests_per_client && !stop.load(Ordering::Relaxed) {
+        let mut messages = vec![json!({"role": "user", "content": opening(client, conversation)})];
+        let mut previous: Option<String> = None;
+        for turn in 0..load.turns {
+            if sent >= load.max_requests_per_client || stop.load(Ordering::Relaxed) {
+                return;
+            }
+            sent += 1;
+            let at = started.elapsed();
+            let body = streamed_chat(Value::Array(messages.clone()), load.max_tokens);
+            let outcome = match post_observed(http, url, &body, &[], REQUEST_TIMEOUT).await {
+                Ok(r) => {
+                    let complete = r.sse_data().last().map(String::as_str) == Some("[DONE]");
+                    let route = r.header(ROUTE_HEADER).to_string();
+                    let destination = Some(r.header(DESTINATION_RESPONSE_HEADER).to_string())
+                        .filter(|d| !d.is_empty());
+                    let routed = matches!(route.as_str(), "bypass" | "disagg" | "agg");
+                    let affinity = previous
+                        .as_ref()
+                        .map(|p| routed && destination.as_ref() == Some(p));
+                    let ok = r.status == 200 && complete;
+                    if ok {
+                        messages.push(json!({"role": "assistant", "content": assistant_text(&r)}));
+                        messages.push(
+                            json!({"role": "user", "content": format!("Go on with step {turn}.")}),
+                        );
+                        previous.clone_from(&destination);
+                    }
+                    Outcome {
+                        at,
+                        turn,
+                        status: r.status,
+                        ok,
+                        route,
+                        destination,
+                        affinity,
+                        error: (!ok).then(|| format!("{}: {}", r.status, r.body())),
+                    }
+                }
+                Err(e) => Outcome {
+                    at,
+                    turn,
+                    status: 0,
+                    ok: false,
+                    route: String::new(),
+                    destination: None,
+                    affinity: None,
+                    error: Some(e),
+                },
+            };
+            let failed = !outcome.ok;
+            outcomes
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .push(outcome);
+            if failed {
+                // The conversation cannot go on without the answer; start a new one.
+                break;
+            }
+        }
+        conversation += 1;
+    }
+}
+
+impl DrillRun {
+    /// Time since the load started: mark a fault's start and end with it.
+    pub fn elapsed(&self) -> Duration {
+        self.started.elapsed()
+    }
+
+    /// Stops the clients after their current request and returns what every request got.
+    pub async fn finish(self) -> DrillReport {
+        self.stop.store(true, Ordering::Relaxed);
+        for client in self.clients {
+            let _ = client.await;
+        }
+        let mut outcomes = self
+            .outcomes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        outcomes.sort_by_key(|o| o.at);
+        DrillReport { outcomes }
+    }
+}
+
+/// Every request of a drill's load.
+#[derive(Debug, Clone)]
+pub struct DrillReport {
+    /// In the order they were sent.
+    pub outcomes: Vec<Outcome>,
+}
+
+impl DrillReport {
+    /// Requests sent.
+    pub fn sent(&self) -> usize {
+        self.outcomes.len()
+    }
+
+    /// Requests that did not succeed.
+    pub fn failed(&self) -> Vec<&Outcome> {
+        self.outcomes.iter().filter(|o| !o.ok).collect()
+    }
+
+    /// Requests the filter failed open for.
+    pub fn failed_open(&self) -> usize {
+        self.outcomes.iter().filter(|o| o.failed_open()).count()
+    }
+
+    /// Share of turns after the first routed with KV affinity among those sent in
+    /// `[from, to)`; `None` without such turns.
+    pub fn affinity_share(&self, from: Duration, to: Duration) -> Option<f64> {
+        let turns: Vec<bool> = self
+            .outcomes
+            .iter()
+            .filter(|o| o.at >= from && o.at < to)
+            .filter_map(|o| o.affinity)
+            .collect();
+        (!turns.is_empty())
+            .then(|| turns.iter().filter(|a| **a).count() as f64 / turns.len() as f64)
+    }
+
+    /// How long after `from` the routing quality was back: the end of the first one-second
+    /// window from `from` on whose affinity share is at least `goal`, and after which every
+    /// window with turns in it stays at `goal` or above. `None` if it never came back.
+    pub fn recovered_after(&self, from: Duration, goal: f64) -> Option<Duration> {
+        let end = self.outcomes.last()?.at + Duration::from_secs(1);
+        let windows: Vec<(Duration, Option<f64>)> = (0..)
+            .map(|s| from + Duration::from_secs(s))
+            .take_while(|start| *start < end)
+            .map(|start| {
+                (
+                    start,
+                    self.affinity_share(start, start + Duration::from_secs(1)),
+                )
+            })
+            .collect();
+        let first_good = windows
+            .iter()
+            .position(|(_, share)| share.is_some_and(|s| s >= goal))?;
+        let stays = windows[first_good..]
+            .iter()
+            .all(|(_, share)| share.is_none_or(|s| s >= goal));
+        stays.then(|| windows[first_good].0 + Duration::from_secs(1) - from)
+    }
+
+    /// One row of `docs/reliability.md`'s table.
+    pub fn row(&self, drill: &str, recovery: &str) -> String {
+        format!(
+            "| {drill} | {} | {} | {} | {} | {recovery} |",
+            self.sent(),
+            self.sent() - self.failed().len(),
+            self.failed().len(),
+            self.failed_open(),
+        )
+    }
+}
+
+/// Prints a drill's row where the test output shows it (and where `docs/reliability.md`'s
+/// table is copied from).
+pub fn report(row: &str) {
+    eprintln!("DRILL {row}");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn outcome(at_ms: u64, affinity: Option<bool>) -> Outcome {
+        Outcome {
+            at: Duration::from_millis(at_ms),
+            turn: usize::from(affinity.is_some()),
+            status: 200,
+            ok: true,
+            route: "bypass".into(),
+            destination: Some("w".into()),
+            affinity,
+            error: None,
+        }
+    }
+
+    #[test]
+    fn recovery_is_the_first_good_second_that_stays_good() {
+        let report = DrillReport {
+            outcomes: vec![
+                outcome(100, Some(true)),
+                outcome(1_100, Some(false)),
+                outcome(1_200, Some(false)),
+                outcome(2_100, Some(true)),
+                outcome(2_200, Some(false)),
+                outcome(3_100, Some(true)),
+                outcome(3_200, None),
+                outcome(4_500, Some(true)),
+            ],
+        };
+        assert_eq!(
+            report.affinity_share(Duration::ZERO, Duration::from_secs(9)),
+            Some(4.0 / 7.0)
+        );
+        // From 1 s: [1,2) 0.0, [2,3) 0.5, [3,4) 1.0, [4,5) 1.0.
+        assert_eq!(
+            report.recovered_after(Duration::from_secs(1), 0.9),
+            Some(Duration::from_secs(3))
+        );
+        assert_eq!(
+            report.recovered_after(Duration::from_secs(1), 0.5),
+            Some(Duration::from_secs(2))
+        );
+        let never = DrillReport {
+            outcomes: vec![
+                outcome(100, Some(false)),
+                outcome(1_100, Some(true)),
+                outcome(2_100, Some(false)),
+            ],
+        };
+        assert_eq!(
+            never.recovered_after(Duration::ZERO, 0.9),
+            None,
+            "it did not stay good"
+        );
+    }
+}

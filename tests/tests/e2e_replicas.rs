@@ -1,0 +1,379 @@
+//! Two control-plane replicas serve one gateway (active-active), on a real stack: Envoy with
+//! the filter balancing route calls across both, nats-server with JetStream, simulated
+//! workers.
+//!
+//! - A burst that Envoy splits across the replicas spreads across the decode workers as one
+//!   replica would spread it, and both replicas see the same load (each applies the other's
+//!   decisions and lifecycle reports).
+//! - One `PUT /v1/config` on either replica changes the config of both, with one version.
+//! - Drill: one replica killed under streaming load fails no request; started again, it says
+//!   not ready (and Envoy sends it no route calls) until it has the workers' KV dumps, and then
+//!   holds the same index as the replica that stayed.
+//!
+//! Needs `cargo build -p switchyard-filter --target wasm32-wasip1 --profile wasm && cargo
+//! build --workspace --bins` first (the tests build nothing).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use switchyard_e2e::drill::{self, DrillLoad};
+use switchyard_e2e::probe::long_prompt;
+use switchyard_e2e::{
+    client, eventually_ok, get_text, replica_admin_get_json, start_stack,
+    DESTINATION_RESPONSE_HEADER,
+};
+use switchyard_protocol::route::ROUTE_HEADER;
+use switchyard_stack::envoy::healthy_hosts;
+use switchyard_stack::{Component, ServingMode, Stack, StackBuilder};
+
+/// Per decode worker: requests in flight as one replica sees them.
+async fn in_flight(http: &reqwest::Client, stack: &Stack, replica: usize) -> BTreeMap<String, u64> {
+    let json = replica_admin_get_json(http, stack, replica, "/v1/workers")
+        .await
+        .unwrap_or_default();
+    workers(&json)
+        .filter(|w| w["info"]["role"] == "decode")
+        .map(|w| (id(w), w["in_flight"].as_u64().unwrap_or(0)))
+        .collect()
+}
+
+/// Per worker: KV blocks one replica's index holds.
+async fn cached_blocks(
+    http: &reqwest::Client,
+    stack: &Stack,
+    replica: usize,
+) -> BTreeMap<String, u64> {
+    let json = replica_admin_get_json(http, stack, replica, "/v1/workers")
+        .await
+        .unwrap_or_default();
+    workers(&json)
+        .map(|w| (id(w), w["cached_blocks"].as_u64().unwrap_or(0)))
+        .collect()
+}
+
+fn workers(json: &Value) -> impl Iterator<Item = &Value> {
+    json["workers"].as_array().into_iter().flatten()
+}
+
+fn id(worker: &Value) -> String {
+    worker["info"]["worker_id"]
+        .as_str()
+        .unwrap_or("?")
+        .to_string()
+}
+
+/// `GET /v1/config` on one replica: the config and its version (`ETag`).
+async fn config(http: &reqwest::Client, stack: &Stack, replica: usize) -> (Value, String) {
+    let response = http
+        .get(format!(
+            "{}/v1/config",
+            stack.control_plane_replica_admin_url(replica)
+        ))
+        .bearer_auth(stack.control_plane_admin_token())
+        .send()
+        .await
+        .expect("GET /v1/config");
+    let etag = response
+        .headers()
+        .get("etag")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string();
+    (response.json().await.expect("config JSON"), etag)
+}
+
+async fn put_config(
+    http: &reqwest::Client,
+    stack: &Stack,
+    replica: usize,
+    patch: Value,
+) -> (u16, Value, String) {
+    let response = http
+        .put(format!(
+            "{}/v1/config",
+            stack.control_plane_replica_admin_url(replica)
+        ))
+        .bearer_auth(stack.control_plane_admin_token())
+        .json(&patch)
+        .send()
+        .await
+        .expect("PUT /v1/config");
+    let status = response.status().as_u16();
+    let etag = response
+        .headers()
+        .get("etag")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string();
+    (status, response.json().await.unwrap_or_default(), etag)
+}
+
+/// The route ports of the control-plane replicas Envoy's health check passes.
+async fn healthy_replicas(http: &reqwest::Client, stack: &Stack) -> Vec<String> {
+    let page = get_text(http, &format!("{}/clusters", stack.admin_url()))
+        .await
+        .unwrap_or_default();
+    healthy_hosts(&page, "switchyard_control_plane")
+}
+
+fn host(url: &str) -> String {
+    url.trim_start_matches("http://").to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_share_load_and_config_and_a_replica_lost_or_late_costs_nothing() {
+    let mut stack = start_stack(
+        StackBuilder::new()
+            .decode_workers(3)
+            .prefill_workers(1)
+            .control_planes(2)
+            .serving_mode(ServingMode::Conditional)
+            .route_timeout_ms(2_000),
+    )
+    .await;
+    let http = client();
+    let url = format!("{}/v1/chat/completions", stack.gateway_url());
+    let replica_hosts = [
+        host(&stack.control_plane_replica_url(0)),
+        host(&stack.control_plane_replica_url(1)),
+    ];
+    eventually_ok(
+        "Envoy health-checks both replicas as ready",
+        Duration::from_secs(10),
+        || async {
+            let healthy = healthy_replicas(&http, &stack).await;
+            (healthy.len() == 2)
+                .then_some(())
+                .ok_or(format!("{healthy:?}"))
+        },
+    )
+    .await;
+
+    // A burst of long streams, one after another as fast as each gets its headers: Envoy
+    // alternates the route calls between the replicas.
+    const BURST: usize = 7;
+    let mut streams = Vec::new();
+    let mut served: BTreeMap<String, u64> = BTreeMap::new();
+    for i in 0..BURST {
+        let body = json!({
+            "model": "qwen3",
+            "messages": [{"role": "user", "content": long_prompt(&format!("burst {i}"))}],
+            "max_tokens": 4_000,
+            "stream": true,
+        });
+        let response =
+            tokio::time::timeout(Duration::from_secs(30), http.post(&url).json(&body).send())
+                .await
+                .expect("headers within 30 s")
+                .expect("POST through the gateway");
+        assert_eq!(response.status(), 200);
+        let route = response.headers()[ROUTE_HEADER]
+            .to_str()
+            .unwrap()
+            .to_string();
+        assert!(
+            matches!(route.as_str(), "bypass" | "disagg"),
+            "a verdict, not {route}"
+        );
+        let destination = response.headers()[DESTINATION_RESPONSE_HEADER]
+            .to_str()
+            .unwrap()
+            .to_string();
+        *served.entry(destination).or_default() += 1;
+        streams.push(response);
+    }
+    // As one replica spreads cold requests: by load, so no worker gets two more than another.
+    let counts: Vec<u64> = served.values().copied().collect();
+    assert_eq!(served.len(), 3, "every decode worker got some: {served:?}");
+    assert!(
+        counts.iter().max().unwrap() - counts.iter().min().unwrap() <= 1,
+        "spread as one replica would: {served:?}"
+    );
+    // Both replicas see every request of the burst, on the worker that serves it.
+    let by_address = switchyard_e2e::worker_addresses(&http, &stack)
+        .await
+        .unwrap();
+    let expected: BTreeMap<String, u64> = by_address
+        .iter()
+        .filter(|(id, _)| id.starts_with("decode"))
+        .map(|(id, address)| (id.clone(), served.get(address).copied().unwrap_or(0)))
+        .collect();
+    for replica in 0..2 {
+        eventually_ok(
+            &format!("replica {replica} sees the whole burst"),
+            Duration::from_secs(5),
+            || async {
+                let seen = in_flight(&http, &stack, replica).await;
+                (seen == expected)
+                    .then_some(())
+                    .ok_or(format!("{seen:?} != {expected:?}"))
+            },
+        )
+        .await;
+    }
+    // The streams end (the clients go away): the lifecycle reports, whichever replica they
+    // reach, free the load on both.
+    drop(streams);
+    for replica in 0..2 {
+        eventually_ok(
+            &format!("replica {replica} sees the burst done"),
+            Duration::from_secs(10),
+            || async {
+                let seen = in_flight(&http, &stack, replica).await;
+                seen.values()
+                    .all(|n| *n == 0)
+                    .then_some(())
+                    .ok_or(format!("{seen:?}"))
+            },
+        )
+        .await;
+    }
+
+    // One PUT, on either replica, changes both, under one version.
+    let (_, before) = config(&http, &stack, 0).await;
+    assert!(!before.is_empty(), "the shared config has a version");
+    let (status, body, version) =
+        put_config(&http, &stack, 1, json!({"eff_isl_threshold": 1234})).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["eff_isl_threshold"], 1234);
+    assert_ne!(version, before);
+    eventually_ok(
+        "replica 0 applies replica 1's change",
+        Duration::from_secs(5),
+        || async {
+            let (config, etag) = config(&http, &stack, 0).await;
+            (config["eff_isl_threshold"] == 1234 && etag == version)
+                .then_some(())
+                .ok_or(format!("{config} at {etag}"))
+        },
+    )
+    .await;
+    let (status, body, _) = put_config(&http, &stack, 0, json!({"eff_isl_threshold": -1})).await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["code"], "invalid_config");
+    for replica in 0..2 {
+        assert_eq!(
+            config(&http, &stack, replica).await.1,
+            version,
+            "nothing written"
+        );
+    }
+
+    // Drill: replica 1 killed under streaming load, then started again.
+    let run = drill::start(&http, &stack.gateway_url(), DrillLoad::default());
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let killed_at = run.elapsed();
+    stack.stop_component(Component::ControlPlaneReplica(1));
+    eventually_ok(
+        "Envoy stops health-checking replica 1 as ready",
+        Duration::from_secs(3),
+        || async {
+            let healthy = healthy_replicas(&http, &stack).await;
+            (healthy == [replica_hosts[0].clone()])
+                .then_some(())
+                .ok_or(format!("{healthy:?}"))
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    stack
+        .restart_control_plane_replica(1)
+        .await
+        .expect("replica 1 starts again");
+    let restarted_at = run.elapsed();
+    // Started again, it serves HTTP but is not ready: its index is empty.
+    let readyz = get_text(
+        &http,
+        &format!("{}/readyz", stack.control_plane_replica_url(1)),
+    )
+    .await
+    .unwrap();
+    assert!(readyz.contains(r#""ready":false"#), "{readyz}");
+    stack
+        .wait_ready(1, Duration::from_secs(15))
+        .await
+        .expect("replica 1 gets ready");
+    let ready_at = run.elapsed();
+    eventually_ok(
+        "Envoy sends route calls to replica 1 again",
+        Duration::from_secs(3),
+        || async {
+            let healthy = healthy_replicas(&http, &stack).await;
+            (healthy.len() == 2)
+                .then_some(())
+                .ok_or(format!("{healthy:?}"))
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let report = run.finish().await;
+    let failed = report.failed();
+    assert!(
+        failed.is_empty(),
+        "{} of {} failed: {:?}",
+        failed.len(),
+        report.sent(),
+        &failed[..failed.len().min(3)]
+    );
+    assert!(
+        report.sent() >= 30,
+        "the load ran throughout: {}",
+        report.sent()
+    );
+    let baseline = report
+        .affinity_share(Duration::ZERO, killed_at)
+        .expect("turns before the kill");
+    assert!(baseline >= 0.8, "affinity before the kill: {baseline}");
+    let during = report
+        .affinity_share(killed_at, restarted_at)
+        .expect("turns while replica 1 was down");
+    // Route calls already on their way to the killed replica fail open until Envoy's health
+    // check (every 0.5 s) takes it out; the rest keep their affinity.
+    assert!(
+        during >= 0.6,
+        "the other replica kept routing with affinity: {during}"
+    );
+    let recovery = report.recovered_after(restarted_at, 0.9 * baseline);
+    drill::report(&report.row(
+        "one of 2 control-plane replicas killed, restarted",
+        &format!(
+            "affinity {:.0} % before, {:.0} % while down; restarted replica ready {:.1} s after start; quality at goal {}",
+            baseline * 100.0,
+            during * 100.0,
+            (ready_at - restarted_at).as_secs_f64(),
+            recovery.map_or("never".to_string(), |d| format!("{} s after restart", d.as_secs()))
+        ),
+    ));
+    assert!(
+        recovery.is_some_and(|d| d <= Duration::from_secs(5)),
+        "{recovery:?}"
+    );
+
+    // The late replica's index came from the workers' dumps: the same as the other's.
+    eventually_ok(
+        "both replicas hold the same index",
+        Duration::from_secs(5),
+        || async {
+            let (a, b) = (
+                cached_blocks(&http, &stack, 0).await,
+                cached_blocks(&http, &stack, 1).await,
+            );
+            (a == b && a.values().any(|n| *n > 0))
+                .then_some(())
+                .ok_or(format!("{a:?} != {b:?}"))
+        },
+    )
+    .await;
+    let metrics = get_text(
+        &http,
+        &format!("{}/metrics", stack.control_plane_replica_url(0)),
+    )
+    .await
+    .unwrap();
+    assert!(
+        switchyard_e2e::prom_sum(&metrics, "switchyard_replica_sync_lag_seconds_count") > 0.0,
+        "{metrics}"
+    );
+    stack.check_running().expect("every process still runs");
+}
