@@ -248,37 +248,46 @@ impl Consumer {
 
     /// Publishes the resync the control core decided on, if any.
     async fn carry_out(&mut self, resync: Option<Resync>) {
-        let (worker, reason) = match resync {
-            None => return,
-            Some(Resync::Suppressed) => {
-                self.metrics.resync_suppressed.inc();
-                return;
-            }
-            Some(Resync::Send { worker, reason }) => (worker, reason),
-        };
-        let request = ResyncRequest {
-            v: PROTOCOL_VERSION,
-            worker_id: worker.clone(),
-            reason: reason.as_str().to_string(),
-        };
-        let payload = match serde_json::to_vec(&request) {
-            Ok(p) => p,
-            Err(e) => {
-                tracing::error!(error = %e, "cannot encode a resync request");
-                return;
-            }
-        };
-        match self
-            .client
-            .publish(subjects::kv_resync(&worker), payload.into())
-            .await
-        {
-            Ok(()) => {
-                self.metrics.resync_sent(reason.as_str());
-                tracing::info!(worker = %worker, reason = reason.as_str(), "asked worker for a KV resync");
-            }
-            Err(e) => tracing::warn!(worker = %worker, error = %e, "cannot publish resync request"),
+        if let Some(resync) = resync {
+            carry_out_resync(&self.client, &self.metrics, resync).await;
         }
+    }
+}
+
+/// Publishes a resync request the control core decided on (or counts a suppressed one).
+pub(crate) async fn carry_out_resync(
+    client: &async_nats::Client,
+    metrics: &Metrics,
+    resync: Resync,
+) {
+    let (worker, reason) = match resync {
+        Resync::Suppressed => {
+            metrics.resync_suppressed.inc();
+            return;
+        }
+        Resync::Send { worker, reason } => (worker, reason),
+    };
+    let request = ResyncRequest {
+        v: PROTOCOL_VERSION,
+        worker_id: worker.clone(),
+        reason: reason.as_str().to_string(),
+    };
+    let payload = match serde_json::to_vec(&request) {
+        Ok(p) => p,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot encode a resync request");
+            return;
+        }
+    };
+    match client
+        .publish(subjects::kv_resync(&worker), payload.into())
+        .await
+    {
+        Ok(()) => {
+            metrics.resync_sent(reason.as_str());
+            tracing::info!(worker = %worker, reason = reason.as_str(), "asked worker for a KV resync");
+        }
+        Err(e) => tracing::warn!(worker = %worker, error = %e, "cannot publish resync request"),
     }
 }
 

@@ -11,6 +11,10 @@
 //! 3. no new worker's first KV dump is still awaited (each is waited for at most
 //!    [`DUMP_WAIT_MS`](switchyard_router::core::DUMP_WAIT_MS)).
 //!
+//! Envoy's endpoint discovery waits for it too: until ready, EDS answers 503, so Envoy keeps
+//! the endpoints it has rather than getting the few workers heard so far (none, just after
+//! a restart) under live traffic.
+//!
 //! Readiness is latched: once ready, a replica stays ready (a NATS outage later makes every
 //! replica's view equally stale; taking them all out of Envoy's rotation would help no one).
 
@@ -52,6 +56,20 @@ pub enum NotReady {
         /// How many.
         pending: usize,
     },
+}
+
+impl NotReady {
+    /// What is awaited, in words.
+    pub fn what(self) -> String {
+        match self {
+            NotReady::FirstPolls => "the declared workers' first health polls".into(),
+            NotReady::Nats => "a NATS connection".into(),
+            NotReady::Heartbeats { remaining_ms } => {
+                format!("the workers' heartbeats ({remaining_ms} ms more)")
+            }
+            NotReady::KvDumps { pending } => format!("{pending} new workers' KV dumps"),
+        }
+    }
 }
 
 /// The decision, pure.

@@ -95,6 +95,8 @@ pub enum Command {
     HeartbeatsReachable {
         /// Connected or not.
         reachable: bool,
+        /// The resyncs to ask for (every worker, when NATS is back after an outage).
+        reply: oneshot::Sender<Vec<crate::router::core::Resync>>,
     },
     /// Snapshot of live workers.
     Workers {
@@ -268,11 +270,12 @@ impl ServiceHandle {
     ///
     /// # Errors
     /// [`ServiceStopped`] during shutdown.
-    pub async fn heartbeats_reachable(&self, reachable: bool) -> Result<(), ServiceStopped> {
-        self.tx
-            .send(Command::HeartbeatsReachable { reachable })
+    pub async fn heartbeats_reachable(
+        &self,
+        reachable: bool,
+    ) -> Result<Vec<crate::router::core::Resync>, ServiceStopped> {
+        self.call(|reply| Command::HeartbeatsReachable { reachable, reply })
             .await
-            .map_err(|_| ServiceStopped)
     }
 
     /// Live workers.

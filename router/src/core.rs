@@ -47,6 +47,9 @@ pub enum ResyncReason {
     Restarted,
     /// A gap in its KV batch sequence: removals in the gap were missed.
     Gap,
+    /// The event bus came back after an outage: any batch sent meanwhile may be lost, and a
+    /// worker that published none since would never show the gap.
+    Reconnected,
 }
 
 impl ResyncReason {
@@ -56,6 +59,7 @@ impl ResyncReason {
             ResyncReason::NewWorker => "new_worker",
             ResyncReason::Restarted => "restarted",
             ResyncReason::Gap => "gap",
+            ResyncReason::Reconnected => "reconnected",
         }
     }
 }
@@ -100,6 +104,8 @@ pub struct ControlCore {
     resyncs: HashMap<WorkerId, (u64, u64)>,
     /// New workers asked for their first KV dump, and when; left when a dump batch arrives.
     awaiting_dump: HashMap<WorkerId, u64>,
+    /// Whether the event bus was reachable at the last report of it.
+    reachable: bool,
     /// When the core was last called.
     last_active_ms: Option<u64>,
     stalls: u64,
@@ -113,6 +119,7 @@ impl ControlCore {
             heartbeat_misses: heartbeat_misses.max(1),
             resyncs: HashMap::new(),
             awaiting_dump: HashMap::new(),
+            reachable: true,
             last_active_ms: None,
             stalls: 0,
         }
@@ -291,10 +298,29 @@ impl ControlCore {
             .route_model(request_id, tokens, choices, model, now_ms)
     }
 
-    /// Whether heartbeats can reach the control plane (its event-bus connection).
-    pub fn heartbeats_reachable(&mut self, reachable: bool, now_ms: u64) {
+    /// Whether heartbeats can reach the control plane (its event-bus connection). When they
+    /// can again after an outage, every known worker is asked for a resync (rate-limited as
+    /// usual): KV batches sent meanwhile may be lost without a later batch to show the gap.
+    pub fn heartbeats_reachable(&mut self, reachable: bool, now_ms: u64) -> Vec<Resync> {
         self.observe(now_ms);
+        let returned = reachable && !self.reachable;
+        self.reachable = reachable;
         self.router.set_heartbeats_reachable(reachable, now_ms);
+        if !returned {
+            return Vec::new();
+        }
+        self.router
+            .workers()
+            .into_iter()
+            .map(|w| {
+                self.resync(
+                    &w.info.worker_id,
+                    w.info.instance_id,
+                    ResyncReason::Reconnected,
+                    now_ms,
+                )
+            })
+            .collect()
     }
 
     /// Periodic housekeeping, every [`TICK_MS`]: expires workers whose heartbeats stopped and
@@ -406,6 +432,31 @@ mod tests {
             core.heartbeat(&hb("a", 2), 1_400).resync,
             sent(ResyncReason::Restarted, "a"),
             "a new instance always"
+        );
+    }
+
+    #[test]
+    fn every_worker_is_resynced_when_the_bus_returns() {
+        let mut core = ControlCore::new(Router::new(), 3);
+        core.heartbeat(&hb("a", 1), 0);
+        core.heartbeat(&hb("b", 1), 0);
+        assert!(
+            core.heartbeats_reachable(true, 100).is_empty(),
+            "no outage yet"
+        );
+        assert!(core.heartbeats_reachable(false, 2_000).is_empty());
+        let mut resyncs = core.heartbeats_reachable(true, 5_000);
+        resyncs.sort_by_key(|r| format!("{r:?}"));
+        assert_eq!(
+            resyncs,
+            vec![
+                sent(ResyncReason::Reconnected, "a").unwrap(),
+                sent(ResyncReason::Reconnected, "b").unwrap()
+            ]
+        );
+        assert!(
+            core.heartbeats_reachable(true, 5_100).is_empty(),
+            "once per outage"
         );
     }
 

@@ -11,7 +11,7 @@ use switchyard_protocol::worker::{WorkerHeartbeat, WorkerId, WorkerInfo, WorkerR
 
 use switchyard_engine::EngineConfig;
 
-use super::fault::Faults;
+use super::fault::{Faults, KvOutage};
 use super::handoff::HoldRegistry;
 use super::metrics::WorkerMetrics;
 use super::runtime::{EngineClock, EngineHandle};
@@ -51,6 +51,8 @@ pub struct WorkerContext {
     pub registration: Option<RegistrationSecret>,
     /// Simulated faults (failure tests only).
     pub faults: Faults,
+    /// Simulated fault: KV events dropped for a while (failure tests only).
+    pub kv_outage: Arc<KvOutage>,
     next_request: AtomicU64,
 }
 
@@ -90,13 +92,15 @@ impl WorkerContext {
             max_model_len,
             registration,
             faults: Faults::default(),
+            kv_outage: Arc::default(),
             next_request: AtomicU64::new(1),
         }
     }
 
-    /// The context with simulated `faults` (failure tests only).
-    pub fn with_faults(mut self, faults: Faults) -> Self {
+    /// The context with simulated `faults` and `kv_outage` (failure tests only).
+    pub fn with_faults(mut self, faults: Faults, kv_outage: Arc<KvOutage>) -> Self {
         self.faults = faults;
+        self.kv_outage = kv_outage;
         self
     }
 

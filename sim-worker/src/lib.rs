@@ -65,6 +65,8 @@ pub struct WorkerDeps {
     pub http: reqwest::Client,
     /// The registration secret heartbeats are signed with, if the deployment has one.
     pub registration: Option<RegistrationSecret>,
+    /// Simulated fault shared by the process's workers: KV events dropped for a while.
+    pub kv_outage: Arc<fault::KvOutage>,
 }
 
 impl WorkerDeps {
@@ -75,6 +77,7 @@ impl WorkerDeps {
             nats,
             http: reqwest::Client::new(),
             registration: None,
+            kv_outage: Arc::default(),
         }
     }
 
@@ -226,7 +229,7 @@ pub async fn start_worker(
             cfg.max_model_len,
             deps.registration,
         )
-        .with_faults(fault::Faults::new(cfg.unavailable_every)),
+        .with_faults(fault::Faults::new(cfg.unavailable_every), deps.kv_outage),
     );
 
     let mut tasks = vec![engine_task];

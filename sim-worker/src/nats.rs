@@ -96,6 +96,12 @@ async fn kv_publisher(
 ) {
     let subject = subjects::kv_events(&ctx.id);
     while let Some(batch) = batches.recv().await {
+        if ctx.kv_outage.active(tokio::time::Instant::now()) {
+            ctx.metrics
+                .kv_event_batches_dropped
+                .fetch_add(1, Ordering::Relaxed);
+            continue;
+        }
         if publish_json(&ctx, &client, subject.clone(), &batch).await {
             ctx.metrics.kv_event_batches.fetch_add(1, Ordering::Relaxed);
         } else {

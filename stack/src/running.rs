@@ -312,14 +312,19 @@ impl Stack {
         let client = self.client.clone();
 
         // Prefill workers run in their own process, so the prefill pool can be killed alone.
-        let (prefill, serving): (Vec<WorkerSpec>, Vec<WorkerSpec>) = self
+        let (prefill, mut serving): (Vec<WorkerSpec>, Vec<WorkerSpec>) = self
             .workers
             .iter()
             .cloned()
             .partition(|w| w.role == WorkerRole::Prefill);
+        let isolated = match serving.iter().rposition(|w| w.role == WorkerRole::Decode) {
+            Some(last) if b.isolate_decode => vec![serving.remove(last)],
+            _ => Vec::new(),
+        };
         for (component, workers) in [
             (Component::Workers, serving),
             (Component::PrefillWorkers, prefill),
+            (Component::IsolatedDecodeWorker, isolated),
         ] {
             if workers.is_empty() {
                 continue;

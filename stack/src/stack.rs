@@ -28,6 +28,9 @@ pub enum Component {
     /// The simulated prefill workers (their own process, so a test can kill the prefill pool
     /// alone); absent when the stack has none.
     PrefillWorkers,
+    /// One decode worker in a process of its own, so a test can kill one decode worker
+    /// (see [`StackBuilder::isolate_one_decode_worker`]).
+    IsolatedDecodeWorker,
     /// Envoy.
     Envoy,
 }
@@ -43,6 +46,7 @@ impl Component {
             Component::ControlPlaneReplica(_) => "control-plane-3",
             Component::Workers => "sim-workers",
             Component::PrefillWorkers => "sim-prefill-workers",
+            Component::IsolatedDecodeWorker => "sim-decode-worker",
             Component::Envoy => "envoy",
         }
     }
@@ -92,6 +96,7 @@ pub struct StackBuilder {
     /// The control plane's `--pool-file`, and the workers it declares (not started here).
     pub(crate) pool_file: Option<(PathBuf, Vec<WorkerSpec>)>,
     pub(crate) control_planes: usize,
+    pub(crate) isolate_decode: bool,
 }
 
 impl Default for StackBuilder {
@@ -119,6 +124,7 @@ impl Default for StackBuilder {
             max_model_len: switchyard_engine::DEFAULT_MAX_MODEL_LEN,
             pool_file: None,
             control_planes: 1,
+            isolate_decode: false,
         }
     }
 }
@@ -178,6 +184,9 @@ impl StackBuilder {
         /// each runs with `--replica-id cp-N` (decisions, lifecycle reports and config shared
         /// over NATS) and Envoy balances route calls across the ready ones.
         control_planes: usize => control_planes);
+    setter!(/// Run the last decode worker in a process of its own
+        /// ([`Component::IsolatedDecodeWorker`]), so it can be killed alone.
+        isolate_one_decode_worker: bool => isolate_decode);
     setter!(/// Budget for each readiness stage.
         ready_timeout: Duration => ready_timeout);
     setter!(/// Keep the run directory when the stack is dropped (default). With `false` it is

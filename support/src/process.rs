@@ -32,6 +32,9 @@ pub enum Signal {
     Stop,
     /// Thaw after [`Signal::Stop`].
     Cont,
+    /// User signal 1: a simulated worker process drops its KV events for a while (a
+    /// simulated fault, see `switchyard-sim-worker --help`).
+    Usr1,
 }
 
 impl Signal {
@@ -42,6 +45,7 @@ impl Signal {
             Signal::Kill => "-KILL",
             Signal::Stop => "-STOP",
             Signal::Cont => "-CONT",
+            Signal::Usr1 => "-USR1",
         }
     }
 }

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use crate::probe::{assistant_text, streamed_chat};
-use crate::{post_observed, DESTINATION_RESPONSE_HEADER};
+use crate::{post_observed, WORKER_HEADER};
 use switchyard_protocol::route::ROUTE_HEADER;
 
 /// How long one request may take before it counts as failed.
@@ -58,8 +58,9 @@ pub struct Outcome {
     pub ok: bool,
     /// `x-switchyard-route`: `bypass`, `disagg`, `agg`, `fail-open;reason=…`, ….
     pub route: String,
-    /// The decode worker that served it.
-    pub destination: Option<String>,
+    /// The id of the decode worker that served it (its `x-switchyard-worker` header), whether
+    /// routed by a verdict or failed open.
+    pub worker: Option<String>,
     /// For turns after the first: routed by a verdict to the previous turn's worker.
     pub affinity: Option<bool>,
     /// What went wrong, when not ok.
@@ -142,19 +143,19 @@ async fn run_client(
                 Ok(r) => {
                     let complete = r.sse_data().last().map(String::as_str) == Some("[DONE]");
                     let route = r.header(ROUTE_HEADER).to_string();
-                    let destination = Some(r.header(DESTINATION_RESPONSE_HEADER).to_string())
-                        .filter(|d| !d.is_empty());
+                    let worker =
+                        Some(r.header(WORKER_HEADER).to_string()).filter(|w| !w.is_empty());
                     let routed = matches!(route.as_str(), "bypass" | "disagg" | "agg");
                     let affinity = previous
                         .as_ref()
-                        .map(|p| routed && destination.as_ref() == Some(p));
+                        .map(|p| routed && worker.as_ref() == Some(p));
                     let ok = r.status == 200 && complete;
                     if ok {
                         messages.push(json!({"role": "assistant", "content": assistant_text(&r)}));
                         messages.push(
                             json!({"role": "user", "content": format!("Go on with step {turn}.")}),
                         );
-                        previous.clone_from(&destination);
+                        previous.clone_from(&worker);
                     }
                     Outcome {
                         at,
@@ -162,7 +163,7 @@ async fn run_client(
                         status: r.status,
                         ok,
                         route,
-                        destination,
+                        worker,
                         affinity,
                         error: (!ok).then(|| format!("{}: {}", r.status, r.body())),
                     }
@@ -173,7 +174,7 @@ async fn run_client(
                     status: 0,
                     ok: false,
                     route: String::new(),
-                    destination: None,
+                    worker: None,
                     affinity: None,
                     error: Some(e),
                 },
@@ -251,8 +252,10 @@ impl DrillReport {
     }
 
     /// How long after `from` the routing quality was back: the end of the first one-second
-    /// window from `from` on whose affinity share is at least `goal`, and after which every
-    /// window with turns in it stays at `goal` or above. `None` if it never came back.
+    /// window from `from` on whose affinity share is at least `goal`, and from whose start to
+    /// the end of the load the share stays at `goal` or above (a later unlucky second with a
+    /// handful of turns does not undo a recovery; a relapse does). `None` if it never came
+    /// back.
     pub fn recovered_after(&self, from: Duration, goal: f64) -> Option<Duration> {
         let end = self.outcomes.last()?.at + Duration::from_secs(1);
         let windows: Vec<(Duration, Option<f64>)> = (0..)
@@ -268,10 +271,37 @@ impl DrillReport {
         let first_good = windows
             .iter()
             .position(|(_, share)| share.is_some_and(|s| s >= goal))?;
-        let stays = windows[first_good..]
-            .iter()
-            .all(|(_, share)| share.is_none_or(|s| s >= goal));
+        let stays = self
+            .affinity_share(windows[first_good].0, end)
+            .is_some_and(|s| s >= goal);
         stays.then(|| windows[first_good].0 + Duration::from_secs(1) - from)
+    }
+
+    /// Per second of the load: `second: affinity share (turns), fail-opens, failures`, for
+    /// failure messages.
+    pub fn timeline(&self) -> String {
+        let Some(last) = self.outcomes.last() else {
+            return "no requests".into();
+        };
+        (0..=last.at.as_secs())
+            .map(|s| {
+                let (from, to) = (Duration::from_secs(s), Duration::from_secs(s + 1));
+                let in_second: Vec<&Outcome> = self
+                    .outcomes
+                    .iter()
+                    .filter(|o| o.at >= from && o.at < to)
+                    .collect();
+                format!(
+                    "{s}s: {} ({} turns) {} fail-open {} failed",
+                    self.affinity_share(from, to)
+                        .map_or("-".into(), |a| format!("{:.0}%", a * 100.0)),
+                    in_second.iter().filter(|o| o.affinity.is_some()).count(),
+                    in_second.iter().filter(|o| o.failed_open()).count(),
+                    in_second.iter().filter(|o| !o.ok).count(),
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
     }
 
     /// One row of `docs/reliability.md`'s table.
@@ -303,7 +333,7 @@ mod tests {
             status: 200,
             ok: true,
             route: "bypass".into(),
-            destination: Some("w".into()),
+            worker: Some("w".into()),
             affinity,
             error: None,
         }

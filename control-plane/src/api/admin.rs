@@ -183,30 +183,36 @@ where
     }
 }
 
-/// `GET /readyz`: 200 once this replica may be given route calls, else 503 naming what it
-/// still waits for (see [`crate::readiness`]).
-pub async fn ready(state: ApiState) -> Response {
+/// Whether this control plane is ready (see [`crate::readiness`]): `Err(None)` when the
+/// router owner has stopped.
+async fn readiness(state: &ApiState) -> Result<(), Option<crate::readiness::NotReady>> {
+    if state.readiness.latched() {
+        return Ok(());
+    }
     let now = tokio::time::Instant::now();
-    let result = if state.readiness.latched() {
-        Ok(())
-    } else {
-        let Ok(dumps_pending) = state.service.dumps_pending().await else {
-            return unavailable(&state);
-        };
-        state.readiness.check(&crate::readiness::Facts {
+    let dumps_pending = state.service.dumps_pending().await.map_err(|_| None)?;
+    state
+        .readiness
+        .check(&crate::readiness::Facts {
             needs_nats: state.needs_nats,
             nats_connected_for_ms: state.readiness.nats_connected_for_ms(now),
             warmup_ms: state.ready_after_ms,
             dumps_pending,
             first_polls_done: state.first_polls.is_open(now),
         })
-    };
-    match result {
+        .map_err(Some)
+}
+
+/// `GET /readyz`: 200 once this replica may be given route calls, else 503 naming what it
+/// still waits for (see [`crate::readiness`]).
+pub async fn ready(state: ApiState) -> Response {
+    match readiness(&state).await {
         Ok(()) => {
             state.metrics.ready.set(1);
             warp::reply::json(&serde_json::json!({ "ready": true })).into_response()
         }
-        Err(waiting) => {
+        Err(None) => unavailable(&state),
+        Err(Some(waiting)) => {
             let mut body = serde_json::to_value(waiting).unwrap_or_default();
             body["ready"] = false.into();
             warp::reply::with_status(warp::reply::json(&body), StatusCode::SERVICE_UNAVAILABLE)
@@ -228,15 +234,20 @@ where
     if let Some(detail) = &request.error_detail {
         tracing::warn!(%detail, version = %request.version_info, "Envoy rejected an EDS response");
     }
-    if !state.first_polls.is_open(tokio::time::Instant::now()) {
-        // An answer now would list no declared worker and empty Envoy's clusters; a failed
-        // update keeps the endpoints Envoy has (crate::pools::first_polls).
-        state.metrics.bad_request("starting");
-        return error_reply(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "starting",
-            "the declared workers' first health polls are not done yet",
-        );
+    match readiness(&state).await {
+        Ok(()) => {}
+        // An answer now would list only the workers heard so far (none, just after a
+        // restart) and empty Envoy's clusters under live traffic; a failed update keeps the
+        // endpoints Envoy has (crate::readiness, crate::pools::first_polls).
+        Err(Some(waiting)) => {
+            state.metrics.bad_request("starting");
+            return error_reply(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "starting",
+                format!("not ready: waiting for {}", waiting.what()),
+            );
+        }
+        Err(None) => return unavailable(&state),
     }
     let workers = match state.service.workers().await {
         Ok(w) => w,

@@ -162,13 +162,13 @@ impl Owner {
             Command::DumpsPending { reply } => {
                 let _ = reply.send(self.core.dumps_pending(now_ms));
             }
-            Command::HeartbeatsReachable { reachable } => {
+            Command::HeartbeatsReachable { reachable, reply } => {
                 if reachable {
                     tracing::info!("heartbeats reachable again: worker expiry resumes after a full heartbeat window");
                 } else {
                     tracing::warn!("heartbeats unreachable (NATS down): keeping every known worker until they can arrive again");
                 }
-                self.core.heartbeats_reachable(reachable, now_ms);
+                let _ = reply.send(self.core.heartbeats_reachable(reachable, now_ms));
             }
             Command::Workers { reply } => {
                 let _ = reply.send(self.worker_entries());

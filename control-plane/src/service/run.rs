@@ -94,14 +94,19 @@ async fn forward_reachability(
     nats: async_nats::Client,
     service: crate::service::ServiceHandle,
     readiness: Readiness,
+    metrics: Metrics,
 ) {
-    let (mut connected, poller) = switchyard_bus::watch_connection(nats);
+    let (mut connected, poller) = switchyard_bus::watch_connection(nats.clone());
     loop {
         let reachable = *connected.borrow_and_update();
         readiness.nats_connected(reachable, tokio::time::Instant::now());
-        if service.heartbeats_reachable(reachable).await.is_err()
-            || connected.changed().await.is_err()
-        {
+        let Ok(resyncs) = service.heartbeats_reachable(reachable).await else {
+            break;
+        };
+        for resync in resyncs {
+            consumers::carry_out_resync(&nats, &metrics, resync).await;
+        }
+        if connected.changed().await.is_err() {
             break;
         }
     }
@@ -213,6 +218,7 @@ pub async fn run_with_tokenizer(
         nats.clone(),
         service.clone(),
         readiness.clone(),
+        metrics.clone(),
     ));
     let mut first_polls = FirstPolls::open();
     let pools = match &settings.pool_file {

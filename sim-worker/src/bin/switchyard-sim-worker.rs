@@ -7,6 +7,7 @@ use std::num::NonZeroU64;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 use switchyard_adapters::vllm::encode::{EncodeOptions, EventEncoding, HashEncoding};
@@ -349,6 +350,8 @@ async fn run(args: Args, configs: Vec<WorkerConfig>) -> anyhow::Result<()> {
         Some(client)
     };
     let deps = WorkerDeps::new(Arc::new(tokenizer), nats).with_registration(registration);
+    #[cfg(unix)]
+    tokio::spawn(drop_kv_events_on_sigusr1(deps.kv_outage.clone()));
     let mut running = Vec::new();
     for cfg in configs {
         let role = cfg.spec.role;
@@ -374,6 +377,28 @@ async fn run(args: Args, configs: Vec<WorkerConfig>) -> anyhow::Result<()> {
         w.stop();
     }
     Ok(())
+}
+
+/// How long SIGUSR1 makes the workers drop their KV events.
+const KV_OUTAGE: Duration = Duration::from_secs(2);
+
+/// Simulated fault, for the fault drills: on SIGUSR1, every worker of the process drops its
+/// KV event batches for [`KV_OUTAGE`] (counted in `switchyard_kv_event_batches_dropped_total`),
+/// as a lossy link would; the control plane must notice the gap and ask for a resync.
+#[cfg(unix)]
+async fn drop_kv_events_on_sigusr1(outage: Arc<switchyard_sim_worker::fault::KvOutage>) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let Ok(mut usr1) = signal(SignalKind::user_defined1()) else {
+        tracing::warn!("cannot listen for SIGUSR1: the KV-outage fault is unavailable");
+        return;
+    };
+    while usr1.recv().await.is_some() {
+        tracing::warn!(
+            seconds = KV_OUTAGE.as_secs(),
+            "SIGUSR1: simulated fault, dropping KV events"
+        );
+        outage.start(tokio::time::Instant::now(), KV_OUTAGE);
+    }
 }
 
 async fn shutdown_signal() {

@@ -1,0 +1,344 @@
+//! Fault drills on one control plane, each under a bounded streaming load of multi-turn
+//! conversations through real Envoy (see `switchyard_e2e::drill`), one after another on one
+//! stack (the destructive ones last). Each records requests sent / succeeded / failed, the
+//! fail-opens, and how long routing quality (the share of turns routed with KV affinity) or
+//! the index took to recover; each fails if its goal is missed. The printed `DRILL` rows are
+//! the table in `docs/reliability.md` (the replica-loss drill is in `e2e_replicas`).
+//!
+//! 1. The control plane frozen (SIGSTOP) past the route timeout: 0 failed, every fail-open
+//!    counted by the filter.
+//! 2. The control plane killed and started again: 0 failed (fail open), quality back ≤ 5 s
+//!    after the restart.
+//! 3. NATS killed and started again: 0 failed, the index equal to the workers' caches ≤ 5 s
+//!    after NATS returns.
+//! 4. Two decode workers' KV events dropped for 2 s (a gap) under traffic: detected, resynced,
+//!    counted; the index equal to their caches ≤ 5 s after the load ends.
+//! 5. The prefill worker killed: 0 failed (local prefill).
+//! 6. A decode worker killed: only requests on it fail; no request goes to it ≥ 3 s after.
+//!
+//! Needs `cargo build -p switchyard-filter --target wasm32-wasip1 --profile wasm && cargo
+//! build --workspace --bins` first (the tests build nothing).
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use switchyard_e2e::drill::{self, DrillLoad, DrillReport, DrillRun};
+use switchyard_e2e::probe::{filter_stat, worker_metric};
+use switchyard_e2e::{
+    admin_get_json, client, envoy_stats, eventually_ok, get_text, prom_sum, start_stack, Signal,
+};
+use switchyard_stack::{Component, ServingMode, Stack, StackBuilder};
+
+/// Load before a fault, to measure the routing quality it starts from.
+const BASELINE: Duration = Duration::from_secs(3);
+
+/// Per worker: KV blocks the control plane's index holds, and what the worker itself caches.
+async fn index_and_truth(
+    http: &reqwest::Client,
+    stack: &Stack,
+) -> (BTreeMap<String, u64>, BTreeMap<String, u64>) {
+    let json = admin_get_json(http, stack, "/v1/workers")
+        .await
+        .unwrap_or_default();
+    let index = json["workers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|w| {
+            (
+                w["info"]["worker_id"].as_str().unwrap_or("?").to_string(),
+                w["cached_blocks"].as_u64().unwrap_or(0),
+            )
+        })
+        .collect();
+    let mut truth = BTreeMap::new();
+    for worker in stack.workers() {
+        let blocks = worker_metric(http, &worker.address, "switchyard_kv_cached_blocks").await;
+        truth.insert(worker.id.0.clone(), blocks as u64);
+    }
+    (index, truth)
+}
+
+/// Waits (at most `limit`) until the index holds exactly what `workers` cache; how long it took.
+async fn index_resynced(
+    http: &reqwest::Client,
+    stack: &Stack,
+    workers: &[&str],
+    limit: Duration,
+) -> Duration {
+    let started = Instant::now();
+    eventually_ok("the index equals the workers' caches", limit, || async {
+        let (index, truth) = index_and_truth(http, stack).await;
+        let differ: Vec<_> = workers
+            .iter()
+            .filter(|w| index.get(**w) != truth.get(**w))
+            .collect();
+        differ
+            .is_empty()
+            .then_some(())
+            .ok_or(format!("index {index:?}, workers {truth:?}"))
+    })
+    .await;
+    started.elapsed()
+}
+
+fn assert_none_failed(drill: &str, report: &DrillReport) {
+    let failed = report.failed();
+    assert!(
+        failed.is_empty(),
+        "{drill}: {} of {} failed: {:?}",
+        failed.len(),
+        report.sent(),
+        &failed[..failed.len().min(3)]
+    );
+    assert!(
+        report.sent() >= 20,
+        "{drill}: the load ran throughout: {}",
+        report.sent()
+    );
+}
+
+async fn fail_opens(http: &reqwest::Client, stack: &Stack) -> u64 {
+    let stats = envoy_stats(http, &stack.admin_url())
+        .await
+        .expect("Envoy stats");
+    filter_stat(&stats, "fail_open_total")
+}
+
+async fn baseline(http: &reqwest::Client, stack: &Stack) -> DrillRun {
+    let run = drill::start(http, &stack.gateway_url(), DrillLoad::default());
+    tokio::time::sleep(BASELINE).await;
+    run
+}
+
+fn baseline_share(report: &DrillReport) -> f64 {
+    let share = report
+        .affinity_share(Duration::ZERO, BASELINE)
+        .expect("turns before the fault");
+    assert!(share >= 0.7, "affinity before the fault: {share}");
+    share
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fault_drills_on_one_control_plane() {
+    let mut stack = start_stack(
+        StackBuilder::new()
+            .decode_workers(3)
+            .prefill_workers(1)
+            .isolate_one_decode_worker(true)
+            .serving_mode(ServingMode::Conditional)
+            .route_timeout_ms(1_000),
+    )
+    .await;
+    let http = client();
+    let mut rows = Vec::new();
+
+    // 1. Frozen past the route timeout.
+    let opened_before = fail_opens(&http, &stack).await;
+    let run = baseline(&http, &stack).await;
+    stack.freeze(Component::ControlPlane).expect("SIGSTOP");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    stack
+        .signal(Component::ControlPlane, Signal::Cont)
+        .expect("SIGCONT");
+    let thawed_at = run.elapsed();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let report = run.finish().await;
+    let counted = fail_opens(&http, &stack).await - opened_before;
+    let quality = baseline_share(&report);
+    let recovery = report.recovered_after(thawed_at, 0.9 * quality);
+    rows.push(report.row(
+        "control plane frozen (SIGSTOP) 3 s, route timeout 1 s",
+        &format!(
+            "{counted} fail-opens counted by the filter; quality back {}",
+            after(recovery)
+        ),
+    ));
+    assert_none_failed("frozen control plane", &report);
+    assert!(
+        report.failed_open() > 0,
+        "the freeze outlasted the route timeout"
+    );
+    assert_eq!(
+        counted,
+        report.failed_open() as u64,
+        "every fail-open counted"
+    );
+    assert!(
+        recovery.is_some_and(|d| d <= Duration::from_secs(5)),
+        "{recovery:?}\n{}",
+        report.timeline()
+    );
+
+    // 2. Killed and started again (one replica: the filter fails open meanwhile).
+    let run = baseline(&http, &stack).await;
+    stack.stop_component(Component::ControlPlane);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    stack.restart_control_plane().await.expect("restarts");
+    let restarted_at = run.elapsed();
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    let report = run.finish().await;
+    let quality = baseline_share(&report);
+    let recovery = report.recovered_after(restarted_at, 0.9 * quality);
+    rows.push(report.row(
+        "control plane killed 3 s, restarted (1 replica)",
+        &format!("quality back {} after the restart", after(recovery)),
+    ));
+    assert_none_failed("killed control plane", &report);
+    assert!(
+        recovery.is_some_and(|d| d <= Duration::from_secs(5)),
+        "{recovery:?}\n{}",
+        report.timeline()
+    );
+
+    // 3. NATS killed and started again.
+    let run = baseline(&http, &stack).await;
+    stack.stop_component(Component::Nats);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    stack
+        .restart_nats()
+        .await
+        .expect("NATS restarts on its port");
+    let report = run.finish().await;
+    let all: Vec<&str> = stack.workers().iter().map(|w| w.id.0.as_str()).collect();
+    let resynced = index_resynced(&http, &stack, &all, Duration::from_secs(5)).await;
+    rows.push(report.row(
+        "NATS killed 3 s, restarted",
+        &format!(
+            "index equal to the workers' caches {:.1} s after NATS returned",
+            resynced.as_secs_f64()
+        ),
+    ));
+    assert_none_failed("NATS outage", &report);
+
+    // 4. KV events lost for 2 s (decode-0 and decode-1's process): a gap.
+    let cp_metrics = format!("{}/metrics", stack.control_plane_url());
+    let gap_resyncs = |text: &str| {
+        text.lines()
+            .filter(|l| {
+                l.starts_with("switchyard_resync_requests_total") && l.contains(r#"reason="gap""#)
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>()
+    };
+    let before = gap_resyncs(&get_text(&http, &cp_metrics).await.unwrap());
+    let run = baseline(&http, &stack).await;
+    stack
+        .signal(Component::Workers, Signal::Usr1)
+        .expect("SIGUSR1");
+    // The gap shows at the first batch after the outage: the traffic goes on meanwhile.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let report = run.finish().await;
+    let lossy = ["decode-0", "decode-1"];
+    let resynced = index_resynced(&http, &stack, &lossy, Duration::from_secs(5)).await;
+    let detected = gap_resyncs(&get_text(&http, &cp_metrics).await.unwrap()) - before;
+    let dropped = {
+        let mut sum = 0.0;
+        for worker in stack
+            .workers()
+            .iter()
+            .filter(|w| lossy.contains(&w.id.0.as_str()))
+        {
+            sum += worker_metric(
+                &http,
+                &worker.address,
+                "switchyard_kv_event_batches_dropped_total",
+            )
+            .await;
+        }
+        sum
+    };
+    rows.push(report.row(
+        "2 decode workers' KV events dropped for 2 s",
+        &format!(
+            "{dropped} batches dropped; {detected} gap resyncs asked; index equal to their caches {:.1} s after",
+            resynced.as_secs_f64()
+        ),
+    ));
+    assert_none_failed("KV event gap", &report);
+    assert!(dropped > 0.0, "the fault dropped batches");
+    assert!(
+        detected >= 1.0,
+        "the gap was detected and a resync asked for"
+    );
+
+    // 5. The prefill worker killed: local prefill, then aggregated serving.
+    let run = baseline(&http, &stack).await;
+    stack
+        .signal(Component::PrefillWorkers, Signal::Kill)
+        .expect("SIGKILL");
+    stack.reap_exited();
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let report = run.finish().await;
+    rows.push(report.row(
+        "prefill worker killed",
+        "local prefill on the decode workers",
+    ));
+    assert_none_failed("prefill worker killed", &report);
+
+    // 6. A decode worker killed: the requests it was serving fail; no new one goes to it.
+    let victim = stack
+        .workers()
+        .iter()
+        .rfind(|w| w.id.0.starts_with("decode"))
+        .expect("a decode worker")
+        .id
+        .0
+        .clone();
+    let run = baseline(&http, &stack).await;
+    let killed_at = run.elapsed();
+    stack
+        .signal(Component::IsolatedDecodeWorker, Signal::Kill)
+        .expect("SIGKILL");
+    stack.reap_exited();
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let report = run.finish().await;
+    let failed = report.failed();
+    let last_to_victim = report
+        .outcomes
+        .iter()
+        .filter(|o| o.worker.as_deref() == Some(victim.as_str()))
+        .map(|o| o.at)
+        .max();
+    rows.push(report.row(
+        "decode worker killed",
+        &format!(
+            "{} failed, each on the killed worker; last request sent to it {}",
+            failed.len(),
+            last_to_victim.map_or("before the kill".into(), |at| format!(
+                "{:.1} s after the kill",
+                at.saturating_sub(killed_at).as_secs_f64()
+            ))
+        ),
+    ));
+    for row in &rows {
+        drill::report(row);
+    }
+    for outcome in &failed {
+        assert!(
+            outcome.worker.as_deref().is_none_or(|w| w == victim),
+            "only requests on the killed worker fail: {outcome:?}"
+        );
+        assert!(
+            outcome.at >= killed_at.saturating_sub(Duration::from_secs(1)),
+            "{outcome:?}"
+        );
+    }
+    assert!(
+        failed.len() <= DrillLoad::default().clients * 2,
+        "only what was in flight on it (or routed before it was expired): {failed:?}"
+    );
+    assert!(
+        last_to_victim.is_none_or(|at| at < killed_at + Duration::from_secs(3)),
+        "no new route to the killed worker after 3 s: {last_to_victim:?}"
+    );
+    let metrics = get_text(&http, &cp_metrics).await.unwrap();
+    assert!(
+        prom_sum(&metrics, "switchyard_workers_expired_total") >= 1.0,
+        "{metrics}"
+    );
+}
+
+fn after(recovery: Option<Duration>) -> String {
+    recovery.map_or("never".into(), |d| format!("≤ {} s", d.as_secs()))
+}
