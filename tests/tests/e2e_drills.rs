@@ -14,7 +14,9 @@
 //! 4. Two decode workers' KV events dropped for 2 s (a gap) under traffic: detected, resynced,
 //!    counted; the index equal to their caches ≤ 5 s after the load ends.
 //! 5. The prefill worker killed: 0 failed (local prefill).
-//! 6. A decode worker killed: only requests on it fail; no request goes to it ≥ 3 s after.
+//! 6. A decode worker killed: only the requests it was serving fail (a 5xx, or a cut stream);
+//!    Envoy retries those routed to it before it expires on another worker; none goes to it
+//!    ≥ 3 s after.
 //!
 //! Needs `cargo build -p switchyard-filter --target wasm32-wasip1 --profile wasm && cargo
 //! build --workspace --bins` first (the tests build nothing).
@@ -314,20 +316,24 @@ async fn fault_drills_on_one_control_plane() {
     for row in &rows {
         drill::report(row);
     }
+    // Only what was in flight on it when it died: at most one request per client, each sent
+    // before the kill, each ending in a 5xx or a cut stream. Requests routed to it afterwards
+    // (before its heartbeats expire) are retried on another worker by Envoy.
+    assert!(
+        failed.len() <= DrillLoad::default().clients,
+        "only what was in flight on it: {failed:?}"
+    );
     for outcome in &failed {
         assert!(
             outcome.worker.as_deref().is_none_or(|w| w == victim),
             "only requests on the killed worker fail: {outcome:?}"
         );
         assert!(
-            outcome.at >= killed_at.saturating_sub(Duration::from_secs(1)),
-            "{outcome:?}"
+            outcome.at <= killed_at + Duration::from_millis(500),
+            "in flight at the kill: {outcome:?}"
         );
+        assert!(outcome.status == 0 || outcome.status >= 500, "{outcome:?}");
     }
-    assert!(
-        failed.len() <= DrillLoad::default().clients * 2,
-        "only what was in flight on it (or routed before it was expired): {failed:?}"
-    );
     assert!(
         last_to_victim.is_none_or(|at| at < killed_at + Duration::from_secs(3)),
         "no new route to the killed worker after 3 s: {last_to_victim:?}"
