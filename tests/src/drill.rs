@@ -316,6 +316,34 @@ impl DrillReport {
     }
 }
 
+/// The upper bound of the Prometheus histogram bucket `name` (`…_bucket{le=…}` lines of a
+/// scrape) that holds quantile `q`: an upper estimate of that quantile. `None` without
+/// observations.
+pub fn histogram_quantile(scrape: &str, name: &str, q: f64) -> Option<f64> {
+    let prefix = format!("{name}_bucket{{le=\"");
+    let buckets: Vec<(f64, f64)> = scrape
+        .lines()
+        .filter_map(|line| {
+            let rest = line.strip_prefix(&prefix)?;
+            let (le, count) = rest.split_once("\"} ")?;
+            let le = if le == "+Inf" {
+                f64::INFINITY
+            } else {
+                le.parse().ok()?
+            };
+            Some((le, count.trim().parse().ok()?))
+        })
+        .collect();
+    let total = buckets.iter().map(|(_, c)| *c).fold(0.0, f64::max);
+    if total == 0.0 {
+        return None;
+    }
+    buckets
+        .iter()
+        .find(|(_, cumulative)| *cumulative >= q * total)
+        .map(|(le, _)| *le)
+}
+
 /// Prints a drill's row where the test output shows it (and where `docs/reliability.md`'s
 /// table is copied from).
 pub fn report(row: &str) {
@@ -337,6 +365,15 @@ mod tests {
             affinity,
             error: None,
         }
+    }
+
+    #[test]
+    fn a_quantile_is_the_bound_of_the_bucket_that_holds_it() {
+        let scrape = "x_bucket{le=\"0.001\"} 50\nx_bucket{le=\"0.002\"} 98\nx_bucket{le=\"+Inf\"} 100\nx_count 100\n";
+        assert_eq!(histogram_quantile(scrape, "x", 0.5), Some(0.001));
+        assert_eq!(histogram_quantile(scrape, "x", 0.9), Some(0.002));
+        assert_eq!(histogram_quantile(scrape, "x", 0.99), Some(f64::INFINITY));
+        assert_eq!(histogram_quantile("", "x", 0.5), None);
     }
 
     #[test]
