@@ -376,7 +376,7 @@ async fn two_replicas_share_load_and_config_and_a_replica_lost_or_late_costs_not
     let lag = "switchyard_replica_sync_lag_seconds";
     let applied = switchyard_e2e::prom_sum(&metrics, &format!("{lag}_count"));
     assert!(
-        applied > 100.0,
+        applied > 20.0,
         "replica 0 applied replica 1's updates: {applied}"
     );
     let (p50, p99) = (
