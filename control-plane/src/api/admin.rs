@@ -183,6 +183,23 @@ where
     }
 }
 
+/// Checks readiness every 100 ms until it is reached (and latched), so that it does not wait
+/// for someone to ask: a control plane that was ready once stays so even if NATS is away when
+/// EDS is first polled. Ends once ready or when the router owner stops.
+pub async fn watch_readiness(state: ApiState) {
+    loop {
+        match readiness(&state).await {
+            Ok(()) => {
+                state.metrics.ready.set(1);
+                tracing::info!("ready for route calls");
+                return;
+            }
+            Err(None) => return,
+            Err(Some(_)) => tokio::time::sleep(std::time::Duration::from_millis(100)).await,
+        }
+    }
+}
+
 /// Whether this control plane is ready (see [`crate::readiness`]): `Err(None)` when the
 /// router owner has stopped.
 async fn readiness(state: &ApiState) -> Result<(), Option<crate::readiness::NotReady>> {

@@ -281,6 +281,7 @@ pub async fn run_with_tokenizer(
         shares_config: settings.replica_id.is_some(),
     };
 
+    let readiness_watch = tokio::spawn(api::admin::watch_readiness(state.clone()));
     let route_addr = listeners.route.local_addr()?;
     let admin_addr = listeners.admin.local_addr()?;
     tracing::info!(route = %route_addr, admin = %admin_addr, "listening");
@@ -311,6 +312,7 @@ pub async fn run_with_tokenizer(
     drop(server);
     consumer.abort();
     reachability.abort();
+    readiness_watch.abort();
     for task in &replica_tasks {
         task.abort();
     }

@@ -5,6 +5,7 @@ use crate::common;
 
 use common::*;
 use serde_json::json;
+use std::time::Duration;
 use switchyard_control_plane::settings::{Redacted, Settings};
 use switchyard_protocol::route::{ApiError, Reason, REJECT_HEADER};
 use switchyard_protocol::worker::WorkerRole;
@@ -178,6 +179,22 @@ async fn bad_route_bodies_get_400_naming_the_problem() {
 async fn eds_serves_pool_membership_with_a_stable_version() {
     let (_server, svc, nats) = service_with_nats(Settings::for_tests()).await;
     let http = reqwest::Client::new();
+    // Until ready, EDS answers 503 so that Envoy keeps the endpoints it has.
+    let starting = http
+        .post(format!("{}/v3/discovery:endpoints", svc.base))
+        .json(&json!({"resource_names": ["switchyard_decode"]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(starting.status(), 503);
+    assert_eq!(
+        starting.json::<serde_json::Value>().await.unwrap()["code"],
+        "starting"
+    );
+    eventually(Duration::from_secs(5), "ready", || async {
+        svc.get_json("/readyz").await["ready"] == true
+    })
+    .await;
     let poll = |version: &str| {
         let req = json!({"version_info": version, "node": {"id": "envoy"},
             "resource_names": ["switchyard_decode", "switchyard_prefill"],

@@ -295,6 +295,11 @@ async fn a_nats_outage_expires_no_worker_and_expiry_resumes_after_a_window() {
     let mut server = NatsServer::start();
     let svc = Service::start(Settings::for_tests(), tokenizer(), &server.url).await;
     let nats = client(&server.url).await;
+    // A control plane that was ready (EDS waits for that) when NATS goes away.
+    eventually(Duration::from_secs(5), "ready", || async {
+        svc.get_json("/readyz").await["ready"] == true
+    })
+    .await;
     // Heartbeats every 200 ms: expired 600 ms after the last one.
     let a = worker("decode-0", WorkerRole::Decode, 9001, 1);
     let b = worker("decode-1", WorkerRole::Decode, 9002, 1);
