@@ -22,7 +22,9 @@
 //! build --workspace --bins` first (the tests build nothing).
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use switchyard_e2e::drill::{self, DrillLoad, DrillReport, DrillRun};
 use switchyard_e2e::probe::{filter_stat, worker_metric};
