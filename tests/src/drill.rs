@@ -235,6 +235,25 @@ impl DrillReport {
         self.outcomes.iter().filter(|o| !o.ok).collect()
     }
 
+    /// Panics (naming `drill`) unless every request succeeded and at least `min_sent` were
+    /// sent (the load ran throughout).
+    pub fn assert_none_failed(&self, drill: &str, min_sent: usize) {
+        let failed = self.failed();
+        assert!(
+            failed.is_empty(),
+            "{drill}: {} of {} failed: {:?}\n{}",
+            failed.len(),
+            self.sent(),
+            &failed[..failed.len().min(3)],
+            self.timeline()
+        );
+        assert!(
+            self.sent() >= min_sent,
+            "{drill}: the load ran throughout: {}",
+            self.sent()
+        );
+    }
+
     /// Requests the filter failed open for.
     pub fn failed_open(&self) -> usize {
         self.outcomes.iter().filter(|o| o.failed_open()).count()

@@ -86,22 +86,6 @@ async fn index_resynced(
     started.elapsed()
 }
 
-fn assert_none_failed(drill: &str, report: &DrillReport) {
-    let failed = report.failed();
-    assert!(
-        failed.is_empty(),
-        "{drill}: {} of {} failed: {:?}",
-        failed.len(),
-        report.sent(),
-        &failed[..failed.len().min(3)]
-    );
-    assert!(
-        report.sent() >= 20,
-        "{drill}: the load ran throughout: {}",
-        report.sent()
-    );
-}
-
 async fn fail_opens(http: &reqwest::Client, stack: &Stack) -> u64 {
     let stats = envoy_stats(http, &stack.admin_url())
         .await
@@ -158,7 +142,7 @@ async fn fault_drills_on_one_control_plane() {
             after(recovery)
         ),
     ));
-    assert_none_failed("frozen control plane", &report);
+    report.assert_none_failed("frozen control plane", 20);
     assert!(
         report.failed_open() > 0,
         "the freeze outlasted the route timeout"
@@ -168,11 +152,7 @@ async fn fault_drills_on_one_control_plane() {
         report.failed_open() as u64,
         "every fail-open counted"
     );
-    assert!(
-        recovery.is_some_and(|d| d <= Duration::from_secs(5)),
-        "{recovery:?}\n{}",
-        report.timeline()
-    );
+    assert_back_within_5_s(&report, recovery);
 
     // 2. Killed and started again (one replica: the filter fails open meanwhile).
     let run = baseline(&http, &stack).await;
@@ -188,12 +168,8 @@ async fn fault_drills_on_one_control_plane() {
         "control plane killed 3 s, restarted (1 replica)",
         &format!("quality back {} after the restart", after(recovery)),
     ));
-    assert_none_failed("killed control plane", &report);
-    assert!(
-        recovery.is_some_and(|d| d <= Duration::from_secs(5)),
-        "{recovery:?}\n{}",
-        report.timeline()
-    );
+    report.assert_none_failed("killed control plane", 20);
+    assert_back_within_5_s(&report, recovery);
 
     // 3. NATS killed and started again.
     let run = baseline(&http, &stack).await;
@@ -213,7 +189,7 @@ async fn fault_drills_on_one_control_plane() {
             resynced.as_secs_f64()
         ),
     ));
-    assert_none_failed("NATS outage", &report);
+    report.assert_none_failed("NATS outage", 20);
 
     // 4. KV events lost for 2 s (decode-0 and decode-1's process): a gap.
     let cp_metrics = format!("{}/metrics", stack.control_plane_url());
@@ -259,7 +235,7 @@ async fn fault_drills_on_one_control_plane() {
             resynced.as_secs_f64()
         ),
     ));
-    assert_none_failed("KV event gap", &report);
+    report.assert_none_failed("KV event gap", 20);
     assert!(dropped > 0.0, "the fault dropped batches");
     assert!(
         detected >= 1.0,
@@ -278,7 +254,7 @@ async fn fault_drills_on_one_control_plane() {
         "prefill worker killed",
         "local prefill on the decode workers",
     ));
-    assert_none_failed("prefill worker killed", &report);
+    report.assert_none_failed("prefill worker killed", 20);
 
     // 6. A decode worker killed: the requests it was serving fail; no new one goes to it.
     let victim = stack
@@ -344,6 +320,14 @@ async fn fault_drills_on_one_control_plane() {
     assert!(
         prom_sum(&metrics, "switchyard_workers_expired_total") >= 1.0,
         "{metrics}"
+    );
+}
+
+fn assert_back_within_5_s(report: &DrillReport, recovery: Option<Duration>) {
+    assert!(
+        recovery.is_some_and(|d| d <= Duration::from_secs(5)),
+        "routing quality not back within 5 s: {recovery:?}\n{}",
+        report.timeline()
     );
 }
 

@@ -63,42 +63,27 @@ fn id(worker: &Value) -> String {
         .to_string()
 }
 
-/// `GET /v1/config` on one replica: the config and its version (`ETag`).
-async fn config(http: &reqwest::Client, stack: &Stack, replica: usize) -> (Value, String) {
-    let response = http
-        .get(format!(
-            "{}/v1/config",
-            stack.control_plane_replica_admin_url(replica)
-        ))
-        .bearer_auth(stack.control_plane_admin_token())
-        .send()
-        .await
-        .expect("GET /v1/config");
-    let etag = response
-        .headers()
-        .get("etag")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("")
-        .to_string();
-    (response.json().await.expect("config JSON"), etag)
-}
-
-async fn put_config(
+/// `GET /v1/config` on one replica, or `PUT` with `patch`: the status, the config (or error)
+/// and its version (`ETag`).
+async fn config_call(
     http: &reqwest::Client,
     stack: &Stack,
     replica: usize,
-    patch: Value,
+    patch: Option<Value>,
 ) -> (u16, Value, String) {
-    let response = http
-        .put(format!(
-            "{}/v1/config",
-            stack.control_plane_replica_admin_url(replica)
-        ))
+    let url = format!(
+        "{}/v1/config",
+        stack.control_plane_replica_admin_url(replica)
+    );
+    let request = match &patch {
+        Some(patch) => http.put(&url).json(patch),
+        None => http.get(&url),
+    };
+    let response = request
         .bearer_auth(stack.control_plane_admin_token())
-        .json(&patch)
         .send()
         .await
-        .expect("PUT /v1/config");
+        .expect("/v1/config answers");
     let status = response.status().as_u16();
     let etag = response
         .headers()
@@ -109,12 +94,38 @@ async fn put_config(
     (status, response.json().await.unwrap_or_default(), etag)
 }
 
+/// `GET /v1/config` on one replica: the config and its version.
+async fn config(http: &reqwest::Client, stack: &Stack, replica: usize) -> (Value, String) {
+    let (_, config, etag) = config_call(http, stack, replica, None).await;
+    (config, etag)
+}
+
+async fn put_config(
+    http: &reqwest::Client,
+    stack: &Stack,
+    replica: usize,
+    patch: Value,
+) -> (u16, Value, String) {
+    config_call(http, stack, replica, Some(patch)).await
+}
+
 /// The route ports of the control-plane replicas Envoy's health check passes.
 async fn healthy_replicas(http: &reqwest::Client, stack: &Stack) -> Vec<String> {
     let page = get_text(http, &format!("{}/clusters", stack.admin_url()))
         .await
         .unwrap_or_default();
     healthy_hosts(&page, "switchyard_control_plane")
+}
+
+/// Waits (at most `limit`) until Envoy's health check passes both replicas.
+async fn wait_both_healthy(http: &reqwest::Client, stack: &Stack, what: &str, limit: Duration) {
+    eventually_ok(what, limit, || async {
+        let healthy = healthy_replicas(http, stack).await;
+        (healthy.len() == 2)
+            .then_some(())
+            .ok_or(format!("{healthy:?}"))
+    })
+    .await;
 }
 
 fn host(url: &str) -> String {
@@ -138,15 +149,11 @@ async fn two_replicas_share_load_and_config_and_a_replica_lost_or_late_costs_not
         host(&stack.control_plane_replica_url(0)),
         host(&stack.control_plane_replica_url(1)),
     ];
-    eventually_ok(
+    wait_both_healthy(
+        &http,
+        &stack,
         "Envoy health-checks both replicas as ready",
         Duration::from_secs(10),
-        || async {
-            let healthy = healthy_replicas(&http, &stack).await;
-            (healthy.len() == 2)
-                .then_some(())
-                .ok_or(format!("{healthy:?}"))
-        },
     )
     .await;
 
@@ -295,32 +302,16 @@ async fn two_replicas_share_load_and_config_and_a_replica_lost_or_late_costs_not
         .await
         .expect("replica 1 gets ready");
     let ready_at = run.elapsed();
-    eventually_ok(
+    wait_both_healthy(
+        &http,
+        &stack,
         "Envoy sends route calls to replica 1 again",
         Duration::from_secs(3),
-        || async {
-            let healthy = healthy_replicas(&http, &stack).await;
-            (healthy.len() == 2)
-                .then_some(())
-                .ok_or(format!("{healthy:?}"))
-        },
     )
     .await;
     tokio::time::sleep(Duration::from_secs(4)).await;
     let report = run.finish().await;
-    let failed = report.failed();
-    assert!(
-        failed.is_empty(),
-        "{} of {} failed: {:?}",
-        failed.len(),
-        report.sent(),
-        &failed[..failed.len().min(3)]
-    );
-    assert!(
-        report.sent() >= 30,
-        "the load ran throughout: {}",
-        report.sent()
-    );
+    report.assert_none_failed("replica killed", 30);
     let baseline = report
         .affinity_share(Duration::ZERO, killed_at)
         .expect("turns before the kill");
