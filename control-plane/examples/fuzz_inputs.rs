@@ -1,6 +1,6 @@
 //! Proptest at scale over everything the control plane reads from outside: route bodies
 //! (JSON parse, OpenAI validation, chat-template tokenization, prompt length), NATS worker
-//! messages (heartbeats, load reports, KV event batches decoded and applied to a
+//! messages (heartbeats, load reports, KV event batches, other replicas' updates, decoded and applied to a
 //! `ControlCore`), pool files (YAML/JSON), and config patches. Nothing may panic; any error is
 //! fine. Inputs are mutated seeds (valid documents with bytes flipped, inserted, deleted or
 //! repeated) and structured random JSON over each target's own field names, from a fixed seed,
@@ -30,6 +30,7 @@ use switchyard_control_plane::router::{ControlCore, Router};
 use switchyard_control_plane::service::tokenizer::{load_model_tokenizer, PromptTokenizer};
 use switchyard_protocol::kv::KvEventBatch;
 use switchyard_protocol::openai::{check_prompt_length, generation_params};
+use switchyard_protocol::replica::{ReplicaSync, ReplicaUpdate};
 use switchyard_protocol::route::ApiKind;
 use switchyard_protocol::worker::{LoadReport, WorkerHeartbeat};
 
@@ -259,6 +260,18 @@ const NATS_KEYS: &[&str] = &[
     "kv_used_blocks",
     "kv_total_blocks",
     "queued_prefill_tokens",
+    "replica",
+    "sent_at_unix_ms",
+    "update",
+    "kind",
+    "request_id",
+    "decode",
+    "prefill",
+    "prefill_tokens",
+    "blocks",
+    "tail_blocks",
+    "events",
+    "event",
 ];
 
 /// A heartbeat as a simulated worker sends it (docs/protocol.md).
@@ -278,8 +291,16 @@ fn nats_messages() -> Target {
         {"type": "stored", "parent": 12, "block_size": 64, "blocks": [{"seq_hash": 13, "block_id": 3}]},
         {"type": "removed", "block_ids": [2]},
         {"type": "cleared"}]});
+    // What another control-plane replica publishes (switchyard.replicas.sync).
+    let routed = json!({"v": 1, "replica": "cp-1", "sent_at_unix_ms": 5, "update": {
+        "kind": "routed", "request_id": "r-1",
+        "decode": {"worker_id": "decode-0", "prefill_tokens": 64, "blocks": [11, 12], "tail_blocks": 1},
+        "prefill": {"worker_id": "decode-0", "prefill_tokens": 0, "blocks": [11], "tail_blocks": 0}}});
+    let lifecycle = json!({"v": 1, "replica": "cp-1", "sent_at_unix_ms": 5, "update": {
+        "kind": "lifecycle", "events": [{"event": "first_token", "request_id": "r-1"},
+            {"event": "done", "request_id": "r-1", "ok": true}]}});
     let inputs = prop_oneof![
-        3 => mutated(bytes_of(&[heartbeat, load, kv])),
+        3 => mutated(bytes_of(&[heartbeat, load, kv, routed, lifecycle])),
         2 => json_over(NATS_KEYS).prop_map(|v| v.to_string().into_bytes()),
     ]
     .boxed();
@@ -304,6 +325,24 @@ fn nats_messages() -> Target {
         if let Ok(batch) = serde_json::from_slice::<KvEventBatch>(bytes) {
             core.kv_batch(&batch, 30);
             let _ = core.tick(40);
+            applied = true;
+        }
+        if let Ok(sync) = serde_json::from_slice::<ReplicaSync>(bytes) {
+            match sync.update {
+                ReplicaUpdate::Routed {
+                    request_id,
+                    decode,
+                    prefill,
+                } => {
+                    let _ = core.peer_route(&request_id, &decode, prefill.as_ref(), 50);
+                }
+                ReplicaUpdate::Lifecycle { events } => {
+                    for event in &events {
+                        core.lifecycle(event, 50);
+                    }
+                }
+            }
+            let _ = core.tick(60);
             applied = true;
         }
         reached.fetch_add(u64::from(applied), Ordering::Relaxed);
