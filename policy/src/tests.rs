@@ -86,7 +86,7 @@ proptest! {
 
     #[test]
     fn the_guard_only_vetoes(i in any_input(), cfg in any_config()) {
-        let unguarded = ConditionalDisaggConfig { decode_busy_threshold: None, ..cfg.clone() };
+        let unguarded = ConditionalDisaggConfig { decode_busy_threshold: None, ..cfg };
         let with = decide(&i, &cfg);
         let without = decide(&i, &unguarded);
         if with.is_bypass() {
@@ -100,5 +100,17 @@ proptest! {
             prop_assert!(i.decode_capacity_blocks > 0);
             prop_assert!(i.decode_projected_blocks as f64 <= t * i.decode_capacity_blocks as f64 + 1e-6);
         }
+    }
+}
+
+proptest! {
+    #[test]
+    fn a_recorded_call_decides_the_same_after_a_json_round_trip(i in any_input(), cfg in any_config()) {
+        // The status page's what-if reads recorded calls back from `/v1/status`'s JSON.
+        let call = PolicyCall { input: i, config: cfg };
+        let text = serde_json::to_string(&call).unwrap();
+        let back: PolicyCall = serde_json::from_str(&text).unwrap();
+        prop_assert_eq!(back, call);
+        prop_assert_eq!(back.decide(), decide(&i, &cfg));
     }
 }
