@@ -43,6 +43,8 @@ mod replica;
 mod route;
 mod workers;
 
+pub use crate::route::Routed;
+
 #[cfg(test)]
 mod tests;
 
