@@ -19,6 +19,41 @@ pub enum PolicyKind {
     IslOrLoad,
 }
 
+impl PolicyKind {
+    /// Every rule.
+    pub const ALL: [PolicyKind; 3] = [
+        PolicyKind::IslBounding,
+        PolicyKind::PrefillLoad,
+        PolicyKind::IslOrLoad,
+    ];
+
+    /// The JSON name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PolicyKind::IslBounding => "isl_bounding",
+            PolicyKind::PrefillLoad => "prefill_load",
+            PolicyKind::IslOrLoad => "isl_or_load",
+        }
+    }
+
+    /// The config fields (JSON names) this rule reads; no other field changes its decisions
+    /// except [`GUARD_KNOB`], which every rule is subject to. The status page offers exactly
+    /// these as the what-if's sliders.
+    pub fn knobs(self) -> &'static [&'static str] {
+        const ISL: [&str; 2] = ["eff_isl_threshold", "eff_isl_ratio_threshold"];
+        const LOAD: [&str; 2] = ["prefill_busy_threshold", "prefill_queue_budget_tokens"];
+        const BOTH: [&str; 4] = [ISL[0], ISL[1], LOAD[0], LOAD[1]];
+        match self {
+            PolicyKind::IslBounding => &ISL,
+            PolicyKind::PrefillLoad => &LOAD,
+            PolicyKind::IslOrLoad => &BOTH,
+        }
+    }
+}
+
+/// The decode-busy guard's field, read whatever the rule.
+pub const GUARD_KNOB: &str = "decode_busy_threshold";
+
 /// The conditional-disaggregation thresholds (docs/policies.md, "Decision logic").
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
