@@ -52,12 +52,13 @@ ALLOWED = {
         "switchyard-replay",
         "switchyard-support",
     },
+    "switchyard-whatif": {"switchyard-protocol", "switchyard-policy"},
     "switchyard-e2e": None,  # the end-to-end tests may use anything
 }
 
 # Pure crates: no runtime, sockets or NATS anywhere below them.
 PURE = ["switchyard-protocol", "switchyard-policy", "switchyard-filter", "switchyard-router",
-        "switchyard-engine", "switchyard-adapters"]
+        "switchyard-engine", "switchyard-adapters", "switchyard-whatif"]
 FORBIDDEN_BELOW_PURE = {"tokio", "warp", "hyper", "reqwest", "async-nats", "mio"}
 
 
