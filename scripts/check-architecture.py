@@ -15,8 +15,9 @@ import sys
 ALLOWED = {
     "switchyard-protocol": set(),
     "switchyard-support": set(),
+    "switchyard-policy": {"switchyard-protocol"},
     "switchyard-filter": {"switchyard-protocol"},
-    "switchyard-router": {"switchyard-protocol"},
+    "switchyard-router": {"switchyard-protocol", "switchyard-policy"},
     "switchyard-engine": {"switchyard-protocol"},
     "switchyard-adapters": {"switchyard-protocol"},
     "switchyard-bus": {"switchyard-protocol"},
@@ -51,12 +52,13 @@ ALLOWED = {
         "switchyard-replay",
         "switchyard-support",
     },
+    "switchyard-whatif": {"switchyard-protocol", "switchyard-policy"},
     "switchyard-e2e": None,  # the end-to-end tests may use anything
 }
 
 # Pure crates: no runtime, sockets or NATS anywhere below them.
-PURE = ["switchyard-protocol", "switchyard-filter", "switchyard-router", "switchyard-engine",
-        "switchyard-adapters"]
+PURE = ["switchyard-protocol", "switchyard-policy", "switchyard-filter", "switchyard-router",
+        "switchyard-engine", "switchyard-adapters", "switchyard-whatif"]
 FORBIDDEN_BELOW_PURE = {"tokio", "warp", "hyper", "reqwest", "async-nats", "mio"}
 
 

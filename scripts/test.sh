@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets up a fresh machine and runs every check and test Switchyard has:
-# formatting, clippy (native and wasm), the wasm filter build, unit, property and
+# formatting, clippy (native and wasm), the wasm filter and the status page's what-if
+# builds, unit, property and
 # end-to-end tests (real nats-server and Envoy, started and stopped by the tests; the status
 # page in headless Chromium), and last
 # the real-vLLM test (vLLM's CPU build, installed by scripts/setup-vllm.sh).
@@ -34,6 +35,10 @@ source .cache/env.sh
 
 step "setup (headless Chromium for the status page's test)"
 ./scripts/setup-chromium.sh
+
+step "setup (the status page's what-if: wasm32-unknown-unknown, the JS glue generator)"
+# Cold, this compiles the generator (whatif/bindgen) once: 1 to 2 minutes on 2 cores.
+./scripts/setup-whatif.sh
 
 step "setup (vLLM CPU build and its tiny model)"
 # Not beside the build: measured so, pip's unpacking and bytecode compiling slowed the build
@@ -82,6 +87,11 @@ export CARGO_INCREMENTAL=0
 cargo build --workspace --bins --tests --examples --locked
 # Benches build in the dev profile only to be linted; they are run by hand (docs/benchmarks.md).
 cargo build --workspace --benches --profile dev --locked
+
+step "build and clippy the status page's what-if (wasm32-unknown-unknown)"
+# With the clippy-driver wrapper still set, this build is also the crate's lint for the
+# browser target (its wasm-bindgen exports only exist there). About 25 s cold.
+./scripts/build-whatif.sh
 
 step "tests"
 # cargo-nextest (on the Rust machine image) runs every binary's tests side by side, grouped

@@ -10,6 +10,7 @@
 //! | admin, token | GET, PUT | `/v1/config` | conditional-disaggregation policy |
 //! | admin, token | GET | `/v1/status` | workers, config, recent verdicts and the bypass share over time |
 //! | admin | GET | `/` | the status page (HTML; it asks for `/v1/status` with the token) |
+//! | admin | GET | `/whatif/<file>` | the page's what-if module, JS and wasm ([`whatif`]) |
 //! | both | GET | `/metrics` | Prometheus / OpenMetrics text |
 //! | both | GET | `/healthz` | liveness (200 while HTTP serves, NATS state included) |
 //! | both | GET | `/readyz` | readiness for route calls (503 naming what is awaited; see [`crate::readiness`]) |
@@ -24,6 +25,7 @@ pub mod admin;
 pub mod auth;
 pub mod route;
 pub mod serve;
+pub mod whatif;
 
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
@@ -83,6 +85,8 @@ pub struct ApiState {
     /// Whether the router config is shared with other replicas (`--replica-id`): `PUT
     /// /v1/config` then writes the shared config.
     pub shares_config: bool,
+    /// `--whatif-dir`: the status page's what-if module.
+    pub whatif_dir: whatif::WhatIfDir,
 }
 
 impl ApiState {
@@ -163,7 +167,8 @@ pub fn route_api(
 }
 
 /// The admin listener's endpoints (for operators): the runtime config, the worker list and the
-/// status behind the admin token; the status page, metrics and health without it.
+/// status behind the admin token; the status page, its what-if module, metrics and health
+/// without it.
 pub fn admin_api(
     state: ApiState,
 ) -> impl Filter<Extract = (Response,), Error = Infallible> + Clone {
@@ -196,6 +201,10 @@ pub fn admin_api(
         )
         .into_response()
     });
+    let whatif = warp::path!("whatif" / String)
+        .and(warp::get())
+        .and(with_state(state.clone()))
+        .then(whatif::file);
     workers
         .or(get_config)
         .unify()
@@ -204,6 +213,8 @@ pub fn admin_api(
         .or(status)
         .unify()
         .or(page)
+        .unify()
+        .or(whatif)
         .unify()
         .or(observability(state))
         .unify()

@@ -20,7 +20,6 @@ use tokio::time::Instant;
 use switchyard_protocol::kv::KvEventBatch;
 use switchyard_protocol::lifecycle::LifecycleBatch;
 use switchyard_protocol::replica::ReplicaUpdate;
-use switchyard_protocol::route::Verdict;
 use switchyard_protocol::worker::{LoadReport, WorkerHeartbeat, WorkerId, WorkerInfo};
 
 use crate::config::{ConfigError, RouterConfig};
@@ -30,7 +29,7 @@ use crate::replicas::ReplicaLink;
 use owner::Owner;
 
 use crate::router::core::{HeartbeatOutcome, KvBatchOutcome};
-use crate::router::{RouteError, Router, WorkerView};
+use crate::router::{RouteError, Routed, Router, WorkerView};
 
 pub use run::{run, run_with_tokenizer, Listeners, RunError, Shutdown};
 
@@ -87,8 +86,8 @@ pub enum Command {
     Route {
         /// The request.
         request: RouteRequest,
-        /// The verdict, or why there is none.
-        reply: oneshot::Sender<Result<Verdict, RouteError>>,
+        /// The verdict (with the policy's call, for the status page), or why there is none.
+        reply: oneshot::Sender<Result<Routed, RouteError>>,
     },
     /// Whether heartbeats can reach the control plane (its NATS connection is up). While
     /// they cannot, no worker is expired for silence.
@@ -262,7 +261,7 @@ impl ServiceHandle {
     pub async fn route(
         &self,
         request: RouteRequest,
-    ) -> Result<Result<Verdict, RouteError>, ServiceStopped> {
+    ) -> Result<Result<Routed, RouteError>, ServiceStopped> {
         self.call(|reply| Command::Route { request, reply }).await
     }
 

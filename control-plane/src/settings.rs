@@ -110,6 +110,12 @@ pub struct Settings {
           value_parser = clap::value_parser!(u64).range(100..=3_600_000))]
     pub pool_reload_ms: u64,
 
+    /// Directory with the status page's what-if module (`switchyard_whatif.js` and
+    /// `switchyard_whatif_bg.wasm`, written by `scripts/build-whatif.sh`), served at
+    /// `/whatif/` on the admin listener. Without it the page says the what-if is unavailable.
+    #[arg(long, env = "SWITCHYARD_WHATIF_DIR")]
+    pub whatif_dir: Option<PathBuf>,
+
     /// agg, disagg or conditional.
     #[arg(
         long,

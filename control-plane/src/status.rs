@@ -2,11 +2,18 @@
 //! share over time. Pure and bounded: a ring of the last [`RECENT_DECISIONS`] verdicts and
 //! [`SHARE_BUCKETS`] time buckets of [`SHARE_BUCKET_MS`] each; time is an argument
 //! (milliseconds on the service's monotonic clock).
+//!
+//! A verdict the policy gave is recorded with the policy's call (its inputs and the config in
+//! force), so that the page's what-if can decide it again under other thresholds with the
+//! same code (`whatif/`).
 
 use std::collections::VecDeque;
 
 use serde::Serialize;
-use switchyard_protocol::route::{RouteMode, Verdict};
+use switchyard_protocol::route::RouteMode;
+
+use crate::policy::PolicyCall;
+use crate::router::Routed;
 
 /// Verdicts kept for the page.
 pub const RECENT_DECISIONS: usize = 50;
@@ -38,11 +45,15 @@ pub struct DecisionRecord {
     pub cached_tokens: u32,
     /// What the decode worker would prefill itself.
     pub eff_isl: u32,
+    /// What the policy saw and the config it decided under; `null` when the serving mode or
+    /// the request (`n > 1`) decided, not the policy.
+    pub policy: Option<PolicyCall>,
 }
 
 impl DecisionRecord {
-    /// The record of `verdict`, given at `at_ms`.
-    pub fn of(verdict: &Verdict, model: Option<String>, at_ms: u64) -> Self {
+    /// The record of `routed`, given at `at_ms`.
+    pub fn of(routed: &Routed, model: Option<String>, at_ms: u64) -> Self {
+        let verdict = &routed.verdict;
         DecisionRecord {
             at_ms,
             request_id: verdict.request_id.clone(),
@@ -54,6 +65,7 @@ impl DecisionRecord {
             isl: verdict.isl,
             cached_tokens: verdict.cached_tokens,
             eff_isl: verdict.eff_isl,
+            policy: routed.policy,
         }
     }
 }
@@ -142,7 +154,35 @@ mod tests {
             isl: 100,
             cached_tokens: 64,
             eff_isl: 36,
+            policy: None,
         }
+    }
+
+    #[test]
+    fn a_policy_verdict_carries_its_inputs_and_config_for_the_what_if() {
+        use crate::config::ConditionalDisaggConfig;
+        use crate::policy::PolicyInput;
+        let mut r = record(5, "bypass", 1);
+        r.policy = Some(PolicyCall {
+            input: PolicyInput {
+                isl: 100,
+                eff_isl: 36,
+                prefill_queued_tokens: 7,
+                decode_projected_blocks: 9,
+                decode_capacity_blocks: 1000,
+            },
+            config: ConditionalDisaggConfig::default(),
+        });
+        let json = serde_json::to_value(&r).unwrap();
+        // The shape the page's what-if (whatif/) reads back.
+        assert_eq!(json["policy"]["input"]["eff_isl"], 36);
+        assert_eq!(json["policy"]["input"]["prefill_queued_tokens"], 7);
+        assert_eq!(json["policy"]["config"]["policy"], "isl_bounding");
+        assert_eq!(json["policy"]["config"]["eff_isl_ratio_threshold"], 0.7);
+        assert!(json["policy"]["config"]["decode_busy_threshold"].is_null());
+        let back: PolicyCall = serde_json::from_value(json["policy"].clone()).unwrap();
+        assert_eq!(Some(back), r.policy);
+        assert!(serde_json::to_value(record(5, "agg", 2)).unwrap()["policy"].is_null());
     }
 
     #[test]

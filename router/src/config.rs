@@ -27,56 +27,12 @@ mod tests;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+use switchyard_policy::config::non_negative;
+
+// The policy's part of the config lives with the policy (the status page's what-if builds it
+// for the browser); the router's config embeds it.
+pub use switchyard_policy::config::{ConditionalDisaggConfig, ConfigError, PolicyKind};
 pub use switchyard_protocol::route::ServingMode;
-
-/// Which conditional-disaggregation rule decides bypass (see `docs/policies.md`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
-#[serde(rename_all = "snake_case")]
-pub enum PolicyKind {
-    /// Bypass iff the uncached part of the prompt is short in absolute and relative terms.
-    #[default]
-    IslBounding,
-    /// Bypass iff the chosen prefill worker is busy.
-    PrefillLoad,
-    /// Bypass iff either of the above holds.
-    IslOrLoad,
-}
-
-/// The conditional-disaggregation thresholds (docs/policies.md, "Decision logic").
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct ConditionalDisaggConfig {
-    /// The rule.
-    pub policy: PolicyKind,
-    /// `isl_bounding`: bypass needs `eff_isl < eff_isl_threshold` (tokens). Default 2048.
-    pub eff_isl_threshold: u32,
-    /// `isl_bounding`: bypass needs `eff_isl / isl < eff_isl_ratio_threshold`, in [0, 1].
-    /// Default 0.7.
-    pub eff_isl_ratio_threshold: f64,
-    /// `prefill_load`: bypass iff the prefill worker's busyness (queued prefill tokens ÷
-    /// `prefill_queue_budget_tokens`) is strictly above this. Default 0.8.
-    pub prefill_busy_threshold: f64,
-    /// The prefill queue (tokens) that counts as busyness 1.0. Default 32768, about 0.8 s of
-    /// cold prefill on a GB200 TEP4 worker (docs/sim-model.md, "Prefill").
-    pub prefill_queue_budget_tokens: u64,
-    /// Guard: no bypass when the decode worker's projected active KV blocks would exceed
-    /// this fraction of its capacity (and none when it reports no capacity). `None` (JSON
-    /// `null`, the default) turns the guard off.
-    pub decode_busy_threshold: Option<f64>,
-}
-
-impl Default for ConditionalDisaggConfig {
-    fn default() -> Self {
-        ConditionalDisaggConfig {
-            policy: PolicyKind::IslBounding,
-            eff_isl_threshold: 2048,
-            eff_isl_ratio_threshold: 0.7,
-            prefill_busy_threshold: 0.8,
-            prefill_queue_budget_tokens: 32_768,
-            decode_busy_threshold: None,
-        }
-    }
-}
 
 /// Weights of the worker-selection costs (see [`crate::select`] and `docs/policies.md`).
 /// All default to 1.0 except `temperature` (0: always a cheapest worker).
@@ -155,25 +111,6 @@ pub struct RouterConfig {
     pub load: LoadConfig,
 }
 
-/// A config value was rejected; `field` is its JSON path (e.g. `selection.temperature`).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid config field `{field}`: {message}")]
-pub struct ConfigError {
-    /// Dotted path of the offending field (`""` for the document itself).
-    pub field: String,
-    /// What is wrong with it.
-    pub message: String,
-}
-
-impl ConfigError {
-    fn new(field: &str, message: impl Into<String>) -> Self {
-        ConfigError {
-            field: field.to_string(),
-            message: message.into(),
-        }
-    }
-}
-
 impl RouterConfig {
     /// A full config from JSON; absent fields take their defaults.
     ///
@@ -214,24 +151,8 @@ impl RouterConfig {
     /// # Errors
     /// [`ConfigError`] naming the first out-of-range field.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        let c = &self.conditional;
-        let ratio = c.eff_isl_ratio_threshold;
-        if !(ratio.is_finite() && (0.0..=1.0).contains(&ratio)) {
-            return Err(ConfigError::new(
-                "eff_isl_ratio_threshold",
-                format!("must be in [0, 1], got {ratio}"),
-            ));
-        }
-        non_negative("prefill_busy_threshold", c.prefill_busy_threshold)?;
-        if let Some(t) = c.decode_busy_threshold {
-            non_negative("decode_busy_threshold", t)?;
-        }
-        if c.prefill_queue_budget_tokens == 0 {
-            return Err(ConfigError::new(
-                "prefill_queue_budget_tokens",
-                "must be at least 1",
-            ));
-        }
+        // The policy's own ranges, which the status page's what-if checks too.
+        self.conditional.validate()?;
         let s = &self.selection;
         for (name, w) in [
             ("selection.overlap_weight", s.overlap_weight),
@@ -286,15 +207,4 @@ fn merge(into: &mut Map<String, Value>, patch: &Map<String, Value>) {
 
 fn unknown(field: &str) -> ConfigError {
     ConfigError::new(field, "unknown field")
-}
-
-fn non_negative(field: &str, x: f64) -> Result<(), ConfigError> {
-    if x.is_finite() && x >= 0.0 {
-        Ok(())
-    } else {
-        Err(ConfigError::new(
-            field,
-            format!("must be finite and non-negative, got {x}"),
-        ))
-    }
 }

@@ -21,7 +21,7 @@ use switchyard_protocol::lifecycle::LifecycleEvent;
 use switchyard_protocol::route::Verdict;
 use switchyard_protocol::worker::{LoadReport, WorkerHeartbeat, WorkerId, WorkerInfo};
 
-use crate::{KvApplyOutcome, KvEventError, RouteError, Router, WorkerChange};
+use crate::{KvApplyOutcome, KvEventError, RouteError, Routed, Router, WorkerChange};
 
 /// Heartbeat intervals below this count as this, so a worker announcing 0 ms does not expire
 /// between two of its own heartbeats.
@@ -293,9 +293,26 @@ impl ControlCore {
         model: Option<&str>,
         now_ms: u64,
     ) -> Result<Verdict, RouteError> {
+        self.route_traced(request_id, tokens, choices, model, now_ms)
+            .map(|routed| routed.verdict)
+    }
+
+    /// [`ControlCore::route_model`], with the policy's call beside the verdict (see
+    /// [`Routed`]), for the control plane's status page.
+    ///
+    /// # Errors
+    /// [`RouteError::NoDecodeWorkers`] when no live worker of `model` can decode.
+    pub fn route_traced(
+        &mut self,
+        request_id: &str,
+        tokens: &[u32],
+        choices: u32,
+        model: Option<&str>,
+        now_ms: u64,
+    ) -> Result<Routed, RouteError> {
         self.observe(now_ms);
         self.router
-            .route_model(request_id, tokens, choices, model, now_ms)
+            .route_traced(request_id, tokens, choices, model, now_ms)
     }
 
     /// Whether heartbeats can reach the control plane (its event-bus connection). When they

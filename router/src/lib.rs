@@ -15,7 +15,8 @@
 //! - [`load`]: predicted and reported load per worker.
 //! - [`predict`]: blocks just routed to a worker, counted as cached until its events tell.
 //! - [`select`]: choosing decode and prefill workers by cost.
-//! - [`policy`]: the conditional-disaggregation rules (bypass or disaggregate).
+//! - [`policy`]: the conditional-disaggregation rules (bypass or disaggregate), from the
+//!   `switchyard-policy` crate.
 //! - [`config`]: runtime configuration, validated.
 //! - [`Router`] itself: the worker registry (`workers.rs`), KV batches into the index with
 //!   per-worker sequence numbers (`kv_events.rs`), tokens → verdict (`route.rs`), decisions
@@ -30,8 +31,8 @@
 pub mod config;
 pub mod index;
 pub mod load;
-pub mod policy;
 pub mod predict;
+pub use switchyard_policy as policy;
 pub mod select;
 
 pub mod core;
@@ -41,6 +42,8 @@ mod kv_events;
 mod replica;
 mod route;
 mod workers;
+
+pub use crate::route::Routed;
 
 #[cfg(test)]
 mod tests;

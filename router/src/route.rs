@@ -9,8 +9,19 @@ use super::{RouteError, Router};
 use crate::config::ServingMode;
 use crate::index::WorkerSlot;
 use crate::load::{Leg, RoutedLoad, WorkerLoad};
-use crate::policy::{self, Decision, PolicyInput};
+use crate::policy::{Decision, PolicyCall, PolicyInput};
 use crate::select::{self, DecodeInputs, PrefillInputs};
+
+/// A verdict and, when the policy gave it, what the policy saw and the config in force: the
+/// status page re-decides recorded verdicts under other thresholds from these.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Routed {
+    /// The verdict.
+    pub verdict: Verdict,
+    /// The policy's call, when the verdict is its decision (conditional serving, a prefill
+    /// worker live, one choice); `None` when the serving mode or the request decided.
+    pub policy: Option<PolicyCall>,
+}
 
 /// One live worker considered for this request.
 struct Candidate {
@@ -75,6 +86,22 @@ impl Router {
         model: Option<&str>,
         now_ms: u64,
     ) -> Result<Verdict, RouteError> {
+        self.route_traced(request_id, tokens, choices, model, now_ms)
+            .map(|routed| routed.verdict)
+    }
+
+    /// [`Router::route_model`], with the policy's call beside the verdict (see [`Routed`]).
+    ///
+    /// # Errors
+    /// [`RouteError::NoDecodeWorkers`] when no live worker (of `model`) can decode.
+    pub fn route_traced(
+        &mut self,
+        request_id: &str,
+        tokens: &[u32],
+        choices: u32,
+        model: Option<&str>,
+        now_ms: u64,
+    ) -> Result<Routed, RouteError> {
         self.load.expire(now_ms, &self.config.load);
         let mode = self.config.serving_mode;
         let mut by_size: Vec<(u32, Vec<SequenceHash>)> = Vec::new();
@@ -175,20 +202,24 @@ impl Router {
         };
 
         let decode_request_blocks = request_blocks(isl, d.block_size);
+        let mut call = None;
         let (route_mode, reason, p) = match (mode, chosen_prefill) {
             (ServingMode::Agg, _) => (RouteMode::Agg, Reason::AggServingMode, None),
             (_, None) => (RouteMode::Agg, Reason::AggNoPrefillWorkers, None),
             (_, Some(_)) if choices > 1 => (RouteMode::Bypass, Reason::BypassMultipleChoices, None),
             (ServingMode::Disagg, Some(p)) => (RouteMode::Disagg, Reason::DisaggAlways, Some(p)),
             (ServingMode::Conditional, Some(p)) => {
-                let input = PolicyInput {
-                    isl,
-                    eff_isl,
-                    prefill_queued_tokens: p.load.prefill_tokens,
-                    decode_projected_blocks: d.load.active_blocks + decode_request_blocks,
-                    decode_capacity_blocks: d.load.kv_capacity_blocks,
-                };
-                match policy::decide(&input, &self.config.conditional) {
+                let policy_call = call.insert(PolicyCall {
+                    input: PolicyInput {
+                        isl,
+                        eff_isl,
+                        prefill_queued_tokens: p.load.prefill_tokens,
+                        decode_projected_blocks: d.load.active_blocks + decode_request_blocks,
+                        decode_capacity_blocks: d.load.kv_capacity_blocks,
+                    },
+                    config: self.config.conditional,
+                });
+                match policy_call.decide() {
                     Decision::Bypass(r) => (RouteMode::Bypass, r, None),
                     Decision::Disagg(r) => (RouteMode::Disagg, r, Some(p)),
                 }
@@ -224,7 +255,10 @@ impl Router {
                 .predict(p.slot, &by_size[p.hashes].1, now_ms, ttl);
         }
         self.load.on_route(request_id, routed, now_ms);
-        Ok(verdict)
+        Ok(Routed {
+            verdict,
+            policy: call,
+        })
     }
 }
 

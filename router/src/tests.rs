@@ -199,6 +199,56 @@ fn a_busy_decode_worker_gets_no_bypass() {
 }
 
 #[test]
+fn the_policy_call_is_traced_when_the_policy_decides_and_decides_the_same_again() {
+    let mut r = router_with(&[
+        ("decode-0", WorkerRole::Decode),
+        ("prefill-0", WorkerRole::Prefill),
+    ]);
+    let mut cfg = r.config().clone();
+    cfg.conditional.decode_busy_threshold = Some(0.8);
+    r.set_config(cfg.clone()).unwrap();
+    let turn1 = prompt(1, 1024);
+    r.apply_kv_batch(&stored("decode-0", 1, &turn1)).unwrap();
+    let mut turn2 = turn1.clone();
+    turn2.extend(prompt(2, 100));
+    let routed = r.route_traced("a", &turn2, 1, None, 1).unwrap();
+    let call = routed.policy.expect("the policy decided");
+    assert_eq!(call.config, cfg.conditional);
+    assert_eq!(
+        call.input,
+        policy::PolicyInput {
+            isl: 1124,
+            eff_isl: 100,
+            prefill_queued_tokens: 0,
+            // The request's 71 blocks on an idle worker.
+            decode_projected_blocks: 71,
+            decode_capacity_blocks: 10_000,
+        }
+    );
+    assert_eq!(call.decide().reason(), routed.verdict.reason);
+    assert_eq!(routed.verdict.reason, Reason::BypassIslBounding);
+    // The prefill leg's queued tokens are what the policy sees next.
+    let cold = r.route_traced("b", &prompt(3, 4096), 1, None, 2).unwrap();
+    assert_eq!(cold.verdict.mode, RouteMode::Disagg);
+    let next = r.route_traced("c", &prompt(4, 100), 1, None, 3).unwrap();
+    assert_eq!(next.policy.unwrap().input.prefill_queued_tokens, 4096);
+
+    // Decided by the request or the serving mode, not the policy: nothing to re-decide.
+    assert_eq!(
+        r.route_traced("d", &turn2, 2, None, 4).unwrap().policy,
+        None
+    );
+    for mode in [ServingMode::Agg, ServingMode::Disagg] {
+        cfg.serving_mode = mode;
+        r.set_config(cfg.clone()).unwrap();
+        assert_eq!(
+            r.route_traced("e", &turn2, 1, None, 5).unwrap().policy,
+            None
+        );
+    }
+}
+
+#[test]
 fn a_decode_worker_without_capacity_gets_no_bypass_under_the_guard() {
     let mut r = Router::with_config(
         RouterConfig::from_json(&serde_json::json!({"decode_busy_threshold": 0.9})).unwrap(),

@@ -52,6 +52,10 @@ pub struct Artifacts {
     pub filter_wasm: PathBuf,
     /// Tokenizer and chat template (`SWITCHYARD_MODEL_DIR`, default `.cache/models/qwen3`).
     pub model_dir: PathBuf,
+    /// The status page's what-if module (`SWITCHYARD_WHATIF_DIR`, default `<target>/whatif`,
+    /// built by `scripts/build-whatif.sh`), if it is there: optional, since without it only
+    /// the page's what-if is unavailable.
+    pub whatif_dir: Option<PathBuf>,
 }
 
 /// The workspace root (the parent of this crate's directory at build time).
@@ -162,6 +166,14 @@ impl Artifacts {
                 hint: format!("build it with `{BUILD_FILTER}`"),
             }
             .resolve(env)?,
+            whatif_dir: Wanted {
+                what: "status page what-if",
+                env_var: "SWITCHYARD_WHATIF_DIR",
+                default: target.join("whatif"),
+                hint: "build it with `scripts/build-whatif.sh`".into(),
+            }
+            .resolve(env)
+            .ok(),
         })
     }
 }
@@ -203,6 +215,25 @@ mod tests {
             message.contains("SWITCHYARD_CONTROL_PLANE_BIN"),
             "{message}"
         );
+    }
+
+    #[test]
+    fn the_what_if_is_optional_and_found_by_its_override() {
+        let dir = std::env::temp_dir();
+        let existing = dir.to_string_lossy().to_string();
+        let with = |whatif: String| {
+            let vars = env_with(&[
+                ("SWITCHYARD_CONTROL_PLANE_BIN", existing.clone()),
+                ("SWITCHYARD_SIM_WORKER_BIN", existing.clone()),
+                ("SWITCHYARD_FILTER_WASM", existing.clone()),
+                ("SWITCHYARD_WHATIF_DIR", whatif),
+            ]);
+            let env = |k: &str| vars.get(k).cloned();
+            Artifacts::locate_with(Profile::Debug, &env).map(|a| a.whatif_dir)
+        };
+        assert_eq!(with(existing.clone()).unwrap(), Some(dir.clone()));
+        let missing = dir.join("switchyard-no-such-whatif");
+        assert_eq!(with(missing.to_string_lossy().into()).unwrap(), None);
     }
 
     #[test]

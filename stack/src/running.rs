@@ -288,6 +288,9 @@ impl Stack {
         if let Some((file, _)) = &b.pool_file {
             cp_args.extend(["--pool-file".into(), file.to_string_lossy().into_owned()]);
         }
+        if let Some(dir) = &artifacts.whatif_dir {
+            cp_args.extend(["--whatif-dir".into(), dir.to_string_lossy().into_owned()]);
+        }
         let listens = std::iter::once((self.control_plane_port, self.control_plane_admin_port))
             .chain(self.replica_ports.iter().copied());
         self.control_plane_commands = listens

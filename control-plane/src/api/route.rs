@@ -1,4 +1,5 @@
-//! `POST /v1/route`: the client's OpenAI body in, a [`Verdict`] out.
+//! `POST /v1/route`: the client's OpenAI body in, a
+//! [`Verdict`](switchyard_protocol::route::Verdict) out.
 //!
 //! Steps: API kind from `x-switchyard-api`, request id from `x-request-id` (made up when
 //! missing), body read with a size limit, JSON parsed with key order kept (chat templates
@@ -16,14 +17,14 @@ use warp::Reply;
 
 use switchyard_protocol::openai::{check_prompt_length, generation_params, InvalidRequest};
 use switchyard_protocol::route::{
-    is_usable_request_id, ApiKind, RejectReason, Verdict, API_HEADER, MAX_REQUEST_ID_LEN,
-    REJECT_HEADER, REQUEST_ID_HEADER,
+    is_usable_request_id, ApiKind, RejectReason, API_HEADER, MAX_REQUEST_ID_LEN, REJECT_HEADER,
+    REQUEST_ID_HEADER,
 };
 
 use super::{error_reply, read_body, ApiState};
 use crate::metrics::{DecisionLabels, ModelDecisionLabels};
 use crate::models::{ModelRefusal, ServedModel};
-use crate::router::RouteError;
+use crate::router::{RouteError, Routed};
 use crate::service::tokenizer::TokenizeFailure;
 use crate::service::RouteRequest;
 use crate::status::DecisionRecord;
@@ -215,7 +216,7 @@ async fn decide<S, B>(
     headers: &HeaderMap,
     body: S,
     state: &ApiState,
-) -> Result<(Verdict, Option<String>), (&'static str, Response)>
+) -> Result<(Routed, Option<String>), (&'static str, Response)>
 where
     S: futures::Stream<Item = Result<B, warp::Error>> + Send,
     B: warp::Buf,
@@ -262,7 +263,7 @@ where
         model: model.name.clone(),
     };
     match state.service.route(request).await {
-        Ok(Ok(verdict)) => Ok((verdict, model.name.clone())),
+        Ok(Ok(routed)) => Ok((routed, model.name.clone())),
         Ok(Err(RouteError::NoDecodeWorkers)) => Err(fail(RouteFailure::NoWorkers)),
         Err(_) => Err(fail(RouteFailure::Unavailable)),
     }
@@ -280,9 +281,10 @@ where
     m.route_latency_seconds
         .observe(started.elapsed().as_secs_f64());
     match result {
-        Ok((verdict, model)) => {
-            let record = DecisionRecord::of(&verdict, model.clone(), state.now_ms());
+        Ok((routed, model)) => {
+            let record = DecisionRecord::of(&routed, model.clone(), state.now_ms());
             state.recent().record(record);
+            let verdict = routed.verdict;
             m.decisions
                 .get_or_create(&DecisionLabels::of(verdict.mode, verdict.reason))
                 .inc();

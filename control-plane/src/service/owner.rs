@@ -120,7 +120,7 @@ impl Owner {
                 }
             }
             Command::Route { request, reply } => {
-                let verdict = self.core.route_model(
+                let verdict = self.core.route_traced(
                     &request.request_id,
                     &request.tokens,
                     request.choices,

@@ -279,7 +279,17 @@ pub async fn run_with_tokenizer(
         needs_nats,
         ready_after_ms: settings.ready_after_ms,
         shares_config: settings.replica_id.is_some(),
+        whatif_dir: settings.whatif_dir.as_deref().map(Arc::from),
     };
+    match &state.whatif_dir {
+        Some(dir) if api::whatif::is_complete(dir) => {
+            tracing::info!(dir = %dir.display(), "status page what-if served");
+        }
+        Some(dir) => {
+            tracing::warn!(dir = %dir.display(), "--whatif-dir lacks the what-if module (scripts/build-whatif.sh builds it): the status page says it is unavailable");
+        }
+        None => {}
+    }
 
     let readiness_watch = tokio::spawn(api::admin::watch_readiness(state.clone()));
     let route_addr = listeners.route.local_addr()?;

@@ -618,3 +618,74 @@ async fn prompts_beyond_the_context_are_refused_before_routing() {
     assert_eq!(decisions, 1.0, "{m}");
     svc.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_status_pages_what_if_module_is_served_without_the_token_or_said_unavailable() {
+    let dir = TempDir::new("whatif").unwrap();
+    let files = [
+        (
+            "switchyard_whatif.js",
+            "text/javascript; charset=utf-8",
+            b"export default async function () {}".to_vec(),
+        ),
+        (
+            "switchyard_whatif_bg.wasm",
+            "application/wasm",
+            b"\0asm\x01\0\0\0".to_vec(),
+        ),
+    ];
+    for (name, _, body) in &files {
+        std::fs::write(dir.path().join(name), body).unwrap();
+    }
+    let mut settings = Settings::for_tests();
+    settings.whatif_dir = Some(dir.path().to_path_buf());
+    let (_server, svc, _) = service_with_nats(settings).await;
+    let http = reqwest::Client::new();
+    let get = |base: &str, name: &str| http.get(format!("{base}/whatif/{name}")).send();
+
+    // Served without the token, as the browser needs them: JavaScript for a module script,
+    // application/wasm for streaming compilation, revalidated on every load.
+    for (name, content_type, body) in &files {
+        let resp = get(&svc.admin_base, name).await.unwrap();
+        assert_eq!(resp.status(), 200, "{name}");
+        assert_eq!(resp.headers()["content-type"], *content_type);
+        assert_eq!(resp.headers()["cache-control"], "no-cache");
+        assert_eq!(resp.bytes().await.unwrap().as_ref(), body.as_slice());
+    }
+    // Only those two names, and only on the admin listener.
+    for (base, name) in [
+        (&svc.admin_base, "index.html"),
+        (&svc.admin_base, "..%2Fsecret"),
+        (&svc.base, "switchyard_whatif.js"),
+    ] {
+        let resp = get(base, name).await.unwrap();
+        assert_eq!(resp.status(), 404, "{base} {name}");
+        assert_eq!(resp.json::<ApiError>().await.unwrap().code, "not_found");
+    }
+    // A file gone: unavailable, counted, and the answer names no server path.
+    std::fs::remove_file(dir.path().join("switchyard_whatif_bg.wasm")).unwrap();
+    let resp = get(&svc.admin_base, "switchyard_whatif_bg.wasm")
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 404);
+    let err: ApiError = resp.json().await.unwrap();
+    assert_eq!(err.code, "whatif_unavailable");
+    assert!(err.message.contains("scripts/build-whatif.sh"), "{err:?}");
+    assert!(
+        !err.message.contains(&*dir.path().to_string_lossy()),
+        "{err:?}"
+    );
+    assert_metric(
+        &svc.metrics().await,
+        "switchyard_route_bad_requests_total{code=\"whatif_unavailable\"}",
+        1.0,
+    );
+
+    // Without --whatif-dir the page is told how to get one.
+    let (_server, svc, _) = service_with_nats(Settings::for_tests()).await;
+    let resp = get(&svc.admin_base, "switchyard_whatif.js").await.unwrap();
+    assert_eq!(resp.status(), 404);
+    let err: ApiError = resp.json().await.unwrap();
+    assert_eq!(err.code, "whatif_unavailable");
+    assert!(err.message.contains("--whatif-dir"), "{err:?}");
+}

@@ -5,8 +5,8 @@
 //! (strictly: exactly at the limit still bypasses), and none when the worker reports no
 //! capacity (0), since then nothing bounds it. The guard is off when the threshold is unset.
 
-use super::{Decision, PolicyInput, Reason};
 use crate::config::ConditionalDisaggConfig;
+use crate::{Decision, PolicyInput, Reason};
 
 /// The disagg decision that vetoes a bypass, if the guard fires.
 pub fn veto(input: &PolicyInput, cfg: &ConditionalDisaggConfig) -> Option<Decision> {
@@ -21,7 +21,7 @@ pub fn veto(input: &PolicyInput, cfg: &ConditionalDisaggConfig) -> Option<Decisi
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::tests::input;
+    use crate::tests::input;
 
     fn veto_at(projected: u64, capacity: u64, threshold: Option<f64>) -> Option<Decision> {
         let cfg = ConditionalDisaggConfig {

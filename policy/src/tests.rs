@@ -3,7 +3,7 @@
 use proptest::prelude::*;
 
 use super::*;
-use crate::config::ConditionalDisaggConfig;
+use crate::config::{ConditionalDisaggConfig, GUARD_KNOB};
 use switchyard_protocol::route::RouteMode;
 
 /// A request with `isl`/`eff_isl`, an idle prefill pool and a roomy decode worker.
@@ -86,7 +86,7 @@ proptest! {
 
     #[test]
     fn the_guard_only_vetoes(i in any_input(), cfg in any_config()) {
-        let unguarded = ConditionalDisaggConfig { decode_busy_threshold: None, ..cfg.clone() };
+        let unguarded = ConditionalDisaggConfig { decode_busy_threshold: None, ..cfg };
         let with = decide(&i, &cfg);
         let without = decide(&i, &unguarded);
         if with.is_bypass() {
@@ -100,5 +100,62 @@ proptest! {
             prop_assert!(i.decode_capacity_blocks > 0);
             prop_assert!(i.decode_projected_blocks as f64 <= t * i.decode_capacity_blocks as f64 + 1e-6);
         }
+    }
+}
+
+proptest! {
+    #[test]
+    fn a_recorded_call_decides_the_same_after_a_json_round_trip(i in any_input(), cfg in any_config()) {
+        // The status page's what-if reads recorded calls back from `/v1/status`'s JSON.
+        let call = PolicyCall { input: i, config: cfg };
+        let text = serde_json::to_string(&call).unwrap();
+        let back: PolicyCall = serde_json::from_str(&text).unwrap();
+        prop_assert_eq!(back, call);
+        prop_assert_eq!(back.decide(), decide(&i, &cfg));
+    }
+}
+
+/// `into` with the field named `knob` taken from `from`.
+fn with_knob(
+    into: ConditionalDisaggConfig,
+    from: &ConditionalDisaggConfig,
+    knob: &str,
+) -> ConditionalDisaggConfig {
+    let mut c = into;
+    match knob {
+        "eff_isl_threshold" => c.eff_isl_threshold = from.eff_isl_threshold,
+        "eff_isl_ratio_threshold" => c.eff_isl_ratio_threshold = from.eff_isl_ratio_threshold,
+        "prefill_busy_threshold" => c.prefill_busy_threshold = from.prefill_busy_threshold,
+        "prefill_queue_budget_tokens" => {
+            c.prefill_queue_budget_tokens = from.prefill_queue_budget_tokens;
+        }
+        "decode_busy_threshold" => c.decode_busy_threshold = from.decode_busy_threshold,
+        other => panic!("no config field {other}"),
+    }
+    c
+}
+
+#[test]
+fn every_knob_is_a_config_field_and_the_policy_names_match_json() {
+    let json = serde_json::to_value(ConditionalDisaggConfig::default()).unwrap();
+    for kind in PolicyKind::ALL {
+        for knob in kind.knobs().iter().chain([&GUARD_KNOB]) {
+            assert!(json.get(*knob).is_some(), "{knob}");
+        }
+        assert_eq!(serde_json::to_value(kind).unwrap(), kind.as_str());
+    }
+}
+
+proptest! {
+    #[test]
+    fn fields_outside_a_rules_knobs_never_change_its_decisions(
+        i in any_input(), cfg in any_config(), other in any_config()
+    ) {
+        // The what-if's sliders are a rule's knobs: anything else must be irrelevant to it.
+        let mut mixed = ConditionalDisaggConfig { policy: cfg.policy, ..other };
+        for knob in cfg.policy.knobs().iter().chain([&GUARD_KNOB]) {
+            mixed = with_knob(mixed, &cfg, knob);
+        }
+        prop_assert_eq!(decide(&i, &mixed), decide(&i, &cfg));
     }
 }

@@ -2,10 +2,10 @@
 //! (`prefill_load`). The reason names the rule that fired, `isl_bounding` first; when neither
 //! fires it is `isl_bounding`'s disagg reason (why the prompt was too long to keep local).
 
-use super::isl_bounding::IslBounding;
-use super::prefill_load::is_busy;
-use super::{BypassPolicy, Decision, PolicyInput, Reason};
 use crate::config::ConditionalDisaggConfig;
+use crate::isl_bounding::IslBounding;
+use crate::prefill_load::is_busy;
+use crate::{BypassPolicy, Decision, PolicyInput, Reason};
 
 /// See the module docs.
 #[derive(Debug, Clone, Copy, Default)]
@@ -24,8 +24,8 @@ impl BypassPolicy for IslOrLoad {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::tests::input;
-    use crate::policy::Reason;
+    use crate::tests::input;
+    use crate::Reason;
 
     fn decide(eff_isl: u32, queued: u64) -> Decision {
         let cfg = ConditionalDisaggConfig {

@@ -8,8 +8,8 @@
 //! the threshold does not bypass). With the defaults (budget 32 768 tokens, threshold 0.8)
 //! the pool counts as busy once more than 26 214 tokens (~0.5 s of GB200 prefill) wait.
 
-use super::{BypassPolicy, Decision, PolicyInput, Reason};
 use crate::config::ConditionalDisaggConfig;
+use crate::{BypassPolicy, Decision, PolicyInput, Reason};
 
 /// See the module docs.
 #[derive(Debug, Clone, Copy, Default)]
@@ -38,7 +38,7 @@ impl BypassPolicy for PrefillLoad {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::tests::input;
+    use crate::tests::input;
 
     fn decide(queued: u64, threshold: f64) -> Decision {
         let cfg = ConditionalDisaggConfig {

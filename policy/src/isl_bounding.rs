@@ -7,8 +7,8 @@
 //! ratio keeps a mostly cold prompt (little reuse, so the prefill pool would do real work)
 //! off the decode worker even when it is short.
 
-use super::{BypassPolicy, Decision, PolicyInput, Reason};
 use crate::config::ConditionalDisaggConfig;
+use crate::{BypassPolicy, Decision, PolicyInput, Reason};
 
 /// See the module docs.
 #[derive(Debug, Clone, Copy, Default)]
@@ -39,7 +39,7 @@ impl BypassPolicy for IslBounding {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::tests::input;
+    use crate::tests::input;
 
     fn decide(isl: u32, eff_isl: u32) -> Decision {
         IslBounding.decide(&input(isl, eff_isl), &ConditionalDisaggConfig::default())

@@ -5,7 +5,15 @@
 //! A policy is a synchronous, pure [`BypassPolicy`]: numbers in, [`Decision`] out, one file
 //! per rule. [`decide`] picks the configured rule and then applies the decode-busy guard
 //! ([`decode_busy`]), which can veto a bypass but never forces one.
+//!
+//! Its own crate, below the router, because two builds run this code: the router (natively,
+//! re-exported as `switchyard_router::policy`) and the control plane's status page, which
+//! re-decides recorded verdicts under other thresholds in the browser (`whatif/`, built for
+//! `wasm32-unknown-unknown`, where the router's memory-mapped KV index does not build).
+//! Dependencies: the protocol (for [`Reason`]), serde and thiserror only.
+#![deny(missing_docs)]
 
+pub mod config;
 pub mod decode_busy;
 pub mod isl_bounding;
 pub mod isl_or_load;
@@ -14,12 +22,15 @@ pub mod prefill_load;
 #[cfg(test)]
 mod tests;
 
+use serde::{Deserialize, Serialize};
+
 use crate::config::{ConditionalDisaggConfig, PolicyKind};
 
 pub use switchyard_protocol::route::Reason;
 
-/// What a policy sees about one request and its chosen workers.
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// What a policy sees about one request and its chosen workers. Serialized into the status
+/// page's records, so that a verdict can be decided again under other thresholds.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct PolicyInput {
     /// Prompt tokens.
     pub isl: u32,
@@ -60,6 +71,23 @@ impl Decision {
 pub trait BypassPolicy {
     /// Decides for one request. Pure: same input, same decision.
     fn decide(&self, input: &PolicyInput, cfg: &ConditionalDisaggConfig) -> Decision;
+}
+
+/// One call of the policy: what it saw and the config in force, enough to make the decision
+/// again ([`PolicyCall::decide`]) or to make it under another config ([`decide`]).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct PolicyCall {
+    /// What the policy saw.
+    pub input: PolicyInput,
+    /// The config it decided under.
+    pub config: ConditionalDisaggConfig,
+}
+
+impl PolicyCall {
+    /// The decision this call made.
+    pub fn decide(&self) -> Decision {
+        decide(&self.input, &self.config)
+    }
 }
 
 /// The configured rule, then the decode-busy guard.
