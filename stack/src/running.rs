@@ -135,7 +135,7 @@ impl StackBuilder {
 }
 
 /// The component of control-plane replica `replica`.
-pub fn replica_component(replica: usize) -> Component {
+fn replica_component(replica: usize) -> Component {
     match replica {
         0 => Component::ControlPlane,
         n => Component::ControlPlaneReplica(u8::try_from(n).unwrap_or(u8::MAX)),

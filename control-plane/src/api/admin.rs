@@ -224,10 +224,8 @@ async fn readiness(state: &ApiState) -> Result<(), Option<crate::readiness::NotR
 /// still waits for (see [`crate::readiness`]).
 pub async fn ready(state: ApiState) -> Response {
     match readiness(&state).await {
-        Ok(()) => {
-            state.metrics.ready.set(1);
-            warp::reply::json(&serde_json::json!({ "ready": true })).into_response()
-        }
+        // The gauge is set by `watch_readiness`, which sees the latch within 100 ms.
+        Ok(()) => warp::reply::json(&serde_json::json!({ "ready": true })).into_response(),
         Err(None) => unavailable(&state),
         Err(Some(waiting)) => {
             let mut body = serde_json::to_value(waiting).unwrap_or_default();
