@@ -28,6 +28,7 @@
 
 mod chat_messages;
 mod chat_request;
+mod chunks;
 mod completion_request;
 mod error;
 mod model;
@@ -46,15 +47,17 @@ use tokenizers::Tokenizer;
 
 use crate::route::ApiKind;
 use chat_request::{cut_after_final_message, prepare_chat};
+use chunks::ChunkCutter;
+pub use chunks::DEFAULT_CHUNK_BYTES;
 use completion_request::{prepare_completion, CompletionPrompt};
 pub use error::TokenizeError;
-use probes::{special_wrap, splits_exactly, splitter_probes, SpecialWrap};
+use probes::{chunks_exactly, special_wrap, splits_exactly, splitter_probes, SpecialWrap};
 pub use segments::SegmentCacheStats;
 use segments::{AddedTokenSplitter, Piece, SegmentCache};
 use template::ChatTemplate;
 
-/// Default segment cache budget. A cached token costs about 8 bytes (its text and its id), so
-/// this holds the context of roughly 250 sessions at 32k tokens each.
+/// Default segment cache budget. A cached token costs about 4 bytes (its id; chunks of ~1 KiB
+/// add ~100 bytes each), so this holds the context of roughly 500 sessions at 32k tokens each.
 pub const DEFAULT_CACHE_BYTES: usize = 64 << 20;
 
 /// The model folder to use: `$SWITCHYARD_MODEL_DIR`, else the Qwen3 files `scripts/setup.sh`
@@ -82,8 +85,15 @@ pub struct ModelTokenizer {
     /// `add_special_tokens=True`; `None` if they could not be derived (then such texts are
     /// encoded whole, uncached).
     special_wrap: Option<SpecialWrap>,
+    /// Cuts long segments into chunks encoded (and cached) apart; `None` when the tokenizer is
+    /// not one the cut is proven exact for (then segments are encoded whole).
+    chunker: Option<ChunkCutter>,
     cache: SegmentCache,
 }
+
+/// Below this many uncached bytes in one prompt, encoding them on the calling thread is
+/// faster than handing chunks to the thread pool.
+const PARALLEL_ENCODE_MIN_BYTES: usize = 16 << 10;
 
 // The control plane shares one tokenizer across request tasks.
 const _: () = {
@@ -143,6 +153,7 @@ impl ModelTokenizer {
             splitter = AddedTokenSplitter::default();
         }
         let special_wrap = special_wrap(&files.tokenizer)?;
+        let chunker = exact_chunker(&files.tokenizer, DEFAULT_CHUNK_BYTES)?;
         Ok(ModelTokenizer {
             chat_template: compile(&files.chat_template)?,
             tool_use_template: compile(&files.tool_use_template)?,
@@ -151,6 +162,7 @@ impl ModelTokenizer {
             context_length: files.context_length,
             splitter,
             special_wrap,
+            chunker,
             cache: SegmentCache::new(cache_bytes),
             tokenizer: files.tokenizer,
         })
@@ -242,33 +254,89 @@ impl ModelTokenizer {
         Ok(encoding.get_ids().to_vec())
     }
 
+    /// Sets the chunk size long segments are cut to (0: never cut). Cutting stays off for a
+    /// tokenizer it is not proven exact for, whatever the size.
+    ///
+    /// # Errors
+    /// [`TokenizeError::Tokenizer`] if the load-time probes cannot be encoded.
+    pub fn with_chunk_bytes(mut self, chunk_bytes: usize) -> Result<Self, TokenizeError> {
+        self.chunker = exact_chunker(&self.tokenizer, chunk_bytes)?;
+        Ok(self)
+    }
+
+    /// Whether long segments are cut into chunks (see [`DEFAULT_CHUNK_BYTES`]).
+    pub fn chunks_segments(&self) -> bool {
+        self.chunker.is_some()
+    }
+
     fn encode_text(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, TokenizeError> {
         let (prefix, suffix): (&[u32], &[u32]) = match (&self.special_wrap, add_special_tokens) {
             (_, false) => (&[], &[]),
             (Some(wrap), true) => (&wrap.prefix, &wrap.suffix),
             (None, true) => return self.encode_uncached(text, true),
         };
-        // Roughly 4 bytes per token for English text; avoids most regrowth.
-        let mut ids = Vec::with_capacity(text.len() / 3 + prefix.len() + suffix.len() + 8);
-        ids.extend_from_slice(prefix);
+        // The text as cached ids, added-token ids and texts still to encode, in order.
+        let mut parts: Vec<Part<'_>> = Vec::new();
+        let mut missing_bytes = 0;
         self.splitter.split(text, |piece| {
             match piece {
-                Piece::Added(id) => ids.push(id),
-                Piece::Text(segment) => ids.extend_from_slice(&self.encode_segment(segment)?),
+                Piece::Added(id) => parts.push(Part::Added(id)),
+                Piece::Text(segment) => {
+                    let mut add = |chunk| {
+                        let part = match self.cache.get(chunk) {
+                            Some(ids) => Part::Cached(ids),
+                            None => {
+                                missing_bytes += chunk.len();
+                                Part::Missing(chunk)
+                            }
+                        };
+                        parts.push(part);
+                        Ok::<(), TokenizeError>(())
+                    };
+                    match &self.chunker {
+                        Some(chunker) => chunker.cut(segment, add)?,
+                        None => add(segment)?,
+                    }
+                }
             }
             Ok::<(), TokenizeError>(())
         })?;
+        self.encode_missing(&mut parts, missing_bytes)?;
+        // Roughly 4 bytes per token for English text; avoids most regrowth.
+        let mut ids = Vec::with_capacity(text.len() / 3 + prefix.len() + suffix.len() + 8);
+        ids.extend_from_slice(prefix);
+        for part in &parts {
+            match part {
+                Part::Added(id) => ids.push(*id),
+                Part::Cached(chunk_ids) => ids.extend_from_slice(chunk_ids),
+                Part::Missing(_) => unreachable!("encode_missing encodes every missing part"),
+            }
+        }
         ids.extend_from_slice(suffix);
         Ok(ids)
     }
 
-    fn encode_segment(&self, segment: &str) -> Result<Arc<[u32]>, TokenizeError> {
-        if let Some(ids) = self.cache.get(segment) {
-            return Ok(ids);
+    /// Encodes the parts the cache did not have, in parallel when there is enough of them
+    /// (a cold long prompt), and caches them.
+    fn encode_missing(
+        &self,
+        parts: &mut [Part<'_>],
+        missing_bytes: usize,
+    ) -> Result<(), TokenizeError> {
+        let encode = |part: &mut Part<'_>| -> Result<(), TokenizeError> {
+            if let Part::Missing(text) = *part {
+                let ids: Arc<[u32]> = Arc::from(self.encode_uncached(text, false)?);
+                self.cache.insert(text, ids.clone());
+                *part = Part::Cached(ids);
+            }
+            Ok(())
+        };
+        if missing_bytes >= PARALLEL_ENCODE_MIN_BYTES {
+            use rayon::prelude::*;
+            parts.par_iter_mut().try_for_each(encode)
+        } else {
+            parts.iter_mut().try_for_each(encode)
         }
-        let ids: Arc<[u32]> = Arc::from(self.encode_uncached(segment, false)?);
-        self.cache.insert(segment, ids.clone());
-        Ok(ids)
     }
 
     /// Decodes ids to text, special tokens included.
@@ -312,4 +380,26 @@ impl ModelTokenizer {
     pub fn cache_stats(&self) -> SegmentCacheStats {
         self.cache.stats()
     }
+}
+
+/// One piece of a text on its way to ids.
+enum Part<'t> {
+    /// An added token's id.
+    Added(u32),
+    /// A chunk's ids, from the cache or just encoded.
+    Cached(Arc<[u32]>),
+    /// A chunk still to encode.
+    Missing(&'t str),
+}
+
+/// The chunk cutter for `tokenizer` at `chunk_bytes`, if its configuration is one the cut is
+/// proven exact for and the load-time probes agree.
+fn exact_chunker(
+    tokenizer: &Tokenizer,
+    chunk_bytes: usize,
+) -> Result<Option<ChunkCutter>, TokenizeError> {
+    let Some(cutter) = ChunkCutter::for_tokenizer(tokenizer, chunk_bytes) else {
+        return Ok(None);
+    };
+    Ok(chunks_exactly(tokenizer, cutter.finest())?.then_some(cutter))
 }

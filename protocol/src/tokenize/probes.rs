@@ -3,6 +3,7 @@
 
 use tokenizers::Tokenizer;
 
+use super::chunks::ChunkCutter;
 use super::error::TokenizeError;
 use super::segments::{AddedTokenSplitter, Piece};
 
@@ -55,6 +56,34 @@ pub(crate) fn splits_exactly(
                 Piece::Added(id) => pieced.push(id),
                 Piece::Text(segment) => pieced.extend(encode(tokenizer, segment, false)?),
             }
+            Ok::<(), TokenizeError>(())
+        })?;
+        if pieced != encode(tokenizer, probe, false)? {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+/// Texts with every kind of neighbour a chunk cut can have: contractions, digits,
+/// punctuation, runs of spaces and newlines, non-ASCII letters and marks.
+const CHUNK_PROBES: &[&str] = &[
+    "It's what they'd said: don't cut 12345 words, or 3.14 of them; we'll see.",
+    "a b  c   d\n e\n\nf \tg h\r\ni j!k l?m (n) o'p q's r'LL s",
+    "naïve café e\u{301}t ünïcode 数据 and Ωmega x 😀 y \u{200b}z",
+    "fn main() { let x = foo(bar, baz); } // done with it\n    indented code here",
+];
+
+/// Whether encoding `CHUNK_PROBES` cut at every boundary `cutter` allows gives the ids of
+/// encoding them whole.
+pub(crate) fn chunks_exactly(
+    tokenizer: &Tokenizer,
+    cutter: ChunkCutter,
+) -> Result<bool, TokenizeError> {
+    for probe in CHUNK_PROBES {
+        let mut pieced = Vec::new();
+        cutter.cut(probe, |chunk| {
+            pieced.extend(encode(tokenizer, chunk, false)?);
             Ok::<(), TokenizeError>(())
         })?;
         if pieced != encode(tokenizer, probe, false)? {

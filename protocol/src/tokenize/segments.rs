@@ -128,10 +128,20 @@ pub struct SegmentCacheStats {
     pub bytes: usize,
 }
 
-/// Per-entry bookkeeping beyond the text and ids (map slots, Arcs, LRU index).
+/// Per-entry bookkeeping beyond the ids (key, map slots, Arc, LRU index).
 const ENTRY_OVERHEAD: usize = 96;
 
-/// A byte-bounded LRU map from segment text to its token ids.
+/// A segment's key: the 128-bit xxh3 hash of its text. Keying by hash instead of by the text
+/// halves the memory per cached token and makes a hit one pass over the text instead of a
+/// hash plus a full comparison; two texts of a prompt colliding has probability ~2^-128 per
+/// pair, far below that of the 64-bit block hashes the KV index already relies on.
+type SegmentKey = u128;
+
+fn key_of(text: &str) -> SegmentKey {
+    xxhash_rust::xxh3::xxh3_128(text.as_bytes())
+}
+
+/// A byte-bounded LRU map from segment text (by its hash) to its token ids.
 ///
 /// One `Mutex`: it is held only for a lookup or an insert, never while tokenizing.
 #[derive(Debug)]
@@ -142,9 +152,9 @@ pub(crate) struct SegmentCache {
 
 #[derive(Debug, Default)]
 struct Lru {
-    map: HashMap<Arc<str>, Entry>,
+    map: HashMap<SegmentKey, Entry>,
     /// Last-use tick -> key; the first entry is the least recently used.
-    order: BTreeMap<u64, Arc<str>>,
+    order: BTreeMap<u64, SegmentKey>,
     tick: u64,
     bytes: usize,
     hits: u64,
@@ -157,8 +167,8 @@ struct Entry {
     tick: u64,
 }
 
-fn entry_bytes(text: &str, ids: &[u32]) -> usize {
-    text.len() + std::mem::size_of_val(ids) + ENTRY_OVERHEAD
+fn entry_bytes(ids: &[u32]) -> usize {
+    std::mem::size_of_val(ids) + ENTRY_OVERHEAD
 }
 
 impl SegmentCache {
@@ -180,11 +190,12 @@ impl SegmentCache {
 
     /// The ids of `text` if cached (and marks it recently used).
     pub(crate) fn get(&self, text: &str) -> Option<Arc<[u32]>> {
+        let key = key_of(text);
         let mut lru = self.lock();
         lru.tick += 1;
         let tick = lru.tick;
         let Lru { map, order, .. } = &mut *lru;
-        match map.get_mut(text) {
+        match map.get_mut(&key) {
             Some(entry) => {
                 if let Some(key) = order.remove(&entry.tick) {
                     order.insert(tick, key);
@@ -204,26 +215,26 @@ impl SegmentCache {
     /// Caches `ids` for `text`, evicting least recently used entries to stay in budget.
     /// Entries larger than the whole budget are not cached.
     pub(crate) fn insert(&self, text: &str, ids: Arc<[u32]>) {
-        let size = entry_bytes(text, &ids);
+        let size = entry_bytes(&ids);
         if size > self.capacity_bytes {
             return;
         }
+        let key = key_of(text);
         let mut lru = self.lock();
-        if lru.map.contains_key(text) {
+        if lru.map.contains_key(&key) {
             return; // another thread tokenized the same segment meanwhile
         }
         while lru.bytes + size > self.capacity_bytes {
-            let Some((_, key)) = lru.order.pop_first() else {
+            let Some((_, oldest)) = lru.order.pop_first() else {
                 break;
             };
-            if let Some(old) = lru.map.remove(&key) {
-                lru.bytes -= entry_bytes(&key, &old.ids);
+            if let Some(old) = lru.map.remove(&oldest) {
+                lru.bytes -= entry_bytes(&old.ids);
             }
         }
         lru.tick += 1;
         let tick = lru.tick;
-        let key: Arc<str> = Arc::from(text);
-        lru.order.insert(tick, key.clone());
+        lru.order.insert(tick, key);
         lru.map.insert(key, Entry { ids, tick });
         lru.bytes += size;
     }
@@ -287,7 +298,7 @@ mod tests {
 
     #[test]
     fn evicts_least_recently_used_within_budget() {
-        let one = entry_bytes("aaaa", &[1, 2]);
+        let one = entry_bytes(&[1, 2]);
         let cache = SegmentCache::new(2 * one);
         cache.insert("aaaa", Arc::from(vec![1, 2]));
         cache.insert("bbbb", Arc::from(vec![3, 4]));
@@ -300,7 +311,7 @@ mod tests {
             (stats.entries, stats.bytes, stats.hits, stats.misses),
             (2, 2 * one, 2, 1)
         );
-        cache.insert(&"z".repeat(3 * one), Arc::from(vec![7]));
+        cache.insert("zzzz", Arc::from(vec![7; 3 * one]));
         assert_eq!(cache.stats().entries, 2, "oversized entries are not cached");
     }
 }

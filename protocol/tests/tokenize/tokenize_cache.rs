@@ -1,6 +1,8 @@
 //! The segment cache never changes a token: cached (segmented) tokenization gives the ids one
 //! whole-text call to the HF tokenizer gives, for random texts and random multi-turn chats,
-//! including unicode, whitespace runs and text that spells out special tokens.
+//! including unicode, whitespace runs and text that spells out special tokens; and cutting
+//! segments into chunks (at every boundary the cutter allows) changes no token either, for
+//! random texts and for one message that grows turn by turn.
 #![cfg(feature = "tokenizer")]
 
 use std::sync::OnceLock;
@@ -24,6 +26,30 @@ fn load(cache_bytes: usize) -> ModelTokenizer {
 fn roomy() -> &'static ModelTokenizer {
     static TOK: OnceLock<ModelTokenizer> = OnceLock::new();
     TOK.get_or_init(|| load(64 << 20))
+}
+
+/// Segments cut at every boundary the chunk cutter allows (1-byte chunks): the most cuts any
+/// text can get, so any inexact cut shows.
+fn finest() -> &'static ModelTokenizer {
+    static TOK: OnceLock<ModelTokenizer> = OnceLock::new();
+    TOK.get_or_init(|| load(64 << 20).with_chunk_bytes(1).expect("probes"))
+}
+
+#[test]
+fn qwen3_segments_are_cut_into_chunks() {
+    assert!(
+        roomy().chunks_segments(),
+        "the default cutter is on for Qwen3"
+    );
+    assert!(finest().chunks_segments());
+    let off = load(1 << 20).with_chunk_bytes(0).expect("probes");
+    assert!(!off.chunks_segments());
+    // Off still encodes exactly, whole segments at a time.
+    let text = "one long message that keeps growing, turn after turn";
+    assert_eq!(
+        off.encode(text).unwrap(),
+        off.encode_uncached(text, false).unwrap()
+    );
 }
 
 /// A 4 KiB cache: constant eviction, to show evictions cannot corrupt results.
@@ -85,6 +111,8 @@ fn text() -> impl Strategy<Value = String> {
         3 => prop::collection::vec(prop::sample::select(FRAGMENTS), 0..16).prop_map(|f| f.concat()),
         1 => "\\PC{0,40}",
         1 => "[ \\t\\r\\n]{0,8}[a-z<|>_]{0,12}[ \\t\\r\\n]{0,8}",
+        // Words and what borders them: where chunk cuts fall.
+        2 => "[a-zA-Z]{1,6}( {1,2}[a-zA-Zé'.,!0-9\\n]{1,6}){0,12}",
     ]
 }
 
@@ -111,6 +139,7 @@ proptest! {
         prop_assert_eq!(&roomy().encode(&text).unwrap(), &want, "cold");
         prop_assert_eq!(&roomy().encode(&text).unwrap(), &want, "cached");
         prop_assert_eq!(&cramped().encode(&text).unwrap(), &want, "under eviction");
+        prop_assert_eq!(&finest().encode(&text).unwrap(), &want, "cut at every boundary");
         prop_assert_eq!(
             roomy().tokenize_request(ApiKind::Completions, &json!({"prompt": text})).unwrap(),
             roomy().encode_uncached(&text, true).unwrap()
@@ -127,7 +156,7 @@ proptest! {
         next in text(),
         thinking in any::<bool>(),
     ) {
-        for tok in [roomy(), cramped()] {
+        for tok in [roomy(), cramped(), finest()] {
             let body = chat_body(&turns, thinking);
             let rendered = tok.render_chat(&body).unwrap();
             let want = tok.encode_uncached(&rendered, false).unwrap();
@@ -141,6 +170,30 @@ proptest! {
             let rendered = tok.render_chat(&body).unwrap();
             let want = tok.encode_uncached(&rendered, false).unwrap();
             prop_assert_eq!(tok.tokenize_request(ApiKind::Chat, &body).unwrap(), want);
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    /// One user message that gains text every turn (trace replays, many agent frameworks):
+    /// every turn reuses the chunks of the one before, and still equals a whole-prompt encode.
+    #[test]
+    fn growing_single_message_tokens_equal_whole_prompt_tokens(
+        additions in prop::collection::vec(text(), 1..6),
+    ) {
+        for tok in [roomy(), finest()] {
+            let mut content = String::new();
+            for addition in &additions {
+                content.push_str(addition);
+                let body = json!({"messages": [{"role": "user", "content": content}]});
+                let rendered = tok.render_chat(&body).unwrap();
+                prop_assert_eq!(
+                    tok.tokenize_request(ApiKind::Chat, &body).unwrap(),
+                    tok.encode_uncached(&rendered, false).unwrap()
+                );
+            }
         }
     }
 }
