@@ -1,13 +1,19 @@
-//! `POST /v1/route` latency over loopback HTTP, as the Envoy filter sees it: a ~32k-token
-//! chat prompt whose earlier turns are already in the tokenizer's segment cache (the
-//! agentic / multi-turn case), and a cold prompt of the same size (every segment new).
+//! `POST /v1/route` latency over loopback HTTP, as the Envoy filter sees it, at 8k, 32k and
+//! 128k prompt tokens:
+//! - **warm**: a 64-turn chat whose earlier turns are in the tokenizer's cache and whose blocks
+//!   the decode worker holds (the agentic / multi-turn case: each call adds a new question);
+//! - **growing**: one user message that gains a sentence every call (trace replays and many
+//!   agent frameworks: no special tokens between turns);
+//! - **cold**: a chat of the same size that nobody has seen;
+//! - at 32k, warm calls while cold prompts are routed back to back alongside.
 //!
 //! A real nats-server and the real Qwen3 tokenizer; the service runs in-process. The decode
-//! worker's KV for the conversation is published on NATS first, so the index match walks
-//! the whole prefix. Bounded: a fixed number of requests per case, each case capped in time.
+//! worker's KV for each conversation is published on NATS first, so the index match walks the
+//! whole prefix. Bounded: a fixed number of requests per case, each case capped in time.
 //!
 //! Run: `cargo bench -p switchyard-control-plane --bench route_latency`
-//! (env `SWITCHYARD_BENCH_WARM_REQUESTS`, `SWITCHYARD_BENCH_COLD_REQUESTS` override counts).
+//! (env `SWITCHYARD_BENCH_WARM_REQUESTS`, `SWITCHYARD_BENCH_COLD_REQUESTS` override counts;
+//! `SWITCHYARD_BENCH_SIZES=128k` runs only the sizes listed, e.g. under a profiler).
 
 #[path = "../tests/control_plane/common/mod.rs"]
 mod common;
@@ -21,7 +27,7 @@ use switchyard_protocol::hash::{sequence_hashes, BlockSize, HashSeed};
 use switchyard_protocol::kv::{EngineBlockId, KvEvent, KvEventBatch, StoredBlock};
 use switchyard_protocol::route::{ApiKind, Verdict};
 use switchyard_protocol::subjects;
-use switchyard_protocol::worker::WorkerRole;
+use switchyard_protocol::worker::{WorkerInfo, WorkerRole};
 
 /// Per-case time cap, whatever the request count.
 const CASE_TIME_LIMIT: Duration = Duration::from_secs(120);
@@ -57,7 +63,8 @@ fn words(tag: &str, n: usize) -> String {
         .join(" ")
 }
 
-/// A conversation of `turns` user/assistant exchanges of ~`words_per_msg` words each.
+/// A conversation of `turns` user/assistant exchanges of ~`words_per_msg` words each, after a
+/// system prompt of as many words.
 fn conversation(tag: &str, turns: usize, words_per_msg: usize) -> Vec<Value> {
     let mut messages =
         vec![json!({"role": "system", "content": words(&format!("{tag}-sys"), words_per_msg)})];
@@ -88,6 +95,15 @@ struct Stats {
 fn stats(mut samples: Vec<f64>, isl: u32) -> Stats {
     samples.sort_by(|a, b| a.total_cmp(b));
     let n = samples.len();
+    if n == 0 {
+        return Stats {
+            n,
+            p50_ms: f64::NAN,
+            p99_ms: f64::NAN,
+            mean_ms: f64::NAN,
+            isl,
+        };
+    }
     let pct = |p: f64| samples[((n as f64 - 1.0) * p).round() as usize];
     Stats {
         n,
@@ -114,6 +130,100 @@ fn count(var: &str, default: usize) -> usize {
         .unwrap_or(default)
 }
 
+/// One prompt size: words per message of a 64-turn conversation (32 exchanges).
+struct Size {
+    label: &'static str,
+    words_per_msg: usize,
+}
+
+/// ~1.58 Qwen3 tokens per word of `words()`: 65 messages of these sizes give ~8k, ~32k and
+/// ~128k tokens.
+const SIZES: [Size; 3] = [
+    Size {
+        label: "8k",
+        words_per_msg: 78,
+    },
+    Size {
+        label: "32k",
+        words_per_msg: 315,
+    },
+    Size {
+        label: "128k",
+        words_per_msg: 1260,
+    },
+];
+const EXCHANGES: usize = 32;
+
+/// A letters-only tag of `len` characters for request `i`, so every case tokenizes to similar
+/// lengths.
+fn tag(i: usize) -> String {
+    [i / 676, i / 26, i]
+        .iter()
+        .map(|d| char::from(b'a' + (d % 26) as u8))
+        .collect()
+}
+
+/// Publishes the blocks of `body`'s prompt as held by `worker` (as the worker would after
+/// serving it) and waits until a route call sees them.
+async fn hold_prompt(
+    svc: &Service,
+    nats: &async_nats::Client,
+    worker: &WorkerInfo,
+    body: &Value,
+    seq: u64,
+) {
+    let tokens = tokenizer().tokenize(ApiKind::Chat, body).unwrap();
+    let bs = BlockSize::try_new(worker.block_size).unwrap();
+    let blocks: Vec<StoredBlock> = sequence_hashes(&tokens, bs, HashSeed::default())
+        .into_iter()
+        .enumerate()
+        .map(|(i, seq_hash)| StoredBlock {
+            seq_hash,
+            block_id: EngineBlockId(seq * 1_000_000 + i as u64),
+        })
+        .collect();
+    let batch = KvEventBatch {
+        v: 1,
+        worker_id: worker.worker_id.clone(),
+        instance_id: 1,
+        seq,
+        resync: false,
+        events: vec![KvEvent::Stored {
+            parent: None,
+            blocks,
+            block_size: worker.block_size,
+        }],
+    };
+    nats.publish(
+        subjects::kv_events(&worker.worker_id),
+        serde_json::to_vec(&batch).unwrap().into(),
+    )
+    .await
+    .unwrap();
+    nats.flush().await.unwrap();
+    eventually(Duration::from_secs(10), "prompt cached", || async {
+        timed_route(&svc.base, body).await.1.cached_tokens > 0
+    })
+    .await;
+}
+
+/// Routes `n` bodies made by `make(i)`, bounded by [`CASE_TIME_LIMIT`].
+async fn run_case(base: &str, n: usize, mut make: impl FnMut(usize) -> Value) -> Stats {
+    let case_start = tokio::time::Instant::now();
+    let mut samples = Vec::new();
+    let mut isl = 0;
+    for i in 0..n {
+        if case_start.elapsed() > CASE_TIME_LIMIT {
+            break;
+        }
+        let body = make(i);
+        let (ms, v) = timed_route(base, &body).await;
+        isl = v.isl;
+        samples.push(ms);
+    }
+    stats(samples, isl)
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     // `cargo bench` passes `--bench`; a filter argument that is not ours means "not me".
@@ -134,105 +244,89 @@ async fn main() {
     let cold_requests = if smoke {
         1
     } else {
-        count("SWITCHYARD_BENCH_COLD_REQUESTS", 30)
+        count("SWITCHYARD_BENCH_COLD_REQUESTS", 20)
     };
 
     let mut settings = Settings::for_tests();
     settings.route_tokenize_threads = 2;
+    // The served model's context, as for the simulated GB200 workers (the local tokenizer's
+    // folder says 40k).
+    settings.max_model_len = Some(262_144);
     let (_nats_server, svc, nats) = service_with_nats(settings).await;
     let decode = register_worker(&svc, &nats, "decode-0", WorkerRole::Decode, 9001).await;
     register_worker(&svc, &nats, "prefill-0", WorkerRole::Prefill, 9100).await;
 
-    // ~32k tokens: 18 exchanges of ~600 words (tags of equal length in both cases).
-    let history = conversation("conv", 18, 600);
-    let first = with_question(&history, "warm-up question");
-    let tokens = tokenizer().tokenize(ApiKind::Chat, &first).unwrap();
-    // The decode worker holds the conversation: publish its blocks as the worker would.
-    let bs = BlockSize::try_new(decode.block_size).unwrap();
-    let blocks: Vec<StoredBlock> = sequence_hashes(&tokens, bs, HashSeed::default())
-        .into_iter()
-        .enumerate()
-        .map(|(i, seq_hash)| StoredBlock {
-            seq_hash,
-            block_id: EngineBlockId(i as u64),
-        })
-        .collect();
-    let n_blocks = blocks.len();
-    let batch = KvEventBatch {
-        v: 1,
-        worker_id: decode.worker_id.clone(),
-        instance_id: 1,
-        seq: 1,
-        resync: false,
-        events: vec![KvEvent::Stored {
-            parent: None,
-            blocks,
-            block_size: decode.block_size,
-        }],
-    };
-    nats.publish(
-        subjects::kv_events(&decode.worker_id),
-        serde_json::to_vec(&batch).unwrap().into(),
-    )
-    .await
-    .unwrap();
-    nats.flush().await.unwrap();
-    // Warm the segment cache and wait for the blocks to be indexed.
-    eventually(Duration::from_secs(10), "conversation cached", || async {
-        timed_route(&svc.base, &first).await.1.cached_tokens > 0
-    })
-    .await;
-
-    let case_start = tokio::time::Instant::now();
-    let mut warm = Vec::new();
-    let mut warm_isl = 0;
-    for i in 0..warm_requests {
-        if case_start.elapsed() > CASE_TIME_LIMIT {
-            break;
-        }
-        let (ms, v) = timed_route(
-            &svc.base,
-            &with_question(&history, &format!("new question {i}?")),
+    let mut rows = Vec::new();
+    let mut seq = 0;
+    let only = std::env::var("SWITCHYARD_BENCH_SIZES").ok();
+    for size in SIZES.iter().filter(|s| {
+        only.as_deref()
+            .is_none_or(|o| o.split(',').any(|l| l == s.label))
+    }) {
+        let history = conversation(
+            &format!("conv{}", size.label),
+            EXCHANGES,
+            size.words_per_msg,
+        );
+        seq += 1;
+        hold_prompt(
+            &svc,
+            &nats,
+            &decode,
+            &with_question(&history, "warm-up question"),
+            seq,
         )
         .await;
-        warm_isl = v.isl;
-        warm.push(ms);
+        let warm = run_case(&svc.base, warm_requests, |i| {
+            with_question(&history, &format!("new question {i}?"))
+        })
+        .await;
+
+        // One message growing by a sentence per call, its start held by the decode worker.
+        let opening = words(&format!("grow{}", size.label), size.words_per_msg * 65);
+        let single =
+            |text: &str| json!({"model": "qwen3", "messages": [{"role": "user", "content": text}]});
+        seq += 1;
+        hold_prompt(&svc, &nats, &decode, &single(&opening), seq).await;
+        let mut grown = opening.clone();
+        let growing = run_case(&svc.base, warm_requests, |i| {
+            grown.push_str(&format!(" and then step {i} of the plan ran"));
+            single(&grown)
+        })
+        .await;
+
+        let cold = run_case(&svc.base, cold_requests, |i| {
+            let fresh = conversation(
+                &format!("x{}{}", size.label, tag(i)),
+                EXCHANGES,
+                size.words_per_msg,
+            );
+            with_question(&fresh, "first question?")
+        })
+        .await;
+        rows.push((size.label, warm, growing, cold));
     }
 
-    let case_start = tokio::time::Instant::now();
-    let mut cold = Vec::new();
-    let mut cold_isl = 0;
-    for i in 0..cold_requests {
-        if case_start.elapsed() > CASE_TIME_LIMIT {
-            break;
-        }
-        // A letters-only tag as long as "conv", so both cases tokenize to similar lengths.
-        let tag: String = [i / 676, i / 26, i]
-            .iter()
-            .map(|d| char::from(b'a' + (d % 26) as u8))
-            .collect();
-        let fresh = conversation(&format!("x{tag}"), 18, 600);
-        let (ms, v) = timed_route(&svc.base, &with_question(&fresh, "first question?")).await;
-        cold_isl = v.isl;
-        cold.push(ms);
-    }
     // Warm requests while cold prompts are tokenized back to back on another connection:
     // tokenization runs on blocking threads, so a cold prompt delays others only through
     // CPU sharing (2 cores here) and the tokenize permits, not by stalling the router.
+    let size = &SIZES[1];
+    let history = conversation(
+        &format!("conv{}", size.label),
+        EXCHANGES,
+        size.words_per_msg,
+    );
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let cold_done = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let background = {
         let stop = stop.clone();
         let cold_done = cold_done.clone();
         let base = svc.base.clone();
+        let words_per_msg = size.words_per_msg;
         tokio::spawn(async move {
             let mut i = 0usize;
             while !stop.load(std::sync::atomic::Ordering::Relaxed) && i < 1_000 {
-                let tag: String = [i / 676, i / 26, i]
-                    .iter()
-                    .map(|d| char::from(b'a' + (d % 26) as u8))
-                    .collect();
-                let fresh = conversation(&format!("y{tag}"), 18, 600);
+                let fresh = conversation(&format!("y{}", tag(i)), EXCHANGES, words_per_msg);
                 timed_route(&base, &with_question(&fresh, "first question?")).await;
                 i += 1;
                 cold_done.store(i, std::sync::atomic::Ordering::Relaxed);
@@ -242,6 +336,7 @@ async fn main() {
     };
     let case_start = tokio::time::Instant::now();
     let mut mixed = Vec::new();
+    let mut mixed_isl = 0;
     // At least 100 warm requests and until 10 cold prompts ran alongside (bounded).
     let want_cold = if smoke { 1 } else { 10 };
     for i in 0..5_000 {
@@ -251,31 +346,34 @@ async fn main() {
             break;
         }
         let question = format!("mixed question {i}?");
-        let (ms, _) = timed_route(&svc.base, &with_question(&history, &question)).await;
+        let (ms, v) = timed_route(&svc.base, &with_question(&history, &question)).await;
+        mixed_isl = v.isl;
         mixed.push(ms);
     }
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let cold_in_background = background.await.unwrap_or(0);
     svc.stop().await;
 
-    println!("\nPOST /v1/route over loopback HTTP (client-measured), KV index holding {n_blocks} blocks of the conversation\n");
+    println!("\nPOST /v1/route over loopback HTTP (client-measured), the decode worker holding each warm prompt's blocks\n");
     println!("| case | requests | prompt tokens | p50 ms | p99 ms | mean ms |");
     println!("|---|---:|---:|---:|---:|---:|");
-    for (name, s) in [
-        (
-            "32k chat, earlier turns in segment cache",
-            stats(warm, warm_isl),
-        ),
-        ("32k chat, cold (every segment new)", stats(cold, cold_isl)),
-        (
-            "32k chat, cached turns, while cold 32k prompts run alongside",
-            stats(mixed, warm_isl),
-        ),
-    ] {
+    let print = |name: String, s: &Stats| {
         println!(
             "| {name} | {} | {} | {:.2} | {:.2} | {:.2} |",
             s.n, s.isl, s.p50_ms, s.p99_ms, s.mean_ms
         );
+    };
+    for (label, warm, growing, cold) in &rows {
+        print(
+            format!("{label} chat, 64 turns, earlier turns cached"),
+            warm,
+        );
+        print(format!("{label} single message growing each call"), growing);
+        print(format!("{label} chat, cold (never seen)"), cold);
     }
+    print(
+        "32k chat, cached turns, while cold 32k prompts run alongside".into(),
+        &stats(mixed, mixed_isl),
+    );
     println!("\n({cold_in_background} cold prompts were routed alongside the last case.)");
 }

@@ -262,18 +262,29 @@ async fn unmatched(rejection: warp::Rejection) -> Result<Response, Infallible> {
 }
 
 /// Reads a request body, refusing more than `limit` bytes (413) whatever the declared
-/// length, so a chunked upload cannot grow without bound.
+/// length, so a chunked upload cannot grow without bound. `headers`' `content-length`, when
+/// within the limit, sizes the buffer up front: agentic bodies are 0.4–1 MB, and growing a
+/// buffer by doubling copies the body about twice more.
 ///
 /// # Errors
 /// `Err(reply)` with 413 `body_too_large` or 400 `body_read`.
-pub async fn read_body<S, B>(body: S, limit: usize) -> Result<Vec<u8>, (&'static str, Response)>
+pub async fn read_body<S, B>(
+    headers: &warp::http::HeaderMap,
+    body: S,
+    limit: usize,
+) -> Result<Vec<u8>, (&'static str, Response)>
 where
     S: futures::Stream<Item = Result<B, warp::Error>> + Send,
     B: warp::Buf,
 {
     use futures::StreamExt;
+    let declared = headers
+        .get(warp::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok())
+        .unwrap_or(0);
     let mut body = std::pin::pin!(body);
-    let mut buf = Vec::new();
+    let mut buf = Vec::with_capacity(declared.min(limit));
     while let Some(chunk) = body.next().await {
         let mut chunk = match chunk {
             Ok(c) => c,

@@ -96,14 +96,22 @@ impl From<BlockSize> for u32 {
     }
 }
 
-/// Local hash of one block of token ids.
+/// Local hash of one block of token ids: xxh3 of the ids' little-endian bytes.
 pub fn local_block_hash(tokens: &[u32], seed: HashSeed) -> LocalBlockHash {
-    // Hash the little-endian bytes explicitly so native and wasm agree byte for byte.
-    let mut bytes = Vec::with_capacity(tokens.len() * 4);
-    for t in tokens {
-        bytes.extend_from_slice(&t.to_le_bytes());
-    }
-    LocalBlockHash(xxh3_64_with_seed(&bytes, seed.0))
+    LocalBlockHash(xxh3_64_with_seed(&le_bytes(tokens), seed.0))
+}
+
+/// The ids' little-endian bytes, so that every platform hashes the same bytes. On
+/// little-endian targets (x86-64, aarch64, wasm32) that is the slice's own memory, borrowed:
+/// hashing a prompt is on every route call, and a copy per block doubled its cost.
+#[cfg(target_endian = "little")]
+fn le_bytes(tokens: &[u32]) -> std::borrow::Cow<'_, [u8]> {
+    std::borrow::Cow::Borrowed(zerocopy::IntoBytes::as_bytes(tokens))
+}
+
+#[cfg(not(target_endian = "little"))]
+fn le_bytes(tokens: &[u32]) -> std::borrow::Cow<'_, [u8]> {
+    std::borrow::Cow::Owned(tokens.iter().flat_map(|t| t.to_le_bytes()).collect())
 }
 
 /// Sequence hash of a block given its parent's sequence hash (`None` for the first block).

@@ -224,7 +224,7 @@ where
     let fail = |f: RouteFailure| (f.status_and_code().1, f.into_reply());
     let api = api_kind(headers).map_err(fail)?;
     let request_id = request_id(headers, &state.request_ids).map_err(fail)?;
-    let bytes = read_body(body, state.max_route_body_bytes).await?;
+    let bytes = read_body(headers, body, state.max_route_body_bytes).await?;
     let json: serde_json::Value = serde_json::from_slice(&bytes).map_err(|e| {
         fail(RouteFailure::invalid(
             "body",

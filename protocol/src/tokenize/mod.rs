@@ -275,22 +275,14 @@ impl ModelTokenizer {
             (Some(wrap), true) => (&wrap.prefix, &wrap.suffix),
             (None, true) => return self.encode_uncached(text, true),
         };
-        // The text as cached ids, added-token ids and texts still to encode, in order.
+        // The text as added-token ids and chunks, in order; then the chunks the cache has.
         let mut parts: Vec<Part<'_>> = Vec::new();
-        let mut missing_bytes = 0;
         self.splitter.split(text, |piece| {
             match piece {
                 Piece::Added(id) => parts.push(Part::Added(id)),
                 Piece::Text(segment) => {
                     let mut add = |chunk| {
-                        let part = match self.cache.get(chunk) {
-                            Some(ids) => Part::Cached(ids),
-                            None => {
-                                missing_bytes += chunk.len();
-                                Part::Missing(chunk)
-                            }
-                        };
-                        parts.push(part);
+                        parts.push(Part::Missing(chunk));
                         Ok::<(), TokenizeError>(())
                     };
                     match &self.chunker {
@@ -301,6 +293,23 @@ impl ModelTokenizer {
             }
             Ok::<(), TokenizeError>(())
         })?;
+        let chunks: Vec<&str> = parts
+            .iter()
+            .filter_map(|p| match p {
+                Part::Missing(chunk) => Some(*chunk),
+                _ => None,
+            })
+            .collect();
+        let mut cached = self.cache.get_many(&chunks).into_iter();
+        let mut missing_bytes = 0;
+        for part in &mut parts {
+            if let Part::Missing(chunk) = *part {
+                match cached.next().flatten() {
+                    Some(ids) => *part = Part::Cached(ids),
+                    None => missing_bytes += chunk.len(),
+                }
+            }
+        }
         self.encode_missing(&mut parts, missing_bytes)?;
         // Roughly 4 bytes per token for English text; avoids most regrowth.
         let mut ids = Vec::with_capacity(text.len() / 3 + prefix.len() + suffix.len() + 8);
