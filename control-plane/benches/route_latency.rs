@@ -21,6 +21,10 @@ mod common;
 use std::time::Duration;
 
 use common::*;
+// The control plane's allocator, so the figures are the service's.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use serde_json::{json, Value};
 use switchyard_control_plane::settings::Settings;
 use switchyard_protocol::hash::{sequence_hashes, BlockSize, HashSeed};

@@ -9,6 +9,11 @@ use clap::Parser;
 use switchyard_control_plane::service::{self, RunError};
 use switchyard_control_plane::settings::{LogFormat, Settings};
 
+// Prompt tokenization and template rendering are allocation-heavy; see the workspace
+// Cargo.toml for the measurement behind this choice.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// EX_USAGE from sysexits.h: the command was used incorrectly.
 const EXIT_USAGE: u8 = 64;
 

@@ -4,6 +4,10 @@
 //!
 //! `cargo run --release -p switchyard-protocol --features tokenizer --example route_stages`
 
+// The control plane's allocator, so the figures are the service's.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use serde_json::{json, Value};
 use switchyard_protocol::hash::{sequence_hashes, BlockSize, HashSeed};
 use switchyard_protocol::route::ApiKind;
