@@ -25,6 +25,7 @@
 //! - [`backend`]: the comparison harness's virtual-time backend.
 //! - [`sweep`]: conditional-disaggregation threshold sweeps.
 //! - [`tuning`]: effective-ISL distributions and the recommended thresholds.
+//! - [`workload`]: the workload a binary's flags describe (trace of either form, agentic).
 //!
 //! [`RequestRecord`]: switchyard_loadgen::record::RequestRecord
 
@@ -39,6 +40,7 @@ pub mod sweep;
 pub mod tokens;
 pub mod tracker;
 pub mod tuning;
+pub mod workload;
 
 #[cfg(test)]
 mod tests;

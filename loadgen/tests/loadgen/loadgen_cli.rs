@@ -102,7 +102,15 @@ async fn an_agentic_workload_written_as_a_session_trace_plans_the_same() {
     let dir = Scratch::new("write-trace");
     let file = dir.0.join("agentic.jsonl");
     let file = file.to_str().unwrap();
-    let agentic = ["--agentic", "--sessions", "3", "--turns", "5", "--seed", "4"];
+    let agentic = [
+        "--agentic",
+        "--sessions",
+        "3",
+        "--turns",
+        "5",
+        "--seed",
+        "4",
+    ];
     let mut args = vec!["plan"];
     args.extend(agentic);
     args.extend(["--block-tokens", "64", "--write-trace", file]);
@@ -113,7 +121,16 @@ async fn an_agentic_workload_written_as_a_session_trace_plans_the_same() {
         "{}",
         text(&written.stderr)
     );
-    let read = loadgen(&["plan", "--trace", file, "--block-tokens", "64", "--seed", "4"]).await;
+    let read = loadgen(&[
+        "plan",
+        "--trace",
+        file,
+        "--block-tokens",
+        "64",
+        "--seed",
+        "4",
+    ])
+    .await;
     assert!(read.status.success(), "{}", text(&read.stderr));
     // Same requests, sessions, arrival span, lengths; only the name and reuse may differ.
     let shape = |out: &Output| {
@@ -136,7 +153,10 @@ async fn an_agentic_workload_written_as_a_session_trace_plans_the_same() {
     assert!(plan.status.success(), "{}", text(&plan.stderr));
     let stderr = text(&plan.stderr);
     assert!(stderr.contains("bad.jsonl:2: a later turn"), "{stderr}");
-    assert!(stderr.contains("1 malformed line(s) skipped (sessions trace)"), "{stderr}");
+    assert!(
+        stderr.contains("1 malformed line(s) skipped (sessions trace)"),
+        "{stderr}"
+    );
     let strict = loadgen(&["plan", "--trace", bad, "--strict"]).await;
     assert!(!strict.status.success());
 }

@@ -12,7 +12,6 @@ use anyhow::{bail, Context, Result};
 use clap::Parser;
 use switchyard_engine::PerfPreset;
 use switchyard_engine::DEFAULT_MODEL_NAME;
-use switchyard_loadgen::agentic::generate_agentic;
 use switchyard_loadgen::compare::output::write_comparison;
 use switchyard_loadgen::compare::table::comparison_tables;
 use switchyard_loadgen::compare::{run_comparison, worker_split, ComparisonPlan, PrefillWorkers};
@@ -23,6 +22,7 @@ use switchyard_loadgen::vocab::Vocabulary;
 use switchyard_loadgen::{ArrivalScale, LoadLevel, Workload, WorkloadArgs};
 use switchyard_protocol::route::ApiKind;
 use switchyard_protocol::tokenize::{default_model_dir, ModelTokenizer};
+use switchyard_replay::workload::load_workload;
 use switchyard_replay::{
     block_on, pick_from_sweep, recommend_thresholds, sweep_markdown, sweep_thresholds,
     tuning_markdown, EffIslDistribution, GatewayModel, PromptSource, StackSpec, ThresholdGrid,
@@ -189,33 +189,7 @@ fn plan(cli: &Cli) -> Result<Plan> {
         .perf_preset
         .parse()
         .map_err(|e| anyhow::anyhow!("--perf-preset: {e}"))?;
-    let w = &cli.workload;
-    let mut workload = if let Some(path) = w.trace_or(default_trace) {
-        let parsed = read_trace(&path, w.block_tokens)?;
-        if !parsed.malformed.is_empty() {
-            let first = &parsed.malformed[0];
-            bail!(
-                "{}: {} malformed line(s), first at line {}: {}",
-                path.display(),
-                parsed.malformed.len(),
-                first.line,
-                first.reason
-            );
-        }
-        if parsed.rows.is_empty() {
-            bail!("{} has no requests", path.display());
-        }
-        plan_trace(&parsed, w.block_tokens, w.seed)
-    } else {
-        let config = w.agentic_config().map_err(anyhow::Error::msg)?;
-        generate_agentic(&config, w.seed)?
-    };
-    if let Some(n) = cli.max_requests {
-        if n == 0 {
-            bail!("--max-requests must be at least 1");
-        }
-        workload.truncate(n);
-    }
+    let workload = load_workload(&cli.workload, default_trace, cli.max_requests)?;
     let comparison = ComparisonPlan {
         modes: cli.modes.clone(),
         load_levels: cli.load_levels.clone(),

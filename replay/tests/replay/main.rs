@@ -5,3 +5,4 @@ mod replay_cli;
 mod replay_gateway;
 mod replay_mooncake;
 mod replay_scenarios;
+mod replay_sessions;
