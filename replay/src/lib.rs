@@ -24,6 +24,7 @@
 //! - [`modes`]: one serving mode's run and report; the three modes compared.
 //! - [`backend`]: the comparison harness's virtual-time backend.
 //! - [`sweep`]: conditional-disaggregation threshold sweeps.
+//! - [`planner`]: mode, split and thresholds on a GPU budget and SLOs (`switchyard-plan`).
 //! - [`tuning`]: effective-ISL distributions and the recommended thresholds.
 //! - [`workload`]: the workload a binary's flags describe (trace of either form, agentic).
 //!
@@ -34,6 +35,7 @@
 pub mod backend;
 pub mod gateway;
 pub mod modes;
+pub mod planner;
 pub mod spec;
 pub mod stack;
 pub mod sweep;
