@@ -25,7 +25,7 @@
 //! - [`backend`]: the comparison harness's virtual-time backend.
 //! - [`sweep`]: conditional-disaggregation threshold sweeps.
 //! - [`planner`]: mode, split and thresholds on a GPU budget and SLOs (`switchyard-plan`).
-//! - [`tuning`]: effective-ISL distributions and the recommended thresholds.
+//! - [`tuning`]: effective-ISL distributions and the thresholds a sweep measured best.
 //! - [`workload`]: the workload a binary's flags describe (trace of either form, agentic).
 //!
 //! [`RequestRecord`]: switchyard_loadgen::record::RequestRecord
@@ -56,7 +56,8 @@ pub use sweep::{sweep_markdown, sweep_thresholds, SweepPoint, ThresholdGrid};
 pub use tokens::PromptSource;
 pub use tracker::RouteNote;
 pub use tuning::{
-    pick_from_sweep, recommend_thresholds, tuning_markdown, EffIslDistribution, Recommendation,
+    recommend_from_sweep, recommendation_markdown, tuning_markdown, EffIslDistribution,
+    SweepRecommendation,
 };
 
 use switchyard_engine::EngineError;

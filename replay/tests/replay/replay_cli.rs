@@ -82,7 +82,15 @@ fn small_agentic_run_prints_the_table_and_writes_reports() {
     for mode in ["| agg@x1 | agg |", "| disagg@x1 |", "| conditional@x1 |"] {
         assert!(stdout.contains(mode), "{stdout}");
     }
-    assert!(stdout.contains("Threshold sweep") && stdout.contains("Recommended"));
+    assert!(stdout.contains("Threshold sweep"), "{stdout}");
+    assert!(
+        stdout.contains("Recommended (measured)") && stdout.contains("% of the best sweep point"),
+        "{stdout}"
+    );
+    let sweep: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.0.join("sweep.json")).unwrap()).unwrap();
+    assert_eq!(sweep["points"].as_array().unwrap().len(), 2);
+    assert!(sweep["recommendation"]["goodput_ratio"].as_f64().unwrap() > 0.98);
     for file in [
         "comparison.md",
         "comparison.json",
