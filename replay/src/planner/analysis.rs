@@ -84,8 +84,17 @@ pub struct ModeSummary {
 pub struct PlanRecommendation {
     /// The recommended point (mode, split, thresholds, load level).
     pub best: Scored,
-    /// Per other mode with a measured best: its goodput ÷ the recommendation's (1 = as good).
-    pub others: Vec<(ServingMode, f64)>,
+    /// Every other mode with a measured best, and how far that best is from this one.
+    pub others: Vec<ModeGap>,
+}
+
+/// How far a mode's best is from the recommendation.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct ModeGap {
+    /// The mode.
+    pub mode: ServingMode,
+    /// Its best point's goodput ÷ the recommendation's (1 = as good).
+    pub goodput_ratio: f64,
 }
 
 /// Orders points best first: goodput, then throughput per GPU, then fewer prefill workers.
@@ -167,7 +176,10 @@ pub fn recommend(summaries: &[ModeSummary]) -> Option<PlanRecommendation> {
                 } else {
                     1.0
                 };
-                (s.mode, ratio)
+                ModeGap {
+                    mode: s.mode,
+                    goodput_ratio: ratio,
+                }
             })
         })
         .collect();

@@ -18,7 +18,9 @@ use serde::Serialize;
 use switchyard_loadgen::report::Slo;
 use switchyard_loadgen::Workload;
 
-pub use analysis::{recommend, summarize, ModeSummary, PlanRecommendation, PointMetrics, Scored};
+pub use analysis::{
+    recommend, summarize, ModeGap, ModeSummary, PlanRecommendation, PointMetrics, Scored,
+};
 pub use execute::{run_points, Execution, PointOutcome, PointResult};
 pub use grid::{plan_points, PlanPoint, PlanSpace, SpaceError};
 pub use render::{plan_markdown, write_plan, WritePlanError};

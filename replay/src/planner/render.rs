@@ -78,12 +78,12 @@ pub fn plan_markdown(outcome: &PlanOutcome) -> String {
                 rec.best.metrics.goodput_rps_per_gpu,
                 rec.best.metrics.tokens_per_s_per_gpu,
             );
-            for (mode, ratio) in &rec.others {
+            for gap in &rec.others {
                 let _ = writeln!(
                     out,
                     "- best {}: {:.1} % of the recommendation's goodput",
-                    mode.as_str(),
-                    ratio * 100.0
+                    gap.mode.as_str(),
+                    gap.goodput_ratio * 100.0
                 );
             }
             out.push('\n');

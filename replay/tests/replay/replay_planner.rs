@@ -97,7 +97,7 @@ fn every_point_runs_and_the_best_is_the_best_measured() {
     assert!(rec
         .others
         .iter()
-        .all(|(_, ratio)| (0.0..=1.0).contains(ratio)));
+        .all(|gap| (0.0..=1.0).contains(&gap.goodput_ratio)));
 
     // One thread gives the same numbers: points are independent and deterministic.
     let serial = plan(1, usize::MAX);
