@@ -7,6 +7,7 @@ use std::path::Path;
 
 use switchyard_loadgen::compare::plot::{interactivity_vs_throughput_svg, ThroughputKind};
 use switchyard_loadgen::report::RunReport;
+use switchyard_router::config::ServingMode;
 
 use super::analysis::{PointMetrics, Scored};
 use super::execute::PointOutcome;
@@ -63,15 +64,21 @@ pub fn plan_markdown(outcome: &PlanOutcome) -> String {
                     format!("isl_bounding, eff_isl_threshold {t}, eff_isl_ratio_threshold {r}")
                 },
             );
-            let _ =
-                writeln!(
+            let workers = outcome.space.workers;
+            let split = match p.mode {
+                ServingMode::Agg => format!("{workers} aggregated workers"),
+                _ => format!(
+                    "{} prefill : {} decode workers",
+                    p.prefill_workers,
+                    workers - p.prefill_workers
+                ),
+            };
+            let _ = writeln!(
                 out,
-                "## Recommended\n\n**{}** (mode {}, {} prefill : {} decode workers; policy {}) at \
-                 load {}×: goodput {:.3} req/s ({:.4} per GPU), {:.1} tok/s/GPU.\n",
-                p.label(outcome.space.workers),
+                "## Recommended\n\n**{}** (mode {}, {split}; policy {}) at load {}×: goodput \
+                 {:.3} req/s ({:.4} per GPU), {:.1} tok/s/GPU.\n",
+                p.label(workers),
                 p.mode.as_str(),
-                p.prefill_workers,
-                if p.prefill_workers == 0 { 0 } else { outcome.space.workers - p.prefill_workers },
                 thresholds,
                 p.load_level,
                 rec.best.metrics.goodput_rps,
