@@ -14,6 +14,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
+use super::closed_loop::finish_closed_loop;
 use super::prompts::{PromptSpec, Segment};
 use super::{PlannedRequest, Workload};
 
@@ -182,7 +183,8 @@ struct AgentStart {
     turns: u32,
     /// First prompt.
     prompt: PromptSpec,
-    /// When the request that started it was sent (session start for main agents).
+    /// Session start for main agents; unused for sub-agents, whose first turn is planned
+    /// from the turn that spawned them (`crate::closed_loop`).
     start_ms: u64,
     /// Requests the first turn waits for.
     after: Vec<usize>,
@@ -227,7 +229,8 @@ impl Generator<'_> {
             spawns,
         } = start;
         let max_isl = u64::from(self.config.max_isl);
-        let mut arrival = start_ms + think_ms;
+        // Turns with dependencies get their planned arrival from `finish_closed_loop`.
+        let arrival = start_ms + think_ms;
         let mut last = None;
         for turn in 0..turns {
             if prompt.tokens() > max_isl {
@@ -252,9 +255,8 @@ impl Generator<'_> {
             prompt.segments.push(answer);
             after = vec![id];
             think_ms = self.think();
-            arrival += think_ms;
             if spawns && self.rng.random_bool(self.config.subagent_probability) {
-                let finals = self.spawn_subagents(session, id, &mut prompt, &mut arrival);
+                let finals = self.spawn_subagents(session, id, &mut prompt);
                 if !finals.is_empty() {
                     after = finals;
                 }
@@ -274,7 +276,6 @@ impl Generator<'_> {
         session: u64,
         parent: usize,
         prompt: &mut PromptSpec,
-        arrival: &mut u64,
     ) -> Vec<usize> {
         let count = self.range32(self.config.subagents_per_spawn);
         let mut finals = Vec::new();
@@ -288,7 +289,7 @@ impl Generator<'_> {
                     segments: vec![self.system_segment(), self.segment(task)],
                 },
                 turns: self.range32(self.config.subagent_turns),
-                start_ms: *arrival,
+                start_ms: 0,
                 after: vec![parent],
                 think_ms: self.think(),
                 spawns: false,
@@ -298,7 +299,6 @@ impl Generator<'_> {
                 let report = self.requests[done].osl;
                 let report = self.segment(report);
                 prompt.segments.push(report);
-                *arrival = (*arrival).max(self.requests[done].arrival_ms);
             }
         }
         finals
@@ -356,23 +356,6 @@ pub fn generate_agentic(config: &AgenticConfig, seed: u64) -> Result<Workload, A
     Ok(Workload {
         name: format!("agentic:seed={seed}"),
         content_seed: seed,
-        requests: renumber_by_arrival(g.requests),
+        requests: finish_closed_loop(g.requests),
     })
-}
-
-/// Sorts by arrival (stable, so a dependency generated first stays first on ties) and
-/// rewrites ids and dependencies to the new indices.
-fn renumber_by_arrival(mut requests: Vec<PlannedRequest>) -> Vec<PlannedRequest> {
-    requests.sort_by_key(|r| r.arrival_ms);
-    let mut new_id = vec![0; requests.len()];
-    for (index, r) in requests.iter().enumerate() {
-        new_id[r.id] = index;
-    }
-    for (index, r) in requests.iter_mut().enumerate() {
-        r.id = index;
-        for d in &mut r.after {
-            *d = new_id[*d];
-        }
-    }
-    requests
 }

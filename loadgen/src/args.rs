@@ -8,13 +8,19 @@ use clap::Args;
 
 use super::agentic::AgenticConfig;
 use super::trace::MOONCAKE_BLOCK_TOKENS;
+use super::trace_file::TraceForm;
 
 /// Which workload: a Mooncake trace or synthetic agentic sessions, and the knobs of each.
 #[derive(Debug, Clone, Args)]
 pub struct WorkloadArgs {
-    /// Mooncake trace (JSONL rows {timestamp, input_length, output_length, hash_ids}).
+    /// Trace file: Mooncake rows {timestamp, input_length, output_length, hash_ids}, or
+    /// session rows {session_id, timestamp | delay, parent_session_id?, ...} (closed loop).
     #[arg(long, conflicts_with = "agentic")]
     pub trace: Option<PathBuf>,
+    /// Read the trace as this form instead of detecting it (a first row with `session_id`
+    /// makes it a session trace).
+    #[arg(long, value_enum, conflicts_with = "agentic")]
+    pub trace_form: Option<TraceForm>,
     /// Tokens per trace hash id.
     #[arg(long, default_value_t = MOONCAKE_BLOCK_TOKENS)]
     pub block_tokens: u32,

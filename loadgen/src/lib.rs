@@ -3,7 +3,9 @@
 //! A run has three stages kept apart so that each can be reused on its own:
 //!
 //! 1. **Workload** (pure, seeded): [`trace`] turns a Mooncake trace into a [`Workload`],
-//!    [`agentic`] synthesizes agentic sessions. A [`PlannedRequest`] says *when* (arrival
+//!    [`sessions`] a multi-turn session trace ([`trace_file`] reads either form),
+//!    [`agentic`] synthesizes agentic sessions; session workloads are closed loop through
+//!    one mechanism ([`closed_loop`]). A [`PlannedRequest`] says *when* (arrival
 //!    time, dependencies on earlier requests), *what* (a [`prompts::PromptSpec`]: which content
 //!    blocks, how many tokens of each) and how many tokens to generate. [`prompts`] turns a
 //!    spec into text that tokenizes exactly as planned (see [`vocab`]), and into the request
@@ -23,17 +25,20 @@ pub mod agentic;
 pub mod args;
 pub mod arrival;
 pub mod client;
+pub mod closed_loop;
 pub mod compare;
 pub mod markdown;
 pub mod prompts;
 pub mod record;
 pub mod report;
 pub mod reuse;
+pub mod sessions;
 pub mod sse;
 pub mod stats;
 pub mod summary;
 pub mod tokenizer;
 pub mod trace;
+pub mod trace_file;
 pub mod vocab;
 
 use serde::{Deserialize, Serialize};

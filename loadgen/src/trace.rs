@@ -103,8 +103,9 @@ pub fn read_trace(path: &std::path::Path, block_tokens: u32) -> Result<ParsedTra
     parse_trace(&text, block_tokens)
 }
 
-/// A row is usable when its hash ids cover exactly its input length.
-fn check_row(row: &TraceRow, block_tokens: u32) -> Result<(), String> {
+/// A row is usable when its lengths are positive and its hash ids cover exactly its input
+/// length (session-trace rows are held to the same rule).
+pub(crate) fn check_row(row: &TraceRow, block_tokens: u32) -> Result<(), String> {
     if row.input_length == 0 {
         return Err("input_length is 0".into());
     }

@@ -24,7 +24,9 @@
 //! - [`modes`]: one serving mode's run and report; the three modes compared.
 //! - [`backend`]: the comparison harness's virtual-time backend.
 //! - [`sweep`]: conditional-disaggregation threshold sweeps.
-//! - [`tuning`]: effective-ISL distributions and the recommended thresholds.
+//! - [`planner`]: mode, split and thresholds on a GPU budget and SLOs (`switchyard-plan`).
+//! - [`tuning`]: effective-ISL distributions and the thresholds a sweep measured best.
+//! - [`workload`]: the workload a binary's flags describe (trace of either form, agentic).
 //!
 //! [`RequestRecord`]: switchyard_loadgen::record::RequestRecord
 
@@ -33,12 +35,14 @@
 pub mod backend;
 pub mod gateway;
 pub mod modes;
+pub mod planner;
 pub mod spec;
 pub mod stack;
 pub mod sweep;
 pub mod tokens;
 pub mod tracker;
 pub mod tuning;
+pub mod workload;
 
 #[cfg(test)]
 mod tests;
@@ -52,7 +56,8 @@ pub use sweep::{sweep_markdown, sweep_thresholds, SweepPoint, ThresholdGrid};
 pub use tokens::PromptSource;
 pub use tracker::RouteNote;
 pub use tuning::{
-    pick_from_sweep, recommend_thresholds, tuning_markdown, EffIslDistribution, Recommendation,
+    recommend_from_sweep, recommendation_markdown, tuning_markdown, EffIslDistribution,
+    SweepRecommendation,
 };
 
 use switchyard_engine::EngineError;

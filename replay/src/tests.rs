@@ -7,9 +7,9 @@ use switchyard_router::config::ServingMode;
 
 use super::tokens::hashed_prompt;
 use super::tracker::{RouteNote, Tracker};
-use super::tuning::pick_from_sweep;
+use super::tuning::{recommend_from_sweep, recommendation_markdown};
 use super::*;
-use switchyard_engine::{PerfModel, Prompt};
+use switchyard_engine::Prompt;
 use switchyard_loadgen::prompts::{PromptSpec, Segment};
 use switchyard_loadgen::record::RequestRecord;
 use switchyard_loadgen::{ArrivalScale, PlannedRequest, Workload};
@@ -165,68 +165,51 @@ fn distribution_percentiles_tenths_and_shares() {
     assert_eq!(cold.ratio_tenths[9], 1.0);
 }
 
-fn point(threshold: u32, bypass: f64, ttft_p90: f64, itl_p99: f64) -> SweepPoint {
+fn point(threshold: u32, ratio: f64, goodput: f64, ttft_p90: f64, failed: usize) -> SweepPoint {
     use switchyard_loadgen::stats::Summary;
     SweepPoint {
         eff_isl_threshold: threshold,
-        ratio_threshold: 1.0,
-        bypass_share: bypass,
+        ratio_threshold: ratio,
+        bypass_share: f64::from(threshold) / 20_000.0,
         ttft_ms: Summary {
             p90: Some(ttft_p90),
             ..Summary::default()
         },
-        itl_ms: Summary {
-            p99: Some(itl_p99),
-            ..Summary::default()
-        },
+        itl_ms: Summary::default(),
         e2e_ms: Summary::default(),
         output_tokens_per_s_per_gpu: 1.0,
-        goodput_rps: 1.0,
+        goodput_rps: goodput,
         transfer_tokens: 0,
-        failed: 0,
+        failed,
     }
 }
 
 #[test]
-fn sweep_pick_is_the_fastest_first_token_within_the_itl_slack() {
+fn the_recommendation_is_the_measured_best_with_ties_to_the_faster_first_token() {
     let points = [
-        point(0, 0.0, 1_900.0, 12.0),
-        point(2_048, 0.4, 1_350.0, 12.4),
-        point(4_096, 0.5, 1_240.0, 12.6),
-        point(16_384, 0.85, 600.0, 34.0),
+        point(0, 0.7, 9.0, 1_900.0, 0),
+        point(2_048, 0.7, 10.0, 1_350.0, 0),
+        point(4_096, 1.0, 10.5, 1_240.0, 0),
+        point(8_192, 1.0, 10.45, 900.0, 0),
+        point(16_384, 1.0, 12.0, 600.0, 3),
     ];
+    // 16,384 failed requests: not recommended. 8,192 is within 1 % of 4,096's goodput and
+    // has the lower TTFT p90.
+    let rec = recommend_from_sweep(&points, 0.01, (2_048, 0.7)).unwrap();
     assert_eq!(
-        pick_from_sweep(&points, 0.1).unwrap().eff_isl_threshold,
-        4_096
+        (rec.eff_isl_threshold, rec.eff_isl_ratio_threshold),
+        (8_192, 1.0)
     );
-    assert_eq!(pick_from_sweep(&points, 0.02).unwrap().eff_isl_threshold, 0);
-    assert_eq!(
-        pick_from_sweep(&points, 2.0).unwrap().eff_isl_threshold,
-        16_384
-    );
-    assert!(pick_from_sweep(&[], 0.1).is_none());
-}
-
-#[test]
-fn threshold_is_the_largest_block_multiple_within_the_stall_budget() {
-    let perf = PerfModel::default();
-    let notes: Vec<RouteNote> = (0..100).map(|i| note(10_000, i * 100)).collect();
-    let d = EffIslDistribution::from_notes(&notes);
-    let rec = recommend_thresholds(&d, &perf, 64, 50.0);
-    let cached = d.cached_p50 as u64;
-    let t = u64::from(rec.eff_isl_threshold);
-    assert_eq!(t % 64, 0);
-    assert!(perf.prefill_chunk_ms(t, cached) <= 50.0);
-    assert!(perf.prefill_chunk_ms(t + 64, cached) > 50.0);
-    assert_eq!(rec.eff_isl_ratio_threshold, 1.0);
-    assert_eq!(
-        rec.share_below_threshold,
-        d.share_below(rec.eff_isl_threshold)
-    );
-    // A bigger budget allows a bigger threshold; none below the fixed iteration cost.
-    assert!(recommend_thresholds(&d, &perf, 64, 100.0).eff_isl_threshold > t as u32);
-    assert_eq!(
-        recommend_thresholds(&d, &perf, 64, 1.0).eff_isl_threshold,
-        0
-    );
+    assert_eq!(rec.best_goodput_rps, 10.5);
+    assert!((rec.goodput_ratio - 10.45 / 10.5).abs() < 1e-12);
+    assert!((rec.default_goodput_ratio.unwrap() - 10.0 / 10.5).abs() < 1e-12);
+    // Without tolerance the best goodput wins outright.
+    let strict = recommend_from_sweep(&points, 0.0, (1, 0.1)).unwrap();
+    assert_eq!(strict.eff_isl_threshold, 4_096);
+    assert_eq!(strict.goodput_ratio, 1.0);
+    assert_eq!(strict.default_goodput_ratio, None);
+    let text = recommendation_markdown(&rec);
+    assert!(text.contains("99.5 % of the best"), "{text}");
+    assert!(recommend_from_sweep(&[], 0.01, (0, 0.7)).is_none());
+    assert!(recommend_from_sweep(&points[4..], 0.01, (0, 0.7)).is_none());
 }

@@ -1,28 +1,21 @@
-//! Threshold tuning from a workload: the distribution of effective ISL (`isl − cached` on the
-//! chosen decode worker) and of the eff/raw ratio as the router saw them in a virtual run,
-//! and the `isl_bounding` thresholds they suggest. `docs/threshold-tuning.md` explains the
-//! rule and shows it on the Mooncake trace.
+//! Threshold tuning from measurements only: the distribution of effective ISL (`isl − cached`
+//! on the chosen decode worker) and of the eff/raw ratio as the router saw them in a virtual
+//! run (to *read* what share of requests a threshold lets through), and the `isl_bounding`
+//! thresholds a sweep measured to serve the most. `docs/threshold-tuning.md` explains why and
+//! shows it on the Mooncake trace.
 //!
-//! The rule (two stages):
-//! - **`eff_isl_threshold`: the stall budget.** A bypassed request prefills `eff_isl` tokens
-//!   on the decode worker, inside iterations that every running stream waits for. The
-//!   threshold is the largest token count whose prefill on that worker (the performance
-//!   model, on the median cached prefix) fits the stall budget one inter-token gap may take,
-//!   rounded down to a multiple of the KV block size. It depends on the hardware, not on the
-//!   workload: the distribution only says what share of requests it lets through.
-//! - **`eff_isl_ratio_threshold`: 1.0** (bypass anything with *some* prefix cached there).
-//!   Below the stall-budget threshold every bypass already costs running streams at most
-//!   the budget, so the ratio guard has nothing left to protect except fully cold prompts,
-//!   which stay with the prefill pool. The ratio matters when the absolute threshold is
-//!   raised past the budget; the sweep shows what that costs.
-//! - **Check in virtual time** ([`pick_from_sweep`]): among sweep points whose ITL p99 stays
-//!   within a slack of the never-bypass point's, take the lowest TTFT p90.
+//! The recommendation ([`recommend_from_sweep`]) is a measured point, never a formula: the
+//! sweep point with the most goodput (requests/s meeting the SLOs); points within a tolerance
+//! of that goodput count as tied and the lowest TTFT p90 among them wins. It comes with its
+//! goodput as a share of the best point measured (at least `1 − tolerance`), and with the
+//! router's default thresholds' share when the grid holds them. (A rule that sized the
+//! threshold from the decode worker's prefill stall alone ignored queueing at the prefill pool
+//! and recommended thresholds far below the sweep's best; it is gone.)
 
 use serde::Serialize;
 
 use super::sweep::SweepPoint;
 use super::tracker::RouteNote;
-use switchyard_engine::PerfModel;
 use switchyard_loadgen::stats::percentile;
 
 /// Percentiles reported for each distribution.
@@ -103,74 +96,104 @@ impl EffIslDistribution {
     }
 }
 
-/// Recommended `isl_bounding` thresholds and why.
+/// The thresholds a sweep measured to serve the most, and how they compare.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Recommendation {
+pub struct SweepRecommendation {
     /// Recommended `eff_isl_threshold`, tokens.
     pub eff_isl_threshold: u32,
     /// Recommended `eff_isl_ratio_threshold`.
     pub eff_isl_ratio_threshold: f64,
-    /// The stall budget used, ms.
-    pub stall_budget_ms: f64,
-    /// Modelled decode-worker prefill time at the recommended threshold, ms.
-    pub stall_at_threshold_ms: f64,
-    /// Share of requests with effective ISL below the threshold.
-    pub share_below_threshold: f64,
-    /// The effective-ISL percentile the threshold falls at (0–100).
-    pub threshold_percentile: f64,
+    /// Its goodput, requests/s meeting the SLOs.
+    pub goodput_rps: f64,
+    /// The most goodput any sweep point reached.
+    pub best_goodput_rps: f64,
+    /// `goodput_rps ÷ best_goodput_rps` (1 when the best point is recommended).
+    pub goodput_ratio: f64,
+    /// Its TTFT p90, ms.
+    pub ttft_p90_ms: Option<f64>,
+    /// Its bypass share.
+    pub bypass_share: f64,
+    /// The router's default thresholds' goodput ÷ the best, when the grid holds them.
+    pub default_goodput_ratio: Option<f64>,
+    /// The tolerance used: points within it of the best goodput count as tied.
+    pub goodput_tolerance: f64,
 }
 
-/// Applies the rule in the module docs: `perf` is the decode worker's model, `block_size`
-/// its KV block size, `stall_budget_ms` the longest prefill stall one bypass may add.
-pub fn recommend_thresholds(
-    dist: &EffIslDistribution,
-    perf: &PerfModel,
-    block_size: u32,
-    stall_budget_ms: f64,
-) -> Recommendation {
-    let block = block_size.max(1);
-    let cached = dist.cached_p50.max(0.0) as u64;
-    let stall = |tokens: u32| perf.prefill_chunk_ms(u64::from(tokens), cached);
-    // Largest block multiple within budget (prefill time grows with tokens; bounded search).
-    let mut threshold = 0u32;
-    while threshold < (1 << 20) && stall(threshold + block) <= stall_budget_ms {
-        threshold += block;
-    }
-    let share = dist.share_below(threshold);
-    Recommendation {
-        eff_isl_threshold: threshold,
-        eff_isl_ratio_threshold: 1.0,
-        stall_budget_ms,
-        stall_at_threshold_ms: stall(threshold),
-        share_below_threshold: share,
-        threshold_percentile: share * 100.0,
-    }
-}
-
-/// The sweep point to run with: among points whose ITL p99 is within `itl_slack` (0.1 =
-/// 10 %) of the lowest-bypass point's, the lowest TTFT p90 (ties: the higher bypass share).
-/// `None` for an empty sweep or points without ITL.
-pub fn pick_from_sweep(points: &[SweepPoint], itl_slack: f64) -> Option<&SweepPoint> {
-    let baseline = points
+/// The recommendation from `points` (see the module doc): the most goodput, ties within
+/// `goodput_tolerance` (0.01 = 1 %) to the lowest TTFT p90; `default` is the router's
+/// default `(eff_isl_threshold, ratio)`. Points with failed requests are not recommended.
+/// `None` when no point ran cleanly.
+pub fn recommend_from_sweep(
+    points: &[SweepPoint],
+    goodput_tolerance: f64,
+    default: (u32, f64),
+) -> Option<SweepRecommendation> {
+    let clean: Vec<&SweepPoint> = points
         .iter()
-        .min_by(|a, b| a.bypass_share.total_cmp(&b.bypass_share))?
-        .itl_ms
-        .p99?;
-    let limit = baseline * (1.0 + itl_slack.max(0.0));
-    points
+        .filter(|p| p.failed == 0 && p.goodput_rps.is_finite())
+        .collect();
+    let best = clean
         .iter()
-        .filter(|p| p.failed == 0 && p.itl_ms.p99.is_some_and(|i| i <= limit))
-        .filter(|p| p.ttft_ms.p90.is_some())
+        .map(|p| p.goodput_rps)
+        .fold(f64::NEG_INFINITY, f64::max);
+    if !best.is_finite() {
+        return None;
+    }
+    let tolerance = goodput_tolerance.clamp(0.0, 1.0);
+    let floor = best * (1.0 - tolerance);
+    let ttft = |p: &SweepPoint| p.ttft_ms.p90.unwrap_or(f64::INFINITY);
+    let pick = clean
+        .iter()
+        .filter(|p| p.goodput_rps >= floor)
         .min_by(|a, b| {
-            let key = |p: &SweepPoint| p.ttft_ms.p90.unwrap_or(f64::INFINITY);
-            key(a)
-                .total_cmp(&key(b))
-                .then(b.bypass_share.total_cmp(&a.bypass_share))
-        })
+            ttft(a)
+                .total_cmp(&ttft(b))
+                .then(b.goodput_rps.total_cmp(&a.goodput_rps))
+        })?;
+    let ratio = |goodput: f64| if best > 0.0 { goodput / best } else { 1.0 };
+    let default_goodput_ratio = points
+        .iter()
+        .find(|p| (p.eff_isl_threshold, p.ratio_threshold) == default)
+        .map(|p| ratio(p.goodput_rps));
+    Some(SweepRecommendation {
+        eff_isl_threshold: pick.eff_isl_threshold,
+        eff_isl_ratio_threshold: pick.ratio_threshold,
+        goodput_rps: pick.goodput_rps,
+        best_goodput_rps: best,
+        goodput_ratio: ratio(pick.goodput_rps),
+        ttft_p90_ms: pick.ttft_ms.p90,
+        bypass_share: pick.bypass_share,
+        default_goodput_ratio,
+        goodput_tolerance: tolerance,
+    })
 }
 
-/// The distributions and the recommendation as markdown.
-pub fn tuning_markdown(dist: &EffIslDistribution, rec: &Recommendation) -> String {
+/// The recommendation as a markdown paragraph.
+pub fn recommendation_markdown(rec: &SweepRecommendation) -> String {
+    let mut out = format!(
+        "Recommended (measured): `eff_isl_threshold` = {}, `eff_isl_ratio_threshold` = {:.2} — \
+         goodput {:.3} req/s, {:.1} % of the best sweep point ({:.3} req/s; points within \
+         {:.0} % count as tied, the lowest TTFT p90 wins), {:.1} % bypass.",
+        rec.eff_isl_threshold,
+        rec.eff_isl_ratio_threshold,
+        rec.goodput_rps,
+        rec.goodput_ratio * 100.0,
+        rec.best_goodput_rps,
+        rec.goodput_tolerance * 100.0,
+        rec.bypass_share * 100.0
+    );
+    if let Some(d) = rec.default_goodput_ratio {
+        out.push_str(&format!(
+            " The router's default thresholds reach {:.1} % of the best.",
+            d * 100.0
+        ));
+    }
+    out.push('\n');
+    out
+}
+
+/// The distributions as markdown (what share of requests a threshold would let through).
+pub fn tuning_markdown(dist: &EffIslDistribution) -> String {
     use std::fmt::Write as _;
     let mut out = String::new();
     let _ = writeln!(
@@ -195,18 +218,5 @@ pub fn tuning_markdown(dist: &EffIslDistribution, rec: &Recommendation) -> Strin
         let close = if i == 9 { ']' } else { ')' };
         let _ = writeln!(out, "| [{lo:.1}, {hi:.1}{close} | {:.1} % |", share * 100.0);
     }
-    let _ = writeln!(
-        out,
-        "\nRecommended: `eff_isl_threshold` = {} (modelled decode-worker prefill {:.1} ms within \
-         a {:.0} ms stall budget; {:.1} % of requests have a smaller effective ISL, i.e. it sits \
-         at p{:.0}), `eff_isl_ratio_threshold` = {:.1} (only fully cold prompts go to the prefill \
-         pool).",
-        rec.eff_isl_threshold,
-        rec.stall_at_threshold_ms,
-        rec.stall_budget_ms,
-        rec.share_below_threshold * 100.0,
-        rec.threshold_percentile,
-        rec.eff_isl_ratio_threshold
-    );
     out
 }

@@ -3,7 +3,8 @@
 //! goodput. `docs/loadgen.md` has the details.
 //!
 //! - `switchyard-loadgen [run] --endpoint URL (--trace PATH | --agentic) --gpus N --out DIR`
-//! - `switchyard-loadgen plan (--trace PATH | --agentic)`: the workload's shape, no requests.
+//! - `switchyard-loadgen plan (--trace PATH | --agentic) [--write-trace FILE]`: the workload's
+//!   shape, no requests; optionally the workload written as a session trace.
 //! - `switchyard-loadgen compare --out DIR RUN...`: comparison table and plots across runs.
 
 use std::path::PathBuf;
@@ -19,8 +20,9 @@ use switchyard_loadgen::compare::table::comparison_tables;
 use switchyard_loadgen::markdown::run_markdown;
 use switchyard_loadgen::prompts::{BodyBuilder, PromptFraming};
 use switchyard_loadgen::report::{build_report, RunMeta, RunReport, Slo};
+use switchyard_loadgen::sessions::write_session_trace;
 use switchyard_loadgen::summary::WorkloadSummary;
-use switchyard_loadgen::trace::{plan_trace, read_trace};
+use switchyard_loadgen::trace_file::load_trace;
 use switchyard_loadgen::vocab::Vocabulary;
 use switchyard_loadgen::{ArrivalScale, Workload, WorkloadArgs};
 use switchyard_protocol::route::ApiKind;
@@ -62,6 +64,10 @@ struct LoadgenWorkload {
     /// Fail on any malformed trace line instead of skipping and reporting it.
     #[arg(long)]
     strict: bool,
+    /// Also write the workload as a session trace (JSONL) to this file, hash ids of
+    /// --block-tokens tokens: replaying it with --trace gives the same workload.
+    #[arg(long)]
+    write_trace: Option<PathBuf>,
 }
 
 #[derive(Args, Clone)]
@@ -163,18 +169,23 @@ fn main() -> Result<()> {
     }
 }
 
-/// Loads the workload the flags describe, reporting malformed trace lines.
+/// Loads the workload the flags describe, reporting malformed trace lines; writes it as a
+/// session trace with `--write-trace`.
 fn load_workload(args: &LoadgenWorkload) -> Result<(Workload, usize)> {
     let w = &args.workload;
     let (mut workload, malformed) = match (&w.trace, w.agentic) {
         (Some(path), _) => {
-            let parsed = read_trace(path, w.block_tokens)?;
-            for bad in parsed.malformed.iter().take(10) {
+            let loaded = load_trace(path, w.trace_form, w.block_tokens, w.seed)?;
+            for bad in loaded.malformed.iter().take(10) {
                 eprintln!("{}:{}: {}", path.display(), bad.line, bad.reason);
             }
-            let malformed = parsed.malformed.len();
+            let malformed = loaded.malformed.len();
             if malformed > 0 {
-                eprintln!("{}: {malformed} malformed line(s) skipped", path.display());
+                eprintln!(
+                    "{}: {malformed} malformed line(s) skipped ({} trace)",
+                    path.display(),
+                    loaded.form
+                );
                 if args.strict {
                     bail!(
                         "{malformed} malformed line(s) in {} (--strict)",
@@ -182,10 +193,10 @@ fn load_workload(args: &LoadgenWorkload) -> Result<(Workload, usize)> {
                     );
                 }
             }
-            if parsed.rows.is_empty() {
+            if loaded.workload.requests.is_empty() {
                 bail!("{} has no usable rows", path.display());
             }
-            (plan_trace(&parsed, w.block_tokens, w.seed), malformed)
+            (loaded.workload, malformed)
         }
         (None, true) => {
             let config = w.agentic_config().map_err(anyhow::Error::msg)?;
@@ -195,6 +206,14 @@ fn load_workload(args: &LoadgenWorkload) -> Result<(Workload, usize)> {
     };
     if let Some(n) = args.max_requests {
         workload.truncate(n);
+    }
+    if let Some(path) = &args.write_trace {
+        let rows = write_session_trace(path, &workload, w.block_tokens)?;
+        eprintln!(
+            "wrote {rows} session-trace rows to {} ({} tokens per hash id)",
+            path.display(),
+            w.block_tokens
+        );
     }
     Ok((workload, malformed))
 }

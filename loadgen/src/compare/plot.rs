@@ -17,6 +17,8 @@ pub enum ThroughputKind {
     Total,
     /// Output tokens/s per GPU.
     Output,
+    /// Goodput per GPU: requests/s meeting the SLOs ÷ GPUs.
+    GoodputPerGpu,
 }
 
 /// Errors drawing a plot.
@@ -52,6 +54,9 @@ pub fn points_by_mode(
         let y = match kind {
             ThroughputKind::Total => r.throughput.total_tokens_per_s_per_gpu,
             ThroughputKind::Output => r.throughput.output_tokens_per_s_per_gpu,
+            ThroughputKind::GoodputPerGpu => {
+                r.goodput.requests_per_s / f64::from(r.meta.gpus.max(1))
+            }
         };
         let name = r.meta.mode.clone().unwrap_or_else(|| r.meta.label.clone());
         series.entry(name).or_default().push((x, y));
@@ -80,6 +85,11 @@ pub fn interactivity_vs_throughput_svg(
     let y_label = match kind {
         ThroughputKind::Total => "input+output tokens/s per GPU",
         ThroughputKind::Output => "output tokens/s per GPU",
+        ThroughputKind::GoodputPerGpu => "goodput, requests/s per GPU",
+    };
+    let caption = match kind {
+        ThroughputKind::GoodputPerGpu => "Goodput per GPU vs interactivity (p50)",
+        _ => "Throughput per GPU vs interactivity (p50)",
     };
     let draw_err = |e: &dyn std::fmt::Display| PlotError::Drawing(e.to_string());
     let mut svg = String::new();
@@ -87,10 +97,7 @@ pub fn interactivity_vs_throughput_svg(
         let root = SVGBackend::with_string(&mut svg, (900, 600)).into_drawing_area();
         root.fill(&WHITE).map_err(|e| draw_err(&e))?;
         let mut chart = ChartBuilder::on(&root)
-            .caption(
-                "Throughput per GPU vs interactivity (p50)",
-                ("sans-serif", 22),
-            )
+            .caption(caption, ("sans-serif", 22))
             .margin(20)
             .x_label_area_size(50)
             .y_label_area_size(70)

@@ -97,6 +97,70 @@ async fn malformed_and_missing_traces_fail_clearly() {
     );
 }
 
+#[tokio::test]
+async fn an_agentic_workload_written_as_a_session_trace_plans_the_same() {
+    let dir = Scratch::new("write-trace");
+    let file = dir.0.join("agentic.jsonl");
+    let file = file.to_str().unwrap();
+    let agentic = [
+        "--agentic",
+        "--sessions",
+        "3",
+        "--turns",
+        "5",
+        "--seed",
+        "4",
+    ];
+    let mut args = vec!["plan"];
+    args.extend(agentic);
+    args.extend(["--block-tokens", "64", "--write-trace", file]);
+    let written = loadgen(&args).await;
+    assert!(written.status.success(), "{}", text(&written.stderr));
+    assert!(
+        text(&written.stderr).contains("session-trace rows to"),
+        "{}",
+        text(&written.stderr)
+    );
+    let read = loadgen(&[
+        "plan",
+        "--trace",
+        file,
+        "--block-tokens",
+        "64",
+        "--seed",
+        "4",
+    ])
+    .await;
+    assert!(read.status.success(), "{}", text(&read.stderr));
+    // Same requests, sessions, arrival span, lengths; only the name and reuse may differ.
+    let shape = |out: &Output| {
+        text(&out.stdout)
+            .lines()
+            .filter(|l| l.starts_with("ISL") || l.starts_with("OSL") || l.starts_with("workload"))
+            .map(|l| l.split_once(": ").map_or(l, |(_, rest)| rest).to_string())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(shape(&written), shape(&read));
+    assert!(text(&read.stdout).contains("0 malformed"));
+
+    let bad = dir.file(
+        "bad.jsonl",
+        "{\"session_id\": 1, \"timestamp\": 0, \"input_length\": 9, \"output_length\": 4, \"hash_ids\": [0]}\n\
+         {\"session_id\": 1, \"input_length\": 9, \"output_length\": 4, \"hash_ids\": [0]}\n",
+    );
+    let bad = bad.to_str().unwrap();
+    let plan = loadgen(&["plan", "--trace", bad]).await;
+    assert!(plan.status.success(), "{}", text(&plan.stderr));
+    let stderr = text(&plan.stderr);
+    assert!(stderr.contains("bad.jsonl:2: a later turn"), "{stderr}");
+    assert!(
+        stderr.contains("1 malformed line(s) skipped (sessions trace)"),
+        "{stderr}"
+    );
+    let strict = loadgen(&["plan", "--trace", bad, "--strict"]).await;
+    assert!(!strict.status.success());
+}
+
 fn report(dir: &Path) -> RunReport {
     let json = std::fs::read_to_string(dir.join("report.json")).expect("report.json");
     serde_json::from_str(&json).expect("a run report")

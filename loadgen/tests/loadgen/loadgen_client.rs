@@ -243,3 +243,44 @@ async fn the_duration_cap_stops_sending_and_cuts_streams_after_the_drain() {
     );
     assert!(cut.ttft_ms.is_some() && cut.content_chunks > 0);
 }
+
+#[tokio::test]
+async fn a_session_trace_is_replayed_closed_loop_over_http() {
+    let (addr, _) = start_server().await;
+    // Session a: two turns 300 ms apart; its sub-agent s starts 100 ms after a's first turn;
+    // a's second turn joins s. Session b arrives at 50 ms on its own. Scaled by 0.5. (Output
+    // lengths avoid the ones the test server fails on.)
+    let text = r#"{"session_id": "a", "timestamp": 0, "input_length": 30, "output_length": 4, "hash_ids": [0]}
+{"session_id": "b", "timestamp": 50, "input_length": 30, "output_length": 6, "hash_ids": [1]}
+{"session_id": "s", "parent_session_id": "a", "delay": 100, "input_length": 20, "output_length": 5, "hash_ids": [2]}
+{"session_id": "s", "delay": 40, "input_length": 28, "output_length": 7, "hash_ids": [3]}
+{"session_id": "a", "delay": 300, "input_length": 40, "output_length": 4, "hash_ids": [4]}"#;
+    let w = switchyard_loadgen::trace_file::load_trace_text(text, None, 512, 1)
+        .unwrap()
+        .workload;
+    let planned = w.clone();
+    let out = run(
+        w,
+        ClientConfig {
+            arrival_scale: ArrivalScale::new(0.5).unwrap(),
+            ..config(addr)
+        },
+    )
+    .await;
+    assert_eq!(out.records.len(), 5);
+    assert!(out.records.iter().all(|r| r.ok()), "{:?}", out.records);
+    let mut dependent = 0;
+    for r in &planned.requests {
+        let sent = by_id(&out, r.id).sent_ms;
+        for &d in &r.after {
+            let due = by_id(&out, d).done_ms().unwrap() + r.think_ms as f64 * 0.5;
+            assert!(
+                sent >= due - 1.0,
+                "request {} sent at {sent}, due {due}",
+                r.id
+            );
+            dependent += 1;
+        }
+    }
+    assert_eq!(dependent, 3, "s after a, s after s, a after s");
+}

@@ -8,4 +8,5 @@ mod loadgen_cli;
 mod loadgen_client;
 mod loadgen_prompts;
 mod loadgen_report;
+mod loadgen_sessions;
 mod loadgen_trace;

@@ -12,19 +12,18 @@ use anyhow::{bail, Context, Result};
 use clap::Parser;
 use switchyard_engine::PerfPreset;
 use switchyard_engine::DEFAULT_MODEL_NAME;
-use switchyard_loadgen::agentic::generate_agentic;
 use switchyard_loadgen::compare::output::write_comparison;
 use switchyard_loadgen::compare::table::comparison_tables;
 use switchyard_loadgen::compare::{run_comparison, worker_split, ComparisonPlan, PrefillWorkers};
 use switchyard_loadgen::prompts::{BodyBuilder, PromptFraming};
 use switchyard_loadgen::report::Slo;
-use switchyard_loadgen::trace::{plan_trace, read_trace};
 use switchyard_loadgen::vocab::Vocabulary;
 use switchyard_loadgen::{ArrivalScale, LoadLevel, Workload, WorkloadArgs};
 use switchyard_protocol::route::ApiKind;
 use switchyard_protocol::tokenize::{default_model_dir, ModelTokenizer};
+use switchyard_replay::workload::load_workload;
 use switchyard_replay::{
-    block_on, pick_from_sweep, recommend_thresholds, sweep_markdown, sweep_thresholds,
+    block_on, recommend_from_sweep, recommendation_markdown, sweep_markdown, sweep_thresholds,
     tuning_markdown, EffIslDistribution, GatewayModel, PromptSource, StackSpec, ThresholdGrid,
     VirtualBackend,
 };
@@ -78,12 +77,10 @@ struct Cli {
     /// eff_isl_ratio_threshold values of the sweep.
     #[arg(long, value_delimiter = ',', default_value = "0.7")]
     sweep_ratios: Vec<f64>,
-    /// Longest prefill stall one bypass may add to running streams, ms (threshold rule).
-    #[arg(long, default_value_t = 50.0)]
-    stall_budget_ms: f64,
-    /// The sweep pick may raise ITL p99 by at most this share over never bypassing.
-    #[arg(long, default_value_t = 0.1)]
-    itl_slack: f64,
+    /// Sweep points within this share of the best goodput count as tied for the
+    /// recommendation, the lowest TTFT p90 among them winning (0: only equal goodput ties).
+    #[arg(long, default_value_t = 0.0)]
+    goodput_tolerance: f64,
     /// TTFT objective for goodput, ms.
     #[arg(long)]
     slo_ttft_ms: Option<f64>,
@@ -189,33 +186,7 @@ fn plan(cli: &Cli) -> Result<Plan> {
         .perf_preset
         .parse()
         .map_err(|e| anyhow::anyhow!("--perf-preset: {e}"))?;
-    let w = &cli.workload;
-    let mut workload = if let Some(path) = w.trace_or(default_trace) {
-        let parsed = read_trace(&path, w.block_tokens)?;
-        if !parsed.malformed.is_empty() {
-            let first = &parsed.malformed[0];
-            bail!(
-                "{}: {} malformed line(s), first at line {}: {}",
-                path.display(),
-                parsed.malformed.len(),
-                first.line,
-                first.reason
-            );
-        }
-        if parsed.rows.is_empty() {
-            bail!("{} has no requests", path.display());
-        }
-        plan_trace(&parsed, w.block_tokens, w.seed)
-    } else {
-        let config = w.agentic_config().map_err(anyhow::Error::msg)?;
-        generate_agentic(&config, w.seed)?
-    };
-    if let Some(n) = cli.max_requests {
-        if n == 0 {
-            bail!("--max-requests must be at least 1");
-        }
-        workload.truncate(n);
-    }
+    let workload = load_workload(&cli.workload, default_trace, cli.max_requests)?;
     let comparison = ComparisonPlan {
         modes: cli.modes.clone(),
         load_levels: cli.load_levels.clone(),
@@ -237,6 +208,12 @@ fn plan(cli: &Cli) -> Result<Plan> {
         None => RouterConfig::default(),
     };
     if cli.sweep {
+        if !(0.0..1.0).contains(&cli.goodput_tolerance) {
+            bail!(
+                "--goodput-tolerance must be in [0, 1), got {}",
+                cli.goodput_tolerance
+            );
+        }
         let ratios_ok = cli.sweep_ratios.iter().all(|r| (0.0..=1.0).contains(r));
         if cli.sweep_thresholds.is_empty() || !ratios_ok {
             bail!("--sweep needs thresholds and ratios in [0, 1]");
@@ -337,16 +314,12 @@ fn run(cli: &Cli, plan: Plan) -> Result<()> {
         .iter()
         .find(|r| r.run.mode == ServingMode::Conditional)
         .map(|r| EffIslDistribution::from_notes(&r.detail.notes));
-    let tuning_md = tuning.map(|dist| {
-        let engine = switchyard_engine::EngineConfig::with_preset(
-            switchyard_protocol::worker::WorkerRole::Decode,
-            base.preset,
+    let tuning_md = tuning.map(|dist| (tuning_markdown(&dist), dist));
+    if let Some((md, _)) = &tuning_md {
+        println!(
+            "## Effective ISL (conditional run)\n\n{md}\nThresholds are recommended from \
+             measurements only: run with --sweep (or switchyard-plan).\n"
         );
-        let rec = recommend_thresholds(&dist, &engine.perf, engine.block_size, cli.stall_budget_ms);
-        (tuning_markdown(&dist, &rec), dist, rec)
-    });
-    if let Some((md, _, _)) = &tuning_md {
-        println!("## Threshold tuning (conditional run)\n\n{md}");
     }
     let sweep = if cli.sweep {
         let grid = ThresholdGrid {
@@ -360,18 +333,21 @@ fn run(cli: &Cli, plan: Plan) -> Result<()> {
         };
         let points = sweep_thresholds(&workload, &source, &base, &grid, slo)?;
         let mut md = sweep_markdown(&points);
-        if let Some(p) = pick_from_sweep(&points, cli.itl_slack) {
-            md.push_str(&format!(
-                "\nPick (lowest TTFT p90 with ITL p99 within {:.0} % of never bypassing): \
-                 `eff_isl_threshold` = {}, `eff_isl_ratio_threshold` = {:.2} ({:.1} % bypass).\n",
-                cli.itl_slack * 100.0,
-                p.eff_isl_threshold,
-                p.ratio_threshold,
-                p.bypass_share * 100.0
-            ));
+        let defaults = RouterConfig::default().conditional;
+        let rec = recommend_from_sweep(
+            &points,
+            cli.goodput_tolerance,
+            (defaults.eff_isl_threshold, defaults.eff_isl_ratio_threshold),
+        );
+        match &rec {
+            Some(rec) => {
+                md.push('\n');
+                md.push_str(&recommendation_markdown(rec));
+            }
+            None => md.push_str("\nNo sweep point ran without failures: no recommendation.\n"),
         }
         println!("## Threshold sweep\n\n{md}");
-        Some((points, md))
+        Some((points, md, rec))
     } else {
         None
     };
@@ -381,18 +357,21 @@ fn run(cli: &Cli, plan: Plan) -> Result<()> {
             std::fs::write(&path, text).with_context(|| format!("cannot write {}", path.display()))
         };
         write_comparison(out, &table, &reports, &reports)?;
-        if let Some((md, dist, rec)) = tuning_md {
+        if let Some((md, dist)) = tuning_md {
             write("tuning.md", md)?;
             write(
                 "tuning.json",
-                serde_json::to_string_pretty(
-                    &serde_json::json!({"distribution": dist, "recommendation": rec}),
-                )?,
+                serde_json::to_string_pretty(&serde_json::json!({"distribution": dist}))?,
             )?;
         }
-        if let Some((points, md)) = sweep {
+        if let Some((points, md, rec)) = sweep {
             write("sweep.md", md)?;
-            write("sweep.json", serde_json::to_string_pretty(&points)?)?;
+            write(
+                "sweep.json",
+                serde_json::to_string_pretty(
+                    &serde_json::json!({"points": points, "recommendation": rec}),
+                )?,
+            )?;
         }
         eprintln!("wrote {}", out.display());
     }

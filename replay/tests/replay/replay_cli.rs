@@ -82,7 +82,15 @@ fn small_agentic_run_prints_the_table_and_writes_reports() {
     for mode in ["| agg@x1 | agg |", "| disagg@x1 |", "| conditional@x1 |"] {
         assert!(stdout.contains(mode), "{stdout}");
     }
-    assert!(stdout.contains("Threshold sweep") && stdout.contains("Recommended"));
+    assert!(stdout.contains("Threshold sweep"), "{stdout}");
+    assert!(
+        stdout.contains("Recommended (measured)") && stdout.contains("% of the best sweep point"),
+        "{stdout}"
+    );
+    let sweep: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.0.join("sweep.json")).unwrap()).unwrap();
+    assert_eq!(sweep["points"].as_array().unwrap().len(), 2);
+    assert!(sweep["recommendation"]["goodput_ratio"].as_f64().unwrap() > 0.98);
     for file in [
         "comparison.md",
         "comparison.json",
@@ -98,4 +106,78 @@ fn small_agentic_run_prints_the_table_and_writes_reports() {
     let routes = std::fs::read_to_string(dir.0.join("runs/disagg@x1/routes.jsonl")).unwrap();
     assert!(routes.lines().count() > 3);
     assert!(routes.lines().all(|l| l.contains("\"mode\":\"disagg\"")));
+}
+
+fn plan(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_switchyard-plan"))
+        .args(args)
+        .output()
+        .expect("the plan binary runs")
+}
+
+const SESSIONS: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../data/session_trace_small.jsonl"
+);
+
+#[test]
+fn the_planner_refuses_bad_input_and_plans_a_session_trace() {
+    let slo = ["--slo-ttft-ms", "2000", "--slo-itl-ms", "25"];
+    let cases: [(Vec<&str>, &str); 4] = [
+        (
+            vec!["--slo-ttft-ms", "0", "--slo-itl-ms", "25", "--out", "x"],
+            "--slo-ttft-ms must be a positive",
+        ),
+        (
+            [
+                &slo[..],
+                &["--workers", "1", "--modes", "disagg", "--out", "x"],
+            ]
+            .concat(),
+            "needs at least 2 workers",
+        ),
+        (
+            [&slo[..], &["--sweep-ratios", "1.5", "--out", "x"]].concat(),
+            "ratio threshold must be in [0, 1]",
+        ),
+        (
+            [&slo[..], &["--max-minutes", "0", "--out", "x"]].concat(),
+            "--max-minutes must be positive",
+        ),
+    ];
+    for (args, expected) in cases {
+        let out = plan(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(64), "{args:?}: {stderr}");
+        assert!(stderr.contains(expected), "{args:?}: {stderr}");
+    }
+    let dir = TempDir(std::env::temp_dir().join(format!("sy-plan-cli-{}", std::process::id())));
+    let args = [
+        &slo[..],
+        &[
+            "--trace",
+            SESSIONS,
+            "--workers",
+            "2",
+            "--sweep-thresholds",
+            "0,4096",
+            "--jobs",
+            "2",
+            "--quiet",
+            "--out",
+            dir.0.to_str().unwrap(),
+        ],
+    ]
+    .concat();
+    let out = plan(&args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("sessions: 9 requests"), "{stderr}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    // agg + disagg 1:1 + conditional 1:1 at two thresholds.
+    assert!(stdout.contains("4 points: 4 measured"), "{stdout}");
+    assert!(stdout.contains("## Recommended"), "{stdout}");
+    for file in ["plan.md", "plan.json", "frontier_throughput.svg"] {
+        assert!(dir.0.join(file).is_file(), "missing {file}");
+    }
 }

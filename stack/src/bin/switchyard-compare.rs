@@ -157,6 +157,7 @@ fn config(cli: Cli) -> Result<CompareConfig, String> {
             WorkloadSpec::Trace {
                 path,
                 block_tokens: cli.workload.block_tokens,
+                form: cli.workload.trace_form,
             }
         }
         None => WorkloadSpec::Agentic(cli.workload.agentic_config()?),

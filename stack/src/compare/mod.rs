@@ -39,6 +39,7 @@ use switchyard_engine::SpeedUp;
 use switchyard_loadgen::agentic::AgenticConfig;
 use switchyard_loadgen::compare::{ComparisonPlan, PlanError, PlannedRun, PrefillWorkers};
 use switchyard_loadgen::report::Slo;
+use switchyard_loadgen::trace_file::TraceForm;
 use switchyard_loadgen::{ArrivalScale, LoadLevel};
 
 use crate::paths::Profile;
@@ -53,12 +54,15 @@ pub use runner::run_comparison;
 /// Where the requests come from.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub enum WorkloadSpec {
-    /// A Mooncake trace (JSONL); each row one open-loop request at its timestamp.
+    /// A trace file (JSONL): Mooncake rows, each one open-loop request at its timestamp, or
+    /// session rows, closed loop (`docs/loadgen.md`, "Session traces").
     Trace {
         /// The trace file.
         path: PathBuf,
         /// Tokens per trace hash id.
         block_tokens: u32,
+        /// The form to read it as; `None`: detected from its first row.
+        form: Option<TraceForm>,
     },
     /// Synthetic agentic sessions (closed loop).
     Agentic(AgenticConfig),
@@ -260,6 +264,7 @@ mod tests {
             WorkloadSpec::Trace {
                 path: PathBuf::from("t.jsonl"),
                 block_tokens: 512,
+                form: None,
             },
             PathBuf::from("out"),
         )

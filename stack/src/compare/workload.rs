@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use switchyard_loadgen::agentic::generate_agentic;
 use switchyard_loadgen::prompts::{BodyBuilder, PromptFraming};
-use switchyard_loadgen::trace::{plan_trace, read_trace};
+use switchyard_loadgen::trace_file::load_trace;
 use switchyard_loadgen::vocab::Vocabulary;
 use switchyard_loadgen::Workload;
 use switchyard_protocol::route::ApiKind;
@@ -62,20 +62,23 @@ pub fn prepare(
     model_dir: &Path,
 ) -> Result<PreparedWorkload, CompareError> {
     let (mut workload, malformed) = match spec {
-        WorkloadSpec::Trace { path, block_tokens } => {
-            let parsed = read_trace(path, *block_tokens)
+        WorkloadSpec::Trace {
+            path,
+            block_tokens,
+            form,
+        } => {
+            let loaded = load_trace(path, *form, *block_tokens, seed)
                 .map_err(|e| CompareError::Workload(format!("{}: {e}", path.display())))?;
-            for bad in parsed.malformed.iter().take(10) {
+            for bad in loaded.malformed.iter().take(10) {
                 tracing::warn!("{}:{}: {} (skipped)", path.display(), bad.line, bad.reason);
             }
-            if parsed.rows.is_empty() {
+            if loaded.workload.requests.is_empty() {
                 return Err(CompareError::Workload(format!(
                     "{} has no usable rows",
                     path.display()
                 )));
             }
-            let malformed = parsed.malformed.len();
-            (plan_trace(&parsed, *block_tokens, seed), malformed)
+            (loaded.workload, loaded.malformed.len())
         }
         WorkloadSpec::Agentic(config) => (
             generate_agentic(config, seed).map_err(|e| CompareError::Workload(e.to_string()))?,

@@ -48,6 +48,7 @@ async fn every_mode_gets_a_complete_report_through_envoy() {
         WorkloadSpec::Trace {
             path: trace,
             block_tokens: switchyard_loadgen::trace::MOONCAKE_BLOCK_TOKENS,
+            form: None,
         },
         dir.0.join("out"),
     );

@@ -1,0 +1,140 @@
+//! A trace file of either form, read into a workload: Mooncake rows (open loop, each at its
+//! timestamp, [`crate::trace`]) or session rows (closed loop, [`crate::sessions`]). The form
+//! is given, or detected from the first row that is a JSON object: one with a `session_id`
+//! field makes the file a session trace.
+
+use std::fmt;
+use std::path::Path;
+
+use serde::Serialize;
+
+use super::sessions::{parse_sessions, plan_sessions};
+use super::trace::{parse_trace, plan_trace, MalformedLine, TraceError};
+use super::Workload;
+
+/// The two trace forms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum TraceForm {
+    /// Mooncake rows: `timestamp`, lengths, `hash_ids`; open loop.
+    Mooncake,
+    /// Session rows: `session_id`, `timestamp` or `delay`, optional `parent_session_id`,
+    /// lengths, `hash_ids`; closed loop.
+    Sessions,
+}
+
+impl fmt::Display for TraceForm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            TraceForm::Mooncake => "mooncake",
+            TraceForm::Sessions => "sessions",
+        })
+    }
+}
+
+/// A trace read into a workload.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LoadedTrace {
+    /// The form it was read as.
+    pub form: TraceForm,
+    /// One request per usable row.
+    pub workload: Workload,
+    /// Unusable lines, with their line numbers and why (the caller reports and counts them).
+    pub malformed: Vec<MalformedLine>,
+}
+
+/// The form of `text`: [`TraceForm::Sessions`] if its first JSON-object row has a
+/// `session_id` field, else [`TraceForm::Mooncake`] (also when no row parses: the Mooncake
+/// reader then reports every line).
+pub fn detect_form(text: &str) -> TraceForm {
+    let first_object = text
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .find_map(|value| value.as_object().cloned());
+    match first_object {
+        Some(row) if row.contains_key("session_id") => TraceForm::Sessions,
+        _ => TraceForm::Mooncake,
+    }
+}
+
+/// Reads trace text as `form` (`None`: detected).
+///
+/// # Errors
+/// [`TraceError::ZeroBlockSize`] if `block_tokens` is 0.
+pub fn load_trace_text(
+    text: &str,
+    form: Option<TraceForm>,
+    block_tokens: u32,
+    content_seed: u64,
+) -> Result<LoadedTrace, TraceError> {
+    if block_tokens == 0 {
+        return Err(TraceError::ZeroBlockSize);
+    }
+    let form = form.unwrap_or_else(|| detect_form(text));
+    let (workload, malformed) = match form {
+        TraceForm::Mooncake => {
+            let parsed = parse_trace(text, block_tokens)?;
+            (
+                plan_trace(&parsed, block_tokens, content_seed),
+                parsed.malformed,
+            )
+        }
+        TraceForm::Sessions => {
+            let parsed = parse_sessions(text, block_tokens);
+            (plan_sessions(&parsed, content_seed), parsed.malformed)
+        }
+    };
+    Ok(LoadedTrace {
+        form,
+        workload,
+        malformed,
+    })
+}
+
+/// Reads the trace file at `path` as `form` (`None`: detected).
+///
+/// # Errors
+/// [`TraceError::Read`] if the file cannot be read, [`TraceError::ZeroBlockSize`].
+pub fn load_trace(
+    path: &Path,
+    form: Option<TraceForm>,
+    block_tokens: u32,
+    content_seed: u64,
+) -> Result<LoadedTrace, TraceError> {
+    let text = std::fs::read_to_string(path).map_err(|source| TraceError::Read {
+        path: path.display().to_string(),
+        source,
+    })?;
+    load_trace_text(&text, form, block_tokens, content_seed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_first_object_row_decides_the_form() {
+        let mooncake =
+            r#"{"timestamp": 0, "input_length": 3, "output_length": 1, "hash_ids": [0]}"#;
+        let session = r#"{"session_id": "a", "timestamp": 0, "input_length": 3, "output_length": 1, "hash_ids": [0]}"#;
+        assert_eq!(detect_form(mooncake), TraceForm::Mooncake);
+        assert_eq!(
+            detect_form(&format!("not json\n\n[1]\n{session}\n{mooncake}")),
+            TraceForm::Sessions
+        );
+        assert_eq!(detect_form("garbage"), TraceForm::Mooncake);
+        let forced = load_trace_text(session, Some(TraceForm::Mooncake), 512, 0).unwrap();
+        assert_eq!(forced.form, TraceForm::Mooncake);
+        assert_eq!(
+            forced.workload.requests.len(),
+            1,
+            "extra fields are ignored"
+        );
+        let auto = load_trace_text(session, None, 512, 0).unwrap();
+        assert_eq!(
+            (auto.form, auto.workload.name.as_str()),
+            (TraceForm::Sessions, "sessions")
+        );
+        assert!(load_trace_text(session, None, 0, 0).is_err());
+    }
+}

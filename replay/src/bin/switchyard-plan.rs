@@ -1,0 +1,212 @@
+//! `switchyard-plan`: on a GPU budget and two SLOs, sweeps agg, disagg at every
+//! prefill:decode split and conditional at every split and threshold pair, in virtual time
+//! and in parallel, and recommends the deployment with the most goodput. **Simulated**: see
+//! `docs/planner.md`.
+//!
+//! Bad input (flags, trace) exits with 64 and a message naming the problem.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{bail, Result};
+use clap::Parser;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use switchyard_engine::PerfPreset;
+use switchyard_loadgen::report::Slo;
+use switchyard_loadgen::{ArrivalScale, LoadLevel, Workload, WorkloadArgs};
+use switchyard_replay::planner::{plan_deployment, plan_points, write_plan, Execution, PlanSpace};
+use switchyard_replay::workload::load_workload;
+use switchyard_replay::{PromptSource, StackSpec, ThresholdGrid};
+use switchyard_router::config::ServingMode;
+use switchyard_support::cli::{parse_args, EXIT_USAGE};
+
+#[derive(Parser)]
+#[command(name = "switchyard-plan", version, about)]
+struct Cli {
+    /// Workload: `--trace PATH` (Mooncake or session trace; default: the conversation trace
+    /// in data/) or `--agentic` with its knobs; `--seed` also seeds the router.
+    #[command(flatten)]
+    workload: WorkloadArgs,
+    /// Keep only the first N requests.
+    #[arg(long)]
+    max_requests: Option<usize>,
+    /// GPU budget in workers (GPUs per worker come from --perf-preset).
+    #[arg(long, default_value_t = 8)]
+    workers: u32,
+    /// Worker performance preset.
+    #[arg(long, default_value = "gb200-fp8-tep4")]
+    perf_preset: String,
+    /// Modes to plan, comma-separated: agg, disagg, conditional.
+    #[arg(long, value_delimiter = ',', default_value = "agg,disagg,conditional")]
+    modes: Vec<ServingMode>,
+    /// Multiplies the workload's arrival and think times.
+    #[arg(long, default_value_t = ArrivalScale::PLANNED)]
+    arrival_scale: ArrivalScale,
+    /// Offered-load multipliers; every deployment runs at each.
+    #[arg(long, value_delimiter = ',', default_value = "1")]
+    load_levels: Vec<LoadLevel>,
+    /// TTFT objective, ms.
+    #[arg(long)]
+    slo_ttft_ms: f64,
+    /// ITL objective, ms.
+    #[arg(long)]
+    slo_itl_ms: f64,
+    /// eff_isl_threshold values tried in conditional mode.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "0,512,1024,2048,4096,8192,16384"
+    )]
+    sweep_thresholds: Vec<u32>,
+    /// eff_isl_ratio_threshold values tried in conditional mode.
+    #[arg(long, value_delimiter = ',', default_value = "0.7")]
+    sweep_ratios: Vec<f64>,
+    /// Points run at once (default: the machine's cores).
+    #[arg(long)]
+    jobs: Option<usize>,
+    /// Start no point after this many minutes (running points finish; the rest are
+    /// reported as not run).
+    #[arg(long, default_value_t = 60.0)]
+    max_minutes: f64,
+    /// Output folder: plan.md, plan.json, frontier_throughput.svg, frontier_goodput.svg.
+    #[arg(long)]
+    out: PathBuf,
+    /// No progress bar.
+    #[arg(long)]
+    quiet: bool,
+}
+
+fn default_trace() -> PathBuf {
+    PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../data/mooncake_conversation_trace.jsonl"
+    ))
+}
+
+/// Everything checked from the flags before any run starts.
+struct Checked {
+    workload: Workload,
+    base: StackSpec,
+    space: PlanSpace,
+    slo: Slo,
+    points: usize,
+}
+
+fn main() -> ExitCode {
+    let cli: Cli = match parse_args() {
+        Ok(parsed) => parsed,
+        Err(code) => return code,
+    };
+    let checked = match check(&cli) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("switchyard-plan: {e:#}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    match run(&cli, checked) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("switchyard-plan: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn check(cli: &Cli) -> Result<Checked> {
+    let preset: PerfPreset = cli
+        .perf_preset
+        .parse()
+        .map_err(|e| anyhow::anyhow!("--perf-preset: {e}"))?;
+    for (name, value) in [
+        ("--slo-ttft-ms", cli.slo_ttft_ms),
+        ("--slo-itl-ms", cli.slo_itl_ms),
+    ] {
+        if !(value.is_finite() && value > 0.0) {
+            bail!("{name} must be a positive number of ms, got {value}");
+        }
+    }
+    if !(cli.max_minutes.is_finite() && cli.max_minutes > 0.0) {
+        bail!("--max-minutes must be positive, got {}", cli.max_minutes);
+    }
+    if cli.jobs == Some(0) {
+        bail!("--jobs must be at least 1");
+    }
+    let space = PlanSpace {
+        workers: cli.workers,
+        modes: cli.modes.clone(),
+        load_levels: cli.load_levels.clone(),
+        thresholds: ThresholdGrid {
+            eff_isl_thresholds: cli.sweep_thresholds.clone(),
+            ratio_thresholds: cli.sweep_ratios.clone(),
+        },
+    };
+    let points = plan_points(&space)?.len();
+    let workload = load_workload(&cli.workload, default_trace, cli.max_requests)?;
+    let mut base = StackSpec::new(ServingMode::Agg, cli.workers, 0);
+    base.preset = preset;
+    base.seed = cli.workload.seed;
+    base.arrival_scale = cli.arrival_scale;
+    Ok(Checked {
+        workload,
+        base,
+        space,
+        slo: Slo {
+            ttft_ms: Some(cli.slo_ttft_ms),
+            itl_ms: Some(cli.slo_itl_ms),
+        },
+        points,
+    })
+}
+
+fn run(cli: &Cli, checked: Checked) -> Result<()> {
+    let Checked {
+        workload,
+        base,
+        space,
+        slo,
+        points,
+    } = checked;
+    let jobs = cli.jobs.unwrap_or_else(|| {
+        std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+    });
+    eprintln!(
+        "{}: {} requests; {} workers ({} GPUs), {points} points on {jobs} threads, at most {} min",
+        workload.name,
+        workload.requests.len(),
+        base.workers,
+        base.gpus(),
+        cli.max_minutes
+    );
+    let bar = ProgressBar::new(points as u64);
+    if cli.quiet {
+        bar.set_draw_target(ProgressDrawTarget::hidden());
+    }
+    bar.set_style(
+        ProgressStyle::with_template("{bar:40} {pos}/{len} points, {elapsed} ({eta} left)")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    let limit = Duration::from_secs_f64(cli.max_minutes * 60.0);
+    // The one wall-clock read: the time bound is about the machine's time, not the model's.
+    #[allow(clippy::disallowed_methods)]
+    let started = std::time::Instant::now();
+    let out_of_time = || started.elapsed() >= limit;
+    let on_point_done = |done: usize| bar.set_position(done as u64);
+    let execution = Execution {
+        jobs,
+        out_of_time: &out_of_time,
+        on_point_done: &on_point_done,
+    };
+    let source = PromptSource::synthetic(workload.content_seed);
+    let outcome = plan_deployment(&workload, &source, &base, &space, slo, &execution)?;
+    bar.finish_and_clear();
+    let markdown = write_plan(&cli.out, &outcome)?;
+    println!("{markdown}");
+    eprintln!(
+        "wrote {} ({} of {points} points not run before the time bound)",
+        cli.out.display(),
+        outcome.not_run()
+    );
+    Ok(())
+}

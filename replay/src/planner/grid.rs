@@ -1,0 +1,192 @@
+//! The deployments a plan tries on a GPU budget of N workers: agg (one point), disagg at
+//! every prefill:decode split P:(N−P), P = 1..N−1, and conditional at every split and every
+//! threshold pair of the sweep grid, each at every load level. Pure: no runs.
+
+use serde::Serialize;
+use switchyard_loadgen::LoadLevel;
+use switchyard_router::config::ServingMode;
+
+use crate::sweep::ThresholdGrid;
+
+/// What to sweep.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PlanSpace {
+    /// Workers in every deployment (the GPU budget ÷ GPUs per worker).
+    pub workers: u32,
+    /// Modes to try.
+    pub modes: Vec<ServingMode>,
+    /// Offered-load multipliers; every deployment runs at each.
+    pub load_levels: Vec<LoadLevel>,
+    /// `isl_bounding` thresholds tried in conditional mode.
+    pub thresholds: ThresholdGrid,
+}
+
+/// One deployment at one load level.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct PlanPoint {
+    /// Serving mode.
+    pub mode: ServingMode,
+    /// Prefill workers (0 for agg); the other workers decode.
+    pub prefill_workers: u32,
+    /// `(eff_isl_threshold, eff_isl_ratio_threshold)` in conditional mode.
+    pub thresholds: Option<(u32, f64)>,
+    /// Offered-load multiplier.
+    pub load_level: LoadLevel,
+}
+
+impl PlanPoint {
+    /// A short name: `agg`, `disagg 3:5`, `conditional 3:5 t=2048 r=0.7`.
+    pub fn label(&self, workers: u32) -> String {
+        let split = |p: u32| format!("{p}:{}", workers - p);
+        match (self.mode, self.thresholds) {
+            (ServingMode::Agg, _) => "agg".into(),
+            (mode, None) => format!("{} {}", mode.as_str(), split(self.prefill_workers)),
+            (mode, Some((t, r))) => {
+                format!(
+                    "{} {} t={t} r={r}",
+                    mode.as_str(),
+                    split(self.prefill_workers)
+                )
+            }
+        }
+    }
+}
+
+/// Why a plan space is unusable.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum SpaceError {
+    /// No workers.
+    #[error("the GPU budget must hold at least one worker")]
+    NoWorkers,
+    /// Split modes need a prefill and a decode worker.
+    #[error("{0} needs at least 2 workers (one prefill, one decode)")]
+    TooFewWorkers(&'static str),
+    /// Nothing to sweep.
+    #[error("give at least one {0}")]
+    Empty(&'static str),
+    /// A ratio threshold outside [0, 1].
+    #[error("a ratio threshold must be in [0, 1], got {0}")]
+    Ratio(f64),
+}
+
+/// Every point of `space`, load levels outer, then agg, then per split disagg and the
+/// conditional thresholds (ratio outer, ISL threshold inner).
+///
+/// # Errors
+/// [`SpaceError`] for a space that has nothing to run or a split mode without 2 workers.
+pub fn plan_points(space: &PlanSpace) -> Result<Vec<PlanPoint>, SpaceError> {
+    let n = space.workers;
+    if n == 0 {
+        return Err(SpaceError::NoWorkers);
+    }
+    if space.modes.is_empty() {
+        return Err(SpaceError::Empty("mode"));
+    }
+    if space.load_levels.is_empty() {
+        return Err(SpaceError::Empty("load level"));
+    }
+    let grid = &space.thresholds;
+    if space.modes.contains(&ServingMode::Conditional) {
+        if grid.eff_isl_thresholds.is_empty() || grid.ratio_thresholds.is_empty() {
+            return Err(SpaceError::Empty(
+                "threshold and ratio for conditional mode",
+            ));
+        }
+        if let Some(&r) = grid
+            .ratio_thresholds
+            .iter()
+            .find(|r| !(0.0..=1.0).contains(*r))
+        {
+            return Err(SpaceError::Ratio(r));
+        }
+    }
+    for mode in &space.modes {
+        if *mode != ServingMode::Agg && n < 2 {
+            return Err(SpaceError::TooFewWorkers(mode.as_str()));
+        }
+    }
+    let mut points = Vec::new();
+    for &load_level in &space.load_levels {
+        let point = |mode, prefill_workers, thresholds| PlanPoint {
+            mode,
+            prefill_workers,
+            thresholds,
+            load_level,
+        };
+        if space.modes.contains(&ServingMode::Agg) {
+            points.push(point(ServingMode::Agg, 0, None));
+        }
+        for p in 1..n {
+            if space.modes.contains(&ServingMode::Disagg) {
+                points.push(point(ServingMode::Disagg, p, None));
+            }
+            if space.modes.contains(&ServingMode::Conditional) {
+                for &r in &grid.ratio_thresholds {
+                    for &t in &grid.eff_isl_thresholds {
+                        points.push(point(ServingMode::Conditional, p, Some((t, r))));
+                    }
+                }
+            }
+        }
+    }
+    Ok(points)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn space(workers: u32, modes: Vec<ServingMode>) -> PlanSpace {
+        PlanSpace {
+            workers,
+            modes,
+            load_levels: vec![LoadLevel::PLANNED, LoadLevel::new(2.0).unwrap()],
+            thresholds: ThresholdGrid {
+                eff_isl_thresholds: vec![0, 2048],
+                ratio_thresholds: vec![0.7],
+            },
+        }
+    }
+
+    #[test]
+    fn every_split_and_threshold_at_every_level() {
+        let all = vec![
+            ServingMode::Agg,
+            ServingMode::Disagg,
+            ServingMode::Conditional,
+        ];
+        let points = plan_points(&space(4, all)).unwrap();
+        // Per level: agg 1 + disagg 3 + conditional 3 × 2.
+        assert_eq!(points.len(), 2 * (1 + 3 + 6));
+        let labels: Vec<String> = points[..4].iter().map(|p| p.label(4)).collect();
+        assert_eq!(
+            labels,
+            vec![
+                "agg",
+                "disagg 1:3",
+                "conditional 1:3 t=0 r=0.7",
+                "conditional 1:3 t=2048 r=0.7"
+            ]
+        );
+        assert!(points[10..].iter().all(|p| p.load_level.factor() == 2.0));
+        let only_agg = plan_points(&space(1, vec![ServingMode::Agg])).unwrap();
+        assert_eq!(only_agg.len(), 2);
+    }
+
+    #[test]
+    fn unusable_spaces_are_named() {
+        assert_eq!(
+            plan_points(&space(1, vec![ServingMode::Disagg])),
+            Err(SpaceError::TooFewWorkers("disagg"))
+        );
+        assert_eq!(
+            plan_points(&space(0, vec![ServingMode::Agg])),
+            Err(SpaceError::NoWorkers)
+        );
+        let mut bad = space(3, vec![ServingMode::Conditional]);
+        bad.thresholds.ratio_thresholds = vec![1.5];
+        assert_eq!(plan_points(&bad), Err(SpaceError::Ratio(1.5)));
+        bad.thresholds.eff_isl_thresholds.clear();
+        assert!(plan_points(&bad).is_err());
+    }
+}

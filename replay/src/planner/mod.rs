@@ -1,0 +1,100 @@
+//! The deployment planner: on a GPU budget and two SLOs, which serving mode, prefill:decode
+//! split and conditional thresholds serve the workload best, measured in virtual time.
+//!
+//! - [`grid`]: the points to try (agg; disagg at every split; conditional at every split and
+//!   threshold pair; each at every load level);
+//! - [`execute`]: running them in parallel within a time bound;
+//! - [`analysis`]: best per mode, frontiers, the recommendation;
+//! - [`render`]: markdown, JSON and SVG.
+//!
+//! `docs/planner.md` describes it for users (`switchyard-plan`).
+
+pub mod analysis;
+pub mod execute;
+pub mod grid;
+pub mod render;
+
+use serde::Serialize;
+use switchyard_loadgen::report::Slo;
+use switchyard_loadgen::Workload;
+
+pub use analysis::{
+    recommend, summarize, ModeGap, ModeSummary, PlanRecommendation, PointMetrics, Scored,
+};
+pub use execute::{run_points, Execution, PointOutcome, PointResult};
+pub use grid::{plan_points, PlanPoint, PlanSpace, SpaceError};
+pub use render::{plan_markdown, write_plan, WritePlanError};
+
+use crate::spec::StackSpec;
+use crate::tokens::PromptSource;
+
+/// Everything a plan found.
+#[derive(Debug, Clone, Serialize)]
+pub struct PlanOutcome {
+    /// What was swept.
+    pub space: PlanSpace,
+    /// The SLOs goodput counts against.
+    pub slo: Slo,
+    /// GPUs of every deployment.
+    pub gpus: u32,
+    /// Every point, in sweep order, with its outcome.
+    pub results: Vec<PointResult>,
+    /// Per mode: best point and frontier.
+    pub summaries: Vec<ModeSummary>,
+    /// The recommended deployment (`None` if nothing ran).
+    pub recommendation: Option<PlanRecommendation>,
+}
+
+impl PlanOutcome {
+    /// Points that ran.
+    pub fn measured(&self) -> usize {
+        self.results.iter().filter(|r| r.report().is_some()).count()
+    }
+
+    /// Points whose run failed.
+    pub fn failed(&self) -> usize {
+        self.results
+            .iter()
+            .filter(|r| matches!(r.outcome, PointOutcome::Failed { .. }))
+            .count()
+    }
+
+    /// Points not started before the time bound.
+    pub fn not_run(&self) -> usize {
+        self.results
+            .iter()
+            .filter(|r| matches!(r.outcome, PointOutcome::NotRun))
+            .count()
+    }
+}
+
+/// Sweeps `space` on `workload` (`base`: preset, router defaults, seed, arrival scale) and
+/// analyses the results.
+///
+/// # Errors
+/// [`SpaceError`] for a space with nothing to run.
+pub fn plan_deployment(
+    workload: &Workload,
+    source: &PromptSource,
+    base: &StackSpec,
+    space: &PlanSpace,
+    slo: Slo,
+    execution: &Execution<'_>,
+) -> Result<PlanOutcome, SpaceError> {
+    let points = plan_points(space)?;
+    let base = StackSpec {
+        workers: space.workers,
+        ..base.clone()
+    };
+    let results = run_points(workload, source, &base, &points, slo, execution);
+    let summaries = summarize(&results, &space.modes);
+    let recommendation = recommend(&summaries);
+    Ok(PlanOutcome {
+        space: space.clone(),
+        slo,
+        gpus: base.gpus(),
+        results,
+        summaries,
+        recommendation,
+    })
+}

@@ -1,0 +1,210 @@
+//! A plan's outcome as markdown (recommendation, per-mode best, frontiers, every point) and
+//! its files: `plan.md`, `plan.json`, and the frontier plots
+//! `frontier_throughput.svg` and `frontier_goodput.svg` (the load generator's plot code).
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use switchyard_loadgen::compare::plot::{interactivity_vs_throughput_svg, ThroughputKind};
+use switchyard_loadgen::report::RunReport;
+use switchyard_router::config::ServingMode;
+
+use super::analysis::{PointMetrics, Scored};
+use super::execute::PointOutcome;
+use super::PlanOutcome;
+
+fn num(x: Option<f64>, digits: usize) -> String {
+    x.filter(|x| x.is_finite())
+        .map_or_else(|| "–".to_string(), |x| format!("{x:.digits$}"))
+}
+
+fn point_row(out: &mut String, outcome: &PlanOutcome, s: &Scored) {
+    let m = s.metrics;
+    let _ = writeln!(
+        out,
+        "| {} | {}× | {} | {:.3} | {:.4} | {:.1} | {} | {} |",
+        s.point.label(outcome.space.workers),
+        s.point.load_level,
+        num(m.offered_rps, 2),
+        m.goodput_rps,
+        m.goodput_rps_per_gpu,
+        m.tokens_per_s_per_gpu,
+        num(m.interactivity_p50, 1),
+        num(m.bypass_share.map(|b| b * 100.0), 1),
+    );
+}
+
+const POINT_HEADER: &str =
+    "| deployment | load | offered req/s | goodput req/s | goodput req/s/GPU \
+     | tok/s/GPU | tok/s/user p50 | bypass % |\n|---|---|---|---|---|---|---|---|\n";
+
+/// The plan as markdown.
+pub fn plan_markdown(outcome: &PlanOutcome) -> String {
+    let mut out = String::new();
+    let slo = &outcome.slo;
+    let _ = writeln!(
+        out,
+        "# Deployment plan (virtual time, simulated)\n\n{} workers ({} GPUs); SLOs: TTFT ≤ {} ms, \
+         ITL ≤ {} ms; {} points: {} measured, {} failed, {} not run (time bound).\n",
+        outcome.space.workers,
+        outcome.gpus,
+        num(slo.ttft_ms, 0),
+        num(slo.itl_ms, 1),
+        outcome.results.len(),
+        outcome.measured(),
+        outcome.failed(),
+        outcome.not_run(),
+    );
+    match &outcome.recommendation {
+        Some(rec) => {
+            let p = rec.best.point;
+            let thresholds = p.thresholds.map_or_else(
+                || "–".to_string(),
+                |(t, r)| {
+                    format!("isl_bounding, eff_isl_threshold {t}, eff_isl_ratio_threshold {r}")
+                },
+            );
+            let workers = outcome.space.workers;
+            let split = match p.mode {
+                ServingMode::Agg => format!("{workers} aggregated workers"),
+                _ => format!(
+                    "{} prefill : {} decode workers",
+                    p.prefill_workers,
+                    workers - p.prefill_workers
+                ),
+            };
+            let _ = writeln!(
+                out,
+                "## Recommended\n\n**{}** (mode {}, {split}; policy {}) at load {}×: goodput \
+                 {:.3} req/s ({:.4} per GPU), {:.1} tok/s/GPU.\n",
+                p.label(workers),
+                p.mode.as_str(),
+                thresholds,
+                p.load_level,
+                rec.best.metrics.goodput_rps,
+                rec.best.metrics.goodput_rps_per_gpu,
+                rec.best.metrics.tokens_per_s_per_gpu,
+            );
+            for gap in &rec.others {
+                let _ = writeln!(
+                    out,
+                    "- best {}: {:.1} % of the recommendation's goodput",
+                    gap.mode.as_str(),
+                    gap.goodput_ratio * 100.0
+                );
+            }
+            out.push('\n');
+        }
+        None => out.push_str("## Recommended\n\nNothing ran: no recommendation.\n\n"),
+    }
+    out.push_str("## Best per mode\n\n");
+    out.push_str(POINT_HEADER);
+    for s in &outcome.summaries {
+        match &s.best {
+            Some(best) => point_row(&mut out, outcome, best),
+            None => {
+                let _ = writeln!(out, "| {} (nothing ran) | | | | | | | |", s.mode.as_str());
+            }
+        }
+    }
+    for s in &outcome.summaries {
+        let _ = writeln!(
+            out,
+            "\n## Frontier: {} ({} measured, {} failed or not run)\n",
+            s.mode.as_str(),
+            s.measured,
+            s.missing
+        );
+        out.push_str(POINT_HEADER);
+        for f in &s.frontier {
+            point_row(&mut out, outcome, f);
+        }
+    }
+    out.push_str("\n## Every point\n\n");
+    out.push_str(POINT_HEADER);
+    for (index, r) in outcome.results.iter().enumerate() {
+        match (&r.outcome, PointMetrics::of(r)) {
+            (_, Some(metrics)) => point_row(
+                &mut out,
+                outcome,
+                &Scored {
+                    index,
+                    point: r.point,
+                    metrics,
+                },
+            ),
+            (PointOutcome::Failed { error }, None) => {
+                let _ = writeln!(
+                    out,
+                    "| {} | {}× | failed: {} | | | | | |",
+                    r.point.label(outcome.space.workers),
+                    r.point.load_level,
+                    error.replace('|', "/")
+                );
+            }
+            _ => {
+                let _ = writeln!(
+                    out,
+                    "| {} | {}× | not run | | | | | |",
+                    r.point.label(outcome.space.workers),
+                    r.point.load_level
+                );
+            }
+        }
+    }
+    out
+}
+
+/// Errors writing a plan's files.
+#[derive(Debug, thiserror::Error)]
+pub enum WritePlanError {
+    /// A file could not be written.
+    #[error("cannot write {path}: {source}")]
+    Io {
+        /// The file.
+        path: String,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The plan could not be serialized.
+    #[error("cannot serialize the plan: {0}")]
+    Json(#[from] serde_json::Error),
+}
+
+/// Writes `plan.md`, `plan.json` and the frontier plots (when a frontier has a point) to
+/// `dir`; returns the markdown.
+///
+/// # Errors
+/// [`WritePlanError`] on I/O or serialization failure.
+pub fn write_plan(dir: &Path, outcome: &PlanOutcome) -> Result<String, WritePlanError> {
+    let write = |name: &str, text: &str| {
+        let path = dir.join(name);
+        std::fs::write(&path, text).map_err(|source| WritePlanError::Io {
+            path: path.display().to_string(),
+            source,
+        })
+    };
+    std::fs::create_dir_all(dir).map_err(|source| WritePlanError::Io {
+        path: dir.display().to_string(),
+        source,
+    })?;
+    let markdown = plan_markdown(outcome);
+    write("plan.md", &markdown)?;
+    write("plan.json", &serde_json::to_string_pretty(outcome)?)?;
+    let frontier_reports: Vec<RunReport> = outcome
+        .summaries
+        .iter()
+        .flat_map(|s| &s.frontier)
+        .filter_map(|f| outcome.results[f.index].report().cloned())
+        .collect();
+    for (kind, name) in [
+        (ThroughputKind::Total, "frontier_throughput.svg"),
+        (ThroughputKind::GoodputPerGpu, "frontier_goodput.svg"),
+    ] {
+        // No point with an ITL: no plot, the markdown says what ran.
+        if let Ok(svg) = interactivity_vs_throughput_svg(&frontier_reports, kind) {
+            write(name, &svg)?;
+        }
+    }
+    Ok(markdown)
+}
