@@ -193,7 +193,7 @@ fn place(lines: &mut [Line], key: u64, val: u32) -> (usize, usize) {
 
 /// The table, from `u64` keys to `u32` values (a line's layout fixes them). See the module
 /// docs.
-pub(crate) struct U64Table {
+pub struct U64Table {
     lines: Lines,
     len: usize,
     /// Key count at which the next insert grows the table (the maximum load of `lines`).
@@ -220,7 +220,7 @@ fn lines_for(keys: usize) -> usize {
 
 impl U64Table {
     /// An empty table (allocates nothing).
-    pub(crate) fn new() -> Self {
+    pub fn new() -> Self {
         U64Table {
             lines: Lines::Heap(Vec::new()),
             len: 0,
@@ -230,7 +230,7 @@ impl U64Table {
     }
 
     /// An empty table sized for `n` keys without growing.
-    pub(crate) fn with_capacity(n: usize) -> Self {
+    pub fn with_capacity(n: usize) -> Self {
         let mut t = Self::new();
         if n > 0 {
             t.rehash(lines_for(n).max(MIN_LINES));
@@ -239,7 +239,7 @@ impl U64Table {
     }
 
     /// Makes room for `additional` more keys without growing.
-    pub(crate) fn reserve(&mut self, additional: usize) {
+    pub fn reserve(&mut self, additional: usize) {
         let need = lines_for(self.len + additional);
         let have = self.lines.get().len();
         if need > have {
@@ -251,8 +251,13 @@ impl U64Table {
     }
 
     /// Number of keys.
-    pub(crate) fn len(&self) -> usize {
+    pub fn len(&self) -> usize {
         self.len
+    }
+
+    /// Whether the table holds no key.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
     }
 
     /// Number of slots (for load-factor tests).
@@ -263,7 +268,7 @@ impl U64Table {
 
     /// Bytes held (lines only; the struct itself is a few words). A mapped table counts the
     /// huge pages its lines occupy.
-    pub(crate) fn heap_bytes(&self) -> usize {
+    pub fn heap_bytes(&self) -> usize {
         self.lines.bytes()
     }
 
@@ -271,7 +276,7 @@ impl U64Table {
     /// so that their cache misses overlap (memory-level parallelism); the caller then looks
     /// them up while they are in flight or cached.
     #[inline(always)]
-    pub(crate) fn prefetch(&self, keys: impl Iterator<Item = u64>) {
+    pub fn prefetch(&self, keys: impl Iterator<Item = u64>) {
         prefetch_lines(self.lines.get(), keys);
     }
 
@@ -279,7 +284,7 @@ impl U64Table {
     /// of a `get` then an `insert`. Inlined: it runs twice per stored block, and the common
     /// case is a few instructions once the home line is in cache.
     #[inline(always)]
-    pub(crate) fn entry(&mut self, key: u64) -> (&mut u32, bool) {
+    pub fn entry(&mut self, key: u64) -> (&mut u32, bool) {
         if key == 0 || self.len >= self.grow_at {
             return self.entry_zero_or_growing(key);
         }
@@ -290,7 +295,7 @@ impl U64Table {
     /// [`Batch::entry`]. The view takes the lines once for the whole batch: each view of a
     /// mapped table checks its layout, which per key cost ~10 % of ingest.
     #[inline(always)]
-    pub(crate) fn batch(&mut self, additional: usize) -> Batch<'_> {
+    pub fn batch(&mut self, additional: usize) -> Batch<'_> {
         if self.len + additional >= self.grow_at {
             self.reserve(additional.max(1));
         }
@@ -316,7 +321,7 @@ impl U64Table {
 
     /// The value of `key`.
     #[inline(always)]
-    pub(crate) fn get(&self, key: u64) -> Option<u32> {
+    pub fn get(&self, key: u64) -> Option<u32> {
         if key == 0 {
             return self.zero;
         }
@@ -325,7 +330,7 @@ impl U64Table {
     }
 
     /// Inserts or replaces; returns the previous value.
-    pub(crate) fn insert(&mut self, key: u64, val: u32) -> Option<u32> {
+    pub fn insert(&mut self, key: u64, val: u32) -> Option<u32> {
         match self.entry(key) {
             (slot, true) => {
                 *slot = val;
@@ -336,7 +341,7 @@ impl U64Table {
     }
 
     /// Removes `key`; returns its value.
-    pub(crate) fn remove(&mut self, key: u64) -> Option<u32> {
+    pub fn remove(&mut self, key: u64) -> Option<u32> {
         if key == 0 {
             let old = self.zero.take();
             if old.is_some() {
@@ -364,7 +369,7 @@ impl U64Table {
     }
 
     /// Rewrites every value in place (keys, and so positions, stay).
-    pub(crate) fn for_each_value_mut(&mut self, mut f: impl FnMut(&mut u32)) {
+    pub fn for_each_value_mut(&mut self, mut f: impl FnMut(&mut u32)) {
         if let Some(v) = self.zero.as_mut() {
             f(v);
         }
@@ -378,7 +383,7 @@ impl U64Table {
     }
 
     /// Every (key, value).
-    pub(crate) fn iter(&self) -> impl Iterator<Item = (u64, u32)> + '_ {
+    pub fn iter(&self) -> impl Iterator<Item = (u64, u32)> + '_ {
         self.zero.map(|v| (0, v)).into_iter().chain(
             self.lines
                 .get()
@@ -406,7 +411,7 @@ impl U64Table {
 }
 
 /// Inserts into a [`U64Table`] with room reserved for them (see [`U64Table::batch`]).
-pub(crate) struct Batch<'a> {
+pub struct Batch<'a> {
     lines: &'a mut [Line],
     len: &'a mut usize,
     zero: &'a mut Option<u32>,
@@ -415,7 +420,7 @@ pub(crate) struct Batch<'a> {
 impl Batch<'_> {
     /// As [`U64Table::entry`], for at most the number of new keys the batch was made for.
     #[inline(always)]
-    pub(crate) fn entry(&mut self, key: u64) -> (&mut u32, bool) {
+    pub fn entry(&mut self, key: u64) -> (&mut u32, bool) {
         if key == 0 {
             return zero_entry(self.zero, self.len);
         }
@@ -424,7 +429,7 @@ impl Batch<'_> {
 
     /// As [`U64Table::prefetch`].
     #[inline(always)]
-    pub(crate) fn prefetch(&self, keys: impl Iterator<Item = u64>) {
+    pub fn prefetch(&self, keys: impl Iterator<Item = u64>) {
         prefetch_lines(self.lines, keys);
     }
 }

@@ -22,12 +22,18 @@
 //!
 //! Workers are addressed by a dense [`WorkerSlot`] the owner (the router) allocates, so sets
 //! hold 15-bit integers instead of names.
+//!
+//! A crate of its own, with no I/O and no async runtime, so that it can be measured alone
+//! (`benches/kv_index.rs`, and against Dynamo's indexer in `benches/index-vs-dynamo/` at the
+//! repository root); the router re-exports it as `switchyard_router::index`.
+
+#![deny(missing_docs)]
 
 mod pages;
 mod prefetch;
 mod query;
 mod records;
-pub(crate) mod table;
+pub mod table;
 mod worker_set;
 
 #[cfg(test)]

@@ -3,15 +3,15 @@
 //!
 //! Workload: 128 workers; each holds a 64-block shared system prompt plus 70 conversations
 //! of 448 private blocks (a 512-block prompt each): 4.02 M (worker, block) pairs.
-//! Run: `cargo bench -p switchyard-control-plane --bench kv_index`.
+//! Run: `cargo bench -p switchyard-kv-index --bench kv_index`.
 
 use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{BatchSize, Criterion, Throughput};
+use switchyard_kv_index::{KvIndex, OverlapScores, WorkerSlot};
 use switchyard_protocol::hash::SequenceHash;
 use switchyard_protocol::kv::{EngineBlockId, StoredBlock};
-use switchyard_router::index::{KvIndex, OverlapScores, WorkerSlot};
 
 const WORKERS: u16 = 128;
 const SHARED_BLOCKS: usize = 64;
