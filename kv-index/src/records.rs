@@ -254,6 +254,12 @@ pub(crate) struct Remap {
 }
 
 impl Remap {
+    /// Whether old record `i` was live (kept).
+    #[inline]
+    pub(crate) fn is_live(&self, i: u32) -> bool {
+        self.live[i as usize / 64] & (1 << (i % 64)) != 0
+    }
+
     /// The new index of live old record `i`.
     #[inline]
     pub(crate) fn get(&self, i: u32) -> u32 {

@@ -368,6 +368,44 @@ impl U64Table {
         Some(val)
     }
 
+    /// Keys that fit before the table grows.
+    pub fn spare(&self) -> usize {
+        self.grow_at.saturating_sub(self.len)
+    }
+
+    /// Keeps the entries for which `keep` returns `true` (it may rewrite the value), removes
+    /// the others, in one pass over the lines (no probe per removed key: its overflow counts
+    /// are on the lines just before its own).
+    pub fn retain(&mut self, mut keep: impl FnMut(&mut u32) -> bool) {
+        if let Some(v) = self.zero.as_mut() {
+            if !keep(v) {
+                self.zero = None;
+                self.len -= 1;
+            }
+        }
+        let lines = self.lines.get_mut();
+        let n = lines.len();
+        for l in 0..n {
+            for s in 0..SLOTS {
+                let key = lines[l].keys[s];
+                if key == 0 || keep(&mut lines[l].vals[s]) {
+                    continue;
+                }
+                lines[l].keys[s] = 0;
+                let mut x = home(key, n);
+                while x != l {
+                    lines[x].overflow -= 1;
+                    x = next(x, n);
+                }
+                self.len -= 1;
+            }
+        }
+        if self.len == 0 {
+            self.lines = Lines::Heap(Vec::new());
+            self.grow_at = 0;
+        }
+    }
+
     /// Rewrites every value in place (keys, and so positions, stay).
     pub fn for_each_value_mut(&mut self, mut f: impl FnMut(&mut u32)) {
         if let Some(v) = self.zero.as_mut() {
@@ -525,6 +563,37 @@ mod tests {
                 proptest::prop_assert_eq!(t.get(*k), Some(*v));
             }
             proptest::prop_assert_eq!(t.iter().count(), m.len());
+        }
+    }
+
+    proptest::proptest! {
+        /// `retain` removes exactly the rejected keys, keeps the overflow counts right (later
+        /// lookups and removals still work) and applies value rewrites.
+        #[test]
+        fn retain_behaves_like_hash_map_retain(
+            keys in proptest::collection::vec(0u64..500, 0..800),
+            modulus in 1u32..5,
+        ) {
+            let mut t: U64Table = U64Table::with_capacity(200);
+            let mut m: HashMap<u64, u32> = HashMap::new();
+            for (i, k) in keys.iter().enumerate() {
+                let key = k.wrapping_mul(0x2545_f491_4f6c_dd1d) >> (k % 3);
+                t.insert(key, i as u32);
+                m.insert(key, i as u32);
+            }
+            t.retain(|v| {
+                *v += 1;
+                *v % modulus != 0
+            });
+            m.retain(|_, v| (*v + 1) % modulus != 0);
+            proptest::prop_assert_eq!(t.len(), m.len());
+            for (k, v) in &m {
+                proptest::prop_assert_eq!(t.get(*k), Some(v + 1));
+            }
+            for k in m.keys() {
+                proptest::prop_assert!(t.remove(*k).is_some());
+            }
+            proptest::prop_assert_eq!(t.len(), 0);
         }
     }
 
