@@ -254,15 +254,36 @@ pub fn sequence_hashes_from(
 }
 
 /// Sequence hashes of every full block of `tokens`: what the KV index is queried with.
-/// One pass (local hash then chain, block by block), without a vector of local hashes.
+/// One pass (local hash then chain, block by block), without a vector of local hashes; 16-
+/// token blocks get a loop of their own, with the fixed-size hash inlined into it.
 pub fn sequence_hashes(tokens: &[u32], block_size: BlockSize, seed: HashSeed) -> Vec<SequenceHash> {
     let size = block_size.get() as usize;
-    let mut out = Vec::with_capacity(tokens.len() / size);
+    if size == 16 {
+        return chain_blocks(tokens, 16, seed, |block| {
+            match <&[u32; 16]>::try_from(block) {
+                Ok(t16) => fixed::tokens16(t16, seed.0),
+                Err(_) => hash_tokens_le(block, seed.0, &mut Vec::new()),
+            }
+        });
+    }
     let mut heap = Vec::new();
+    chain_blocks(tokens, size, seed, |block| {
+        hash_tokens_le(block, seed.0, &mut heap)
+    })
+}
+
+/// Chains the local hashes `local` gives for each full block of `size` tokens.
+#[inline(always)]
+fn chain_blocks(
+    tokens: &[u32],
+    size: usize,
+    seed: HashSeed,
+    mut local: impl FnMut(&[u32]) -> u64,
+) -> Vec<SequenceHash> {
+    let mut out = Vec::with_capacity(tokens.len() / size);
     let mut prev = None;
     for block in tokens.chunks_exact(size) {
-        let local = LocalBlockHash(hash_tokens_le(block, seed.0, &mut heap));
-        let seq = chain_hash(prev, local, seed);
+        let seq = chain_hash(prev, LocalBlockHash(local(block)), seed);
         out.push(seq);
         prev = Some(seq);
     }
