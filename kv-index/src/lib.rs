@@ -120,6 +120,15 @@ pub struct KvIndex {
     /// Hash-table entries left pointing at dead records (see [`drop_holder`]), cleared by
     /// the next compaction.
     stale: usize,
+    /// Hashes stored as a prompt's first block (a `Stored` event without parent, see
+    /// [`KvIndex::store_after`]) -> their record. A few thousand at most (system prompts,
+    /// conversation starts), so it stays in cache, and a query whose first block is not in
+    /// it is a miss without touching the big hash table (where an absent key costs a cold
+    /// line). Dead entries go at compaction.
+    roots: U64Table,
+    /// Set by a [`KvIndex::store`] (which does not say which blocks start a prompt): from
+    /// then on `roots` is incomplete and queries skip it.
+    roots_unknown: bool,
     /// Kept between [`KvIndex::clear_worker`] calls: a bitmap over the records (all zero
     /// between calls) and the worker's record indices.
     scratch_bits: Vec<u64>,
@@ -233,10 +242,36 @@ impl KvIndex {
         }
     }
 
-    /// Records `blocks` as cached on `slot`. The parent is not needed: a sequence hash already
-    /// names its whole prefix, and a block whose parent the index lacks is simply never
-    /// reached by a query (matching stops at the first miss). Untracked slots are ignored.
+    /// Records `blocks`, a chain continuing after `parent` (`None`: `blocks[0]` is a
+    /// prompt's first block), as cached on `slot`: a `Stored` event. The parent's only use is
+    /// to know the prompts' first blocks, which make misses cheap (see `roots`); a sequence
+    /// hash already names its whole prefix. Untracked slots are ignored.
+    pub fn store_after(
+        &mut self,
+        slot: WorkerSlot,
+        parent: Option<SequenceHash>,
+        blocks: &[StoredBlock],
+    ) -> ApplyCounts {
+        let counts = self.store_blocks(slot, blocks);
+        if let (None, Some(first)) = (parent, blocks.first()) {
+            if let Some(record) = self.lookup(first.seq_hash.0) {
+                self.roots.insert(first.seq_hash.0, record);
+            }
+        }
+        counts
+    }
+
+    /// Records `blocks` as cached on `slot` without saying whether `blocks[0]` starts a
+    /// prompt. Correct, but it turns the index's check of a query's first block off for good
+    /// (see `roots`): a caller that knows the parent uses [`KvIndex::store_after`].
     pub fn store(&mut self, slot: WorkerSlot, blocks: &[StoredBlock]) -> ApplyCounts {
+        self.roots_unknown = true;
+        self.store_blocks(slot, blocks)
+    }
+
+    /// A block whose parent the index lacks is simply never reached by a query (matching
+    /// stops at the first miss).
+    fn store_blocks(&mut self, slot: WorkerSlot, blocks: &[StoredBlock]) -> ApplyCounts {
         let mut counts = ApplyCounts::default();
         if !self.has_worker(slot) {
             return counts;
@@ -370,6 +405,13 @@ impl KvIndex {
             live
         });
         self.stale = 0;
+        self.roots.retain(|v| {
+            let live = remap.is_live(*v);
+            if live {
+                *v = remap.get(*v);
+            }
+            live
+        });
         let fix = |v: &mut u32| *v = remap.get(*v);
         for w in self.workers.iter_mut().flatten() {
             w.engine.for_each_value_mut(fix);
@@ -411,6 +453,7 @@ impl KvIndex {
             .map(|w| w.engine.heap_bytes() + w.extra_copies.capacity() * 12)
             .sum();
         let bytes = self.holders.heap_bytes()
+            + self.roots.heap_bytes()
             + self.records.heap_bytes()
             + self.sets.heap_bytes()
             + self.workers.capacity() * std::mem::size_of::<Option<WorkerBlocks>>()

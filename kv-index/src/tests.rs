@@ -215,8 +215,15 @@ fn op() -> impl proptest::strategy::Strategy<Value = Op> {
 
 proptest::proptest! {
     #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2000))]
+    /// With `with_parents`, stores say which blocks start a prompt (`store_after`), as the
+    /// router's do: hashes below 4 are prompts' first blocks (only ever `blocks[0]` of an
+    /// event without parent), every other hash sits after one. A query can then only start
+    /// with a first block; one that starts with another hash is a miss.
     #[test]
-    fn agrees_with_a_naive_model(ops in proptest::collection::vec(op(), 1..120)) {
+    fn agrees_with_a_naive_model(
+        ops in proptest::collection::vec(op(), 1..120),
+        with_parents in proptest::bool::ANY,
+    ) {
         let mut index = KvIndex::new();
         let mut model = Model::default();
         for w in [0u16, 1, 2, 3, 64, 65, 66] {
@@ -226,11 +233,21 @@ proptest::proptest! {
         for op in ops {
             match op {
                 Op::Store(w, b) => {
+                    // Hashes below 4 only as an event's first block (see above).
+                    let b: Vec<(u64, u64)> = b.iter().enumerate().map(|(i, &(h, id))| {
+                        (if with_parents && i > 0 && h < 4 { h + 100 } else { h }, id)
+                    }).collect();
                     let stored: Vec<StoredBlock> = b.iter().map(|&(h, id)| StoredBlock {
                         seq_hash: SequenceHash(h),
                         block_id: EngineBlockId(id),
                     }).collect();
-                    index.store(WorkerSlot(w), &stored);
+                    if with_parents {
+                        let first = stored.first().map_or(0, |s| s.seq_hash.0);
+                        let parent = (first >= 4).then_some(SequenceHash(7));
+                        index.store_after(WorkerSlot(w), parent, &stored);
+                    } else {
+                        index.store(WorkerSlot(w), &stored);
+                    }
                     let m = model.workers.get_mut(&w).unwrap();
                     for (h, id) in b {
                         m.insert(id, h);
@@ -248,7 +265,14 @@ proptest::proptest! {
                     index.clear_worker(WorkerSlot(w));
                     model.workers.get_mut(&w).unwrap().clear();
                 }
-                Op::Query(q) => proptest::prop_assert_eq!(query(&index, &q), model.query(&q)),
+                Op::Query(q) => {
+                    let expected = if with_parents && q.first().is_some_and(|&h| h >= 4) {
+                        BTreeMap::new()
+                    } else {
+                        model.query(&q)
+                    };
+                    proptest::prop_assert_eq!(query(&index, &q), expected);
+                }
                 Op::Reserve(n) => index.reserve_total(n),
             }
             proptest::prop_assert_eq!(index.stats().pairs, model.pairs());
@@ -310,6 +334,31 @@ fn dead_entries_are_swept_before_the_table_grows() {
     assert_eq!(index.stale, 0);
     assert_eq!(index.holders.heap_bytes(), table_bytes);
     assert_eq!(query(&index, &last).get(&0), Some(&100));
-    assert_eq!(query(&index, &hashes[400..]).get(&0), Some(&(hashes.len() as u32 - 400)));
+    assert_eq!(
+        query(&index, &hashes[400..]).get(&0),
+        Some(&(hashes.len() as u32 - 400))
+    );
     assert!(query(&index, &hashes).is_empty());
+}
+
+/// The root table: a query whose first block was never stored as a prompt's first is a miss
+/// without a hash-table probe; roots whose block died leave at compaction; `store` turns
+/// the check off.
+#[test]
+fn prompt_first_blocks_gate_queries() {
+    let mut index = index_with(2);
+    index.store_after(WorkerSlot(0), None, &blocks(&[1, 2, 3], 0));
+    index.store_after(WorkerSlot(1), Some(SequenceHash(3)), &blocks(&[4], 0));
+    assert_eq!(index.roots.len(), 1);
+    assert_eq!(query(&index, &[1, 2, 3, 4]), BTreeMap::from([(0, 3)]));
+    // Hash 4 is held, but no prompt starts with it.
+    assert!(query(&index, &[4]).is_empty());
+    index.remove(WorkerSlot(0), &[EngineBlockId(0)]);
+    index.compact();
+    assert_eq!(index.roots.len(), 0);
+    assert!(query(&index, &[1, 2]).is_empty());
+    index.store_after(WorkerSlot(1), None, &blocks(&[1], 9));
+    assert_eq!(query(&index, &[1, 2]), BTreeMap::from([(1, 1)]));
+    index.store(WorkerSlot(1), &blocks(&[4], 10));
+    assert_eq!(query(&index, &[4]), BTreeMap::from([(1, 1)]));
 }

@@ -247,11 +247,14 @@ impl Conv {
 // ---------------------------------------------------------------------------------------
 // The two sides.
 
-fn sy_events(w: &Workload) -> Vec<(WorkerSlot, Vec<StoredBlock>)> {
+/// A `Stored` event as the router hands it to the index: worker, parent, blocks.
+type SyStore = (WorkerSlot, Option<SequenceHash>, Vec<StoredBlock>);
+
+fn sy_events(w: &Workload) -> Vec<SyStore> {
     w.ingest.iter().map(sy_store).collect()
 }
 
-fn sy_store(e: &StoreEv) -> (WorkerSlot, Vec<StoredBlock>) {
+fn sy_store(e: &StoreEv) -> SyStore {
     let blocks = e
         .blocks
         .iter()
@@ -260,7 +263,7 @@ fn sy_store(e: &StoreEv) -> (WorkerSlot, Vec<StoredBlock>) {
             block_id: EngineBlockId(*id),
         })
         .collect();
-    (WorkerSlot(e.worker), blocks)
+    (WorkerSlot(e.worker), e.parent.map(SequenceHash), blocks)
 }
 
 fn sy_new(w: &Workload) -> KvIndex {
@@ -476,8 +479,10 @@ fn fmt(x: f64) -> String {
         format!("{x:.0}")
     } else if x >= 10.0 {
         format!("{x:.1}")
-    } else {
+    } else if x >= 1.0 {
         format!("{x:.2}")
+    } else {
+        format!("{x:.3}")
     }
 }
 
@@ -551,8 +556,8 @@ fn run(plan: &Plan) {
         drop(sy_index.take());
         let mut index = sy_new(&w);
         let t = cpu_ns();
-        for (slot, blocks) in &sy_evs {
-            index.store(*slot, blocks);
+        for (slot, parent, blocks) in &sy_evs {
+            index.store_after(*slot, *parent, blocks);
         }
         let ns = cpu_ns() - t;
         assert_eq!(
@@ -762,8 +767,8 @@ fn run(plan: &Plan) {
         }
     };
     for s in &churn_stores[..warm] {
-        let (slot, blocks) = sy_store(s);
-        index.store(slot, &blocks);
+        let (slot, parent, blocks) = sy_store(s);
+        index.store_after(slot, parent, &blocks);
         event_id += 1;
         dy_apply(&mut tree, dy_store(event_id, s));
     }
@@ -774,13 +779,13 @@ fn run(plan: &Plan) {
     );
     for rep in 0..plan.reps {
         let rounds = warm + rep * plan.churn_rounds..warm + (rep + 1) * plan.churn_rounds;
-        let sy_in: Vec<((WorkerSlot, Vec<StoredBlock>), RemoveEv)> = rounds
+        let sy_in: Vec<(SyStore, RemoveEv)> = rounds
             .clone()
             .map(|r| (sy_store(&churn_stores[r]), churn_remove(r)))
             .collect();
         let t = cpu_ns();
-        for ((slot, blocks), rm) in &sy_in {
-            index.store(*slot, blocks);
+        for ((slot, parent, blocks), rm) in &sy_in {
+            index.store_after(*slot, *parent, blocks);
             sy_remove(&mut index, rm);
         }
         let blocks = (plan.churn_rounds * CHURN_BLOCKS * 2) as f64;
@@ -970,8 +975,8 @@ fn memory_child(side: &str) {
         "switchyard" => {
             let mut index = sy_new(&w);
             for e in &w.ingest {
-                let (slot, blocks) = sy_store(e);
-                index.store(slot, &blocks);
+                let (slot, parent, blocks) = sy_store(e);
+                index.store_after(slot, parent, &blocks);
             }
             let after = rss_bytes();
             assert_eq!(index.stats().pairs as usize, w.pairs);
