@@ -220,9 +220,12 @@ impl KvIndex {
                 bits &= bits - 1;
             }
         }
+        let mut d = Dropped::default();
+        let all: &mut [Record] = &mut self.records.all;
         for &record in &mine {
-            drop_holder(self.parts(), record, slot.0);
+            drop_holder_in(all, &mut self.sets, record, slot.0, &mut d);
         }
+        d.apply(&mut self.records, &mut self.pairs, &mut self.stale);
         self.scratch_bits = marked;
         self.scratch_records = mine;
         self.maybe_compact();
@@ -231,15 +234,6 @@ impl KvIndex {
     /// Whether `slot` is tracked.
     pub fn has_worker(&self, slot: WorkerSlot) -> bool {
         matches!(self.workers.get(usize::from(slot.0)), Some(Some(_)))
-    }
-
-    fn parts(&mut self) -> Parts<'_> {
-        Parts {
-            records: &mut self.records,
-            sets: &mut self.sets,
-            pairs: &mut self.pairs,
-            stale: &mut self.stale,
-        }
     }
 
     /// Records `blocks`, a chain continuing after `parent` (`None`: `blocks[0]` is a
@@ -355,12 +349,8 @@ impl KvIndex {
         let Some(Some(worker)) = self.workers.get_mut(usize::from(slot.0)) else {
             return counts;
         };
-        let mut p = Parts {
-            records: &mut self.records,
-            sets: &mut self.sets,
-            pairs: &mut self.pairs,
-            stale: &mut self.stale,
-        };
+        let mut d = Dropped::default();
+        let all: &mut [Record] = &mut self.records.all;
         let mut found = [0u32; PREFETCH];
         for chunk in block_ids.chunks(PREFETCH) {
             worker.engine.prefetch(chunk.iter().map(|id| id.0));
@@ -376,11 +366,12 @@ impl KvIndex {
             }
             for &record in &found[..n] {
                 if !release_copy(&mut worker.extra_copies, record) {
-                    drop_holder(p.reborrow(), record, slot.0);
+                    drop_holder_in(all, &mut self.sets, record, slot.0, &mut d);
                     counts.removed += 1;
                 }
             }
         }
+        d.apply(&mut self.records, &mut self.pairs, &mut self.stale);
         self.maybe_compact();
         counts
     }
@@ -511,19 +502,47 @@ fn release_copy(extra: &mut HashMap<u32, u32>, record: u32) -> bool {
 /// reaches is live. Removing it here was a probe of a random line of a table of tens of MB
 /// per dying block, most of the cost of removals and of removing a worker.
 fn drop_holder(p: Parts<'_>, record: u32, slot: u16) {
-    let r = p.records.all[record as usize];
+    let mut d = Dropped::default();
+    drop_holder_in(&mut p.records.all, p.sets, record, slot, &mut d);
+    d.apply(p.records, p.pairs, p.stale);
+}
+
+/// What [`drop_holder_in`] calls did, to apply to the counts once.
+#[derive(Default)]
+struct Dropped {
+    pairs: u64,
+    dead: usize,
+}
+
+impl Dropped {
+    fn apply(self, records: &mut Records, pairs: &mut u64, stale: &mut usize) {
+        *pairs -= self.pairs;
+        records.dead += self.dead;
+        *stale += self.dead;
+    }
+}
+
+/// [`drop_holder`] on a view of the records taken once by the caller (each view of a
+/// mapping checks its layout), counting into `d`.
+#[inline(always)]
+fn drop_holder_in(
+    all: &mut [Record],
+    sets: &mut SetArena,
+    record: u32,
+    slot: u16,
+    d: &mut Dropped,
+) {
+    let r = &mut all[record as usize];
     if !r.is_live() {
         return;
     }
-    let (new, had) = p.sets.remove(r.set, slot);
+    let (new, had) = sets.remove(r.set, slot);
     match new {
-        Some(set) => p.records.all[record as usize].set = set,
+        Some(set) => r.set = set,
         None => {
-            p.records.kill(record);
-            *p.stale += 1;
+            *r = Record::new(0, records::DEAD);
+            d.dead += 1;
         }
     }
-    if had {
-        *p.pairs -= 1;
-    }
+    d.pairs += u64::from(had);
 }

@@ -206,7 +206,8 @@ impl Records {
         len as u32
     }
 
-    /// Marks record `i` dead.
+    /// Marks record `i` dead (the index does it in place, see `drop_holder_in`).
+    #[cfg(test)]
     pub(crate) fn kill(&mut self, i: u32) {
         self.all[i as usize] = Record::new(0, DEAD);
         self.dead += 1;
