@@ -440,37 +440,51 @@ impl Row {
         }
     }
 
-    fn ratio(&self) -> f64 {
-        let (s, d) = (median(self.sy.clone()), median(self.dy.clone()));
-        if self.ratio_sy_over_dy {
-            s / d
-        } else if self.higher_better {
+    /// The ratio of two values as the table shows it (see [`print_table`]).
+    fn ratio_of(&self, s: f64, d: f64) -> f64 {
+        if self.ratio_sy_over_dy || self.higher_better {
             s / d
         } else {
             d / s
         }
     }
+
+    /// Ratio of the two medians.
+    fn ratio(&self) -> f64 {
+        self.ratio_of(median(self.sy.clone()), median(self.dy.clone()))
+    }
+
+    /// Median of the ratios of each repetition's pair (A then B, measured back to back):
+    /// less sensitive to the machine's load changing between repetitions.
+    fn paired_ratio(&self) -> f64 {
+        let pairs = self.sy.iter().zip(&self.dy);
+        median(pairs.map(|(&s, &d)| self.ratio_of(s, d)).collect())
+    }
 }
 
 fn print_table(rows: &[Row]) {
     println!();
-    println!("| measurement | unit | Switchyard | Dynamo RadixTree | ratio |");
-    println!("|---|---|---:|---:|---:|");
+    println!(
+        "| measurement | unit | Switchyard | Dynamo RadixTree | ratio | ratio, median of pairs |"
+    );
+    println!("|---|---|---:|---:|---:|---:|");
     for r in rows {
         let ratio_note = if r.ratio_sy_over_dy { " (Sy/Dy)" } else { "" };
         println!(
-            "| {} | {} | {} | {} | {:.2}{} |",
+            "| {} | {} | {} | {} | {:.2}{} | {:.2} |",
             r.name,
             r.unit,
             fmt(median(r.sy.clone())),
             fmt(median(r.dy.clone())),
             r.ratio(),
-            ratio_note
+            ratio_note,
+            r.paired_ratio()
         );
     }
     println!();
     println!(
-        "ratio: Dynamo time / Switchyard time (> 1: Switchyard faster); memory: Switchyard / Dynamo."
+        "ratio: Dynamo time / Switchyard time (> 1: Switchyard faster), of the medians and the \
+         median of each repetition's pair; memory: Switchyard / Dynamo."
     );
 }
 
