@@ -54,6 +54,10 @@ pub use worker_set::MAX_SLOT;
 /// keep a core's outstanding-miss buffers busy.
 const PREFETCH: usize = 16;
 
+/// Dead records whose hash-table entries are removed together (see `KvIndex::flush_dead`):
+/// enough that their misses overlap, few enough that the table barely fills with them.
+const FLUSH_DEAD: usize = if cfg!(test) { 16 } else { 4096 };
+
 /// Dense index of a worker in the KV index (`0..=MAX_SLOT`), allocated by the owner.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct WorkerSlot(pub u16);
@@ -117,9 +121,9 @@ pub struct KvIndex {
     sets: SetArena,
     workers: Vec<Option<WorkerBlocks>>,
     pairs: u64,
-    /// Hash-table entries left pointing at dead records (see [`drop_holder`]), cleared by
-    /// the next compaction.
-    stale: usize,
+    /// `(hash, record)` of records that died since the last flush: their hash-table entries
+    /// still point at them (see [`drop_holder`]) until [`KvIndex::flush_dead`] removes them.
+    pending: Vec<(u64, u32)>,
     /// Hashes stored as a prompt's first block (a `Stored` event without parent, see
     /// [`KvIndex::store_after`]) -> their record. A few thousand at most (system prompts,
     /// conversation starts), so it stays in cache, and a query whose first block is not in
@@ -172,7 +176,7 @@ impl KvIndex {
     /// once they are big, see `pages`) rather than by page faults on the event path.
     pub fn reserve_total(&mut self, blocks: usize) {
         self.holders
-            .reserve(blocks.saturating_sub(self.holders.len() - self.stale));
+            .reserve(blocks.saturating_sub(self.records.all.len() - self.records.dead));
         let missing = blocks.saturating_sub(self.records.all.len() - self.records.dead);
         self.records.all.reserve_and_fault_in(missing);
     }
@@ -223,9 +227,16 @@ impl KvIndex {
         let mut d = Dropped::default();
         let all: &mut [Record] = &mut self.records.all;
         for &record in &mine {
-            drop_holder_in(all, &mut self.sets, record, slot.0, &mut d);
+            drop_holder_in(
+                all,
+                &mut self.sets,
+                record,
+                slot.0,
+                &mut d,
+                &mut self.pending,
+            );
         }
-        d.apply(&mut self.records, &mut self.pairs, &mut self.stale);
+        d.apply(&mut self.records, &mut self.pairs);
         self.scratch_bits = marked;
         self.scratch_records = mine;
         self.maybe_compact();
@@ -270,9 +281,9 @@ impl KvIndex {
         if !self.has_worker(slot) {
             return counts;
         }
-        if self.stale > 0 && self.holders.spare() < blocks.len() {
-            // Dead entries fill the table: sweep them out rather than grow it.
-            self.compact();
+        if !self.pending.is_empty() && self.holders.spare() < blocks.len() {
+            // Dead entries fill the table: remove them rather than grow it.
+            self.flush_dead();
         }
         let Some(Some(worker)) = self.workers.get_mut(usize::from(slot.0)) else {
             return counts;
@@ -285,7 +296,7 @@ impl KvIndex {
             records: &mut self.records,
             sets: &mut self.sets,
             pairs: &mut self.pairs,
-            stale: &mut self.stale,
+            pending: &mut self.pending,
         };
         // Start every cache miss of a chunk at once (see `U64Table::prefetch`), one chunk
         // ahead of the one being applied, so that misses are always in flight.
@@ -321,7 +332,6 @@ impl KvIndex {
                 let (record, already) = if new_hash || reused {
                     let i = p.records.push(Record::new(hash, PackedSet::one(slot.0)));
                     *record_slot = i;
-                    *p.stale -= usize::from(reused);
                     (i, false)
                 } else {
                     let i = *record_slot;
@@ -366,27 +376,58 @@ impl KvIndex {
             }
             for &record in &found[..n] {
                 if !release_copy(&mut worker.extra_copies, record) {
-                    drop_holder_in(all, &mut self.sets, record, slot.0, &mut d);
+                    drop_holder_in(
+                        all,
+                        &mut self.sets,
+                        record,
+                        slot.0,
+                        &mut d,
+                        &mut self.pending,
+                    );
                     counts.removed += 1;
                 }
             }
         }
-        d.apply(&mut self.records, &mut self.pairs, &mut self.stale);
+        d.apply(&mut self.records, &mut self.pairs);
         self.maybe_compact();
         counts
     }
 
-    /// Compacts the records when enough died, rewriting every index into them.
+    /// Compacts the records when enough died, rewriting every index into them, and removes
+    /// the dead records' hash-table entries once enough are pending.
     fn maybe_compact(&mut self) {
-        if !self.records.should_compact() {
-            return;
+        if self.records.should_compact() {
+            self.compact();
+        } else if self.pending.len() >= FLUSH_DEAD {
+            self.flush_dead();
         }
-        self.compact();
+    }
+
+    /// Removes the pending dead records' entries from the hash table, a chunk at a time with
+    /// the next chunk's lines loading (prefetch) meanwhile, so the misses overlap. An entry
+    /// that a later `Stored` event reused for a new record (it points elsewhere now) stays.
+    fn flush_dead(&mut self) {
+        // Lines are loaded `AHEAD` entries before their removal: a removal takes a few ns
+        // once its line is in cache, a miss a few hundred, so many must be in flight.
+        const AHEAD: usize = 4 * PREFETCH;
+        let pending = std::mem::take(&mut self.pending);
+        self.holders
+            .prefetch(pending.iter().take(AHEAD).map(|&(h, _)| h));
+        for (i, &(hash, record)) in pending.iter().enumerate() {
+            if let Some(&(ahead, _)) = pending.get(i + AHEAD) {
+                self.holders.prefetch(std::iter::once(ahead));
+            }
+            self.holders.remove_if(hash, record);
+        }
+        self.pending = pending;
+        self.pending.clear();
     }
 
     /// Drops the dead records and the hash-table entries pointing at them, rewriting every
     /// index into the records.
     fn compact(&mut self) {
+        // Pending entries name records by their old index: out before the remap.
+        self.flush_dead();
         let remap = self.records.compact();
         self.holders.retain(|v| {
             let live = remap.is_live(*v);
@@ -395,7 +436,6 @@ impl KvIndex {
             }
             live
         });
-        self.stale = 0;
         self.roots.retain(|v| {
             let live = remap.is_live(*v);
             if live {
@@ -451,7 +491,7 @@ impl KvIndex {
             + per_worker;
         IndexStats {
             pairs: self.pairs,
-            distinct_hashes: (self.holders.len() - self.stale) as u64,
+            distinct_hashes: (self.records.all.len() - self.records.dead) as u64,
             approx_bytes: bytes as u64,
         }
     }
@@ -463,7 +503,7 @@ struct Parts<'a> {
     records: &'a mut Records,
     sets: &'a mut SetArena,
     pairs: &'a mut u64,
-    stale: &'a mut usize,
+    pending: &'a mut Vec<(u64, u32)>,
 }
 
 impl Parts<'_> {
@@ -472,7 +512,7 @@ impl Parts<'_> {
             records: self.records,
             sets: self.sets,
             pairs: self.pairs,
-            stale: self.stale,
+            pending: self.pending,
         }
     }
 }
@@ -497,14 +537,15 @@ fn release_copy(extra: &mut HashMap<u32, u32>, record: u32) -> bool {
 
 /// Takes `slot` out of `record`'s holders; a record left without holders dies.
 ///
-/// Its hash stays in the hash table, pointing at the dead record, until the next compaction
-/// removes it in a sweep ([`U64Table::retain`]): every lookup checks that the record it
-/// reaches is live. Removing it here was a probe of a random line of a table of tens of MB
-/// per dying block, most of the cost of removals and of removing a worker.
+/// Its hash stays in the hash table, pointing at the dead record, and goes on the pending
+/// list; [`KvIndex::flush_dead`] removes a few thousand at once, their cache misses
+/// overlapped. Meanwhile every lookup checks that the record it reaches is live. Removing
+/// it here was a probe of a random line of a table of tens of MB per dying block, its miss
+/// on the removal's path: most of the cost of removals and of removing a worker.
 fn drop_holder(p: Parts<'_>, record: u32, slot: u16) {
     let mut d = Dropped::default();
-    drop_holder_in(&mut p.records.all, p.sets, record, slot, &mut d);
-    d.apply(p.records, p.pairs, p.stale);
+    drop_holder_in(&mut p.records.all, p.sets, record, slot, &mut d, p.pending);
+    d.apply(p.records, p.pairs);
 }
 
 /// What [`drop_holder_in`] calls did, to apply to the counts once.
@@ -515,10 +556,9 @@ struct Dropped {
 }
 
 impl Dropped {
-    fn apply(self, records: &mut Records, pairs: &mut u64, stale: &mut usize) {
+    fn apply(self, records: &mut Records, pairs: &mut u64) {
         *pairs -= self.pairs;
         records.dead += self.dead;
-        *stale += self.dead;
     }
 }
 
@@ -531,6 +571,7 @@ fn drop_holder_in(
     record: u32,
     slot: u16,
     d: &mut Dropped,
+    pending: &mut Vec<(u64, u32)>,
 ) {
     let r = &mut all[record as usize];
     if !r.is_live() {
@@ -540,6 +581,7 @@ fn drop_holder_in(
     match new {
         Some(set) => r.set = set,
         None => {
+            pending.push((r.hash(), record));
             *r = Record::new(0, records::DEAD);
             d.dead += 1;
         }

@@ -373,6 +373,38 @@ impl U64Table {
         Some(val)
     }
 
+    /// Removes `key` if its value is `val`; returns whether it did. One probe.
+    pub fn remove_if(&mut self, key: u64, val: u32) -> bool {
+        if key == 0 {
+            if self.zero != Some(val) {
+                return false;
+            }
+            self.zero = None;
+            self.len -= 1;
+            return true;
+        }
+        let lines = self.lines.get_mut();
+        let Some((l, s)) = find(lines, key) else {
+            return false;
+        };
+        if lines[l].vals[s] != val {
+            return false;
+        }
+        lines[l].keys[s] = 0;
+        let n = lines.len();
+        let mut x = home(key, n);
+        while x != l {
+            lines[x].overflow -= 1;
+            x = next(x, n);
+        }
+        self.len -= 1;
+        if self.len == 0 {
+            self.lines = Lines::Heap(Vec::new());
+            self.grow_at = 0;
+        }
+        true
+    }
+
     /// Keys that fit before the table grows.
     pub fn spare(&self) -> usize {
         self.grow_at.saturating_sub(self.len)

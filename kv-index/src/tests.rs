@@ -284,59 +284,63 @@ proptest::proptest! {
     }
 }
 
-/// A dying block's hash stays in the hash table until a compaction sweeps it out: lookups
-/// skip it, storing the hash again reuses the entry, and counts leave it out.
+/// A dying block's hash stays in the hash table until the pending dead entries are flushed:
+/// lookups skip it, storing the hash again reuses the entry (which the flush then keeps),
+/// and counts leave it out.
 #[test]
-fn dead_entries_are_invisible_reused_and_swept() {
+fn dead_entries_are_invisible_reused_and_flushed() {
     let mut index = index_with(2);
     index.store(WorkerSlot(0), &blocks(&[1, 2, 3], 0));
     index.remove(WorkerSlot(0), &[EngineBlockId(1), EngineBlockId(2)]); // hashes 2, 3
-    assert_eq!(index.stale, 2);
+    assert_eq!(index.pending.len(), 2);
+    assert_eq!(index.holders.len(), 3);
     assert_eq!(index.stats().distinct_hashes, 1);
     assert_eq!(index.holders_of(SequenceHash(2)), 0);
     assert_eq!(query(&index, &[1, 2, 3]), BTreeMap::from([(0, 1)]));
     assert!(query(&index, &[2]).is_empty());
     // Hash 2 stored again (by the other worker): the entry is live again.
     index.store(WorkerSlot(1), &blocks(&[2], 7));
-    assert_eq!(index.stale, 1);
     assert_eq!(query(&index, &[2, 3]), BTreeMap::from([(1, 1)]));
-    // Removing a worker leaves its hashes stale too; a compaction sweeps them all.
+    assert_eq!(index.stats().distinct_hashes, 2);
+    // Removing a worker leaves its hashes pending too; a flush removes all but the reused.
     index.remove_worker(WorkerSlot(0));
-    assert_eq!(index.stale, 2);
-    index.compact();
-    assert_eq!(index.stale, 0);
+    assert_eq!(index.pending.len(), 3);
+    index.flush_dead();
+    assert!(index.pending.is_empty());
     assert_eq!(index.holders.len(), 1);
+    assert_eq!(query(&index, &[2, 3]), BTreeMap::from([(1, 1)]));
+    index.compact();
     assert_eq!(query(&index, &[2, 3]), BTreeMap::from([(1, 1)]));
     assert_eq!(index.stats().distinct_hashes, 1);
 }
 
-/// When dead entries leave the hash table no room for a `Stored` event, they are swept out
-/// instead of the table growing.
+/// When pending dead entries leave the hash table no room for a `Stored` event, they are
+/// flushed instead of the table growing.
 #[test]
-fn dead_entries_are_swept_before_the_table_grows() {
+fn dead_entries_are_flushed_before_the_table_grows() {
     let mut index = index_with(1);
     index.reserve_total(5000);
     let table_bytes = index.holders.heap_bytes();
     let spare = index.holders.spare();
     let hashes: Vec<u64> = (1..=spare as u64 - 500).collect();
     index.store(WorkerSlot(0), &blocks(&hashes, 0));
-    // Too few dead records for a compaction, but they stay in the table.
-    let ids: Vec<EngineBlockId> = (0..400).map(EngineBlockId).collect();
+    // Fewer dead records than a flush takes: they stay in the table.
+    let ids: Vec<EngineBlockId> = (0..15).map(EngineBlockId).collect();
     index.remove(WorkerSlot(0), &ids);
-    assert_eq!(index.stale, 400);
-    let more: Vec<u64> = (100_000..100_450).collect();
+    assert_eq!(index.pending.len(), 15);
+    let more: Vec<u64> = (100_000..100_490).collect();
     index.store(WorkerSlot(0), &blocks(&more, 1_000_000));
-    assert_eq!(index.stale, 400);
-    assert!(index.holders.spare() < 100);
-    // No room for 100 more: the dead entries go, the table keeps its size.
-    let last: Vec<u64> = (200_000..200_100).collect();
+    assert_eq!(index.pending.len(), 15);
+    assert_eq!(index.holders.spare(), 10);
+    // No room for 12 more: the dead entries go, the table keeps its size.
+    let last: Vec<u64> = (200_000..200_012).collect();
     index.store(WorkerSlot(0), &blocks(&last, 2_000_000));
-    assert_eq!(index.stale, 0);
+    assert!(index.pending.is_empty());
     assert_eq!(index.holders.heap_bytes(), table_bytes);
-    assert_eq!(query(&index, &last).get(&0), Some(&100));
+    assert_eq!(query(&index, &last).get(&0), Some(&12));
     assert_eq!(
-        query(&index, &hashes[400..]).get(&0),
-        Some(&(hashes.len() as u32 - 400))
+        query(&index, &hashes[15..]).get(&0),
+        Some(&(hashes.len() as u32 - 15))
     );
     assert!(query(&index, &hashes).is_empty());
 }
