@@ -18,7 +18,10 @@
 //!   removal events name blocks by the engine's own id; plus a rarely used count of records
 //!   the worker stored under more than one engine id, so removing one copy keeps the other.
 //! - the hash table and the records, once 2 MiB or more, on 2 MiB pages (`pages`), so that
-//!   their random accesses do not each pay a TLB miss.
+//!   their random accesses do not each pay a TLB miss;
+//! - a small table of prompts' first blocks (`roots`), so that a miss does not touch the big
+//!   table, and a list of dead records whose hash-table entries are removed in batches
+//!   (`pending`, see `drop_holder`).
 //!
 //! Workers are addressed by a dense [`WorkerSlot`] the owner (the router) allocates, so sets
 //! hold 15-bit integers instead of names.

@@ -21,7 +21,7 @@
 //!
 //! Key `0` marks an empty slot; a real key `0` lives in a side slot.
 //!
-//! Pages: a table of at least [`MAP_MIN_BYTES`] (the KV index's sequence-hash table, tens of
+//! Pages: a table of at least `MAP_MIN_BYTES` (the KV index's sequence-hash table, tens of
 //! MB at millions of blocks) lives on 2 MiB pages (`super::pages`), faulted in when the table
 //! is sized (the router sizes it in `KvIndex::reserve_total`), not while events are applied.
 //! Smaller tables (the per-worker engine-id tables, ~0.5 MB each, and the load tracker's)
