@@ -17,7 +17,8 @@ ALLOWED = {
     "switchyard-support": set(),
     "switchyard-policy": {"switchyard-protocol"},
     "switchyard-filter": {"switchyard-protocol"},
-    "switchyard-router": {"switchyard-protocol", "switchyard-policy"},
+    "switchyard-kv-index": {"switchyard-protocol"},
+    "switchyard-router": {"switchyard-protocol", "switchyard-policy", "switchyard-kv-index"},
     "switchyard-engine": {"switchyard-protocol"},
     "switchyard-adapters": {"switchyard-protocol"},
     "switchyard-bus": {"switchyard-protocol"},
@@ -57,7 +58,8 @@ ALLOWED = {
 }
 
 # Pure crates: no runtime, sockets or NATS anywhere below them.
-PURE = ["switchyard-protocol", "switchyard-policy", "switchyard-filter", "switchyard-router",
+PURE = ["switchyard-protocol", "switchyard-policy", "switchyard-filter", "switchyard-kv-index",
+        "switchyard-router",
         "switchyard-engine", "switchyard-adapters", "switchyard-whatif"]
 FORBIDDEN_BELOW_PURE = {"tokio", "warp", "hyper", "reqwest", "async-nats", "mio"}
 

@@ -52,11 +52,11 @@ cargo fmt --all --check
 
 step "unsafe code stays in its one audited item"
 # The workspace denies `unsafe_code`; the KV index's prefetch hint is the one allowed item
-# (router/src/index/prefetch.rs). A second opt-out fails here, so it gets reviewed.
+# (kv-index/src/prefetch.rs). A second opt-out fails here, so it gets reviewed.
 allowed=$(grep -rn --include='*.rs' --exclude-dir=target --exclude-dir=.venv \
   --exclude-dir=.cache --exclude-dir=results 'allow(unsafe_code)' . | sed 's|^\./||' || true)
-if [[ $(grep -c . <<<"$allowed") -ne 1 || $allowed != router/src/index/prefetch.rs:* ]]; then
-  echo "expected exactly one allow(unsafe_code), in router/src/index/prefetch.rs; found:" >&2
+if [[ $(grep -c . <<<"$allowed") -ne 1 || $allowed != kv-index/src/prefetch.rs:* ]]; then
+  echo "expected exactly one allow(unsafe_code), in kv-index/src/prefetch.rs; found:" >&2
   echo "$allowed" >&2
   exit 1
 fi

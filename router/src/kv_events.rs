@@ -57,8 +57,8 @@ impl Router {
         let slot = worker.slot;
         for event in &batch.events {
             match event {
-                KvEvent::Stored { blocks, .. } => {
-                    let c = self.index.store(slot, blocks);
+                KvEvent::Stored { parent, blocks, .. } => {
+                    let c = self.index.store_after(slot, *parent, blocks);
                     self.kv_counters.blocks_stored += c.stored;
                     self.kv_counters.blocks_removed += c.removed;
                 }

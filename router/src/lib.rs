@@ -29,7 +29,8 @@
 #![deny(missing_docs)]
 
 pub mod config;
-pub mod index;
+/// The KV index (its own crate, `switchyard-kv-index`).
+pub use switchyard_kv_index as index;
 pub mod load;
 pub mod predict;
 pub use switchyard_policy as policy;

@@ -34,7 +34,15 @@ impl KvIndex {
     /// `hashes` it holds, into `out` (cleared first).
     pub fn find_matches(&self, hashes: &[SequenceHash], out: &mut OverlapScores) {
         out.matches.clear();
-        let Some(mut at) = hashes.first().and_then(|h| self.holders.get(h.0)) else {
+        let Some(first) = hashes.first() else {
+            return;
+        };
+        // A first block no event stored as a prompt's first: nobody holds it, and the small
+        // root table said so without a cold line of the big one.
+        if !self.roots_unknown && self.roots.get(first.0).is_none() {
+            return;
+        }
+        let Some(mut at) = self.lookup(first.0) else {
             return;
         };
         // One view of the records for the whole walk (each view checks the mapping's layout),
@@ -129,9 +137,10 @@ impl KvIndex {
                 .filter(|r| r.hash() == h.0 && r.is_live());
             at = match next {
                 Some(_) => at + 1,
+                // The table may point at a dead record (see `drop_holder`): not held.
                 None => match self.holders.get(h.0) {
-                    Some(i) => i,
-                    None => break,
+                    Some(i) if records[i as usize].is_live() => i,
+                    _ => break,
                 },
             };
             match self.step(cand, records[at as usize].set, depth, out) {

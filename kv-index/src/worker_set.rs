@@ -123,6 +123,7 @@ impl SetArena {
 
     /// Adds `slot` to `set`; returns the new set and whether the slot was already there.
     /// The caller has called [`SetArena::ensure_slot`] for `slot`.
+    #[inline]
     pub(crate) fn insert(&mut self, set: PackedSet, slot: u16) -> (PackedSet, bool) {
         match set.view() {
             SetView::Inline(a, None) if a == slot => (set, true),
@@ -144,6 +145,7 @@ impl SetArena {
 
     /// Removes `slot` from `set`; returns the new set (`None` when it emptied) and whether the
     /// slot was there.
+    #[inline]
     pub(crate) fn remove(&mut self, set: PackedSet, slot: u16) -> (Option<PackedSet>, bool) {
         match set.view() {
             SetView::Inline(a, None) if a == slot => (None, true),

@@ -215,8 +215,15 @@ fn op() -> impl proptest::strategy::Strategy<Value = Op> {
 
 proptest::proptest! {
     #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2000))]
+    /// With `with_parents`, stores say which blocks start a prompt (`store_after`), as the
+    /// router's do: hashes below 4 are prompts' first blocks (only ever `blocks[0]` of an
+    /// event without parent), every other hash sits after one. A query can then only start
+    /// with a first block; one that starts with another hash is a miss.
     #[test]
-    fn agrees_with_a_naive_model(ops in proptest::collection::vec(op(), 1..120)) {
+    fn agrees_with_a_naive_model(
+        ops in proptest::collection::vec(op(), 1..120),
+        with_parents in proptest::bool::ANY,
+    ) {
         let mut index = KvIndex::new();
         let mut model = Model::default();
         for w in [0u16, 1, 2, 3, 64, 65, 66] {
@@ -226,11 +233,21 @@ proptest::proptest! {
         for op in ops {
             match op {
                 Op::Store(w, b) => {
+                    // Hashes below 4 only as an event's first block (see above).
+                    let b: Vec<(u64, u64)> = b.iter().enumerate().map(|(i, &(h, id))| {
+                        (if with_parents && i > 0 && h < 4 { h + 100 } else { h }, id)
+                    }).collect();
                     let stored: Vec<StoredBlock> = b.iter().map(|&(h, id)| StoredBlock {
                         seq_hash: SequenceHash(h),
                         block_id: EngineBlockId(id),
                     }).collect();
-                    index.store(WorkerSlot(w), &stored);
+                    if with_parents {
+                        let first = stored.first().map_or(0, |s| s.seq_hash.0);
+                        let parent = (first >= 4).then_some(SequenceHash(7));
+                        index.store_after(WorkerSlot(w), parent, &stored);
+                    } else {
+                        index.store(WorkerSlot(w), &stored);
+                    }
                     let m = model.workers.get_mut(&w).unwrap();
                     for (h, id) in b {
                         m.insert(id, h);
@@ -248,7 +265,14 @@ proptest::proptest! {
                     index.clear_worker(WorkerSlot(w));
                     model.workers.get_mut(&w).unwrap().clear();
                 }
-                Op::Query(q) => proptest::prop_assert_eq!(query(&index, &q), model.query(&q)),
+                Op::Query(q) => {
+                    let expected = if with_parents && q.first().is_some_and(|&h| h >= 4) {
+                        BTreeMap::new()
+                    } else {
+                        model.query(&q)
+                    };
+                    proptest::prop_assert_eq!(query(&index, &q), expected);
+                }
                 Op::Reserve(n) => index.reserve_total(n),
             }
             proptest::prop_assert_eq!(index.stats().pairs, model.pairs());
@@ -258,4 +282,87 @@ proptest::proptest! {
         }
         proptest::prop_assert_eq!(index.stats().distinct_hashes, 0);
     }
+}
+
+/// A dying block's hash stays in the hash table until the pending dead entries are flushed:
+/// lookups skip it, storing the hash again reuses the entry (which the flush then keeps),
+/// and counts leave it out.
+#[test]
+fn dead_entries_are_invisible_reused_and_flushed() {
+    let mut index = index_with(2);
+    index.store(WorkerSlot(0), &blocks(&[1, 2, 3], 0));
+    index.remove(WorkerSlot(0), &[EngineBlockId(1), EngineBlockId(2)]); // hashes 2, 3
+    assert_eq!(index.pending.len(), 2);
+    assert_eq!(index.holders.len(), 3);
+    assert_eq!(index.stats().distinct_hashes, 1);
+    assert_eq!(index.holders_of(SequenceHash(2)), 0);
+    assert_eq!(query(&index, &[1, 2, 3]), BTreeMap::from([(0, 1)]));
+    assert!(query(&index, &[2]).is_empty());
+    // Hash 2 stored again (by the other worker): the entry is live again.
+    index.store(WorkerSlot(1), &blocks(&[2], 7));
+    assert_eq!(query(&index, &[2, 3]), BTreeMap::from([(1, 1)]));
+    assert_eq!(index.stats().distinct_hashes, 2);
+    // Removing a worker leaves its hashes pending too; a flush removes all but the reused.
+    index.remove_worker(WorkerSlot(0));
+    assert_eq!(index.pending.len(), 3);
+    index.flush_dead();
+    assert!(index.pending.is_empty());
+    assert_eq!(index.holders.len(), 1);
+    assert_eq!(query(&index, &[2, 3]), BTreeMap::from([(1, 1)]));
+    index.compact();
+    assert_eq!(query(&index, &[2, 3]), BTreeMap::from([(1, 1)]));
+    assert_eq!(index.stats().distinct_hashes, 1);
+}
+
+/// When pending dead entries leave the hash table no room for a `Stored` event, they are
+/// flushed instead of the table growing.
+#[test]
+fn dead_entries_are_flushed_before_the_table_grows() {
+    let mut index = index_with(1);
+    index.reserve_total(5000);
+    let table_bytes = index.holders.heap_bytes();
+    let spare = index.holders.spare();
+    let hashes: Vec<u64> = (1..=spare as u64 - 500).collect();
+    index.store(WorkerSlot(0), &blocks(&hashes, 0));
+    // Fewer dead records than a flush takes: they stay in the table.
+    let ids: Vec<EngineBlockId> = (0..15).map(EngineBlockId).collect();
+    index.remove(WorkerSlot(0), &ids);
+    assert_eq!(index.pending.len(), 15);
+    let more: Vec<u64> = (100_000..100_490).collect();
+    index.store(WorkerSlot(0), &blocks(&more, 1_000_000));
+    assert_eq!(index.pending.len(), 15);
+    assert_eq!(index.holders.spare(), 10);
+    // No room for 12 more: the dead entries go, the table keeps its size.
+    let last: Vec<u64> = (200_000..200_012).collect();
+    index.store(WorkerSlot(0), &blocks(&last, 2_000_000));
+    assert!(index.pending.is_empty());
+    assert_eq!(index.holders.heap_bytes(), table_bytes);
+    assert_eq!(query(&index, &last).get(&0), Some(&12));
+    assert_eq!(
+        query(&index, &hashes[15..]).get(&0),
+        Some(&(hashes.len() as u32 - 15))
+    );
+    assert!(query(&index, &hashes).is_empty());
+}
+
+/// The root table: a query whose first block was never stored as a prompt's first is a miss
+/// without a hash-table probe; roots whose block died leave at compaction; `store` turns
+/// the check off.
+#[test]
+fn prompt_first_blocks_gate_queries() {
+    let mut index = index_with(2);
+    index.store_after(WorkerSlot(0), None, &blocks(&[1, 2, 3], 0));
+    index.store_after(WorkerSlot(1), Some(SequenceHash(3)), &blocks(&[4], 0));
+    assert_eq!(index.roots.len(), 1);
+    assert_eq!(query(&index, &[1, 2, 3, 4]), BTreeMap::from([(0, 3)]));
+    // Hash 4 is held, but no prompt starts with it.
+    assert!(query(&index, &[4]).is_empty());
+    index.remove(WorkerSlot(0), &[EngineBlockId(0)]);
+    index.compact();
+    assert_eq!(index.roots.len(), 0);
+    assert!(query(&index, &[1, 2]).is_empty());
+    index.store_after(WorkerSlot(1), None, &blocks(&[1], 9));
+    assert_eq!(query(&index, &[1, 2]), BTreeMap::from([(1, 1)]));
+    index.store(WorkerSlot(1), &blocks(&[4], 10));
+    assert_eq!(query(&index, &[4]), BTreeMap::from([(1, 1)]));
 }

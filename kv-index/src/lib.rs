@@ -18,16 +18,25 @@
 //!   removal events name blocks by the engine's own id; plus a rarely used count of records
 //!   the worker stored under more than one engine id, so removing one copy keeps the other.
 //! - the hash table and the records, once 2 MiB or more, on 2 MiB pages (`pages`), so that
-//!   their random accesses do not each pay a TLB miss.
+//!   their random accesses do not each pay a TLB miss;
+//! - a small table of prompts' first blocks (`roots`), so that a miss does not touch the big
+//!   table, and a list of dead records whose hash-table entries are removed in batches
+//!   (`pending`, see `drop_holder`).
 //!
 //! Workers are addressed by a dense [`WorkerSlot`] the owner (the router) allocates, so sets
 //! hold 15-bit integers instead of names.
+//!
+//! A crate of its own, with no I/O and no async runtime, so that it can be measured alone
+//! (`benches/kv_index.rs`, and against Dynamo's indexer in `benches/index-vs-dynamo/` at the
+//! repository root); the router re-exports it as `switchyard_router::index`.
+
+#![deny(missing_docs)]
 
 mod pages;
 mod prefetch;
 mod query;
 mod records;
-pub(crate) mod table;
+pub mod table;
 mod worker_set;
 
 #[cfg(test)]
@@ -47,6 +56,10 @@ pub use worker_set::MAX_SLOT;
 /// Blocks whose cache misses are started together (see `U64Table::prefetch`): enough to
 /// keep a core's outstanding-miss buffers busy.
 const PREFETCH: usize = 16;
+
+/// Dead records whose hash-table entries are removed together (see `KvIndex::flush_dead`):
+/// enough that their misses overlap, few enough that the table barely fills with them.
+const FLUSH_DEAD: usize = if cfg!(test) { 16 } else { 4096 };
 
 /// Dense index of a worker in the KV index (`0..=MAX_SLOT`), allocated by the owner.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -111,6 +124,22 @@ pub struct KvIndex {
     sets: SetArena,
     workers: Vec<Option<WorkerBlocks>>,
     pairs: u64,
+    /// `(hash, record)` of records that died since the last flush: their hash-table entries
+    /// still point at them (see [`drop_holder`]) until [`KvIndex::flush_dead`] removes them.
+    pending: Vec<(u64, u32)>,
+    /// Hashes stored as a prompt's first block (a `Stored` event without parent, see
+    /// [`KvIndex::store_after`]) -> their record. A few thousand at most (system prompts,
+    /// conversation starts), so it stays in cache, and a query whose first block is not in
+    /// it is a miss without touching the big hash table (where an absent key costs a cold
+    /// line). Dead entries go at compaction.
+    roots: U64Table,
+    /// Set by a [`KvIndex::store`] (which does not say which blocks start a prompt): from
+    /// then on `roots` is incomplete and queries skip it.
+    roots_unknown: bool,
+    /// Kept between [`KvIndex::clear_worker`] calls: a bitmap over the records (all zero
+    /// between calls) and the worker's record indices.
+    scratch_bits: Vec<u64>,
+    scratch_records: Vec<u32>,
 }
 
 impl KvIndex {
@@ -150,7 +179,7 @@ impl KvIndex {
     /// once they are big, see `pages`) rather than by page faults on the event path.
     pub fn reserve_total(&mut self, blocks: usize) {
         self.holders
-            .reserve(blocks.saturating_sub(self.holders.len()));
+            .reserve(blocks.saturating_sub(self.records.all.len() - self.records.dead));
         let missing = blocks.saturating_sub(self.records.all.len() - self.records.dead);
         self.records.all.reserve_and_fault_in(missing);
     }
@@ -164,19 +193,55 @@ impl KvIndex {
     }
 
     /// Drops every block of `slot` (a `Cleared` event), keeping the worker tracked.
+    ///
+    /// The worker's records are visited in record order, not in its engine-id table's (hash)
+    /// order: a bitmap over the records marks the worker's (and drops duplicates, a block
+    /// held under several engine ids), and a scan of it yields them ascending, so that the
+    /// records of a stored chain are read one after the other instead of one cache miss
+    /// each. The hash-table entries of the records that die are removed in prefetched
+    /// batches (`flush_dead`). Removing a worker of ~31 k blocks from 4 M pairs went from
+    /// ~5 to ~1.5 ms, most of it those removals (`docs/kv-index-vs-dynamo.md`).
     pub fn clear_worker(&mut self, slot: WorkerSlot) {
         let Some(Some(worker)) = self.workers.get_mut(usize::from(slot.0)) else {
             return;
         };
         let engine = std::mem::take(&mut worker.engine);
         worker.extra_copies.clear();
-        let mut seen = U64Table::with_capacity(engine.len());
+        if engine.is_empty() {
+            return;
+        }
+        // The bitmap is kept between calls (1 bit per record): a fresh one would be a new
+        // mapping, its pages faulted in one by one. The scan leaves it zeroed.
+        let mut marked = std::mem::take(&mut self.scratch_bits);
+        marked.resize(self.records.all.len().div_ceil(64), 0);
         for (_, record) in engine.iter() {
-            // A block held under several engine ids appears several times; drop it once.
-            if seen.insert(u64::from(record), 1).is_none() {
-                drop_holder(self.parts(), record, slot.0);
+            marked[record as usize / 64] |= 1 << (record % 64);
+        }
+        drop(engine);
+        let mut mine = std::mem::take(&mut self.scratch_records);
+        mine.clear();
+        for (word, bits) in marked.iter_mut().enumerate() {
+            let mut bits = std::mem::take(bits);
+            while bits != 0 {
+                mine.push((word * 64) as u32 + bits.trailing_zeros());
+                bits &= bits - 1;
             }
         }
+        let mut d = Dropped::default();
+        let all: &mut [Record] = &mut self.records.all;
+        for &record in &mine {
+            drop_holder_in(
+                all,
+                &mut self.sets,
+                record,
+                slot.0,
+                &mut d,
+                &mut self.pending,
+            );
+        }
+        d.apply(&mut self.records, &mut self.pairs);
+        self.scratch_bits = marked;
+        self.scratch_records = mine;
         self.maybe_compact();
     }
 
@@ -185,20 +250,44 @@ impl KvIndex {
         matches!(self.workers.get(usize::from(slot.0)), Some(Some(_)))
     }
 
-    fn parts(&mut self) -> Parts<'_> {
-        Parts {
-            holders: &mut self.holders,
-            records: &mut self.records,
-            sets: &mut self.sets,
-            pairs: &mut self.pairs,
+    /// Records `blocks`, a chain continuing after `parent` (`None`: `blocks[0]` is a
+    /// prompt's first block), as cached on `slot`: a `Stored` event. The parent's only use is
+    /// to know the prompts' first blocks, which make misses cheap (see `roots`); a sequence
+    /// hash already names its whole prefix. Untracked slots are ignored.
+    pub fn store_after(
+        &mut self,
+        slot: WorkerSlot,
+        parent: Option<SequenceHash>,
+        blocks: &[StoredBlock],
+    ) -> ApplyCounts {
+        let counts = self.store_blocks(slot, blocks);
+        if let (None, Some(first)) = (parent, blocks.first()) {
+            if let Some(record) = self.lookup(first.seq_hash.0) {
+                self.roots.insert(first.seq_hash.0, record);
+            }
         }
+        counts
     }
 
-    /// Records `blocks` as cached on `slot`. The parent is not needed: a sequence hash already
-    /// names its whole prefix, and a block whose parent the index lacks is simply never
-    /// reached by a query (matching stops at the first miss). Untracked slots are ignored.
+    /// Records `blocks` as cached on `slot` without saying whether `blocks[0]` starts a
+    /// prompt. Correct, but it turns the index's check of a query's first block off for good
+    /// (see `roots`): a caller that knows the parent uses [`KvIndex::store_after`].
     pub fn store(&mut self, slot: WorkerSlot, blocks: &[StoredBlock]) -> ApplyCounts {
+        self.roots_unknown = true;
+        self.store_blocks(slot, blocks)
+    }
+
+    /// A block whose parent the index lacks is simply never reached by a query (matching
+    /// stops at the first miss).
+    fn store_blocks(&mut self, slot: WorkerSlot, blocks: &[StoredBlock]) -> ApplyCounts {
         let mut counts = ApplyCounts::default();
+        if !self.has_worker(slot) {
+            return counts;
+        }
+        if !self.pending.is_empty() && self.holders.spare() < blocks.len() {
+            // Dead entries fill the table: remove them rather than grow it.
+            self.flush_dead();
+        }
         let Some(Some(worker)) = self.workers.get_mut(usize::from(slot.0)) else {
             return counts;
         };
@@ -207,23 +296,23 @@ impl KvIndex {
             extra_copies,
         } = worker;
         let mut p = Parts {
-            holders: &mut self.holders,
             records: &mut self.records,
             sets: &mut self.sets,
             pairs: &mut self.pairs,
+            pending: &mut self.pending,
         };
         // Start every cache miss of a chunk at once (see `U64Table::prefetch`), one chunk
         // ahead of the one being applied, so that misses are always in flight.
         let first = &blocks[..blocks.len().min(PREFETCH)];
         engine.prefetch(first.iter().map(|b| b.block_id.0));
-        p.holders.prefetch(first.iter().map(|b| b.seq_hash.0));
+        self.holders.prefetch(first.iter().map(|b| b.seq_hash.0));
         for (c, chunk) in blocks.chunks(PREFETCH).enumerate() {
             let next = blocks.get((c + 1) * PREFETCH..).unwrap_or_default();
             let next = &next[..next.len().min(PREFETCH)];
             engine.prefetch(next.iter().map(|b| b.block_id.0));
             // The hash table is viewed once per chunk (see `U64Table::batch`); the view ends
             // where dropping a replaced block may remove keys from it.
-            let mut holders = p.holders.batch(chunk.len());
+            let mut holders = self.holders.batch(chunk.len());
             holders.prefetch(next.iter().map(|b| b.seq_hash.0));
             for b in chunk {
                 let hash = b.seq_hash.0;
@@ -235,16 +324,15 @@ impl KvIndex {
                         continue; // duplicate event: already recorded
                     }
                     // The engine reused an id for other content: the old block is gone.
-                    // (The table view is not used again before it is taken anew below, so
-                    // dropping the old block may change the table.)
                     if !release_copy(extra_copies, old) {
                         drop_holder(p.reborrow(), old, slot.0);
                     }
                     counts.removed += 1;
-                    holders = p.holders.batch(chunk.len());
                 }
                 let (record_slot, new_hash) = holders.entry(hash);
-                let (record, already) = if new_hash {
+                // A hash whose record died is new again (its entry is reused).
+                let reused = !new_hash && !p.records.all[*record_slot as usize].is_live();
+                let (record, already) = if new_hash || reused {
                     let i = p.records.push(Record::new(hash, PackedSet::one(slot.0)));
                     *record_slot = i;
                     (i, false)
@@ -274,12 +362,8 @@ impl KvIndex {
         let Some(Some(worker)) = self.workers.get_mut(usize::from(slot.0)) else {
             return counts;
         };
-        let mut p = Parts {
-            holders: &mut self.holders,
-            records: &mut self.records,
-            sets: &mut self.sets,
-            pairs: &mut self.pairs,
-        };
+        let mut d = Dropped::default();
+        let all: &mut [Record] = &mut self.records.all;
         let mut found = [0u32; PREFETCH];
         for chunk in block_ids.chunks(PREFETCH) {
             worker.engine.prefetch(chunk.iter().map(|id| id.0));
@@ -293,28 +377,76 @@ impl KvIndex {
                     None => counts.unknown_removals += 1,
                 }
             }
-            let records: &[Record] = &p.records.all;
-            p.holders
-                .prefetch(found[..n].iter().map(|&i| records[i as usize].hash()));
             for &record in &found[..n] {
                 if !release_copy(&mut worker.extra_copies, record) {
-                    drop_holder(p.reborrow(), record, slot.0);
+                    drop_holder_in(
+                        all,
+                        &mut self.sets,
+                        record,
+                        slot.0,
+                        &mut d,
+                        &mut self.pending,
+                    );
                     counts.removed += 1;
                 }
             }
         }
+        d.apply(&mut self.records, &mut self.pairs);
         self.maybe_compact();
         counts
     }
 
-    /// Compacts the records when enough died, rewriting every index into them.
+    /// Compacts the records when enough died, rewriting every index into them, and removes
+    /// the dead records' hash-table entries once enough are pending.
     fn maybe_compact(&mut self) {
-        if !self.records.should_compact() {
-            return;
+        if self.records.should_compact() {
+            self.compact();
+        } else if self.pending.len() >= FLUSH_DEAD {
+            self.flush_dead();
         }
+    }
+
+    /// Removes the pending dead records' entries from the hash table, each line loading
+    /// (prefetch) 64 removals ahead, so the misses overlap. An entry that a later `Stored`
+    /// event reused for a new record (it points elsewhere now) stays.
+    fn flush_dead(&mut self) {
+        // Lines are loaded `AHEAD` entries before their removal: a removal takes a few ns
+        // once its line is in cache, a miss a few hundred, so many must be in flight.
+        const AHEAD: usize = 4 * PREFETCH;
+        let pending = std::mem::take(&mut self.pending);
+        self.holders
+            .prefetch(pending.iter().take(AHEAD).map(|&(h, _)| h));
+        for (i, &(hash, record)) in pending.iter().enumerate() {
+            if let Some(&(ahead, _)) = pending.get(i + AHEAD) {
+                self.holders.prefetch(std::iter::once(ahead));
+            }
+            self.holders.remove_if(hash, record);
+        }
+        self.pending = pending;
+        self.pending.clear();
+    }
+
+    /// Drops the dead records and the hash-table entries pointing at them, rewriting every
+    /// index into the records.
+    fn compact(&mut self) {
+        // Pending entries name records by their old index: out before the remap.
+        self.flush_dead();
         let remap = self.records.compact();
+        self.holders.retain(|v| {
+            let live = remap.is_live(*v);
+            if live {
+                *v = remap.get(*v);
+            }
+            live
+        });
+        self.roots.retain(|v| {
+            let live = remap.is_live(*v);
+            if live {
+                *v = remap.get(*v);
+            }
+            live
+        });
         let fix = |v: &mut u32| *v = remap.get(*v);
-        self.holders.for_each_value_mut(fix);
         for w in self.workers.iter_mut().flatten() {
             w.engine.for_each_value_mut(fix);
             w.extra_copies = w
@@ -327,9 +459,15 @@ impl KvIndex {
 
     /// Number of workers holding `hash`.
     pub fn holders_of(&self, hash: SequenceHash) -> usize {
-        self.holders
-            .get(hash.0)
+        self.lookup(hash.0)
             .map_or(0, |i| self.sets.count(self.records.all[i as usize].set))
+    }
+
+    /// The live record of `hash`, if any (the table may point at a dead one, see
+    /// [`drop_holder`]).
+    fn lookup(&self, hash: u64) -> Option<u32> {
+        let i = self.holders.get(hash)?;
+        self.records.all[i as usize].is_live().then_some(i)
     }
 
     /// Distinct blocks held by `slot`.
@@ -349,33 +487,35 @@ impl KvIndex {
             .map(|w| w.engine.heap_bytes() + w.extra_copies.capacity() * 12)
             .sum();
         let bytes = self.holders.heap_bytes()
+            + self.roots.heap_bytes()
             + self.records.heap_bytes()
             + self.sets.heap_bytes()
             + self.workers.capacity() * std::mem::size_of::<Option<WorkerBlocks>>()
             + per_worker;
         IndexStats {
             pairs: self.pairs,
-            distinct_hashes: self.holders.len() as u64,
+            distinct_hashes: (self.records.all.len() - self.records.dead) as u64,
             approx_bytes: bytes as u64,
         }
     }
 }
 
-/// The shared structures a worker's update touches, borrowed apart from the worker table.
+/// The shared structures a worker's update touches, borrowed apart from the worker table
+/// and the hash table.
 struct Parts<'a> {
-    holders: &'a mut U64Table,
     records: &'a mut Records,
     sets: &'a mut SetArena,
     pairs: &'a mut u64,
+    pending: &'a mut Vec<(u64, u32)>,
 }
 
 impl Parts<'_> {
     fn reborrow(&mut self) -> Parts<'_> {
         Parts {
-            holders: self.holders,
             records: self.records,
             sets: self.sets,
             pairs: self.pairs,
+            pending: self.pending,
         }
     }
 }
@@ -399,20 +539,55 @@ fn release_copy(extra: &mut HashMap<u32, u32>, record: u32) -> bool {
 }
 
 /// Takes `slot` out of `record`'s holders; a record left without holders dies.
+///
+/// Its hash stays in the hash table, pointing at the dead record, and goes on the pending
+/// list; [`KvIndex::flush_dead`] removes a few thousand at once, their cache misses
+/// overlapped. Meanwhile every lookup checks that the record it reaches is live. Removing
+/// it here was a probe of a random line of a table of tens of MB per dying block, its miss
+/// on the removal's path: most of the cost of removals and of removing a worker.
 fn drop_holder(p: Parts<'_>, record: u32, slot: u16) {
-    let r = p.records.all[record as usize];
+    let mut d = Dropped::default();
+    drop_holder_in(&mut p.records.all, p.sets, record, slot, &mut d, p.pending);
+    d.apply(p.records, p.pairs);
+}
+
+/// What [`drop_holder_in`] calls did, to apply to the counts once.
+#[derive(Default)]
+struct Dropped {
+    pairs: u64,
+    dead: usize,
+}
+
+impl Dropped {
+    fn apply(self, records: &mut Records, pairs: &mut u64) {
+        *pairs -= self.pairs;
+        records.dead += self.dead;
+    }
+}
+
+/// [`drop_holder`] on a view of the records taken once by the caller (each view of a
+/// mapping checks its layout), counting into `d`.
+#[inline(always)]
+fn drop_holder_in(
+    all: &mut [Record],
+    sets: &mut SetArena,
+    record: u32,
+    slot: u16,
+    d: &mut Dropped,
+    pending: &mut Vec<(u64, u32)>,
+) {
+    let r = &mut all[record as usize];
     if !r.is_live() {
         return;
     }
-    let (new, had) = p.sets.remove(r.set, slot);
+    let (new, had) = sets.remove(r.set, slot);
     match new {
-        Some(set) => p.records.all[record as usize].set = set,
+        Some(set) => r.set = set,
         None => {
-            p.holders.remove(r.hash());
-            p.records.kill(record);
+            pending.push((r.hash(), record));
+            *r = Record::new(0, records::DEAD);
+            d.dead += 1;
         }
     }
-    if had {
-        *p.pairs -= 1;
-    }
+    d.pairs += u64::from(had);
 }

@@ -206,7 +206,8 @@ impl Records {
         len as u32
     }
 
-    /// Marks record `i` dead.
+    /// Marks record `i` dead (the index does it in place, see `drop_holder_in`).
+    #[cfg(test)]
     pub(crate) fn kill(&mut self, i: u32) {
         self.all[i as usize] = Record::new(0, DEAD);
         self.dead += 1;
@@ -254,6 +255,12 @@ pub(crate) struct Remap {
 }
 
 impl Remap {
+    /// Whether old record `i` was live (kept).
+    #[inline]
+    pub(crate) fn is_live(&self, i: u32) -> bool {
+        self.live[i as usize / 64] & (1 << (i % 64)) != 0
+    }
+
     /// The new index of live old record `i`.
     #[inline]
     pub(crate) fn get(&self, i: u32) -> u32 {
