@@ -25,13 +25,13 @@ pub mod admin;
 pub mod auth;
 pub mod route;
 pub mod serve;
+pub mod tokenize_lanes;
 pub mod whatif;
 
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 
 use prometheus_client::registry::Registry;
-use tokio::sync::Semaphore;
 use warp::http::StatusCode;
 use warp::reply::Response;
 use warp::{Filter, Reply};
@@ -54,8 +54,8 @@ pub struct ApiState {
     /// The models served, each with its tokenizer (called on blocking threads) and context
     /// length: longer prompts and larger `max_tokens` are refused.
     pub models: Arc<Models>,
-    /// Bounds concurrent tokenizations (`--route-tokenize-threads`).
-    pub tokenize_permits: Arc<Semaphore>,
+    /// Bounds concurrent tokenizations (`--route-tokenize-threads` per lane).
+    pub tokenize_lanes: tokenize_lanes::TokenizeLanes,
     /// Metric handles.
     pub metrics: Metrics,
     /// Registry rendered by `/metrics`.

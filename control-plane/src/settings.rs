@@ -137,7 +137,8 @@ pub struct Settings {
     pub heartbeat_misses: u32,
 
     /// Route requests tokenized at once (each on a blocking thread), so long prompts run in
-    /// parallel without starving the async runtime.
+    /// parallel without starving the async runtime. Per lane: bodies of 64 KiB or more and
+    /// smaller ones have a lane each, so long cold prompts never hold up short ones.
     #[arg(long, env = "SWITCHYARD_ROUTE_TOKENIZE_THREADS", default_value_t = 2,
           value_parser = clap::value_parser!(u32).range(1..=256))]
     pub route_tokenize_threads: u32,

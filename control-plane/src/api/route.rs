@@ -183,15 +183,17 @@ fn request_id(headers: &HeaderMap, ids: &RequestIds) -> Result<String, RouteFail
     }
 }
 
-/// Tokenizes `body` on a blocking thread once a permit is free.
+/// Tokenizes `body` (`body_bytes` long) on a blocking thread once its lane has a permit.
 async fn tokenize(
     state: &ApiState,
     model: &ServedModel,
     api: ApiKind,
     body: serde_json::Value,
+    body_bytes: usize,
 ) -> Result<Vec<u32>, RouteFailure> {
-    let permit = Arc::clone(&state.tokenize_permits)
-        .acquire_owned()
+    let permit = state
+        .tokenize_lanes
+        .acquire(body_bytes)
         .await
         .map_err(|_| RouteFailure::Unavailable)?;
     let tokenizer = Arc::clone(&model.tokenizer);
@@ -249,7 +251,9 @@ where
             error,
         })
     })?;
-    let tokens = tokenize(state, &model, api, json).await.map_err(fail)?;
+    let tokens = tokenize(state, &model, api, json, bytes.len())
+        .await
+        .map_err(fail)?;
     check_prompt_length(tokens.len(), model.max_model_len).map_err(|error| {
         fail(RouteFailure::Client {
             reason: RejectReason::PromptTooLong,

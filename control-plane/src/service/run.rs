@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::watch;
+
+use crate::api::tokenize_lanes::TokenizeLanes;
 
 use crate::api::{self, route::RequestIds, ApiState};
 use crate::consumers::{self, Admission};
@@ -264,7 +266,7 @@ pub async fn run_with_tokenizer(
     let state = ApiState {
         service,
         models,
-        tokenize_permits: Arc::new(Semaphore::new(permits)),
+        tokenize_lanes: TokenizeLanes::new(permits),
         metrics,
         registry: Arc::new(registry),
         nats,

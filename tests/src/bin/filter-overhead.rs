@@ -60,12 +60,22 @@ fn parse_args() -> anyhow::Result<Args> {
     Ok(args)
 }
 
-/// A chat body of about `bytes` bytes (distinct words, so it tokenizes like text).
+/// A chat body of about `bytes` bytes of English-like prose (~4.5 bytes per token, as agentic
+/// transcripts are: 1 MB is about 230k tokens, within the workers' 262k context), numbered
+/// every 16 words so that no two stretches are the same text.
 fn body_of(bytes: usize) -> Vec<u8> {
+    const WORDS: [&str; 16] = [
+        "the", "agent", "reads", "each", "file", "before", "it", "changes", "any", "line",
+        "and", "then", "runs", "the", "tests", "again",
+    ];
     let mut content = String::with_capacity(bytes);
     let mut i = 0u64;
     while content.len() + 120 < bytes {
-        content.push_str(&format!("word{i} "));
+        if i % 16 == 0 {
+            content.push_str(&format!("step {} ", i / 16));
+        }
+        content.push_str(WORDS[(i % 16) as usize]);
+        content.push(' ');
         i += 1;
     }
     serde_json::json!({
@@ -258,7 +268,8 @@ async fn main() -> anyhow::Result<()> {
     .await;
     let http = client();
     let mut rows = Vec::new();
-    for (size, bytes) in [("1 KB", 1 << 10), ("400 KB", 400 << 10)] {
+    // 1 MB: a 250k-token agentic turn, the largest the issue targets.
+    for (size, bytes) in [("1 KB", 1 << 10), ("400 KB", 400 << 10), ("1 MB", 1 << 20)] {
         eprintln!("measuring {size} bodies...");
         rows.push(measure(&stack, &http, size, bytes, args.requests, deadline).await?);
     }
