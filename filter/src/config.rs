@@ -19,6 +19,12 @@ pub const DEFAULT_CONTROL_PLANE_AUTHORITY: &str = "switchyard-control-plane";
 pub const DEFAULT_ROUTE_TIMEOUT_MS: u64 = 200;
 /// Upper bound for `route_timeout_ms`: a route call is on every request's critical path.
 pub const MAX_ROUTE_TIMEOUT_MS: u64 = 60_000;
+/// Default extra route budget per MiB of body. A cold prompt's tokenization grows with its
+/// length (about 160 ms per MiB on an idle 2-core machine, several times that on a busy one),
+/// and failing open a long prompt costs far more than waiting: it loses the KV affinity that
+/// would save re-prefilling it, seconds of GPU time for 250k tokens. A second per MiB is small
+/// against the prefill such a prompt needs anyway.
+pub const DEFAULT_ROUTE_TIMEOUT_MS_PER_MIB: u64 = 1_000;
 /// Default Envoy cluster of the prefill workers.
 pub const DEFAULT_PREFILL_CLUSTER: &str = "switchyard_prefill";
 /// Default budget of one prefill-leg attempt. A cold 128k-token prefill queued behind others
@@ -55,8 +61,12 @@ pub struct Config {
     pub control_plane_cluster: String,
     /// `:authority` header of route calls.
     pub control_plane_authority: String,
-    /// Timeout of one route call in milliseconds; on expiry the request fails open.
+    /// Timeout of one route call in milliseconds, for an empty body; on expiry the request
+    /// fails open.
     pub route_timeout_ms: u64,
+    /// Extra route call budget per MiB of request body, in milliseconds (0: none); the total
+    /// is capped at `MAX_ROUTE_TIMEOUT_MS`.
+    pub route_timeout_ms_per_mib: u64,
     /// Envoy cluster of the prefill workers (the prefill leg of `disagg` verdicts).
     pub prefill_cluster: String,
     /// Timeout of one prefill-leg attempt in milliseconds.
@@ -88,6 +98,7 @@ impl Default for Config {
             control_plane_cluster: DEFAULT_CONTROL_PLANE_CLUSTER.to_string(),
             control_plane_authority: DEFAULT_CONTROL_PLANE_AUTHORITY.to_string(),
             route_timeout_ms: DEFAULT_ROUTE_TIMEOUT_MS,
+            route_timeout_ms_per_mib: DEFAULT_ROUTE_TIMEOUT_MS_PER_MIB,
             prefill_cluster: DEFAULT_PREFILL_CLUSTER.to_string(),
             prefill_timeout_ms: DEFAULT_PREFILL_TIMEOUT_MS,
             prefill_retries: DEFAULT_PREFILL_RETRIES,
@@ -141,11 +152,17 @@ impl Config {
                 reason: "must name an Envoy cluster".to_string(),
             });
         }
-        let ranges: [(&'static str, u64, u64, u64); 8] = [
+        let ranges: [(&'static str, u64, u64, u64); 9] = [
             (
                 "route_timeout_ms",
                 self.route_timeout_ms,
                 1,
+                MAX_ROUTE_TIMEOUT_MS,
+            ),
+            (
+                "route_timeout_ms_per_mib",
+                self.route_timeout_ms_per_mib,
+                0,
                 MAX_ROUTE_TIMEOUT_MS,
             ),
             (
@@ -202,9 +219,15 @@ impl Config {
         Duration::from_millis(self.lifecycle_timeout_ms)
     }
 
-    /// The route call timeout as a [`Duration`].
-    pub fn route_timeout(&self) -> Duration {
-        Duration::from_millis(self.route_timeout_ms)
+    /// The route call timeout for a body of `body_bytes`: `route_timeout_ms` plus
+    /// `route_timeout_ms_per_mib` pro rata, at most [`MAX_ROUTE_TIMEOUT_MS`].
+    pub fn route_timeout(&self, body_bytes: usize) -> Duration {
+        let extra = (self.route_timeout_ms_per_mib as u128 * body_bytes as u128 >> 20) as u64;
+        Duration::from_millis(
+            self.route_timeout_ms
+                .saturating_add(extra)
+                .min(MAX_ROUTE_TIMEOUT_MS),
+        )
     }
 }
 
@@ -247,13 +270,32 @@ mod tests {
     }
 
     #[test]
+    fn the_route_budget_grows_with_the_body_up_to_the_cap() {
+        let config = Config::parse(Some(
+            br#"{"route_timeout_ms":1000,"route_timeout_ms_per_mib":2000}"#,
+        ))
+        .unwrap();
+        assert_eq!(config.route_timeout(0), Duration::from_millis(1000));
+        assert_eq!(config.route_timeout(1 << 20), Duration::from_millis(3000));
+        assert_eq!(
+            config.route_timeout(usize::MAX),
+            Duration::from_millis(MAX_ROUTE_TIMEOUT_MS)
+        );
+        let flat = Config::parse(Some(br#"{"route_timeout_ms_per_mib":0}"#)).unwrap();
+        assert_eq!(flat.route_timeout(16 << 20), flat.route_timeout(0));
+        assert!(Config::parse(Some(br#"{"route_timeout_ms_per_mib":60001}"#)).is_err());
+    }
+
+    #[test]
     fn keys_override_defaults() {
         let config = Config::parse(Some(
             br#"{"control_plane_cluster":"cp","route_timeout_ms":50}"#,
         ))
         .expect("valid");
         assert_eq!(config.control_plane_cluster, "cp");
-        assert_eq!(config.route_timeout(), Duration::from_millis(50));
+        assert_eq!(config.route_timeout(0), Duration::from_millis(50));
+        // The default per-MiB budget: half a MiB adds half a second.
+        assert_eq!(config.route_timeout(512 << 10), Duration::from_millis(550));
         assert_eq!(
             config.control_plane_authority,
             DEFAULT_CONTROL_PLANE_AUTHORITY

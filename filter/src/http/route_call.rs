@@ -129,7 +129,7 @@ impl SwitchyardRequest {
             headers,
             Some(body),
             vec![],
-            config.route_timeout(),
+            config.route_timeout(body.len()),
         ) {
             Ok(token) => {
                 increment(self.shared.stats.route_calls_total, 1);
