@@ -222,7 +222,7 @@ impl Config {
     /// The route call timeout for a body of `body_bytes`: `route_timeout_ms` plus
     /// `route_timeout_ms_per_mib` pro rata, at most [`MAX_ROUTE_TIMEOUT_MS`].
     pub fn route_timeout(&self, body_bytes: usize) -> Duration {
-        let extra = (self.route_timeout_ms_per_mib as u128 * body_bytes as u128 >> 20) as u64;
+        let extra = ((u128::from(self.route_timeout_ms_per_mib) * body_bytes as u128) >> 20) as u64;
         Duration::from_millis(
             self.route_timeout_ms
                 .saturating_add(extra)
