@@ -65,8 +65,8 @@ fn parse_args() -> anyhow::Result<Args> {
 /// every 16 words so that no two stretches are the same text.
 fn body_of(bytes: usize) -> Vec<u8> {
     const WORDS: [&str; 16] = [
-        "the", "agent", "reads", "each", "file", "before", "it", "changes", "any", "line",
-        "and", "then", "runs", "the", "tests", "again",
+        "the", "agent", "reads", "each", "file", "before", "it", "changes", "any", "line", "and",
+        "then", "runs", "the", "tests", "again",
     ];
     let mut content = String::with_capacity(bytes);
     let mut i = 0u64;
