@@ -71,7 +71,7 @@ fn body_of(bytes: usize) -> Vec<u8> {
     let mut content = String::with_capacity(bytes);
     let mut i = 0u64;
     while content.len() + 120 < bytes {
-        if i % 16 == 0 {
+        if i.is_multiple_of(16) {
             content.push_str(&format!("step {} ", i / 16));
         }
         content.push_str(WORDS[(i % 16) as usize]);
