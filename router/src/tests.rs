@@ -223,6 +223,9 @@ fn the_policy_call_is_traced_when_the_policy_decides_and_decides_the_same_again(
             // The request's 71 blocks on an idle worker.
             decode_projected_blocks: 71,
             decode_capacity_blocks: 10_000,
+            prefill_cached_tokens: 0,
+            decode_queued_tokens: 0,
+            decode_running_streams: 0,
         }
     );
     assert_eq!(call.decide().reason(), routed.verdict.reason);
@@ -525,6 +528,35 @@ proptest! {
         }
         prop_assert_eq!(r.index_stats().pairs, 0);
     }
+}
+
+#[test]
+fn slo_cost_sees_the_decode_workers_streams_and_queue() {
+    let mut r = router_with(&[
+        ("decode-0", WorkerRole::Decode),
+        ("prefill-0", WorkerRole::Prefill),
+    ]);
+    let cfg = RouterConfig::from_json(&serde_json::json!({"policy": "slo_cost"})).unwrap();
+    r.set_config(cfg).unwrap();
+    // An idle decode worker: no stream to stall, no transfer to wait for: bypass.
+    let a = r.route_traced("a", &prompt(1, 32_768), 1, None, 0).unwrap();
+    assert_eq!(a.verdict.reason, Reason::BypassSloCost);
+    // Now `a` runs there with its prefill queued: a second cold prompt would wait behind it
+    // and interleave with its decode, so the idle prefill worker is faster.
+    let b = r.route_traced("b", &prompt(2, 32_768), 1, None, 0).unwrap();
+    let input = b.policy.expect("the policy decided").input;
+    assert_eq!(input.decode_running_streams, 1);
+    assert_eq!(input.decode_queued_tokens, 32_768);
+    assert_eq!(input.prefill_cached_tokens, 0);
+    assert_eq!(
+        (b.verdict.mode, b.verdict.reason.as_str()),
+        (RouteMode::Disagg, "disagg:slo_cost_ttft")
+    );
+    // The prefill worker is predicted to cache `b` now: a follow-up sees it.
+    let mut turn2 = prompt(2, 32_768);
+    turn2.extend(prompt(3, 100));
+    let c = r.route_traced("c", &turn2, 1, None, 0).unwrap();
+    assert_eq!(c.policy.unwrap().input.prefill_cached_tokens, 32_768);
 }
 
 #[test]
