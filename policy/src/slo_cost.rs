@@ -26,14 +26,21 @@
 //!   included (that work is ahead of this request and stalls the same streams).
 //!
 //! **ITL budget.** Goodput counts a stream's *mean* time per output token. A stream decoding at
-//! `step(B)` per token has `slo_itl_ms − step(B)` of slack per token it emits, so over the
-//! `itl_stall_horizon_tokens` tokens it still has to emit it can absorb
-//! `(slo_itl_ms − step(B))·horizon` of stall and still meet the objective. A per-step bound
+//! `step(B)` per token has `slo_itl_ms − step(B)` of slack per token it emits, so over its
+//! `itl_stall_horizon_tokens` output tokens it can absorb `(slo_itl_ms − step(B))·horizon` of
+//! stall and still meet the objective. It does not absorb it for one bypass only: by Little's
+//! law a worker holding `B` streams sees about `B` new requests arrive over one stream's life,
+//! each a possible bypass, so one bypass may take `1/B` of it:
+//! `budget = (slo_itl_ms − step(B))·horizon / B`. The rule keeps no memory of past stalls; the
+//! split is what makes a stream of bypasses, each within budget, stay within the objective
+//! together. A per-step bound
 //! (no iteration longer than the ITL objective) would forbid every bypass of more than a few
 //! hundred tokens next to a running stream, though goodput does not measure the per-step
 //! tail. A decode worker with no running stream has nothing to stall: no bound. The
 //! horizon is the one number the workload shapes (the streams' remaining output); its
-//! default, 256, is below the Mooncake conversation slice's mean output (352 tokens).
+//! default, 256, is below the Mooncake conversation slice's mean output (352 tokens). (A first
+//! version gave each bypass the whole `(slo − step)·horizon`; in virtual time its decode
+//! workers broke the ITL objective under load: docs/planner.md, "slo_cost".)
 //!
 //! Decision: disagg (`disagg:slo_cost_ttft`) when the bypass TTFT is strictly larger; else
 //! disagg (`disagg:slo_cost_itl_stall`) when the stall exceeds the budget; else bypass
@@ -103,7 +110,10 @@ pub fn predict(input: &PolicyInput, cfg: &ConditionalDisaggConfig) -> Prediction
     let stall_budget_ms = if running == 0 {
         f64::INFINITY
     } else {
+        // Each stream shares its life with about `running` later arrivals (Little's law), any
+        // of which may stall it: its slack over its output is split between them.
         (cfg.slo_itl_ms - step_ms(running, cfg)).max(0.0) * f64::from(cfg.itl_stall_horizon_tokens)
+            / f64::from(running)
     };
     Prediction {
         bypass_ttft_ms,
@@ -183,7 +193,8 @@ mod tests {
     #[test]
     fn the_prefill_queue_turns_disagg_into_bypass_at_the_predicted_crossover() {
         let c = cfg();
-        let base = req(32_768, 32_768, 0, 8);
+        // One running stream: its ITL budget (2.2 s) holds the whole prefill.
+        let base = req(32_768, 32_768, 0, 1);
         let p = predict(&base, &c);
         let gap = p.bypass_ttft_ms - p.disagg_ttft_ms;
         assert!(gap > 0.0);
@@ -221,12 +232,13 @@ mod tests {
     #[test]
     fn the_itl_budget_boundary() {
         // Fully warm on the decode worker, cold on the prefill worker: bypass is faster, so
-        // only the stall decides. Budget with 10 streams: (25 − 16.443) × 32 = 273.8 ms.
+        // only the stall decides. Budget with 10 streams: (25 − 16.443) × 320 / 10 = 273.8 ms.
         let c = ConditionalDisaggConfig {
-            itl_stall_horizon_tokens: 32,
+            itl_stall_horizon_tokens: 320,
             ..cfg()
         };
-        let budget = (25.0 - step_ms(10, &c)) * 32.0;
+        let budget = (25.0 - step_ms(10, &c)) * 320.0 / 10.0;
+        assert!((predict(&req(1, 1, 0, 10), &c).stall_budget_ms - budget).abs() < 1e-9);
         let mut i = req(100_000, 2_000, 0, 10);
         let stall = predict(&i, &c).bypass_stall_ms;
         assert!(stall < budget, "{stall} {budget}");
