@@ -50,7 +50,8 @@ pub struct PolicyInput {
     /// Prompt tokens queued for prefill on the decode worker (predicted), before this request.
     #[serde(default)]
     pub decode_queued_tokens: u64,
-    /// Requests running (or about to) on the decode worker, before this request.
+    /// Streams decoding on the decode worker (routed there, past their first token, not
+    /// done), before this request: the ones a local prefill stalls.
     #[serde(default)]
     pub decode_running_streams: u32,
 }

@@ -218,7 +218,7 @@ impl Router {
                         decode_capacity_blocks: d.load.kv_capacity_blocks,
                         prefill_cached_tokens: cached_tokens(p, isl),
                         decode_queued_tokens: d.load.prefill_tokens,
-                        decode_running_streams: d.load.in_flight,
+                        decode_running_streams: d.load.decoding,
                     },
                     config: self.config.conditional,
                 });

@@ -541,11 +541,11 @@ fn slo_cost_sees_the_decode_workers_streams_and_queue() {
     // An idle decode worker: no stream to stall, no transfer to wait for: bypass.
     let a = r.route_traced("a", &prompt(1, 32_768), 1, None, 0).unwrap();
     assert_eq!(a.verdict.reason, Reason::BypassSloCost);
-    // Now `a` runs there with its prefill queued: a second cold prompt would wait behind it
-    // and interleave with its decode, so the idle prefill worker is faster.
+    // Now `a`'s prefill is queued there: a second cold prompt would wait behind it, so the
+    // idle prefill worker is faster. `a` stalls no stream yet: it has no first token.
     let b = r.route_traced("b", &prompt(2, 32_768), 1, None, 0).unwrap();
     let input = b.policy.expect("the policy decided").input;
-    assert_eq!(input.decode_running_streams, 1);
+    assert_eq!(input.decode_running_streams, 0);
     assert_eq!(input.decode_queued_tokens, 32_768);
     assert_eq!(input.prefill_cached_tokens, 0);
     assert_eq!(
@@ -557,6 +557,18 @@ fn slo_cost_sees_the_decode_workers_streams_and_queue() {
     turn2.extend(prompt(3, 100));
     let c = r.route_traced("c", &turn2, 1, None, 0).unwrap();
     assert_eq!(c.policy.unwrap().input.prefill_cached_tokens, 32_768);
+    // `a`'s first token: it decodes now, and a local prefill would stall it.
+    r.apply_lifecycle(
+        &LifecycleEvent::FirstToken {
+            request_id: "a".into(),
+        },
+        1,
+    );
+    let d = r.route_traced("d", &prompt(4, 100), 1, None, 1).unwrap();
+    assert_eq!(d.policy.unwrap().input.decode_running_streams, 1);
+    r.apply_lifecycle(&done("a"), 2);
+    let e = r.route_traced("e", &prompt(5, 100), 1, None, 2).unwrap();
+    assert_eq!(e.policy.unwrap().input.decode_running_streams, 0);
 }
 
 #[test]
