@@ -40,7 +40,9 @@
 //! horizon is the one number the workload shapes (the streams' remaining output); its
 //! default, 256, is below the Mooncake conversation slice's mean output (352 tokens). (A first
 //! version gave each bypass the whole `(slo − step)·horizon`; in virtual time its decode
-//! workers broke the ITL objective under load: docs/planner.md, "slo_cost".)
+//! workers broke the ITL objective under load: docs/policies.md, "slo_cost".) `B` counts
+//! streams past their first token only: a request still waiting for its prefill stalls
+//! nothing, and counting it starved saturated runs of bypasses.
 //!
 //! Decision: disagg (`disagg:slo_cost_ttft`) when the bypass TTFT is strictly larger; else
 //! disagg (`disagg:slo_cost_itl_stall`) when the stall exceeds the budget; else bypass
