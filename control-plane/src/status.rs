@@ -170,6 +170,7 @@ mod tests {
                 prefill_queued_tokens: 7,
                 decode_projected_blocks: 9,
                 decode_capacity_blocks: 1000,
+                ..PolicyInput::default()
             },
             config: ConditionalDisaggConfig::default(),
         });

@@ -17,14 +17,18 @@ pub enum PolicyKind {
     PrefillLoad,
     /// Bypass iff either of the above holds.
     IslOrLoad,
+    /// Bypass iff each choice's predicted cost says so: a TTFT no worse than disagg's and a
+    /// decode stall within the running streams' ITL budget (`slo_cost.rs`).
+    SloCost,
 }
 
 impl PolicyKind {
     /// Every rule.
-    pub const ALL: [PolicyKind; 3] = [
+    pub const ALL: [PolicyKind; 4] = [
         PolicyKind::IslBounding,
         PolicyKind::PrefillLoad,
         PolicyKind::IslOrLoad,
+        PolicyKind::SloCost,
     ];
 
     /// The JSON name.
@@ -33,6 +37,7 @@ impl PolicyKind {
             PolicyKind::IslBounding => "isl_bounding",
             PolicyKind::PrefillLoad => "prefill_load",
             PolicyKind::IslOrLoad => "isl_or_load",
+            PolicyKind::SloCost => "slo_cost",
         }
     }
 
@@ -47,9 +52,23 @@ impl PolicyKind {
             PolicyKind::IslBounding => &ISL,
             PolicyKind::PrefillLoad => &LOAD,
             PolicyKind::IslOrLoad => &BOTH,
+            PolicyKind::SloCost => &SLO_COST_KNOBS,
         }
     }
 }
+
+/// The fields `slo_cost` reads: the SLOs and the timing model's coefficients.
+pub const SLO_COST_KNOBS: [&str; 9] = [
+    "slo_itl_ms",
+    "prefill_iteration_ms",
+    "prefill_ms_per_token",
+    "prefill_attention_ms_per_token_pair",
+    "prefill_chunk_tokens",
+    "decode_step_ms",
+    "decode_step_ms_per_stream",
+    "kv_transfer_ms_per_token",
+    "itl_stall_horizon_tokens",
+];
 
 /// The decode-busy guard's field, read whatever the rule.
 pub const GUARD_KNOB: &str = "decode_busy_threshold";
@@ -75,6 +94,30 @@ pub struct ConditionalDisaggConfig {
     /// this fraction of its capacity (and none when it reports no capacity). `None` (JSON
     /// `null`, the default) turns the guard off.
     pub decode_busy_threshold: Option<f64>,
+    /// `slo_cost`: the ITL objective (ms), a stream's mean time per output token, as goodput
+    /// counts it. Default 25.
+    pub slo_itl_ms: f64,
+    /// `slo_cost`'s timing model: fixed cost of an iteration holding prefill work (ms), paid
+    /// per chunk. Default 19.5 (GB200 FP8 TEP4's `a0`, docs/sim-model.md "Prefill").
+    pub prefill_iteration_ms: f64,
+    /// Prefill cost per new token (ms). Default 0.01489 (TEP4's `a1`, ~67k tokens/s).
+    pub prefill_ms_per_token: f64,
+    /// Prefill attention cost per new token per token it attends to (ms). Default 5.42e-7
+    /// (TEP4's `a2`).
+    pub prefill_attention_ms_per_token_pair: f64,
+    /// Tokens prefilled per iteration (the engine's `max_num_batched_tokens`). Default 8192.
+    pub prefill_chunk_tokens: u32,
+    /// A decode iteration's fixed cost (ms) on a busy worker. Default 16.28 (TEP4's
+    /// `b0 + b1`: every expert touched, the batch sizes where a stall matters).
+    pub decode_step_ms: f64,
+    /// A decode iteration's cost per running stream (ms). Default 0.0163 (TEP4's `b2`).
+    pub decode_step_ms_per_stream: f64,
+    /// KV transfer time per prompt token (ms). Default 3.82e-5: 96,256 B per FP8 token over
+    /// 4 × 900 GB/s NVLink at 70 % (docs/sim-model.md, "KV transfer").
+    pub kv_transfer_ms_per_token: f64,
+    /// Output tokens a running stream still has to emit, over which a bypass's stall is
+    /// spread (see `slo_cost.rs`). Default 256.
+    pub itl_stall_horizon_tokens: u32,
 }
 
 impl Default for ConditionalDisaggConfig {
@@ -86,6 +129,15 @@ impl Default for ConditionalDisaggConfig {
             prefill_busy_threshold: 0.8,
             prefill_queue_budget_tokens: 32_768,
             decode_busy_threshold: None,
+            slo_itl_ms: 25.0,
+            prefill_iteration_ms: 19.5,
+            prefill_ms_per_token: 0.01489,
+            prefill_attention_ms_per_token_pair: 5.42e-7,
+            prefill_chunk_tokens: 8192,
+            decode_step_ms: 16.28,
+            decode_step_ms_per_stream: 0.0163,
+            kv_transfer_ms_per_token: 3.82e-5,
+            itl_stall_horizon_tokens: 256,
         }
     }
 }
@@ -106,6 +158,31 @@ impl ConditionalDisaggConfig {
         non_negative("prefill_busy_threshold", self.prefill_busy_threshold)?;
         if let Some(t) = self.decode_busy_threshold {
             non_negative("decode_busy_threshold", t)?;
+        }
+        for (field, x) in [
+            ("prefill_iteration_ms", self.prefill_iteration_ms),
+            ("prefill_ms_per_token", self.prefill_ms_per_token),
+            (
+                "prefill_attention_ms_per_token_pair",
+                self.prefill_attention_ms_per_token_pair,
+            ),
+            ("decode_step_ms", self.decode_step_ms),
+            ("decode_step_ms_per_stream", self.decode_step_ms_per_stream),
+            ("kv_transfer_ms_per_token", self.kv_transfer_ms_per_token),
+        ] {
+            non_negative(field, x)?;
+        }
+        if !(self.slo_itl_ms.is_finite() && self.slo_itl_ms > 0.0) {
+            return Err(ConfigError::new(
+                "slo_itl_ms",
+                format!("must be finite and positive, got {}", self.slo_itl_ms),
+            ));
+        }
+        if self.prefill_chunk_tokens == 0 {
+            return Err(ConfigError::new(
+                "prefill_chunk_tokens",
+                "must be at least 1",
+            ));
         }
         if self.prefill_queue_budget_tokens == 0 {
             return Err(ConfigError::new(
@@ -196,6 +273,41 @@ mod tests {
                     ..base
                 },
                 "prefill_queue_budget_tokens",
+            ),
+            (
+                ConditionalDisaggConfig {
+                    slo_itl_ms: 0.0,
+                    ..base
+                },
+                "slo_itl_ms",
+            ),
+            (
+                ConditionalDisaggConfig {
+                    slo_itl_ms: f64::NAN,
+                    ..base
+                },
+                "slo_itl_ms",
+            ),
+            (
+                ConditionalDisaggConfig {
+                    prefill_ms_per_token: -1e-3,
+                    ..base
+                },
+                "prefill_ms_per_token",
+            ),
+            (
+                ConditionalDisaggConfig {
+                    kv_transfer_ms_per_token: f64::INFINITY,
+                    ..base
+                },
+                "kv_transfer_ms_per_token",
+            ),
+            (
+                ConditionalDisaggConfig {
+                    prefill_chunk_tokens: 0,
+                    ..base
+                },
+                "prefill_chunk_tokens",
             ),
         ] {
             assert_eq!(field(bad), Err(name.to_string()));

@@ -18,6 +18,7 @@ pub mod decode_busy;
 pub mod isl_bounding;
 pub mod isl_or_load;
 pub mod prefill_load;
+pub mod slo_cost;
 
 #[cfg(test)]
 mod tests;
@@ -30,7 +31,7 @@ pub use switchyard_protocol::route::Reason;
 
 /// What a policy sees about one request and its chosen workers. Serialized into the status
 /// page's records, so that a verdict can be decided again under other thresholds.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
 pub struct PolicyInput {
     /// Prompt tokens.
     pub isl: u32,
@@ -42,6 +43,17 @@ pub struct PolicyInput {
     pub decode_projected_blocks: u64,
     /// The decode worker's KV capacity in blocks (0: unknown).
     pub decode_capacity_blocks: u64,
+    /// Prompt tokens the chosen prefill worker caches (its leading blocks, capped at `isl`).
+    /// `slo_cost` only; absent in records from before it, hence the serde default.
+    #[serde(default)]
+    pub prefill_cached_tokens: u32,
+    /// Prompt tokens queued for prefill on the decode worker (predicted), before this request.
+    #[serde(default)]
+    pub decode_queued_tokens: u64,
+    /// Streams decoding on the decode worker (routed there, past their first token, not
+    /// done), before this request: the ones a local prefill stalls.
+    #[serde(default)]
+    pub decode_running_streams: u32,
 }
 
 /// Bypass or disaggregate, with the reason.
@@ -96,6 +108,7 @@ pub fn decide(input: &PolicyInput, cfg: &ConditionalDisaggConfig) -> Decision {
         PolicyKind::IslBounding => isl_bounding::IslBounding.decide(input, cfg),
         PolicyKind::PrefillLoad => prefill_load::PrefillLoad.decide(input, cfg),
         PolicyKind::IslOrLoad => isl_or_load::IslOrLoad.decide(input, cfg),
+        PolicyKind::SloCost => slo_cost::SloCost.decide(input, cfg),
     };
     match decision {
         Decision::Bypass(_) => decode_busy::veto(input, cfg).unwrap_or(decision),

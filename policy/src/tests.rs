@@ -14,6 +14,9 @@ pub(crate) fn input(isl: u32, eff_isl: u32) -> PolicyInput {
         prefill_queued_tokens: 0,
         decode_projected_blocks: 0,
         decode_capacity_blocks: 1_000_000,
+        prefill_cached_tokens: 0,
+        decode_queued_tokens: 0,
+        decode_running_streams: 0,
     }
 }
 
@@ -24,14 +27,20 @@ fn any_input() -> impl Strategy<Value = PolicyInput> {
         0u64..100_000,
         0u64..20_000,
         0u64..20_000,
+        (0u32..=100, 0u64..100_000, 0u32..300),
     )
-        .prop_map(|(isl, pct, queued, projected, capacity)| PolicyInput {
-            isl,
-            eff_isl: (u64::from(isl) * u64::from(pct) / 100) as u32,
-            prefill_queued_tokens: queued,
-            decode_projected_blocks: projected,
-            decode_capacity_blocks: capacity,
-        })
+        .prop_map(
+            |(isl, pct, queued, projected, capacity, (p_pct, d_queued, running))| PolicyInput {
+                isl,
+                eff_isl: (u64::from(isl) * u64::from(pct) / 100) as u32,
+                prefill_queued_tokens: queued,
+                decode_projected_blocks: projected,
+                decode_capacity_blocks: capacity,
+                prefill_cached_tokens: (u64::from(isl) * u64::from(p_pct) / 100) as u32,
+                decode_queued_tokens: d_queued,
+                decode_running_streams: running,
+            },
+        )
 }
 
 fn any_config() -> impl Strategy<Value = ConditionalDisaggConfig> {
@@ -39,24 +48,104 @@ fn any_config() -> impl Strategy<Value = ConditionalDisaggConfig> {
         prop_oneof![
             Just(PolicyKind::IslBounding),
             Just(PolicyKind::PrefillLoad),
-            Just(PolicyKind::IslOrLoad)
+            Just(PolicyKind::IslOrLoad),
+            Just(PolicyKind::SloCost)
         ],
         0u32..10_000,
         0.0f64..=1.0,
         0.0f64..3.0,
         1u64..100_000,
         proptest::option::of(0.0f64..1.5),
+        any_timing(),
     )
         .prop_map(
-            |(policy, t, r, busy, budget, guard)| ConditionalDisaggConfig {
+            |(policy, t, r, busy, budget, guard, timing)| ConditionalDisaggConfig {
                 policy,
                 eff_isl_threshold: t,
                 eff_isl_ratio_threshold: r,
                 prefill_busy_threshold: busy,
                 prefill_queue_budget_tokens: budget,
                 decode_busy_threshold: guard,
+                ..timing
             },
         )
+}
+
+/// `slo_cost`'s SLOs and coefficients around the GB200 defaults (the other fields default).
+fn any_timing() -> impl Strategy<Value = ConditionalDisaggConfig> {
+    (
+        (1.0f64..100.0, 0.0f64..50.0),
+        (0.0f64..0.05, 0.0f64..2e-6, 1u32..20_000),
+        (0.0f64..30.0, 0.0f64..0.05, 0.0f64..1e-3, 0u32..2_000),
+    )
+        .prop_map(
+            |((itl, iteration), (per_token, attention, chunk), (step, per_stream, kv, horizon))| {
+                ConditionalDisaggConfig {
+                    slo_itl_ms: itl,
+                    prefill_iteration_ms: iteration,
+                    prefill_ms_per_token: per_token,
+                    prefill_attention_ms_per_token_pair: attention,
+                    prefill_chunk_tokens: chunk,
+                    decode_step_ms: step,
+                    decode_step_ms_per_stream: per_stream,
+                    kv_transfer_ms_per_token: kv,
+                    itl_stall_horizon_tokens: horizon,
+                    ..ConditionalDisaggConfig::default()
+                }
+            },
+        )
+}
+
+proptest! {
+    #[test]
+    fn slo_cost_more_prefill_queue_never_turns_a_bypass_into_disagg(
+        i in any_input(), cfg in any_timing(), more in 0u64..1_000_000
+    ) {
+        // A longer prefill queue only delays disagg.
+        let busier = PolicyInput { prefill_queued_tokens: i.prefill_queued_tokens + more, ..i };
+        if slo_cost::SloCost.decide(&i, &cfg).is_bypass() {
+            prop_assert!(slo_cost::SloCost.decide(&busier, &cfg).is_bypass());
+        }
+    }
+
+    #[test]
+    fn slo_cost_a_larger_eff_isl_never_turns_disagg_into_bypass(
+        i in any_input(), cfg in any_timing(), more in 0u32..=100
+    ) {
+        // More tokens to prefill locally (and fewer cached on the decode worker) only make a
+        // bypass slower and its stall longer; disagg's cost does not depend on eff_isl.
+        let larger = PolicyInput {
+            eff_isl: i.eff_isl + (u64::from(i.isl - i.eff_isl) * u64::from(more) / 100) as u32,
+            ..i
+        };
+        if !slo_cost::SloCost.decide(&i, &cfg).is_bypass() {
+            prop_assert!(!slo_cost::SloCost.decide(&larger, &cfg).is_bypass());
+        }
+    }
+
+    #[test]
+    fn slo_cost_more_decode_queue_or_a_looser_itl_objective_move_the_right_way(
+        i in any_input(), cfg in any_timing(), more in 0u64..100_000, looser in 0.0f64..50.0
+    ) {
+        let queued = PolicyInput { decode_queued_tokens: i.decode_queued_tokens + more, ..i };
+        let loose = ConditionalDisaggConfig { slo_itl_ms: cfg.slo_itl_ms + looser, ..cfg };
+        if !slo_cost::SloCost.decide(&i, &cfg).is_bypass() {
+            prop_assert!(!slo_cost::SloCost.decide(&queued, &cfg).is_bypass());
+        } else {
+            prop_assert!(slo_cost::SloCost.decide(&i, &loose).is_bypass());
+        }
+    }
+
+    #[test]
+    fn slo_cost_bypasses_only_within_both_predictions(i in any_input(), cfg in any_timing()) {
+        let p = slo_cost::predict(&i, &cfg);
+        prop_assert!(p.bypass_ttft_ms.is_finite() && p.disagg_ttft_ms.is_finite());
+        let bypass = slo_cost::SloCost.decide(&i, &cfg).is_bypass();
+        prop_assert_eq!(
+            bypass,
+            p.bypass_ttft_ms <= p.disagg_ttft_ms && p.bypass_stall_ms <= p.stall_budget_ms
+        );
+    }
 }
 
 proptest! {
@@ -115,6 +204,24 @@ proptest! {
     }
 }
 
+#[test]
+fn a_record_from_before_slo_cost_reads_with_its_new_inputs_zero() {
+    let old = serde_json::json!({
+        "isl": 100, "eff_isl": 10, "prefill_queued_tokens": 5,
+        "decode_projected_blocks": 2, "decode_capacity_blocks": 1000
+    });
+    let back: PolicyInput = serde_json::from_value(old).unwrap();
+    assert_eq!(
+        back,
+        PolicyInput {
+            prefill_queued_tokens: 5,
+            decode_projected_blocks: 2,
+            decode_capacity_blocks: 1000,
+            ..input(100, 10)
+        }
+    );
+}
+
 /// `into` with the field named `knob` taken from `from`.
 fn with_knob(
     into: ConditionalDisaggConfig,
@@ -130,6 +237,19 @@ fn with_knob(
             c.prefill_queue_budget_tokens = from.prefill_queue_budget_tokens;
         }
         "decode_busy_threshold" => c.decode_busy_threshold = from.decode_busy_threshold,
+        "slo_itl_ms" => c.slo_itl_ms = from.slo_itl_ms,
+        "prefill_iteration_ms" => c.prefill_iteration_ms = from.prefill_iteration_ms,
+        "prefill_ms_per_token" => c.prefill_ms_per_token = from.prefill_ms_per_token,
+        "prefill_attention_ms_per_token_pair" => {
+            c.prefill_attention_ms_per_token_pair = from.prefill_attention_ms_per_token_pair;
+        }
+        "prefill_chunk_tokens" => c.prefill_chunk_tokens = from.prefill_chunk_tokens,
+        "decode_step_ms" => c.decode_step_ms = from.decode_step_ms,
+        "decode_step_ms_per_stream" => {
+            c.decode_step_ms_per_stream = from.decode_step_ms_per_stream;
+        }
+        "kv_transfer_ms_per_token" => c.kv_transfer_ms_per_token = from.kv_transfer_ms_per_token,
+        "itl_stall_horizon_tokens" => c.itl_stall_horizon_tokens = from.itl_stall_horizon_tokens,
         other => panic!("no config field {other}"),
     }
     c

@@ -212,6 +212,9 @@ pub enum Reason {
     BypassIslBounding,
     /// Bypassed: the prefill worker is busy (`prefill_load`).
     BypassPrefillBusy,
+    /// Bypassed: `slo_cost` predicts a TTFT no worse than disagg's and a decode stall within
+    /// the running streams' ITL budget.
+    BypassSloCost,
     /// Bypassed: the client asked for several choices (`n > 1`), which handoffs cannot carry.
     BypassMultipleChoices,
     /// Disaggregated: `eff_isl >= eff_isl_threshold`.
@@ -220,6 +223,11 @@ pub enum Reason {
     DisaggEffIslRatioAboveThreshold,
     /// Disaggregated: the prefill worker is not busy (`prefill_load`).
     DisaggPrefillNotBusy,
+    /// Disaggregated: `slo_cost` predicts a lower TTFT through the prefill worker.
+    DisaggSloCostTtft,
+    /// Disaggregated: `slo_cost` predicts a bypass's prefill stall would break the decode
+    /// worker's running streams' ITL budget.
+    DisaggSloCostItlStall,
     /// Disaggregated: a bypass would push the decode worker past its KV budget.
     DisaggDecodeBusy,
     /// Disaggregated: the decode worker reports no KV capacity (decode-busy guard on).
@@ -236,13 +244,16 @@ pub enum Reason {
 
 impl Reason {
     /// Every reason a verdict can carry, in a fixed order.
-    pub const ALL: [Reason; 11] = [
+    pub const ALL: [Reason; 14] = [
         Reason::BypassIslBounding,
         Reason::BypassPrefillBusy,
+        Reason::BypassSloCost,
         Reason::BypassMultipleChoices,
         Reason::DisaggEffIslAboveThreshold,
         Reason::DisaggEffIslRatioAboveThreshold,
         Reason::DisaggPrefillNotBusy,
+        Reason::DisaggSloCostTtft,
+        Reason::DisaggSloCostItlStall,
         Reason::DisaggDecodeBusy,
         Reason::DisaggDecodeCapacityUnknown,
         Reason::DisaggAlways,
@@ -255,10 +266,13 @@ impl Reason {
         match self {
             Reason::BypassIslBounding => "bypass:isl_bounding",
             Reason::BypassPrefillBusy => "bypass:prefill_busy",
+            Reason::BypassSloCost => "bypass:slo_cost",
             Reason::BypassMultipleChoices => "bypass:multiple_choices",
             Reason::DisaggEffIslAboveThreshold => "disagg:eff_isl_above_threshold",
             Reason::DisaggEffIslRatioAboveThreshold => "disagg:eff_isl_ratio_above_threshold",
             Reason::DisaggPrefillNotBusy => "disagg:prefill_not_busy",
+            Reason::DisaggSloCostTtft => "disagg:slo_cost_ttft",
+            Reason::DisaggSloCostItlStall => "disagg:slo_cost_itl_stall",
             Reason::DisaggDecodeBusy => "disagg:decode_busy",
             Reason::DisaggDecodeCapacityUnknown => "disagg:decode_capacity_unknown",
             Reason::DisaggAlways => "disagg:always",

@@ -66,6 +66,9 @@ pub struct WorkerLoad {
     pub kv_capacity_blocks: u64,
     /// Requests decoding (or about to) on this worker that have not reported `done`.
     pub in_flight: u32,
+    /// Of those, the ones past `first_token`: streams actually decoding, which a local
+    /// prefill stalls (the others still wait for, or are in, their prefill).
+    pub decoding: u32,
     /// Whether a load report from this worker has arrived.
     pub reported: bool,
 }
@@ -80,6 +83,7 @@ struct WorkerState {
     /// Active sequence hash -> number of active requests referencing it.
     refs: U64Table,
     in_flight: u32,
+    decoding: u32,
 }
 
 impl WorkerState {
@@ -232,6 +236,9 @@ impl LoadTracker {
         }
         let load = active.load.clone();
         self.release_prefill(&load);
+        if let Some(w) = self.worker_mut(load.decode.slot) {
+            w.decoding += 1;
+        }
     }
 
     fn release_prefill(&mut self, load: &RoutedLoad) {
@@ -257,6 +264,9 @@ impl LoadTracker {
         if let Some(w) = self.worker_mut(active.load.decode.slot) {
             w.release_blocks(&active.load.decode);
             w.in_flight = w.in_flight.saturating_sub(1);
+            if !active.prefill_pending {
+                w.decoding = w.decoding.saturating_sub(1);
+            }
         }
     }
 
@@ -321,6 +331,7 @@ impl LoadTracker {
                 w.registered_capacity
             },
             in_flight: w.in_flight,
+            decoding: w.decoding,
             reported: w.report.is_some(),
         }
     }

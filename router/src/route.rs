@@ -216,6 +216,9 @@ impl Router {
                         prefill_queued_tokens: p.load.prefill_tokens,
                         decode_projected_blocks: d.load.active_blocks + decode_request_blocks,
                         decode_capacity_blocks: d.load.kv_capacity_blocks,
+                        prefill_cached_tokens: cached_tokens(p, isl),
+                        decode_queued_tokens: d.load.prefill_tokens,
+                        decode_running_streams: d.load.decoding,
                     },
                     config: self.config.conditional,
                 });

@@ -223,6 +223,9 @@ fn the_policy_call_is_traced_when_the_policy_decides_and_decides_the_same_again(
             // The request's 71 blocks on an idle worker.
             decode_projected_blocks: 71,
             decode_capacity_blocks: 10_000,
+            prefill_cached_tokens: 0,
+            decode_queued_tokens: 0,
+            decode_running_streams: 0,
         }
     );
     assert_eq!(call.decide().reason(), routed.verdict.reason);
@@ -525,6 +528,47 @@ proptest! {
         }
         prop_assert_eq!(r.index_stats().pairs, 0);
     }
+}
+
+#[test]
+fn slo_cost_sees_the_decode_workers_streams_and_queue() {
+    let mut r = router_with(&[
+        ("decode-0", WorkerRole::Decode),
+        ("prefill-0", WorkerRole::Prefill),
+    ]);
+    let cfg = RouterConfig::from_json(&serde_json::json!({"policy": "slo_cost"})).unwrap();
+    r.set_config(cfg).unwrap();
+    // An idle decode worker: no stream to stall, no transfer to wait for: bypass.
+    let a = r.route_traced("a", &prompt(1, 32_768), 1, None, 0).unwrap();
+    assert_eq!(a.verdict.reason, Reason::BypassSloCost);
+    // Now `a`'s prefill is queued there: a second cold prompt would wait behind it, so the
+    // idle prefill worker is faster. `a` stalls no stream yet: it has no first token.
+    let b = r.route_traced("b", &prompt(2, 32_768), 1, None, 0).unwrap();
+    let input = b.policy.expect("the policy decided").input;
+    assert_eq!(input.decode_running_streams, 0);
+    assert_eq!(input.decode_queued_tokens, 32_768);
+    assert_eq!(input.prefill_cached_tokens, 0);
+    assert_eq!(
+        (b.verdict.mode, b.verdict.reason.as_str()),
+        (RouteMode::Disagg, "disagg:slo_cost_ttft")
+    );
+    // The prefill worker is predicted to cache `b` now: a follow-up sees it.
+    let mut turn2 = prompt(2, 32_768);
+    turn2.extend(prompt(3, 100));
+    let c = r.route_traced("c", &turn2, 1, None, 0).unwrap();
+    assert_eq!(c.policy.unwrap().input.prefill_cached_tokens, 32_768);
+    // `a`'s first token: it decodes now, and a local prefill would stall it.
+    r.apply_lifecycle(
+        &LifecycleEvent::FirstToken {
+            request_id: "a".into(),
+        },
+        1,
+    );
+    let d = r.route_traced("d", &prompt(4, 100), 1, None, 1).unwrap();
+    assert_eq!(d.policy.unwrap().input.decode_running_streams, 1);
+    r.apply_lifecycle(&done("a"), 2);
+    let e = r.route_traced("e", &prompt(5, 100), 1, None, 2).unwrap();
+    assert_eq!(e.policy.unwrap().input.decode_running_streams, 0);
 }
 
 #[test]

@@ -13,6 +13,7 @@ fn policy_record(id: &str, isl: u32, eff_isl: u32) -> Value {
             prefill_queued_tokens: 0,
             decode_projected_blocks: 10,
             decode_capacity_blocks: 1000,
+            ..PolicyInput::default()
         },
         config: ConditionalDisaggConfig::default(),
     };
@@ -188,6 +189,10 @@ fn the_knobs_are_each_rules_fields() {
             "prefill_load": ["prefill_busy_threshold", "prefill_queue_budget_tokens"],
             "isl_or_load": ["eff_isl_threshold", "eff_isl_ratio_threshold",
                             "prefill_busy_threshold", "prefill_queue_budget_tokens"],
+            "slo_cost": ["slo_itl_ms", "prefill_iteration_ms", "prefill_ms_per_token",
+                         "prefill_attention_ms_per_token_pair", "prefill_chunk_tokens",
+                         "decode_step_ms", "decode_step_ms_per_stream",
+                         "kv_transfer_ms_per_token", "itl_stall_horizon_tokens"],
             "guard": "decode_busy_threshold",
         })
     );

@@ -62,6 +62,10 @@ struct Cli {
     /// eff_isl_ratio_threshold values tried in conditional mode.
     #[arg(long, value_delimiter = ',', default_value = "0.7")]
     sweep_ratios: Vec<f64>,
+    /// Also plan conditional mode under the `slo_cost` policy (no thresholds; its ITL
+    /// objective is --slo-itl-ms) at every split.
+    #[arg(long)]
+    slo_cost: bool,
     /// Points run at once (default: the machine's cores).
     #[arg(long)]
     jobs: Option<usize>,
@@ -141,6 +145,7 @@ fn check(cli: &Cli) -> Result<Checked> {
             eff_isl_thresholds: cli.sweep_thresholds.clone(),
             ratio_thresholds: cli.sweep_ratios.clone(),
         },
+        slo_cost: cli.slo_cost,
     };
     let points = plan_points(&space)?.len();
     let workload = load_workload(&cli.workload, default_trace, cli.max_requests)?;
@@ -148,6 +153,8 @@ fn check(cli: &Cli) -> Result<Checked> {
     base.preset = preset;
     base.seed = cli.workload.seed;
     base.arrival_scale = cli.arrival_scale;
+    // slo_cost weighs a bypass's stall against the ITL objective the plan scores against.
+    base.router.conditional.slo_itl_ms = cli.slo_itl_ms;
     Ok(Checked {
         workload,
         base,

@@ -199,14 +199,18 @@ fn plan(cli: &Cli) -> Result<Plan> {
     };
     // Checked here so that bad modes, levels or splits exit 64 before anything runs.
     comparison.runs()?;
-    let router = match &cli.conditional_disagg_config {
+    let mut router_json = match &cli.conditional_disagg_config {
         Some(text) => {
-            let json: serde_json::Value = serde_json::from_str(text)
-                .context("--conditional-disagg-config is not valid JSON")?;
-            RouterConfig::from_json(&json).context("--conditional-disagg-config")?
+            serde_json::from_str(text).context("--conditional-disagg-config is not valid JSON")?
         }
-        None => RouterConfig::default(),
+        None => serde_json::json!({}),
     };
+    // slo_cost decides against the ITL objective the run is scored against, unless the
+    // config names its own.
+    if let (Some(itl), Some(obj)) = (cli.slo_itl_ms, router_json.as_object_mut()) {
+        obj.entry("slo_itl_ms").or_insert(itl.into());
+    }
+    let router = RouterConfig::from_json(&router_json).context("--conditional-disagg-config")?;
     if cli.sweep {
         if !(0.0..1.0).contains(&cli.goodput_tolerance) {
             bail!(

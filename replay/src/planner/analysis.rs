@@ -198,6 +198,7 @@ mod tests {
                 mode: ServingMode::Disagg,
                 prefill_workers: prefill,
                 thresholds: None,
+                policy: None,
                 load_level: LoadLevel::PLANNED,
             },
             metrics: PointMetrics {

@@ -119,8 +119,10 @@ pub fn point_spec(base: &StackSpec, point: &PlanPoint) -> StackSpec {
         arrival_scale: base.arrival_scale.at_level(point.load_level),
         ..base.clone()
     };
+    if let Some(policy) = point.policy {
+        spec.router.conditional.policy = policy;
+    }
     if let Some((threshold, ratio)) = point.thresholds {
-        spec.router.conditional.policy = switchyard_router::config::PolicyKind::IslBounding;
         spec.router.conditional.eff_isl_threshold = threshold;
         spec.router.conditional.eff_isl_ratio_threshold = ratio;
     }

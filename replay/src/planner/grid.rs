@@ -4,7 +4,7 @@
 
 use serde::Serialize;
 use switchyard_loadgen::LoadLevel;
-use switchyard_router::config::ServingMode;
+use switchyard_router::config::{PolicyKind, ServingMode};
 
 use crate::sweep::ThresholdGrid;
 
@@ -19,6 +19,8 @@ pub struct PlanSpace {
     pub load_levels: Vec<LoadLevel>,
     /// `isl_bounding` thresholds tried in conditional mode.
     pub thresholds: ThresholdGrid,
+    /// Also try conditional mode under `slo_cost` (no thresholds) at every split.
+    pub slo_cost: bool,
 }
 
 /// One deployment at one load level.
@@ -28,18 +30,25 @@ pub struct PlanPoint {
     pub mode: ServingMode,
     /// Prefill workers (0 for agg); the other workers decode.
     pub prefill_workers: u32,
-    /// `(eff_isl_threshold, eff_isl_ratio_threshold)` in conditional mode.
+    /// `(eff_isl_threshold, eff_isl_ratio_threshold)` in conditional mode under
+    /// `isl_bounding`; `None` under `slo_cost` and in the other modes.
     pub thresholds: Option<(u32, f64)>,
+    /// The conditional policy (`None` in agg and disagg mode).
+    pub policy: Option<PolicyKind>,
     /// Offered-load multiplier.
     pub load_level: LoadLevel,
 }
 
 impl PlanPoint {
-    /// A short name: `agg`, `disagg 3:5`, `conditional 3:5 t=2048 r=0.7`.
+    /// A short name: `agg`, `disagg 3:5`, `conditional 3:5 t=2048 r=0.7`,
+    /// `conditional 3:5 slo_cost`.
     pub fn label(&self, workers: u32) -> String {
         let split = |p: u32| format!("{p}:{}", workers - p);
         match (self.mode, self.thresholds) {
             (ServingMode::Agg, _) => "agg".into(),
+            (mode, None) if self.policy == Some(PolicyKind::SloCost) => {
+                format!("{} {} slo_cost", mode.as_str(), split(self.prefill_workers))
+            }
             (mode, None) => format!("{} {}", mode.as_str(), split(self.prefill_workers)),
             (mode, Some((t, r))) => {
                 format!(
@@ -111,6 +120,7 @@ pub fn plan_points(space: &PlanSpace) -> Result<Vec<PlanPoint>, SpaceError> {
             mode,
             prefill_workers,
             thresholds,
+            policy: (mode == ServingMode::Conditional).then_some(PolicyKind::IslBounding),
             load_level,
         };
         if space.modes.contains(&ServingMode::Agg) {
@@ -125,6 +135,12 @@ pub fn plan_points(space: &PlanSpace) -> Result<Vec<PlanPoint>, SpaceError> {
                     for &t in &grid.eff_isl_thresholds {
                         points.push(point(ServingMode::Conditional, p, Some((t, r))));
                     }
+                }
+                if space.slo_cost {
+                    points.push(PlanPoint {
+                        policy: Some(PolicyKind::SloCost),
+                        ..point(ServingMode::Conditional, p, None)
+                    });
                 }
             }
         }
@@ -145,6 +161,7 @@ mod tests {
                 eff_isl_thresholds: vec![0, 2048],
                 ratio_thresholds: vec![0.7],
             },
+            slo_cost: false,
         }
     }
 
@@ -171,6 +188,19 @@ mod tests {
         assert!(points[10..].iter().all(|p| p.load_level.factor() == 2.0));
         let only_agg = plan_points(&space(1, vec![ServingMode::Agg])).unwrap();
         assert_eq!(only_agg.len(), 2);
+    }
+
+    #[test]
+    fn slo_cost_adds_one_conditional_point_per_split() {
+        let mut s = space(3, vec![ServingMode::Conditional]);
+        s.slo_cost = true;
+        let points = plan_points(&s).unwrap();
+        // Per level and split: two threshold pairs and slo_cost.
+        assert_eq!(points.len(), 2 * 2 * 3);
+        assert_eq!(points[2].label(3), "conditional 1:2 slo_cost");
+        assert_eq!(points[2].policy, Some(PolicyKind::SloCost));
+        assert_eq!(points[2].thresholds, None);
+        assert_eq!(points[0].policy, Some(PolicyKind::IslBounding));
     }
 
     #[test]

@@ -59,7 +59,7 @@ pub fn plan_markdown(outcome: &PlanOutcome) -> String {
         Some(rec) => {
             let p = rec.best.point;
             let thresholds = p.thresholds.map_or_else(
-                || "–".to_string(),
+                || p.policy.map_or("–", |k| k.as_str()).to_string(),
                 |(t, r)| {
                     format!("isl_bounding, eff_isl_threshold {t}, eff_isl_ratio_threshold {r}")
                 },

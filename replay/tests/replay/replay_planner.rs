@@ -39,6 +39,7 @@ fn space() -> PlanSpace {
             eff_isl_thresholds: vec![0, 4096],
             ratio_thresholds: vec![0.7],
         },
+        slo_cost: false,
     }
 }
 
