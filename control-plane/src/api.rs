@@ -261,28 +261,32 @@ async fn unmatched(rejection: warp::Rejection) -> Result<Response, Infallible> {
     Ok(reply)
 }
 
+/// The body length a request declares (`content-length`), 0 when absent or unreadable.
+pub fn declared_length(headers: &warp::http::HeaderMap) -> usize {
+    headers
+        .get(warp::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok())
+        .unwrap_or(0)
+}
+
 /// Reads a request body, refusing more than `limit` bytes (413) whatever the declared
-/// length, so a chunked upload cannot grow without bound. `headers`' `content-length`, when
-/// within the limit, sizes the buffer up front: agentic bodies are 0.4–1 MB, and growing a
-/// buffer by doubling copies the body about twice more.
+/// length, so a chunked upload cannot grow without bound. `declared` (see
+/// [`declared_length`]), when within the limit, sizes the buffer up front: agentic bodies are
+/// 0.4–1 MB, and growing a buffer by doubling copies the body about twice more.
 ///
 /// # Errors
 /// `Err(reply)` with 413 `body_too_large` or 400 `body_read`.
 pub async fn read_body<S, B>(
-    headers: &warp::http::HeaderMap,
     body: S,
     limit: usize,
+    declared: usize,
 ) -> Result<Vec<u8>, (&'static str, Response)>
 where
     S: futures::Stream<Item = Result<B, warp::Error>> + Send,
     B: warp::Buf,
 {
     use futures::StreamExt;
-    let declared = headers
-        .get(warp::http::header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<usize>().ok())
-        .unwrap_or(0);
     let mut body = std::pin::pin!(body);
     let mut buf = Vec::with_capacity(declared.min(limit));
     while let Some(chunk) = body.next().await {

@@ -44,6 +44,17 @@ pub struct PromptSpec {
 }
 
 impl PromptSpec {
+    /// A prompt of `(block, tokens)` segments, for tests.
+    #[cfg(test)]
+    pub(crate) fn of(segments: &[(u64, u32)]) -> Self {
+        PromptSpec {
+            segments: segments
+                .iter()
+                .map(|&(block, tokens)| Segment { block, tokens })
+                .collect(),
+        }
+    }
+
     /// Total content tokens.
     pub fn tokens(&self) -> u64 {
         self.segments.iter().map(|s| u64::from(s.tokens)).sum()
@@ -266,22 +277,13 @@ impl BodyBuilder {
 mod tests {
     use super::*;
 
-    fn spec(segments: &[(u64, u32)]) -> PromptSpec {
-        PromptSpec {
-            segments: segments
-                .iter()
-                .map(|&(block, tokens)| Segment { block, tokens })
-                .collect(),
-        }
-    }
-
     #[test]
     fn equal_blocks_give_equal_words_and_partial_blocks_are_prefixes() {
-        let full: Vec<_> = spec(&[(7, 512)]).word_indices(3).collect();
-        let partial: Vec<_> = spec(&[(7, 100)]).word_indices(3).collect();
+        let full: Vec<_> = PromptSpec::of(&[(7, 512)]).word_indices(3).collect();
+        let partial: Vec<_> = PromptSpec::of(&[(7, 100)]).word_indices(3).collect();
         assert_eq!(full.len(), 512);
         assert_eq!(&full[..100], &partial[..]);
-        let other_seed: Vec<_> = spec(&[(7, 512)]).word_indices(4).collect();
+        let other_seed: Vec<_> = PromptSpec::of(&[(7, 512)]).word_indices(4).collect();
         assert_ne!(full, other_seed);
     }
 
@@ -299,7 +301,7 @@ mod tests {
     #[test]
     fn words_cover_the_vocabulary() {
         let mut seen = vec![false; VOCABULARY_SIZE];
-        for i in spec(&[(1, 20_000)]).word_indices(0) {
+        for i in PromptSpec::of(&[(1, 20_000)]).word_indices(0) {
             seen[i] = true;
         }
         assert!(seen.iter().all(|s| *s));
@@ -308,7 +310,7 @@ mod tests {
     #[test]
     fn text_has_one_word_per_token() {
         let vocab = Vocabulary::synthetic();
-        let s = spec(&[(1, 10), (2, 5)]);
+        let s = PromptSpec::of(&[(1, 10), (2, 5)]);
         let text = s.text(&vocab, 0);
         assert_eq!(text.split(' ').filter(|w| !w.is_empty()).count(), 15);
         assert_eq!(s.token_ids(&vocab, 0).len(), 15);
@@ -322,7 +324,7 @@ mod tests {
             vocab: Vocabulary::synthetic(),
             content_seed: 1,
         };
-        let body = builder.body_for(&spec(&[(1, 4)]), 17);
+        let body = builder.body_for(&PromptSpec::of(&[(1, 4)]), 17);
         assert_eq!(body["messages"][0]["role"], "user");
         assert_eq!(body["max_tokens"], 17);
         assert_eq!(body["ignore_eos"], true);
@@ -331,6 +333,6 @@ mod tests {
             api: ApiKind::Completions,
             ..builder
         };
-        assert!(completions.body_for(&spec(&[(1, 4)]), 1)["prompt"].is_string());
+        assert!(completions.body_for(&PromptSpec::of(&[(1, 4)]), 1)["prompt"].is_string());
     }
 }

@@ -47,7 +47,7 @@ where
     S: futures::Stream<Item = Result<B, warp::Error>> + Send,
     B: warp::Buf,
 {
-    let bytes = match read_body(&warp::http::HeaderMap::new(), body, MAX_SMALL_BODY_BYTES).await {
+    let bytes = match read_body(body, MAX_SMALL_BODY_BYTES, 0).await {
         Ok(b) => b,
         Err((code, reply)) => {
             state.metrics.bad_request(code);

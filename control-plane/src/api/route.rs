@@ -21,7 +21,7 @@ use switchyard_protocol::route::{
     REQUEST_ID_HEADER,
 };
 
-use super::{error_reply, read_body, ApiState};
+use super::{declared_length, error_reply, read_body, ApiState};
 use crate::metrics::{DecisionLabels, ModelDecisionLabels};
 use crate::models::{ModelRefusal, ServedModel};
 use crate::router::{RouteError, Routed};
@@ -226,7 +226,7 @@ where
     let fail = |f: RouteFailure| (f.status_and_code().1, f.into_reply());
     let api = api_kind(headers).map_err(fail)?;
     let request_id = request_id(headers, &state.request_ids).map_err(fail)?;
-    let bytes = read_body(headers, body, state.max_route_body_bytes).await?;
+    let bytes = read_body(body, state.max_route_body_bytes, declared_length(headers)).await?;
     let json: serde_json::Value = serde_json::from_slice(&bytes).map_err(|e| {
         fail(RouteFailure::invalid(
             "body",

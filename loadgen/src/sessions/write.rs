@@ -254,28 +254,18 @@ fn starts(short: &[Piece], long: &[Piece]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::prompts::Segment;
-
-    fn prompt(segments: &[(u64, u32)]) -> PromptSpec {
-        PromptSpec {
-            segments: segments
-                .iter()
-                .map(|&(block, tokens)| Segment { block, tokens })
-                .collect(),
-        }
-    }
 
     #[test]
     fn equal_prefixes_get_equal_ids_and_a_partial_block_its_full_blocks_id() {
         let mut namer = BlockNamer::new(4);
         // 6 tokens: a full block and a partial one.
-        let turn1 = namer.hash_ids(&prompt(&[(10, 6)]));
+        let turn1 = namer.hash_ids(&PromptSpec::of(&[(10, 6)]));
         // The same 6 tokens and 3 more: the partial block grows into a full one.
-        let turn2 = namer.hash_ids(&prompt(&[(10, 6), (11, 3)]));
+        let turn2 = namer.hash_ids(&PromptSpec::of(&[(10, 6), (11, 3)]));
         // The same first block, then other content.
-        let other = namer.hash_ids(&prompt(&[(10, 4), (12, 4)]));
+        let other = namer.hash_ids(&PromptSpec::of(&[(10, 4), (12, 4)]));
         // Same content as block 1 of turn2 but a different block before it.
-        let moved = namer.hash_ids(&prompt(&[(13, 4), (10, 2), (11, 2)]));
+        let moved = namer.hash_ids(&PromptSpec::of(&[(13, 4), (10, 2), (11, 2)]));
         assert_eq!(turn1, vec![0, 1]);
         assert_eq!(turn2, vec![0, 1, 2]);
         assert_eq!(other, vec![0, 3]);
