@@ -28,6 +28,7 @@
 //! `apply_kv_batch`, and verdicts by their [`Reason`] (all listed in [`Reason::ALL`]).
 #![deny(missing_docs)]
 
+pub mod chains;
 pub mod config;
 /// The KV index (its own crate, `switchyard-kv-index`).
 pub use switchyard_kv_index as index;

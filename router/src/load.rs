@@ -9,9 +9,10 @@
 //!   they are freed by the request's `first_token` lifecycle report (prefill done).
 //! - **active KV blocks**: the request's prompt blocks become active on its decode worker (and,
 //!   until `first_token`, on its prefill worker); freed by `done`. Blocks shared by concurrent
-//!   requests are counted once: each worker keeps a reference count per sequence hash, and a
-//!   block adds to the load only on its first reference. A partial last block is never
-//!   shared and counts on its own.
+//!   requests are counted once: each worker keeps the hash chains of the prompts it holds, and
+//!   a prompt adds only the blocks past the longest prefix it shares with one of them
+//!   ([`crate::chains`]: a few probes per prompt in flight, not a table update per block). A
+//!   partial last block is never shared and counts on its own.
 //!
 //! **Reports correct predictions** this way: a report *replaces the baseline*, and the
 //! prediction is `baseline + changes since the report` (tokens and distinct blocks added
@@ -26,8 +27,8 @@ use std::collections::{HashMap, VecDeque};
 use switchyard_protocol::hash::SequenceHash;
 use switchyard_protocol::worker::LoadReport;
 
+use crate::chains::{longest_shared_prefix, Chain};
 use crate::config::LoadConfig;
-use crate::index::table::U64Table;
 use crate::index::WorkerSlot;
 
 #[cfg(test)]
@@ -40,8 +41,9 @@ pub struct Leg {
     pub slot: WorkerSlot,
     /// Prompt tokens it must prefill for this request.
     pub prefill_tokens: u64,
-    /// The request's full prompt blocks, as sequence hashes in this worker's block size.
-    pub blocks: Vec<SequenceHash>,
+    /// The request's full prompt blocks, as sequence hashes in this worker's block size
+    /// (shared with the request's other leg and its KV predictions).
+    pub blocks: Chain,
     /// Extra unshareable blocks (the partial last block: 0 or 1).
     pub tail_blocks: u64,
 }
@@ -80,38 +82,37 @@ struct WorkerState {
     /// Changes since the last report (or since registration).
     prefill_delta: i64,
     blocks_delta: i64,
-    /// Active sequence hash -> number of active requests referencing it.
-    refs: U64Table,
+    /// The prompts of the legs active here, by [`LegKey`].
+    active: Vec<(LegKey, Chain)>,
     in_flight: u32,
     decoding: u32,
 }
 
+/// Which leg of which tracked request (both legs may name the same worker).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct LegKey {
+    ticket: u64,
+    prefill: bool,
+}
+
 impl WorkerState {
-    fn add_blocks(&mut self, leg: &Leg) {
-        for h in &leg.blocks {
-            let n = self.refs.get(h.0).unwrap_or(0);
-            self.refs.insert(h.0, n + 1);
-            if n == 0 {
-                self.blocks_delta += 1;
-            }
-        }
-        self.blocks_delta += leg.tail_blocks as i64;
+    /// Blocks of `blocks` that no active prompt here holds.
+    fn unshared(&self, blocks: &[SequenceHash]) -> i64 {
+        let shared = longest_shared_prefix(self.active.iter().map(|(_, c)| &c[..]), blocks, 0);
+        (blocks.len() - shared) as i64
     }
 
-    fn release_blocks(&mut self, leg: &Leg) {
-        for h in &leg.blocks {
-            match self.refs.get(h.0) {
-                Some(n) if n > 1 => {
-                    self.refs.insert(h.0, n - 1);
-                }
-                Some(_) => {
-                    self.refs.remove(h.0);
-                    self.blocks_delta -= 1;
-                }
-                None => {}
-            }
-        }
-        self.blocks_delta -= leg.tail_blocks as i64;
+    fn add_blocks(&mut self, key: LegKey, leg: &Leg) {
+        self.blocks_delta += self.unshared(&leg.blocks) + leg.tail_blocks as i64;
+        self.active.push((key, leg.blocks.clone()));
+    }
+
+    fn release_blocks(&mut self, key: LegKey, leg: &Leg) {
+        let Some(i) = self.active.iter().position(|(k, _)| *k == key) else {
+            return;
+        };
+        self.active.swap_remove(i);
+        self.blocks_delta -= self.unshared(&leg.blocks) + leg.tail_blocks as i64;
     }
 }
 
@@ -189,22 +190,19 @@ impl LoadTracker {
     /// Records a routing decision. A request id routed again replaces its earlier load.
     pub fn on_route(&mut self, request_id: &str, load: RoutedLoad, now_ms: u64) {
         self.on_done(request_id);
-        let legs = std::iter::once(&load.decode).chain(load.prefill.as_ref());
-        for leg in legs {
-            if let Some(w) = self
-                .workers
-                .get_mut(usize::from(leg.slot.0))
-                .and_then(Option::as_mut)
-            {
+        self.next_ticket += 1;
+        let ticket = self.next_ticket;
+        let legs = [(false, Some(&load.decode)), (true, load.prefill.as_ref())];
+        for (prefill, leg) in legs {
+            let Some(leg) = leg else { continue };
+            if let Some(w) = self.worker_mut(leg.slot) {
                 w.prefill_delta += leg.prefill_tokens as i64;
-                w.add_blocks(leg);
+                w.add_blocks(LegKey { ticket, prefill }, leg);
             }
         }
         if let Some(w) = self.worker_mut(load.decode.slot) {
             w.in_flight += 1;
         }
-        self.next_ticket += 1;
-        let ticket = self.next_ticket;
         self.order
             .push_back((now_ms, ticket, request_id.to_string()));
         self.prefill_order
@@ -234,21 +232,25 @@ impl LoadTracker {
         if !std::mem::replace(&mut active.prefill_pending, false) {
             return;
         }
-        let load = active.load.clone();
-        self.release_prefill(&load);
+        let (ticket, load) = (active.ticket, active.load.clone());
+        self.release_prefill(ticket, &load);
         if let Some(w) = self.worker_mut(load.decode.slot) {
             w.decoding += 1;
         }
     }
 
-    fn release_prefill(&mut self, load: &RoutedLoad) {
+    fn release_prefill(&mut self, ticket: u64, load: &RoutedLoad) {
         if let Some(w) = self.worker_mut(load.decode.slot) {
             w.prefill_delta -= load.decode.prefill_tokens as i64;
         }
         if let Some(p) = &load.prefill {
             if let Some(w) = self.worker_mut(p.slot) {
                 w.prefill_delta -= p.prefill_tokens as i64;
-                w.release_blocks(p);
+                let key = LegKey {
+                    ticket,
+                    prefill: true,
+                };
+                w.release_blocks(key, p);
             }
         }
     }
@@ -259,10 +261,14 @@ impl LoadTracker {
             return;
         };
         if active.prefill_pending {
-            self.release_prefill(&active.load);
+            self.release_prefill(active.ticket, &active.load);
         }
         if let Some(w) = self.worker_mut(active.load.decode.slot) {
-            w.release_blocks(&active.load.decode);
+            let key = LegKey {
+                ticket: active.ticket,
+                prefill: false,
+            };
+            w.release_blocks(key, &active.load.decode);
             w.in_flight = w.in_flight.saturating_sub(1);
             if !active.prefill_pending {
                 w.decoding = w.decoding.saturating_sub(1);
@@ -342,10 +348,7 @@ impl LoadTracker {
         let Some(Some(w)) = self.workers.get(usize::from(slot.0)) else {
             return 0;
         };
-        hashes
-            .iter()
-            .take_while(|h| w.refs.get(h.0).is_some())
-            .count() as u64
+        longest_shared_prefix(w.active.iter().map(|(_, c)| &c[..]), hashes, 0) as u64
     }
 
     /// Requests currently tracked.

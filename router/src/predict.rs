@@ -12,39 +12,47 @@
 //! worker never confirms (it failed the request, evicted at once) simply runs out.
 //!
 //! A block may be predicted on several workers (a disaggregated verdict predicts it on its
-//! prefill and its decode worker); each (worker, block) pair keeps its latest prediction.
+//! prefill and its decode worker). Each worker keeps its live predictions as the prompts'
+//! hash chains ([`crate::chains`]), so a route query costs a few probes per prediction, not a
+//! lookup per block; a prediction whose prompt a newer one on the same worker extends is
+//! dropped, so a conversation holds one per worker. At most [`MAX_PER_WORKER`] are kept per
+//! worker, the newest: predictions bridge the time until the worker's own events arrive,
+//! well under a second, so older ones are seldom still needed.
 //!
 //! Pure: time comes in as `now_ms`.
 
 use std::collections::VecDeque;
 
+use crate::chains::{longest_shared_prefix, Chain};
+use crate::index::WorkerSlot;
 use switchyard_protocol::hash::SequenceHash;
 
-use crate::index::table::U64Table;
-use crate::index::WorkerSlot;
+/// Live predictions kept per worker (see the module docs).
+pub const MAX_PER_WORKER: usize = 1024;
 
 /// One verdict's prediction.
 #[derive(Debug)]
 struct Record {
-    slot: WorkerSlot,
     expires_ms: u64,
-    hashes: Vec<SequenceHash>,
+    hashes: Chain,
+}
+
+impl Record {
+    /// Whether `newer` covers this record: it predicts every block of this one, for as long.
+    fn covered_by(&self, newer: &Record) -> bool {
+        newer.expires_ms >= self.expires_ms
+            && self
+                .hashes
+                .last()
+                .is_none_or(|&last| newer.hashes.get(self.hashes.len() - 1) == Some(&last))
+    }
 }
 
 /// Live predictions (see the module docs).
 #[derive(Debug, Default)]
 pub struct Predictions {
-    /// (worker, sequence hash) key -> ticket of the latest record that predicted the pair.
-    latest: U64Table,
-    /// Records, oldest first; their tickets are consecutive from `front_ticket`.
-    records: VecDeque<Record>,
-    front_ticket: u32,
-}
-
-/// The table key of a (worker, block) pair: the hash plus a per-worker odd offset. Sequence
-/// hashes are uniform 64-bit values, so two pairs collide with odds of about 2^-64.
-fn key(slot: WorkerSlot, h: SequenceHash) -> u64 {
-    h.0.wrapping_add((u64::from(slot.0) + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15))
+    /// Per worker slot: its predictions, oldest first.
+    per_worker: Vec<VecDeque<Record>>,
 }
 
 impl Predictions {
@@ -53,27 +61,27 @@ impl Predictions {
         Self::default()
     }
 
-    fn record(&self, ticket: u32) -> Option<&Record> {
-        self.records
-            .get(ticket.wrapping_sub(self.front_ticket) as usize)
-    }
-
     /// Predicts `hashes` (a prompt's blocks, in order) on `slot` until `now_ms + ttl_ms`.
     /// A zero `ttl_ms` predicts nothing.
-    pub fn predict(&mut self, slot: WorkerSlot, hashes: &[SequenceHash], now_ms: u64, ttl_ms: u64) {
+    pub fn predict(&mut self, slot: WorkerSlot, hashes: &Chain, now_ms: u64, ttl_ms: u64) {
         self.expire(now_ms);
         if ttl_ms == 0 || hashes.is_empty() {
             return;
         }
-        let ticket = self.front_ticket.wrapping_add(self.records.len() as u32);
-        for &h in hashes {
-            self.latest.insert(key(slot, h), ticket);
+        let i = usize::from(slot.0);
+        if self.per_worker.len() <= i {
+            self.per_worker.resize_with(i + 1, VecDeque::new);
         }
-        self.records.push_back(Record {
-            slot,
+        let record = Record {
             expires_ms: now_ms.saturating_add(ttl_ms),
-            hashes: hashes.to_vec(),
-        });
+            hashes: hashes.clone(),
+        };
+        let records = &mut self.per_worker[i];
+        records.retain(|r| !r.covered_by(&record));
+        if records.len() == MAX_PER_WORKER {
+            records.pop_front();
+        }
+        records.push_back(record);
     }
 
     /// The leading blocks of `hashes` cached or predicted on `slot`, given that its first
@@ -85,55 +93,46 @@ impl Predictions {
         cached: u32,
         now_ms: u64,
     ) -> u32 {
-        let mut held = cached as usize;
-        while let Some(&h) = hashes.get(held) {
-            let predicted = self
-                .latest
-                .get(key(slot, h))
-                .and_then(|t| self.record(t))
-                .is_some_and(|r| r.slot == slot && r.expires_ms > now_ms);
-            if !predicted {
-                break;
-            }
-            held += 1;
-        }
-        u32::try_from(held).unwrap_or(u32::MAX)
+        let Some(records) = self.per_worker.get(usize::from(slot.0)) else {
+            return cached;
+        };
+        // Newest first: the likeliest to share the most.
+        let live = records
+            .iter()
+            .rev()
+            .filter(|r| r.expires_ms > now_ms)
+            .map(|r| &r.hashes[..]);
+        let held = longest_shared_prefix(live, hashes, cached as usize);
+        u32::try_from(held).unwrap_or(u32::MAX).max(cached)
     }
 
     /// Drops every prediction on `slot` (the worker left or restarted with a cold cache).
     pub fn forget_worker(&mut self, slot: WorkerSlot) {
-        for r in self.records.iter_mut().filter(|r| r.slot == slot) {
-            r.expires_ms = 0;
+        if let Some(records) = self.per_worker.get_mut(usize::from(slot.0)) {
+            records.clear();
         }
-        self.expire(0);
     }
 
-    /// Drops predictions that ran out by `now_ms` from the front (and, after
-    /// [`Predictions::forget_worker`], every forgotten one behind them in time).
+    /// Drops predictions that ran out by `now_ms`.
     pub fn expire(&mut self, now_ms: u64) {
-        while self.records.front().is_some_and(|r| r.expires_ms <= now_ms) {
-            let Some(record) = self.records.pop_front() else {
-                break;
-            };
-            let ticket = self.front_ticket;
-            self.front_ticket = self.front_ticket.wrapping_add(1);
-            for &h in &record.hashes {
-                let k = key(record.slot, h);
-                if self.latest.get(k) == Some(ticket) {
-                    self.latest.remove(k);
-                }
+        for records in &mut self.per_worker {
+            // Kept in prediction order, so with one TTL the oldest run out first; after a
+            // TTL change a later one may run out earlier, and stays until those before it
+            // do (queries skip it).
+            while records.front().is_some_and(|r| r.expires_ms <= now_ms) {
+                records.pop_front();
             }
         }
     }
 
-    /// Records held (expired ones behind a live one included).
+    /// Predictions held (expired ones behind a live one included).
     pub fn len(&self) -> usize {
-        self.records.len()
+        self.per_worker.iter().map(VecDeque::len).sum()
     }
 
     /// Whether nothing is predicted.
     pub fn is_empty(&self) -> bool {
-        self.records.is_empty()
+        self.len() == 0
     }
 }
 
@@ -141,8 +140,12 @@ impl Predictions {
 mod tests {
     use super::*;
 
-    fn hashes(range: std::ops::Range<u64>) -> Vec<SequenceHash> {
+    fn hashes(range: std::ops::Range<u64>) -> Chain {
         range.map(|i| SequenceHash(1000 + i)).collect()
+    }
+
+    fn chain(hashes: &[SequenceHash]) -> Chain {
+        hashes.into()
     }
 
     const A: WorkerSlot = WorkerSlot(0);
@@ -152,7 +155,7 @@ mod tests {
     fn a_prediction_extends_the_cached_prefix_until_it_runs_out() {
         let mut p = Predictions::new();
         let prompt = hashes(0..10);
-        p.predict(A, &prompt[..6], 100, 1_000);
+        p.predict(A, &chain(&prompt[..6]), 100, 1_000);
         assert_eq!(p.extend(A, &prompt, 0, 200), 6);
         assert_eq!(
             p.extend(A, &prompt, 8, 200),
@@ -170,11 +173,11 @@ mod tests {
         let mut p = Predictions::new();
         let prompt = hashes(0..4);
         p.predict(A, &prompt, 0, 1_000);
-        p.predict(B, &prompt[..2], 10, 1_000);
+        p.predict(B, &chain(&prompt[..2]), 10, 1_000);
         assert_eq!(p.extend(A, &prompt, 0, 20), 4);
         assert_eq!(p.extend(B, &prompt, 0, 20), 2);
         // A again, later: its pairs now point at the newer record, which outlives the first.
-        p.predict(A, &prompt[..1], 500, 1_000);
+        p.predict(A, &chain(&prompt[..1]), 500, 1_000);
         p.expire(1_005);
         assert_eq!(p.extend(A, &prompt, 0, 1_005), 1);
         assert_eq!(p.extend(B, &prompt, 0, 1_005), 2);

@@ -36,7 +36,7 @@ impl Router {
         Some(SharedLeg {
             worker_id: worker.info.worker_id.clone(),
             prefill_tokens: leg.prefill_tokens,
-            blocks: leg.blocks.clone(),
+            blocks: leg.blocks.to_vec(),
             tail_blocks: leg.tail_blocks,
         })
     }
@@ -74,7 +74,7 @@ impl Router {
         Ok(Leg {
             slot: worker.slot,
             prefill_tokens: leg.prefill_tokens,
-            blocks: leg.blocks.clone(),
+            blocks: leg.blocks.as_slice().into(),
             tail_blocks: leg.tail_blocks,
         })
     }

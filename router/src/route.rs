@@ -1,11 +1,12 @@
 //! Tokens → verdict: hash the prompt per block size, match the KV index, pick the decode
 //! (and prefill) worker by cost, let the serving mode and policy decide, record the load.
 
-use switchyard_protocol::hash::{sequence_hashes, BlockSize, HashSeed, SequenceHash};
+use switchyard_protocol::hash::{sequence_hashes, BlockSize, HashSeed};
 use switchyard_protocol::route::{Endpoint, Reason, RouteMode, Verdict};
 use switchyard_protocol::worker::WorkerRole;
 
 use super::{RouteError, Router};
+use crate::chains::Chain;
 use crate::config::ServingMode;
 use crate::index::WorkerSlot;
 use crate::load::{Leg, RoutedLoad, WorkerLoad};
@@ -104,7 +105,7 @@ impl Router {
     ) -> Result<Routed, RouteError> {
         self.load.expire(now_ms, &self.config.load);
         let mode = self.config.serving_mode;
-        let mut by_size: Vec<(u32, Vec<SequenceHash>)> = Vec::new();
+        let mut by_size: Vec<(u32, Chain)> = Vec::new();
         let mut decode = Vec::new();
         let mut prefill = Vec::new();
         let serves = |w: &&crate::WorkerState| model.is_none_or(|m| w.info.model == m);
@@ -123,9 +124,10 @@ impl Router {
                 Some(i) => i,
                 None => {
                     // Registration validated the block size; an invalid one hashes nothing.
-                    let h = BlockSize::try_new(bs)
+                    let h: Chain = BlockSize::try_new(bs)
                         .map(|b| sequence_hashes(tokens, b, HashSeed::default()))
-                        .unwrap_or_default();
+                        .unwrap_or_default()
+                        .into();
                     by_size.push((bs, h));
                     by_size.len() - 1
                 }

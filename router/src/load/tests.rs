@@ -1,14 +1,15 @@
 use super::*;
+use crate::chains::Chain;
 use switchyard_protocol::worker::WorkerId;
 
 const D: WorkerSlot = WorkerSlot(0);
 const P: WorkerSlot = WorkerSlot(1);
 
-fn hashes(range: std::ops::Range<u64>) -> Vec<SequenceHash> {
+fn hashes(range: std::ops::Range<u64>) -> Chain {
     range.map(SequenceHash).collect()
 }
 
-fn leg(slot: WorkerSlot, prefill_tokens: u64, blocks: Vec<SequenceHash>, tail_blocks: u64) -> Leg {
+fn leg(slot: WorkerSlot, prefill_tokens: u64, blocks: Chain, tail_blocks: u64) -> Leg {
     Leg {
         slot,
         prefill_tokens,
@@ -115,7 +116,17 @@ fn a_report_replaces_the_baseline_and_later_changes_add_on_top() {
         (2000, 300, 4000)
     );
     assert!(l.reported);
-    t.on_route("new", bypass(5..20, 100), 1); // 10 new distinct blocks + tail
+    // Shares its first 5 blocks with "old": 10 new distinct blocks + tail.
+    let new: Chain = hashes(0..5)
+        .iter()
+        .chain(&*hashes(100..110))
+        .copied()
+        .collect();
+    let new = RoutedLoad {
+        decode: leg(D, 100, new, 1),
+        prefill: None,
+    };
+    t.on_route("new", new, 1);
     assert_eq!(t.load(D).prefill_tokens, 2100);
     assert_eq!(t.load(D).active_blocks, 311);
     t.on_first_token("old");
@@ -207,5 +218,51 @@ proptest::proptest! {
         proptest::prop_assert_eq!(t.load(D).prefill_tokens, 0);
         proptest::prop_assert_eq!(t.load(P).active_blocks, 0);
         proptest::prop_assert_eq!(t.load(P).prefill_tokens, 0);
+    }
+}
+
+/// A prompt's chain: each block's hash depends on every block before it, as sequence hashes
+/// do, so prompts drawn from a small alphabet share prefixes of every length.
+fn prompt_chain(blocks: &[u8]) -> Chain {
+    let mut h = 0x9e37_79b9_7f4a_7c15_u64;
+    blocks
+        .iter()
+        .map(|&b| {
+            h = (h ^ u64::from(b))
+                .wrapping_mul(0x0100_0000_01b3)
+                .rotate_left(23);
+            SequenceHash(h)
+        })
+        .collect()
+}
+
+proptest::proptest! {
+    /// The active blocks are the distinct blocks of the prompts in flight (plus tails),
+    /// whatever the order requests arrive and finish in.
+    #[test]
+    fn active_blocks_count_each_shared_block_once(
+        prompts in proptest::collection::vec(proptest::collection::vec(0u8..3, 0..12), 1..16),
+        finish in proptest::collection::vec(proptest::bool::ANY, 16),
+    ) {
+        let mut t = tracker();
+        for (i, p) in prompts.iter().enumerate() {
+            let load = RoutedLoad { decode: leg(D, 0, prompt_chain(p), 1), prefill: None };
+            t.on_route(&i.to_string(), load, 0);
+        }
+        for (i, done) in finish.iter().enumerate().take(prompts.len()) {
+            if *done {
+                t.on_done(&i.to_string());
+            }
+        }
+        let live: Vec<&Vec<u8>> =
+            prompts.iter().zip(&finish).filter(|(_, done)| !**done).map(|(p, _)| p).collect();
+        let distinct: std::collections::HashSet<u64> =
+            live.iter().flat_map(|p| prompt_chain(p).iter().map(|h| h.0).collect::<Vec<_>>()).collect();
+        proptest::prop_assert_eq!(t.load(D).active_blocks, (distinct.len() + live.len()) as u64);
+        for p in &prompts {
+            let chain = prompt_chain(p);
+            let walked = chain.iter().take_while(|h| distinct.contains(&h.0)).count() as u64;
+            proptest::prop_assert_eq!(t.active_prefix(D, &chain), walked);
+        }
     }
 }
