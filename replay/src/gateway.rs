@@ -6,10 +6,16 @@
 //! the client sends it:
 //!
 //! 1. the filter sends the body to the control plane, which parses it, applies the chat
-//!    template and tokenizes the whole prompt to route it. At most
-//!    [`GatewayModel::route_threads`] route calls tokenize at once (the control plane's
-//!    `--route-tokenize-threads` semaphore, FIFO); the rest wait for a permit.
-//! 2. If no verdict arrives within the filter's route timeout, the request **fails open**:
+//!    template and tokenizes the prompt to route it. Text it has tokenized before (a
+//!    conversation's earlier turns, a growing message's start) comes from its segment cache
+//!    and costs only parsing, rendering and lookups ([`GatewayModel::route_ms_per_cached_token`]);
+//!    the rest is encoded ([`GatewayModel::route_ms_per_prompt_token`]). At most
+//!    [`GatewayModel::route_threads`] route calls tokenize at once per lane (the control
+//!    plane's `--route-tokenize-threads` semaphores, FIFO): long prompts
+//!    ([`GatewayModel::long_lane_min_tokens`], the control plane's 64 KiB bodies) and short
+//!    ones each have a lane, so long cold prompts never hold up short ones.
+//! 2. If no verdict arrives within the filter's route timeout (a base plus a budget per
+//!    prompt token, the filter's per-MiB budget, capped), the request **fails open**:
 //!    Envoy forwards it unrouted to a decode worker (least-request over the decode cluster),
 //!    which prefills it locally. The control plane's tokenization that already started runs
 //!    to completion anyway (a blocking thread cannot be cancelled; its permit is held until
@@ -33,11 +39,17 @@ pub struct GatewayModel {
     /// sent at once reaches the control plane's FIFO shortest body first.
     pub body_ms_per_prompt_token: f64,
     /// The control plane's CPU time per prompt token for one route call (parse, chat
-    /// template, tokenizer), in the run's time unit (modelled ms).
+    /// template, tokenizer), in the run's time unit (modelled ms), for text it has not seen.
     pub route_ms_per_prompt_token: f64,
-    /// Route calls that tokenize at once; later ones wait in FIFO order (the control plane's
-    /// `--route-tokenize-threads`). 0: no bound.
+    /// The same for prompt tokens whose text the control plane tokenized before (its segment
+    /// cache holds them: parse, template and lookups only), modelled ms.
+    pub route_ms_per_cached_token: f64,
+    /// Route calls that tokenize at once per lane; later ones wait in FIFO order (the control
+    /// plane's `--route-tokenize-threads`). 0: no bound.
     pub route_threads: u32,
+    /// Prompts of at least this many tokens take the long lane, the others the short one
+    /// (the control plane's lanes split bodies at 64 KiB). 0: one lane for all.
+    pub long_lane_min_tokens: u64,
     /// The first worker's CPU time per prompt token before its engine sees the request,
     /// modelled ms.
     pub worker_ms_per_prompt_token: f64,
@@ -51,6 +63,12 @@ pub struct GatewayModel {
     /// The filter's route call timeout, modelled ms: a request whose route tokenization has
     /// not finished this long after it was sent fails open. `None`: never.
     pub route_timeout_ms: Option<f64>,
+    /// Extra route timeout per prompt token, modelled ms (the filter's
+    /// `route_timeout_ms_per_mib` at the workload's bytes per token).
+    pub route_timeout_ms_per_token: f64,
+    /// The longest route timeout whatever the prompt, modelled ms (the filter's cap).
+    /// `None`: no cap.
+    pub route_timeout_cap_ms: Option<f64>,
 }
 
 impl GatewayModel {
@@ -58,11 +76,15 @@ impl GatewayModel {
     pub const FREE: GatewayModel = GatewayModel {
         body_ms_per_prompt_token: 0.0,
         route_ms_per_prompt_token: 0.0,
+        route_ms_per_cached_token: 0.0,
         route_threads: 0,
+        long_lane_min_tokens: 0,
         worker_ms_per_prompt_token: 0.0,
         cpus: 1.0,
         decode_leg_ms_per_prompt_token: 0.0,
         route_timeout_ms: None,
+        route_timeout_ms_per_token: 0.0,
+        route_timeout_cap_ms: None,
     };
 
     /// Whether the stage costs nothing (then requests skip it, and nothing fails open).
@@ -77,9 +99,26 @@ impl GatewayModel {
         self.body_ms_per_prompt_token.max(0.0) * prompt_tokens as f64
     }
 
-    /// The control plane's CPU work for a prompt of `prompt_tokens` tokens, ms.
-    pub fn route_work_ms(&self, prompt_tokens: u64) -> f64 {
-        self.route_ms_per_prompt_token.max(0.0) * prompt_tokens as f64
+    /// The control plane's CPU work for a prompt of `prompt_tokens` tokens of which it has
+    /// seen the first `cached_tokens` before, ms.
+    pub fn route_work_ms(&self, prompt_tokens: u64, cached_tokens: u64) -> f64 {
+        let cached = cached_tokens.min(prompt_tokens);
+        self.route_ms_per_cached_token.max(0.0) * cached as f64
+            + self.route_ms_per_prompt_token.max(0.0) * (prompt_tokens - cached) as f64
+    }
+
+    /// The filter's route timeout for a prompt of `prompt_tokens` tokens, ms; `None`: never.
+    pub fn route_timeout_for(&self, prompt_tokens: u64) -> Option<f64> {
+        let base = self.route_timeout_ms?;
+        let timeout = base + self.route_timeout_ms_per_token.max(0.0) * prompt_tokens as f64;
+        Some(
+            self.route_timeout_cap_ms
+                .map_or(timeout, |cap| timeout.min(cap)),
+        )
+    }
+
+    fn long_lane(&self, prompt_tokens: u64) -> bool {
+        self.long_lane_min_tokens > 0 && prompt_tokens >= self.long_lane_min_tokens
     }
 
     /// The first worker's CPU work for a prompt of `prompt_tokens` tokens, ms.
@@ -95,6 +134,11 @@ impl GatewayModel {
         for (name, v) in [
             ("body ms per prompt token", self.body_ms_per_prompt_token),
             ("route ms per prompt token", self.route_ms_per_prompt_token),
+            ("route ms per cached token", self.route_ms_per_cached_token),
+            (
+                "route timeout ms per token",
+                self.route_timeout_ms_per_token,
+            ),
             (
                 "worker ms per prompt token",
                 self.worker_ms_per_prompt_token,
@@ -108,11 +152,14 @@ impl GatewayModel {
                 return Err(format!("gateway {name} must be finite and >= 0, got {v}"));
             }
         }
-        if let Some(t) = self.route_timeout_ms {
-            if !(t.is_finite() && t > 0.0) {
-                return Err(format!(
-                    "gateway route timeout must be finite and > 0 ms, got {t}"
-                ));
+        for (name, t) in [
+            ("route timeout", self.route_timeout_ms),
+            ("route timeout cap", self.route_timeout_cap_ms),
+        ] {
+            if let Some(t) = t {
+                if !(t.is_finite() && t > 0.0) {
+                    return Err(format!("gateway {name} must be finite and > 0 ms, got {t}"));
+                }
             }
         }
         if !(self.cpus.is_finite() && self.cpus > 0.0) {
@@ -160,6 +207,10 @@ struct Job {
     worker_ms: f64,
     /// When the route call was dispatched (its timeout runs from there).
     dispatched_ms: f64,
+    /// Its route timeout, ms (`None`: never).
+    timeout_ms: Option<f64>,
+    /// Whether it takes the long lane.
+    long_lane: bool,
     /// Place in the route FIFO.
     seq: u64,
 }
@@ -231,22 +282,30 @@ impl GatewayQueue {
         }
     }
 
-    /// Starts queued route calls while a thread is free.
+    /// Starts queued route calls while their lane has a thread free.
     fn admit(&mut self) {
         let limit = match self.model.route_threads {
             0 => usize::MAX,
             n => n as usize,
         };
-        let mut busy = self.jobs.iter().filter(|j| j.holds_route_thread()).count();
-        while busy < limit {
-            let next = self
+        for long_lane in [false, true] {
+            let in_lane = |j: &&mut Job| j.long_lane == long_lane;
+            let mut busy = self
                 .jobs
-                .iter_mut()
-                .filter(|j| j.stage == Stage::Queued)
-                .min_by_key(|j| j.seq);
-            let Some(job) = next else { break };
-            job.stage = Stage::Route;
-            busy += 1;
+                .iter()
+                .filter(|j| j.long_lane == long_lane && j.holds_route_thread())
+                .count();
+            while busy < limit {
+                let next = self
+                    .jobs
+                    .iter_mut()
+                    .filter(in_lane)
+                    .filter(|j| j.stage == Stage::Queued)
+                    .min_by_key(|j| j.seq);
+                let Some(job) = next else { break };
+                job.stage = Stage::Route;
+                busy += 1;
+            }
         }
     }
 
@@ -261,13 +320,14 @@ impl GatewayQueue {
     }
 
     fn deadline(&self, job: &Job) -> Option<f64> {
-        let timeout = self.model.route_timeout_ms?;
+        let timeout = job.timeout_ms?;
         job.awaits_verdict().then_some(job.dispatched_ms + timeout)
     }
 
-    /// Request `id` with a prompt of `prompt_tokens`, sent at `t`, enters the stage with the
-    /// body, route and worker CPU work the model gives it.
-    pub(crate) fn push(&mut self, t: f64, id: usize, prompt_tokens: u64) {
+    /// Request `id` with a prompt of `prompt_tokens`, the first `cached_tokens` of which the
+    /// control plane has tokenized before, sent at `t`, enters the stage with the body, route
+    /// and worker CPU work the model gives it.
+    pub(crate) fn push(&mut self, t: f64, id: usize, prompt_tokens: u64, cached_tokens: u64) {
         self.advance_to(t);
         let body_ms = self.model.body_work_ms(prompt_tokens);
         let job = Job {
@@ -275,9 +335,11 @@ impl GatewayQueue {
             sent_ms: t,
             stage: Stage::Body,
             remaining_ms: body_ms,
-            route_ms: self.model.route_work_ms(prompt_tokens),
+            route_ms: self.model.route_work_ms(prompt_tokens, cached_tokens),
             worker_ms: self.model.worker_work_ms(prompt_tokens),
             dispatched_ms: t,
+            timeout_ms: self.model.route_timeout_for(prompt_tokens),
+            long_lane: self.model.long_lane(prompt_tokens),
             seq: 0,
         };
         let job = if body_ms <= DONE_EPS_MS {
@@ -378,7 +440,11 @@ mod tests {
         GatewayModel {
             body_ms_per_prompt_token: 0.0,
             route_ms_per_prompt_token: route,
+            route_ms_per_cached_token: 0.0,
             route_threads: threads,
+            long_lane_min_tokens: 0,
+            route_timeout_ms_per_token: 0.0,
+            route_timeout_cap_ms: None,
             worker_ms_per_prompt_token: worker,
             cpus,
             decode_leg_ms_per_prompt_token: 0.0,
@@ -434,7 +500,7 @@ mod tests {
         let mut q = GatewayQueue::new(model(0.01, 0.0, 0, 1.0, None));
         // Sent together, longest first (as a trace burst in id order can be).
         for (id, tokens) in [(0, 3000u64), (1, 1000), (2, 2000)] {
-            q.push(0.0, id, tokens);
+            q.push(0.0, id, tokens, 0);
         }
         let ready = ready_order(&drain(&mut q));
         let order: Vec<usize> = ready.iter().map(|o| o.0).collect();
@@ -451,8 +517,8 @@ mod tests {
     fn route_threads_serve_route_calls_in_arrival_order() {
         // One route thread, two cores: the 1000-token call waits for the 3000-token one.
         let mut q = GatewayQueue::new(model(0.01, 0.01, 1, 2.0, None));
-        q.push(0.0, 0, 3000);
-        q.push(0.0, 1, 1000);
+        q.push(0.0, 0, 3000, 0);
+        q.push(0.0, 1, 1000, 0);
         let events = drain(&mut q);
         let routed = routed(&events);
         // Request 0 routes at 30 ms; then request 1's route call (10 ms) and request 0's
@@ -478,8 +544,8 @@ mod tests {
         let mut m = model(0.01, 0.0, 1, 2.0, Some(35.0));
         m.body_ms_per_prompt_token = 0.001;
         let mut q = GatewayQueue::new(m);
-        q.push(0.0, 0, 3000);
-        q.push(0.0, 1, 1000);
+        q.push(0.0, 0, 3000, 0);
+        q.push(0.0, 1, 1000, 0);
         let events = drain(&mut q);
         let routed = routed(&events);
         // Bodies: 1 ms and 3 ms on two cores. Request 1's call runs 1–11 ms; request 0's,
@@ -501,8 +567,8 @@ mod tests {
         // orphan shares the core with its own worker tokenization from 25 ms on); request 1,
         // queued behind it, times out at 26 ms without ever starting.
         let mut q = GatewayQueue::new(model(0.01, 0.01, 1, 1.0, Some(25.0)));
-        q.push(0.0, 0, 3000);
-        q.push(1.0, 1, 100);
+        q.push(0.0, 0, 3000, 0);
+        q.push(1.0, 1, 100, 0);
         let events = drain(&mut q);
         let failed: Vec<(usize, f64)> = events
             .iter()
@@ -535,7 +601,7 @@ mod tests {
     #[test]
     fn a_verdict_on_its_deadline_is_in_time() {
         let mut q = GatewayQueue::new(model(0.01, 0.0, 1, 1.0, Some(10.0)));
-        q.push(0.0, 0, 1000);
+        q.push(0.0, 0, 1000, 0);
         let events = drain(&mut q);
         assert_eq!(
             events,
@@ -561,8 +627,8 @@ mod tests {
     #[test]
     fn spare_cores_do_not_speed_up_one_request() {
         let mut q = GatewayQueue::new(model(0.01, 0.0, 0, 4.0, None));
-        q.push(5.0, 7, 1000);
-        q.push(5.0, 8, 500);
+        q.push(5.0, 7, 1000, 0);
+        q.push(5.0, 8, 500, 0);
         assert_eq!(q.next_event_ms(), Some(10.0));
         let got = q.take_events(10.0);
         assert!(
@@ -593,7 +659,7 @@ mod tests {
     #[test]
     fn a_cancelled_worker_tokenization_never_ends() {
         let mut q = GatewayQueue::new(model(0.01, 0.01, 0, 1.0, None));
-        q.push(0.0, 1, 100);
+        q.push(0.0, 1, 100, 0);
         assert_eq!(
             q.take_events(1.0),
             vec![GatewayEvent::Routed {
@@ -618,7 +684,66 @@ mod tests {
         bad_leg.decode_leg_ms_per_prompt_token = -0.5;
         assert!(bad_leg.validate().is_err());
         assert!(!model(0.0, 0.01, 2, 1.0, None).is_free());
-        assert_eq!(model(0.5, 0.25, 2, 2.0, None).route_work_ms(10), 5.0);
+        assert_eq!(model(0.5, 0.25, 2, 2.0, None).route_work_ms(10, 0), 5.0);
         assert_eq!(model(0.5, 0.25, 2, 2.0, None).worker_work_ms(10), 2.5);
+        let mut bad_cap = model(0.01, 0.0, 2, 1.0, Some(10.0));
+        bad_cap.route_timeout_cap_ms = Some(-1.0);
+        assert!(bad_cap.validate().is_err());
+    }
+
+    #[test]
+    fn text_the_control_plane_has_seen_costs_its_cached_rate() {
+        let mut m = model(0.5, 0.0, 0, 1.0, None);
+        m.route_ms_per_cached_token = 0.01;
+        assert_eq!(m.route_work_ms(1000, 900), 900.0 * 0.01 + 100.0 * 0.5);
+        assert_eq!(
+            m.route_work_ms(100, 500),
+            1.0,
+            "never more cached than the prompt"
+        );
+    }
+
+    #[test]
+    fn a_longer_prompt_gets_a_longer_route_budget_up_to_the_cap() {
+        let mut m = model(0.0, 0.0, 0, 1.0, Some(100.0));
+        m.route_timeout_ms_per_token = 0.01;
+        m.route_timeout_cap_ms = Some(500.0);
+        assert_eq!(m.route_timeout_for(1000), Some(110.0));
+        assert_eq!(m.route_timeout_for(1_000_000), Some(500.0));
+        assert_eq!(model(0.0, 0.0, 0, 1.0, None).route_timeout_for(1000), None);
+
+        // Both time out on the base budget alone; only the short one does with the extra.
+        let mut q = GatewayQueue::new(GatewayModel {
+            route_ms_per_prompt_token: 0.1,
+            ..m
+        });
+        q.push(0.0, 0, 10_000, 0); // 1000 ms of work, budget 200 ms
+        q.push(0.0, 1, 1_500, 0); // 150 ms of work, budget 115 ms
+        assert_eq!(failed_open(&drain(&mut q)), vec![(1, 115.0), (0, 200.0)]);
+    }
+
+    #[test]
+    fn long_prompts_queue_in_their_own_lane() {
+        // One thread per lane; prompts of 1000 tokens or more are long.
+        let mut m = model(0.1, 0.0, 1, 4.0, None);
+        m.long_lane_min_tokens = 1000;
+        let mut q = GatewayQueue::new(m);
+        q.push(0.0, 0, 5000, 0); // long: 500 ms
+        q.push(0.0, 1, 5000, 0); // long: waits for 0
+        q.push(0.0, 2, 100, 0); // short: its own lane, 10 ms
+        assert_eq!(
+            routed(&drain(&mut q)),
+            vec![(2, 10.0), (0, 500.0), (1, 1000.0)]
+        );
+
+        // With one lane the short prompt waits behind both long ones.
+        let mut q = GatewayQueue::new(model(0.1, 0.0, 1, 4.0, None));
+        q.push(0.0, 0, 5000, 0);
+        q.push(0.0, 1, 5000, 0);
+        q.push(0.0, 2, 100, 0);
+        assert_eq!(
+            routed(&drain(&mut q)),
+            vec![(0, 500.0), (1, 1000.0), (2, 1010.0)]
+        );
     }
 }

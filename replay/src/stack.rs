@@ -98,6 +98,8 @@ pub struct VirtualStack<'a> {
     counters: ReplayCounters,
     events: Vec<ClusterEvent>,
     gateway: GatewayQueue,
+    /// What the control plane's segment cache holds, for the gateway model.
+    route_cache: SeenText,
     /// Requests routed (or failed open) and still in their first worker's tokenization: what
     /// enters the engines when it ends.
     pending: HashMap<usize, Arrival>,
@@ -182,6 +184,7 @@ impl<'a> VirtualStack<'a> {
             counters: ReplayCounters::default(),
             events: Vec::new(),
             gateway: GatewayQueue::new(spec.gateway),
+            route_cache: SeenText::default(),
             pending: HashMap::new(),
             fail_open_targets,
             spec,
@@ -443,8 +446,10 @@ impl<'a> VirtualStack<'a> {
             }
             return;
         }
-        let tokens = self.source.prompt_tokens(&self.workload.requests[id]);
-        self.gateway.push(at_ms, id, tokens);
+        let planned = &self.workload.requests[id];
+        let tokens = self.source.prompt_tokens(planned);
+        let cached = self.route_cache.see(&self.source.token_ids(planned));
+        self.gateway.push(at_ms, id, tokens, cached);
     }
 
     fn on_gateway(&mut self, event: GatewayEvent, at_ms: f64) {
@@ -577,4 +582,57 @@ fn request_id(id: usize) -> String {
 /// Router time: whole milliseconds of the virtual clock.
 fn router_ms(t: f64) -> u64 {
     t.max(0.0).floor() as u64
+}
+
+/// **Simulated.** The text the control plane has tokenized, as its segment cache holds it
+/// (~1 KiB chunks keyed by content, `docs/tokenization.md`): a prompt's leading chunks that
+/// an earlier prompt had too cost the route call only parsing and lookups. Modelled as
+/// chunk-sized token blocks chained from the prompt's start, remembered for the whole run
+/// (the real cache's capacity is far beyond a replay's distinct text), and seen when the
+/// request is sent rather than when its tokenization ends.
+#[derive(Debug, Default)]
+struct SeenText {
+    chunks: std::collections::HashSet<switchyard_protocol::hash::SequenceHash>,
+}
+
+impl SeenText {
+    /// About 1 KiB of English text.
+    const CHUNK_TOKENS: u32 = 256;
+
+    /// Leading tokens of `tokens` seen before, in whole chunks; then remembers them all.
+    fn see(&mut self, tokens: &[u32]) -> u64 {
+        let Ok(chunk) = BlockSize::try_new(Self::CHUNK_TOKENS) else {
+            return 0;
+        };
+        let hashes = switchyard_protocol::hash::sequence_hashes(tokens, chunk, HashSeed::default());
+        let seen = hashes
+            .iter()
+            .take_while(|h| self.chunks.contains(h))
+            .count();
+        self.chunks.extend(hashes);
+        seen as u64 * u64::from(Self::CHUNK_TOKENS)
+    }
+}
+
+#[cfg(test)]
+mod seen_text_tests {
+    use super::SeenText;
+
+    #[test]
+    fn a_prompt_that_extends_an_earlier_one_is_cached_up_to_its_last_whole_shared_chunk() {
+        let mut seen = SeenText::default();
+        let first: Vec<u32> = (0..1000).collect();
+        assert_eq!(seen.see(&first), 0, "nothing seen yet");
+        let mut second = first.clone();
+        second.extend(5000..5600);
+        // 1000 shared tokens: 3 whole chunks of 256 (the 4th ends past the shared text).
+        assert_eq!(seen.see(&second), 768);
+        assert_eq!(
+            seen.see(&second),
+            1536,
+            "all 6 whole chunks, the second time"
+        );
+        let other: Vec<u32> = (7..1007).collect();
+        assert_eq!(seen.see(&other), 0, "different text from its start");
+    }
 }

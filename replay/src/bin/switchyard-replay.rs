@@ -238,7 +238,12 @@ fn plan(cli: &Cli) -> Result<Plan> {
     base.gateway = GatewayModel {
         body_ms_per_prompt_token: cli.gateway_body_us_per_token / 1e3,
         route_ms_per_prompt_token: cli.gateway_route_us_per_token / 1e3,
+        // The flags model a cold control plane: every token costs the uncached rate.
+        route_ms_per_cached_token: cli.gateway_route_us_per_token / 1e3,
         route_threads: cli.gateway_route_threads,
+        long_lane_min_tokens: 0,
+        route_timeout_ms_per_token: 0.0,
+        route_timeout_cap_ms: None,
         worker_ms_per_prompt_token: cli.gateway_worker_us_per_token / 1e3,
         cpus: cli.gateway_cpus,
         decode_leg_ms_per_prompt_token: cli.gateway_decode_leg_us_per_token / 1e3,

@@ -50,7 +50,11 @@ fn shared(ms_per_token: f64, cpus: f64) -> GatewayModel {
     GatewayModel {
         body_ms_per_prompt_token: 0.0,
         route_ms_per_prompt_token: ms_per_token,
+        route_ms_per_cached_token: ms_per_token,
         route_threads: 0,
+        long_lane_min_tokens: 0,
+        route_timeout_ms_per_token: 0.0,
+        route_timeout_cap_ms: None,
         worker_ms_per_prompt_token: ms_per_token,
         cpus,
         decode_leg_ms_per_prompt_token: 0.0,

@@ -20,7 +20,9 @@
 
 use std::path::Path;
 
+use switchyard_control_plane::api::tokenize_lanes::LONG_BODY_BYTES;
 use switchyard_engine::SpeedUp;
+use switchyard_filter::config::{DEFAULT_ROUTE_TIMEOUT_MS_PER_MIB, MAX_ROUTE_TIMEOUT_MS};
 use switchyard_protocol::route::ApiKind;
 use switchyard_protocol::tokenize::ModelTokenizer;
 use switchyard_replay::GatewayModel;
@@ -39,6 +41,8 @@ const SAMPLE_REQUESTS: usize = 8;
 const SAMPLE_LONGEST: usize = 4;
 /// Timed passes over the sample after one warm-up pass; their mean is used.
 const PASSES: usize = 2;
+/// Segment cache of the tokenizer timed warm: room for the whole sample.
+const CACHE_BYTES: usize = 256 << 20;
 
 /// Wall ms per prompt token of the gateway's CPU work, measured on this machine.
 #[derive(Debug, Clone, Copy, PartialEq, Default, serde::Serialize)]
@@ -48,6 +52,12 @@ pub struct MeasuredCost {
     pub body_ms_per_token: f64,
     /// One parse + chat template + tokenization of a body (the control plane's, a worker's).
     pub tokenize_ms_per_token: f64,
+    /// The control plane's route tokenization of a body whose text its segment cache holds
+    /// (parse, chat template, cache lookups).
+    pub tokenize_cached_ms_per_token: f64,
+    /// Body bytes per prompt token (for the control plane's lanes and the filter's per-MiB
+    /// route budget, which go by bytes).
+    pub body_bytes_per_token: f64,
 }
 
 /// Measures wall milliseconds per prompt token of rendering a body and of one parse +
@@ -60,8 +70,12 @@ pub fn measure(
     prepared: &PreparedWorkload,
     model_dir: &Path,
 ) -> Result<MeasuredCost, CompareError> {
-    let tokenizer = ModelTokenizer::from_dir_with_cache_bytes(model_dir, 0)
-        .map_err(|e| CompareError::Tokenizer(format!("{}: {e}", model_dir.display())))?;
+    let load = |cache_bytes| {
+        ModelTokenizer::from_dir_with_cache_bytes(model_dir, cache_bytes)
+            .map_err(|e| CompareError::Tokenizer(format!("{}: {e}", model_dir.display())))
+    };
+    let tokenizer = load(0)?;
+    let cached = load(CACHE_BYTES)?;
     let mut by_length: Vec<_> = prepared.workload.requests.iter().collect();
     by_length.sort_by_key(|r| std::cmp::Reverse(r.isl()));
     let sample: Vec<_> = prepared
@@ -71,25 +85,32 @@ pub fn measure(
         .take(SAMPLE_REQUESTS)
         .chain(by_length.into_iter().take(SAMPLE_LONGEST))
         .collect();
-    let mut tokens = 0u64;
-    let (mut body_s, mut tokenize_s) = (0.0f64, 0.0f64);
+    let (mut tokens, mut bytes) = (0u64, 0usize);
+    let (mut body_s, mut tokenize_s, mut cached_s) = (0.0f64, 0.0f64, 0.0f64);
     for pass in 0..=PASSES {
         for request in &sample {
             let (body, render) = render_one(prepared, request);
             let (n, s) = time_one(&tokenizer, &body)?;
+            // The first pass fills the segment cache; later ones find every chunk in it.
+            let (_, warm) = time_one(&cached, &body)?;
             if pass > 0 {
                 tokens += n;
+                bytes += body.len();
                 body_s += render;
                 tokenize_s += s;
+                cached_s += warm;
             }
         }
     }
     if tokens == 0 {
         return Ok(MeasuredCost::default());
     }
+    let per_token = |seconds: f64| seconds * 1e3 / tokens as f64;
     Ok(MeasuredCost {
-        body_ms_per_token: body_s * 1e3 / tokens as f64,
-        tokenize_ms_per_token: tokenize_s * 1e3 / tokens as f64,
+        body_ms_per_token: per_token(body_s),
+        tokenize_ms_per_token: per_token(tokenize_s),
+        tokenize_cached_ms_per_token: per_token(cached_s),
+        body_bytes_per_token: bytes as f64 / tokens as f64,
     })
 }
 
@@ -127,10 +148,27 @@ pub fn gateway_model(
     route_timeout_wall_ms: u64,
 ) -> GatewayModel {
     let per_token = speed_up.model_ms(measured.tokenize_ms_per_token).max(0.0);
+    let bytes_per_token = measured.body_bytes_per_token;
+    let known_bytes = bytes_per_token.is_finite() && bytes_per_token > 0.0;
+    // The control plane's lanes and the filter's route budget go by body bytes.
+    let long_lane_min_tokens = if known_bytes {
+        (LONG_BODY_BYTES as f64 / bytes_per_token).ceil() as u64
+    } else {
+        0
+    };
+    let timeout_wall_ms_per_token = if known_bytes {
+        DEFAULT_ROUTE_TIMEOUT_MS_PER_MIB as f64 * bytes_per_token / f64::from(1u32 << 20)
+    } else {
+        0.0
+    };
     GatewayModel {
         body_ms_per_prompt_token: speed_up.model_ms(measured.body_ms_per_token).max(0.0),
         route_ms_per_prompt_token: per_token,
+        route_ms_per_cached_token: speed_up
+            .model_ms(measured.tokenize_cached_ms_per_token)
+            .max(0.0),
         route_threads,
+        long_lane_min_tokens,
         worker_ms_per_prompt_token: per_token,
         cpus: if cpus.is_finite() && cpus > 0.0 {
             cpus
@@ -139,6 +177,9 @@ pub fn gateway_model(
         },
         decode_leg_ms_per_prompt_token: per_token * TOKENIZATIONS_ON_DECODE_LEG,
         route_timeout_ms: Some(speed_up.model_ms(route_timeout_wall_ms.max(1) as f64))
+            .filter(|t| *t > 0.0),
+        route_timeout_ms_per_token: speed_up.model_ms(timeout_wall_ms_per_token).max(0.0),
+        route_timeout_cap_ms: Some(speed_up.model_ms(MAX_ROUTE_TIMEOUT_MS as f64))
             .filter(|t| *t > 0.0),
     }
 }
@@ -168,11 +209,15 @@ pub fn gateway_summary(g: &GatewayModel) -> String {
         .map_or_else(|| "none".to_string(), |t| format!("{t:.0} ms"));
     format!(
         "body rendering {:.5} modelled ms per prompt token, route tokenization {:.4} ms per \
-         token on {threads} control-plane \
-         threads (FIFO), route timeout {timeout} (fail-open), worker tokenization {:.4} ms per \
+         new token and {:.5} per token its segment cache holds, on {threads} control-plane \
+         threads per lane (FIFO; prompts of {} tokens or more in the long lane), route timeout \
+         {timeout} + {:.4} ms per token (fail-open), worker tokenization {:.4} ms per \
          token, decode-leg tokenization {:.4} ms per token, all processor-shared over {:.0} cores",
         g.body_ms_per_prompt_token,
         g.route_ms_per_prompt_token,
+        g.route_ms_per_cached_token,
+        g.long_lane_min_tokens,
+        g.route_timeout_ms_per_token,
         g.worker_ms_per_prompt_token,
         g.decode_leg_ms_per_prompt_token,
         g.cpus
@@ -188,6 +233,8 @@ mod tests {
         let cost = |body, tokenize| MeasuredCost {
             body_ms_per_token: body,
             tokenize_ms_per_token: tokenize,
+            tokenize_cached_ms_per_token: tokenize / 10.0,
+            body_bytes_per_token: 4.0,
         };
         let m = gateway_model(
             cost(0.0005, 0.003),
@@ -200,7 +247,12 @@ mod tests {
         assert!((m.route_ms_per_prompt_token - 0.012).abs() < 1e-12);
         assert!((m.worker_ms_per_prompt_token - 0.012).abs() < 1e-12);
         assert!((m.decode_leg_ms_per_prompt_token - 0.012).abs() < 1e-12);
+        assert!((m.route_ms_per_cached_token - 0.0012).abs() < 1e-12);
         assert_eq!(m.route_timeout_ms, Some(4000.0));
+        // 64 KiB bodies at 4 bytes per token; 1000 ms per MiB, × 4 modelled.
+        assert_eq!(m.long_lane_min_tokens, 16_384);
+        assert!((m.route_timeout_ms_per_token - 4.0 * 1000.0 * 4.0 / 1_048_576.0).abs() < 1e-12);
+        assert_eq!(m.route_timeout_cap_ms, Some(240_000.0));
         assert_eq!((m.cpus, m.route_threads), (2.0, 2));
         let free = gateway_model(cost(-1.0, -1.0), SpeedUp::REAL, 0.0, 2, 1000);
         assert_eq!(free.cpus, 1.0);
