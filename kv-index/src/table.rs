@@ -405,6 +405,55 @@ impl U64Table {
         true
     }
 
+    /// Removes each `(key, value)` of `entries` whose key still has that value, in one pass
+    /// that starts loading each key's home line (a prefetch) `AHEAD` entries before its
+    /// removal, so that the misses overlap; returns how many it removed. One view of the
+    /// lines for the whole batch: [`U64Table::remove_if`] per entry, with a prefetch call
+    /// per entry, took two views (each checks a mapping's layout) per removal.
+    pub fn remove_all_if(&mut self, entries: &[(u64, u32)]) -> usize {
+        const AHEAD: usize = 32;
+        let mut removed = 0;
+        let lines = self.lines.get_mut();
+        let n = lines.len();
+        if n > 0 {
+            for &(key, _) in entries.iter().take(AHEAD) {
+                prefetch(&lines[home(key, n)]);
+            }
+        }
+        for (i, &(key, val)) in entries.iter().enumerate() {
+            match entries.get(i + AHEAD) {
+                Some(&(ahead, _)) if n > 0 => prefetch(&lines[home(ahead, n)]),
+                _ => {}
+            }
+            if key == 0 {
+                if self.zero == Some(val) {
+                    self.zero = None;
+                    removed += 1;
+                }
+                continue;
+            }
+            let Some((l, s)) = find(lines, key) else {
+                continue;
+            };
+            if lines[l].vals[s] != val {
+                continue;
+            }
+            lines[l].keys[s] = 0;
+            let mut x = home(key, n);
+            while x != l {
+                lines[x].overflow -= 1;
+                x = next(x, n);
+            }
+            removed += 1;
+        }
+        self.len -= removed;
+        if self.len == 0 {
+            self.lines = Lines::Heap(Vec::new());
+            self.grow_at = 0;
+        }
+        removed
+    }
+
     /// Keys that fit before the table grows.
     pub fn spare(&self) -> usize {
         self.grow_at.saturating_sub(self.len)
@@ -626,6 +675,41 @@ mod tests {
             proptest::prop_assert_eq!(t.len(), m.len());
             for (k, v) in &m {
                 proptest::prop_assert_eq!(t.get(*k), Some(v + 1));
+            }
+            for k in m.keys() {
+                proptest::prop_assert!(t.remove(*k).is_some());
+            }
+            proptest::prop_assert_eq!(t.len(), 0);
+        }
+    }
+
+    proptest::proptest! {
+        /// `remove_all_if` removes exactly the entries whose key still has the given value,
+        /// including key 0 and keys named twice, and keeps the overflow counts right.
+        #[test]
+        fn remove_all_if_behaves_like_conditional_removes(
+            keys in proptest::collection::vec((0u64..300, 0u32..3), 0..600),
+            batch in proptest::collection::vec((0u64..300, 0u32..3), 0..200),
+        ) {
+            let spread = |k: u64| if k < 3 { k } else { k.wrapping_mul(0x2545_f491_4f6c_dd1d) >> (k % 3) };
+            let mut t: U64Table = U64Table::with_capacity(100);
+            let mut m: HashMap<u64, u32> = HashMap::new();
+            for (k, v) in keys {
+                t.insert(spread(k), v);
+                m.insert(spread(k), v);
+            }
+            let batch: Vec<(u64, u32)> = batch.into_iter().map(|(k, v)| (spread(k), v)).collect();
+            let mut expected = 0;
+            for &(k, v) in &batch {
+                if m.get(&k) == Some(&v) {
+                    m.remove(&k);
+                    expected += 1;
+                }
+            }
+            proptest::prop_assert_eq!(t.remove_all_if(&batch), expected);
+            proptest::prop_assert_eq!(t.len(), m.len());
+            for (k, v) in &m {
+                proptest::prop_assert_eq!(t.get(*k), Some(*v));
             }
             for k in m.keys() {
                 proptest::prop_assert!(t.remove(*k).is_some());
