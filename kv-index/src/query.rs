@@ -163,7 +163,7 @@ impl KvIndex {
     /// a prompt's first block. An entry that points at a dead record (the hash died, and was
     /// not stored again as a first block since) falls back on the big table.
     #[inline]
-    fn root(&self, hash: u64) -> Option<u32> {
+    pub(crate) fn root(&self, hash: u64) -> Option<u32> {
         let rec = self.roots.get(hash)?;
         let r = self.records.all[rec as usize];
         if r.is_live() && r.hash() == hash {
