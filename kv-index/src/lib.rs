@@ -365,12 +365,22 @@ impl KvIndex {
         let mut d = Dropped::default();
         let all: &mut [Record] = &mut self.records.all;
         let mut found = [0u32; PREFETCH];
-        for chunk in block_ids.chunks(PREFETCH) {
-            worker.engine.prefetch(chunk.iter().map(|id| id.0));
+        // As in `store_blocks`: each chunk's engine-id lines load while the chunk before it
+        // is applied, and the records a chunk names load together before they are dropped.
+        let first = &block_ids[..block_ids.len().min(PREFETCH)];
+        worker.engine.prefetch(first.iter().map(|id| id.0));
+        for (c, chunk) in block_ids.chunks(PREFETCH).enumerate() {
+            let next = block_ids.get((c + 1) * PREFETCH..).unwrap_or_default();
+            worker
+                .engine
+                .prefetch(next[..next.len().min(PREFETCH)].iter().map(|id| id.0));
             let mut n = 0;
             for id in chunk {
                 match worker.engine.remove(id.0) {
                     Some(record) => {
+                        if let Some(r) = all.get(record as usize) {
+                            prefetch::prefetch(r);
+                        }
                         found[n] = record;
                         n += 1;
                     }
@@ -406,23 +416,12 @@ impl KvIndex {
         }
     }
 
-    /// Removes the pending dead records' entries from the hash table, each line loading
-    /// (prefetch) 64 removals ahead, so the misses overlap. An entry that a later `Stored`
-    /// event reused for a new record (it points elsewhere now) stays.
+    /// Removes the pending dead records' entries from the hash table in one batch, each line
+    /// loading (prefetch) ahead of its removal, so the misses overlap
+    /// ([`U64Table::remove_all_if`]). An entry that a later `Stored` event reused for a new
+    /// record (it points elsewhere now) stays.
     fn flush_dead(&mut self) {
-        // Lines are loaded `AHEAD` entries before their removal: a removal takes a few ns
-        // once its line is in cache, a miss a few hundred, so many must be in flight.
-        const AHEAD: usize = 4 * PREFETCH;
-        let pending = std::mem::take(&mut self.pending);
-        self.holders
-            .prefetch(pending.iter().take(AHEAD).map(|&(h, _)| h));
-        for (i, &(hash, record)) in pending.iter().enumerate() {
-            if let Some(&(ahead, _)) = pending.get(i + AHEAD) {
-                self.holders.prefetch(std::iter::once(ahead));
-            }
-            self.holders.remove_if(hash, record);
-        }
-        self.pending = pending;
+        self.holders.remove_all_if(&self.pending);
         self.pending.clear();
     }
 

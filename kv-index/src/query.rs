@@ -38,11 +38,14 @@ impl KvIndex {
             return;
         };
         // A first block no event stored as a prompt's first: nobody holds it, and the small
-        // root table said so without a cold line of the big one.
-        if !self.roots_unknown && self.roots.get(first.0).is_none() {
-            return;
-        }
-        let Some(mut at) = self.lookup(first.0) else {
+        // root table said so without a cold line of the big one. One that is names its record,
+        // so a hit skips that line too.
+        let first = if self.roots_unknown {
+            self.lookup(first.0)
+        } else {
+            self.root(first.0)
+        };
+        let Some(mut at) = first else {
             return;
         };
         // One view of the records for the whole walk (each view checks the mapping's layout),
@@ -153,6 +156,21 @@ impl KvIndex {
         }
         // The remaining candidates matched `depth` blocks.
         push_all(cand, depth, out);
+    }
+
+    /// The live record of a prompt's first block `hash`, through the root table (which names
+    /// the record, so the big table's cold line is not read), `None` if no event stored it as
+    /// a prompt's first block. An entry that points at a dead record (the hash died, and was
+    /// not stored again as a first block since) falls back on the big table.
+    #[inline]
+    pub(crate) fn root(&self, hash: u64) -> Option<u32> {
+        let rec = self.roots.get(hash)?;
+        let r = self.records.all[rec as usize];
+        if r.is_live() && r.hash() == hash {
+            Some(rec)
+        } else {
+            self.lookup(hash)
+        }
     }
 
     /// Intersects `cand` with `set`; workers that drop out are recorded with `depth`.

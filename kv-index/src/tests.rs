@@ -366,3 +366,22 @@ fn prompt_first_blocks_gate_queries() {
     index.store(WorkerSlot(1), &blocks(&[4], 10));
     assert_eq!(query(&index, &[4]), BTreeMap::from([(1, 1)]));
 }
+
+/// A hit takes the first block's record from the root table; an entry whose record died
+/// (before compaction removes it) is a miss, and storing the block again as a prompt's first
+/// points the entry at the new record.
+#[test]
+fn a_root_entry_names_the_live_record_or_misses() {
+    let mut index = index_with(2);
+    index.store_after(WorkerSlot(0), None, &blocks(&[1, 2], 0));
+    assert_eq!(index.root(1), index.lookup(1));
+    index.remove(WorkerSlot(0), &[EngineBlockId(0)]); // hash 1 dies, its entry stays
+    assert_eq!(index.roots.len(), 1);
+    assert_eq!(index.root(1), None);
+    assert!(query(&index, &[1, 2]).is_empty());
+    index.store_after(WorkerSlot(1), None, &blocks(&[1], 5));
+    let live = index.lookup(1);
+    assert!(live.is_some());
+    assert_eq!(index.root(1), live);
+    assert_eq!(query(&index, &[1, 2]), BTreeMap::from([(1, 1)]));
+}

@@ -11,9 +11,9 @@ use std::collections::BTreeMap;
 use std::hint::black_box;
 
 use dynamo_kv_router::protocols::{
-    compute_block_hash_for_seq, BlockHashOptions, ExternalSequenceBlockHash, KvCacheEvent,
-    KvCacheEventData, KvCacheRemoveData, KvCacheStoreData, KvCacheStoredBlockData, LocalBlockHash,
-    RouterEvent,
+    compute_block_hash_for_seq, compute_seq_hash_for_block, BlockHashOptions,
+    ExternalSequenceBlockHash, KvCacheEvent, KvCacheEventData, KvCacheRemoveData, KvCacheStoreData,
+    KvCacheStoredBlockData, LocalBlockHash, RouterEvent,
 };
 use dynamo_kv_router::radix_tree::RadixTree;
 use switchyard_kv_index::{KvIndex, OverlapScores, WorkerSlot};
@@ -539,6 +539,9 @@ fn main() {
 }
 
 fn run(plan: &Plan) {
+    // The whole run's wall time, for the log only; every measurement uses the thread's CPU
+    // clock (`cpu_ns`).
+    #[allow(clippy::disallowed_methods)]
     let wall = std::time::Instant::now();
     let w = workload();
     println!(
@@ -706,6 +709,11 @@ fn run(plan: &Plan) {
             assert_eq!(locals, full[*i].locals, "Dynamo's hashes from tokens");
             let (a, b) = (sy_answer(&index, &seqs), dy_answer(&tree, &locals));
             assert_eq!(a, b, "route path answers");
+            let chained = compute_seq_hash_for_block(&locals);
+            assert!(
+                chained.iter().zip(&seqs).all(|(d, s)| *d == s.0) && chained.len() == seqs.len(),
+                "Dynamo's tracking hashes"
+            );
         }
     }
     let mut route = Row::new(
@@ -714,6 +722,15 @@ fn run(plan: &Plan) {
         false,
     );
     let mut hashing = Row::new("  of which hashing 8192 tokens alone", "us", false);
+    // Dynamo's router also chains the local hashes into sequence hashes on each request when
+    // it tracks active blocks (`router_track_active_blocks`, on by default: its
+    // `compute_seq_hashes_for_tracking`), as Switchyard's does for its load tracker. This row
+    // times that variant of Dynamo's side against the same Switchyard repetitions.
+    let mut route_tracking = Row::new(
+        "  route path, Dynamo chaining too (its active-block tracking)",
+        "us",
+        false,
+    );
     let mut out = OverlapScores::default();
     let n = plan.queries.min(route_tokens.len() * 4);
     for rep in 0..plan.reps {
@@ -739,6 +756,22 @@ fn run(plan: &Plan) {
         route.dy.push((cpu_ns() - t) as f64 / n as f64 / 1e3);
         let t = cpu_ns();
         for (tokens, _) in &set {
+            let locals = compute_block_hash_for_seq(
+                tokens,
+                BLOCK_TOKENS as u32,
+                BlockHashOptions::default(),
+            );
+            // Chained first, so that the local hashes move into the query without a copy.
+            let chained = compute_seq_hash_for_block(&locals);
+            black_box(tree.find_matches(locals, false));
+            black_box(chained);
+        }
+        route_tracking
+            .dy
+            .push((cpu_ns() - t) as f64 / n as f64 / 1e3);
+        route_tracking.sy.push(route.sy[rep]);
+        let t = cpu_ns();
+        for (tokens, _) in &set {
             black_box(sequence_hashes(tokens, bs, seed()));
         }
         hashing.sy.push((cpu_ns() - t) as f64 / n as f64 / 1e3);
@@ -754,6 +787,7 @@ fn run(plan: &Plan) {
     }
     rows.push(route);
     rows.push(hashing);
+    rows.push(route_tracking);
 
     // ---- Churn: steady state, each round a worker stores a new 64-block conversation start
     // and drops the one it stored WORKERS rounds earlier (tail first, as LRU eviction does).
@@ -955,7 +989,7 @@ fn check_hash_schemes(w: &Workload) {
         ours,
         "local hashes"
     );
-    let dy_seq = dynamo_kv_router::protocols::compute_seq_hash_for_block(&dy);
+    let dy_seq = compute_seq_hash_for_block(&dy);
     let locals: Vec<SyLocal> = ours.iter().map(|&h| SyLocal(h)).collect();
     let sy_seq = switchyard_protocol::hash::sequence_hashes_from(None, &locals, seed());
     assert_eq!(
