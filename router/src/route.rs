@@ -242,7 +242,9 @@ impl Router {
                     && choices <= 1
                     && !decode.iter().any(|c| self.decode_can_take(c, isl))
                     && can_take(
-                        pw.load.active_blocks + request_blocks(isl, pw.block_size),
+                        pw.load.active_blocks
+                            + pw.load.waiting_blocks
+                            + request_blocks(isl, pw.block_size),
                         pw.load.kv_capacity_blocks,
                         None,
                     ) =>
@@ -323,7 +325,7 @@ impl Router {
     /// the request's fit its capacity, and the decode-busy guard's fraction of it when set.
     fn decode_can_take(&self, c: &Candidate, isl: u32) -> bool {
         can_take(
-            c.load.active_blocks + request_blocks(isl, c.block_size),
+            c.load.active_blocks + c.load.waiting_blocks + request_blocks(isl, c.block_size),
             c.load.kv_capacity_blocks,
             self.config.conditional.decode_busy_threshold,
         )

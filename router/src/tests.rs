@@ -193,6 +193,7 @@ fn a_busy_decode_worker_gets_no_bypass() {
         kv_used_blocks: 7_950,
         kv_total_blocks: 10_000,
         queued_prefill_tokens: 0,
+        kv_waiting_blocks: 0,
     };
     r.apply_load_report(&report);
     let v = r.route("b", &turn2, 4).unwrap();
@@ -210,6 +211,7 @@ fn kv_report(worker: &str, used: u64, total: u64) -> LoadReport {
         kv_used_blocks: used,
         kv_total_blocks: total,
         queued_prefill_tokens: 0,
+        kv_waiting_blocks: 0,
     }
 }
 
