@@ -99,6 +99,13 @@ pub struct ModelLabels {
     pub model: String,
 }
 
+/// Labels of [`Metrics::slo_cost_learned_scale`].
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PartLabels {
+    /// `prefill` or `decode`.
+    pub part: &'static str,
+}
+
 /// A single `role` label.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RoleLabels {
@@ -142,6 +149,9 @@ pub struct Metrics {
     pub index_hashes: Gauge,
     /// Approximate heap bytes of the KV index.
     pub index_bytes: Gauge,
+    /// `slo_cost`'s learned correction factors on its timing model (1 = the configured
+    /// coefficients), by `part` (`prefill`, `decode`).
+    pub slo_cost_learned_scale: Family<PartLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
     /// KV event batches applied.
     pub kv_batches_applied: Counter,
     /// KV event batches rejected, by reason (`unknown_worker`, `stale`, ...).
@@ -219,6 +229,7 @@ impl Default for Metrics {
             model_index_blocks: Family::default(),
             index_hashes: Gauge::default(),
             index_bytes: Gauge::default(),
+            slo_cost_learned_scale: Family::default(),
             kv_batches_applied: Counter::default(),
             kv_batches_rejected: Family::default(),
             kv_blocks_stored: Counter::default(),
@@ -346,6 +357,11 @@ impl Metrics {
             "index_bytes",
             "Approximate heap bytes of the KV index",
             self.index_bytes.clone(),
+        );
+        r.add(
+            "slo_cost_learned_scale",
+            "slo_cost's learned correction factor on its timing model (1: as configured)",
+            self.slo_cost_learned_scale.clone(),
         );
         r.add(
             "kv_batches_applied",

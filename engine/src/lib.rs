@@ -374,6 +374,13 @@ impl Engine {
             .filter_map(|&s| self.seq(s))
             .map(|s| u64::from(s.prefill_remaining()))
             .sum();
+        let block = u64::from(self.block_size.get());
+        let kv_waiting_blocks = self
+            .waiting
+            .iter()
+            .filter_map(|&s| self.seq(s))
+            .map(|s| u64::from(s.num_tokens()).div_ceil(block))
+            .sum();
         LoadSnapshot {
             running: self.running.len() as u32,
             waiting: self.waiting.len() as u32,
@@ -381,6 +388,7 @@ impl Engine {
             kv_used_blocks: self.kv.used(),
             kv_cached_blocks: self.kv.cached_free(),
             kv_total_blocks: self.kv.capacity(),
+            kv_waiting_blocks,
             queued_prefill_tokens,
             prefix_cache_queries: self.stats.prefix_queries,
             prefix_cache_hits: self.stats.prefix_hits,

@@ -130,6 +130,9 @@ pub struct LoadSnapshot {
     pub kv_cached_blocks: u64,
     /// KV capacity in blocks.
     pub kv_total_blocks: u64,
+    /// Blocks the waiting requests need to be admitted, at most (whole sequences, prefix
+    /// hits not taken off).
+    pub kv_waiting_blocks: u64,
     /// Prompt tokens still to prefill (waiting requests' uncached remainder is estimated as
     /// their whole prompt; running requests' exact remainder).
     pub queued_prefill_tokens: u64,
@@ -162,6 +165,7 @@ impl LoadSnapshot {
             kv_used_blocks: self.kv_used_blocks,
             kv_total_blocks: self.kv_total_blocks,
             queued_prefill_tokens: self.queued_prefill_tokens,
+            kv_waiting_blocks: self.kv_waiting_blocks,
         }
     }
 }

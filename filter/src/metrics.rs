@@ -183,6 +183,7 @@ mod tests {
             mode: RouteMode::Agg,
             destination: "a:1".into(),
             prefill: None,
+            on_prefill_pool: true,
         };
         assert_eq!(ids().for_outcome(&outcome), vec![22]);
     }

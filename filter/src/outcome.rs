@@ -217,6 +217,7 @@ mod tests {
             mode: RouteMode::Disagg,
             destination: "d:1".into(),
             prefill: Some("p:1".into()),
+            on_prefill_pool: false,
         };
         assert_eq!(
             Served::from_outcome(&outcome),

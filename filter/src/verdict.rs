@@ -75,6 +75,9 @@ pub enum RouteOutcome {
         destination: String,
         /// The prefill worker's `host:port`, when the verdict names a usable one.
         prefill: Option<String>,
+        /// `destination` is a prefill worker serving the request whole (the verdict's
+        /// `decode_on_prefill`): the request goes to the prefill cluster.
+        on_prefill_pool: bool,
     },
     /// Leave the destination unset: Envoy's fallback load balancer picks a worker.
     FailOpen(FailOpenReason),
@@ -137,6 +140,7 @@ pub fn classify_route_response(
                         .prefill
                         .map(|p| p.address)
                         .filter(|a| is_valid_endpoint_address(a)),
+                    on_prefill_pool: verdict.decode_on_prefill,
                 }
             }
             _ => RouteOutcome::FailOpen(FailOpenReason::BadVerdict),
@@ -204,6 +208,7 @@ mod tests {
                 mode: RouteMode::Disagg,
                 destination: "10.0.0.2:80".into(),
                 prefill: Some("10.0.0.3:81".into()),
+                on_prefill_pool: false,
             }
         );
         assert_eq!(outcome.route_header_value(), "disagg");
@@ -213,6 +218,25 @@ mod tests {
             matches!(outcome, RouteOutcome::Routed { prefill: None, .. }),
             "{outcome:?}"
         );
+    }
+
+    #[test]
+    fn a_prefill_worker_serving_a_request_whole_is_in_the_prefill_pool() {
+        let mut verdict: serde_json::Value =
+            serde_json::from_slice(&verdict_json("agg", "10.0.0.3:81")).unwrap();
+        verdict["reason"] = "agg:decode_pool_full".into();
+        verdict["decode_on_prefill"] = true.into();
+        let outcome = classify_route_response(Some("200"), None, verdict.to_string().as_bytes());
+        assert_eq!(
+            outcome,
+            RouteOutcome::Routed {
+                mode: RouteMode::Agg,
+                destination: "10.0.0.3:81".into(),
+                prefill: None,
+                on_prefill_pool: true,
+            }
+        );
+        assert_eq!(outcome.route_header_value(), "agg");
     }
 
     #[test]

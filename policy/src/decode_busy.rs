@@ -18,6 +18,20 @@ pub fn veto(input: &PolicyInput, cfg: &ConditionalDisaggConfig) -> Option<Decisi
     (used > threshold).then_some(Decision::Disagg(Reason::DisaggDecodeBusy))
 }
 
+/// Whether a worker whose active KV blocks would be `projected` with this request, out of
+/// `capacity`, can take it: within its capacity and, with the guard on (`threshold`), within
+/// that fraction of it (strictly above vetoes, as [`veto`]). A worker that reports no capacity
+/// (0) is not known to be full, so it can. The router asks this of every decode worker before
+/// sending a request to a full decode pool: when none can, the prefill worker keeps the request
+/// and decodes it itself (`agg:decode_pool_full`, docs/policies.md).
+pub fn can_take(projected: u64, capacity: u64, threshold: Option<f64>) -> bool {
+    if capacity == 0 {
+        return true;
+    }
+    let limit = threshold.map_or(1.0, |t| t.min(1.0));
+    projected as f64 / capacity as f64 <= limit
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -52,6 +66,18 @@ mod tests {
         );
         assert_eq!(veto_at(10_000, 0, None), None);
         assert_eq!(veto_at(10_000, 1, None), None);
+    }
+
+    #[test]
+    fn a_worker_can_take_a_request_within_its_capacity_and_the_guard() {
+        assert!(can_take(1000, 1000, None));
+        assert!(!can_take(1001, 1000, None));
+        assert!(can_take(900, 1000, Some(0.9)));
+        assert!(!can_take(901, 1000, Some(0.9)));
+        // A guard above 1 does not let a worker take more than it holds.
+        assert!(!can_take(1001, 1000, Some(1.5)));
+        // Unknown capacity: nothing says it is full.
+        assert!(can_take(u64::MAX, 0, Some(0.0)));
     }
 
     #[test]

@@ -17,6 +17,7 @@ pub mod config;
 pub mod decode_busy;
 pub mod isl_bounding;
 pub mod isl_or_load;
+pub mod learn;
 pub mod prefill_load;
 pub mod slo_cost;
 

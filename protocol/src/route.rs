@@ -72,6 +72,14 @@ pub const DESTINATION_HEADER: &str = "x-gateway-destination-endpoint";
 /// Response header telling the client how its request was routed (`bypass`, `disagg`, `agg`,
 /// or `fail-open;reason=...`).
 pub const ROUTE_HEADER: &str = "x-switchyard-route";
+/// Header the filter sets on a request whose verdict names a prefill worker as the worker that
+/// serves it ([`Verdict::decode_on_prefill`]), with the value [`POOL_PREFILL`]: the gateway's
+/// route matching it sends the request to the prefill cluster, where the override-host policy
+/// finds that worker (the decode cluster does not hold it). Clients cannot set it: the filter
+/// strips every `x-switchyard-` header they send.
+pub const POOL_HEADER: &str = "x-switchyard-pool";
+/// The [`POOL_HEADER`] value naming the prefill pool.
+pub const POOL_PREFILL: &str = "prefill";
 /// Annotation on bypassed requests (the name NVIDIA Dynamo's backends use).
 pub const BYPASS_HEADER: &str = "x-bypass-remote-prefill";
 /// Header on a route answer that refuses the client's request (a 4xx whose body is the
@@ -238,13 +246,17 @@ pub enum Reason {
     AggServingMode,
     /// Aggregated: disagg or conditional mode, but no live prefill worker.
     AggNoPrefillWorkers,
+    /// Aggregated: disagg or conditional mode, but no decode worker can take the request (KV
+    /// capacity, or the decode-busy guard's fraction of it), so the chosen prefill worker
+    /// keeps it and decodes it itself, as a plain aggregated request.
+    AggDecodePoolFull,
     /// A reason this build does not know (from a newer control plane): read, never written.
     Unknown,
 }
 
 impl Reason {
     /// Every reason a verdict can carry, in a fixed order.
-    pub const ALL: [Reason; 14] = [
+    pub const ALL: [Reason; 15] = [
         Reason::BypassIslBounding,
         Reason::BypassPrefillBusy,
         Reason::BypassSloCost,
@@ -259,6 +271,7 @@ impl Reason {
         Reason::DisaggAlways,
         Reason::AggServingMode,
         Reason::AggNoPrefillWorkers,
+        Reason::AggDecodePoolFull,
     ];
 
     /// The wire name and metric label.
@@ -278,6 +291,7 @@ impl Reason {
             Reason::DisaggAlways => "disagg:always",
             Reason::AggServingMode => "agg:serving_mode",
             Reason::AggNoPrefillWorkers => "agg:no_prefill_workers",
+            Reason::AggDecodePoolFull => "agg:decode_pool_full",
             Reason::Unknown => "unknown",
         }
     }
@@ -352,6 +366,16 @@ pub struct Verdict {
     pub eff_isl: u32,
     /// Why (`bypass:isl_bounding`, `disagg:decode_busy`, ...); also a metric label.
     pub reason: Reason,
+    /// The worker in `decode` is a prefill worker (mode `agg`, reason `agg:decode_pool_full`):
+    /// no decode worker could take the request, so the prefill worker prefills and decodes it.
+    /// The filter sends it to the prefill cluster ([`POOL_HEADER`]). Absent (false) otherwise,
+    /// and in verdicts from before it.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub decode_on_prefill: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 /// Error body of the control plane's API (4xx/5xx), so callers can act on `code`.

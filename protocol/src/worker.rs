@@ -133,4 +133,10 @@ pub struct LoadReport {
     pub kv_total_blocks: u64,
     /// Prompt tokens still to be prefilled (queued and partially prefilled requests).
     pub queued_prefill_tokens: u64,
+    /// KV blocks the queued (waiting) requests need to be admitted, at most (their whole
+    /// sequences; a prefix-cache hit needs fewer). `kv_used_blocks` leaves them out, so a
+    /// worker whose queue waits for KV looks less full than it is without this. 0 (absent)
+    /// from workers that do not report it.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub kv_waiting_blocks: u64,
 }

@@ -97,7 +97,7 @@ impl Default for LoadConfig {
 }
 
 /// Everything the router can be told at run time.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct RouterConfig {
     /// Agg, disagg or conditional.
@@ -109,6 +109,31 @@ pub struct RouterConfig {
     pub selection: SelectionWeights,
     /// Load expiry (`"load": {...}`).
     pub load: LoadConfig,
+    /// In `disagg` and `conditional` serving: when no decode worker can take a request (its
+    /// KV blocks would exceed a decode worker's capacity, or the decode-busy guard's fraction
+    /// of it, on every decode worker), the chosen prefill worker keeps it and decodes it
+    /// itself, as a plain aggregated request (`agg:decode_pool_full`), instead of handing it
+    /// to a full decode pool where it would queue for KV. Default true; false is the
+    /// behaviour before it (the request disaggregates or bypasses onto the full pool).
+    pub prefill_continues_decode: bool,
+    /// Under `slo_cost`: correct its timing coefficients online from what requests took (the
+    /// lifecycle reports' TTFT and time per output token against the configured model's
+    /// predictions; `switchyard_policy::learn`), so that a preset that is off still decides
+    /// well. Default true; false decides with the configured coefficients as they are.
+    pub learn_timing: bool,
+}
+
+impl Default for RouterConfig {
+    fn default() -> Self {
+        RouterConfig {
+            serving_mode: ServingMode::default(),
+            conditional: ConditionalDisaggConfig::default(),
+            selection: SelectionWeights::default(),
+            load: LoadConfig::default(),
+            prefill_continues_decode: true,
+            learn_timing: true,
+        }
+    }
 }
 
 impl RouterConfig {

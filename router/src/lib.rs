@@ -41,6 +41,7 @@ pub mod core;
 pub use crate::core::ControlCore;
 
 mod kv_events;
+mod learning;
 mod replica;
 mod route;
 mod workers;
@@ -200,6 +201,9 @@ pub struct Router {
     /// Liveness counts from here for every worker heard before (see
     /// [`Router::grant_liveness_grace`]).
     grace_from_ms: u64,
+    /// `slo_cost`'s learned timing factors and the requests that feed them
+    /// ([`RouterConfig::learn_timing`]).
+    learning: learning::Learning,
 }
 
 impl Default for Router {
@@ -232,6 +236,7 @@ impl Router {
             predictions: Predictions::new(),
             heartbeats_reachable: true,
             grace_from_ms: 0,
+            learning: learning::Learning::default(),
         }
     }
 
@@ -246,6 +251,10 @@ impl Router {
     /// [`ConfigError`] naming an out-of-range field; the old config stays.
     pub fn set_config(&mut self, config: RouterConfig) -> Result<(), ConfigError> {
         config.validate()?;
+        if config.conditional != self.config.conditional {
+            // Factors learned against other coefficients mean nothing for these.
+            self.learning.reset();
+        }
         self.config = config;
         Ok(())
     }
@@ -258,12 +267,53 @@ impl Router {
         }
     }
 
+    /// `slo_cost`'s learned timing factors (`switchyard_policy::learn`); 1 until learned, and
+    /// when [`RouterConfig::learn_timing`] is off or the policy is another.
+    pub fn learned_timing(&self) -> policy::learn::TimingScales {
+        self.learning.scales()
+    }
+
+    /// The policy config a conditional verdict is decided under: the configured one, with
+    /// `slo_cost`'s timing coefficients corrected by what was learned when learning is on.
+    pub fn effective_conditional(&self) -> policy::config::ConditionalDisaggConfig {
+        if self.learns_timing() {
+            self.learning.scales().apply(&self.config.conditional)
+        } else {
+            self.config.conditional
+        }
+    }
+
+    fn learns_timing(&self) -> bool {
+        self.config.learn_timing
+            && self.config.conditional.policy == policy::config::PolicyKind::SloCost
+    }
+
     /// Frees predicted load on lifecycle milestones: `first_token` frees prefill tokens,
     /// `done` frees the request's KV blocks. Unknown request ids are ignored.
     pub fn apply_lifecycle(&mut self, event: &LifecycleEvent, now_ms: u64) {
         match event {
-            LifecycleEvent::FirstToken { request_id } => self.load.on_first_token(request_id),
-            LifecycleEvent::Done { request_id, .. } => self.load.on_done(request_id),
+            LifecycleEvent::FirstToken { request_id } => {
+                self.load.on_first_token(request_id);
+                if let Some(slot) = self.learning.awaiting_first_token(request_id) {
+                    let streams = self.load.load(slot).decoding;
+                    self.learning.on_first_token(request_id, streams, now_ms);
+                }
+            }
+            LifecycleEvent::Done {
+                request_id,
+                completion_tokens,
+                ok,
+                ..
+            } => {
+                self.load.on_done(request_id);
+                self.learning.on_done(
+                    request_id,
+                    *completion_tokens,
+                    *ok,
+                    &self.config.conditional,
+                    now_ms,
+                );
+            }
         }
         self.load.expire(now_ms, &self.config.load);
     }

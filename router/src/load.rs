@@ -66,6 +66,9 @@ pub struct WorkerLoad {
     pub active_blocks: u64,
     /// KV capacity in blocks (last report, else registration; 0: unknown).
     pub kv_capacity_blocks: u64,
+    /// KV blocks the worker's waiting requests still need, as its last report said (not
+    /// predicted): a worker whose queue waits for KV cannot take more.
+    pub waiting_blocks: u64,
     /// Requests decoding (or about to) on this worker that have not reported `done`.
     pub in_flight: u32,
     /// Of those, the ones past `first_token`: streams actually decoding, which a local
@@ -325,8 +328,13 @@ impl LoadTracker {
         let Some(Some(w)) = self.workers.get(usize::from(slot.0)) else {
             return WorkerLoad::default();
         };
-        let (queued, used, total) = w.report.as_ref().map_or((0, 0, 0), |r| {
-            (r.queued_prefill_tokens, r.kv_used_blocks, r.kv_total_blocks)
+        let (queued, used, total, waiting) = w.report.as_ref().map_or((0, 0, 0, 0), |r| {
+            (
+                r.queued_prefill_tokens,
+                r.kv_used_blocks,
+                r.kv_total_blocks,
+                r.kv_waiting_blocks,
+            )
         });
         WorkerLoad {
             prefill_tokens: clamp(queued, w.prefill_delta),
@@ -336,6 +344,7 @@ impl LoadTracker {
             } else {
                 w.registered_capacity
             },
+            waiting_blocks: waiting,
             in_flight: w.in_flight,
             decoding: w.decoding,
             reported: w.report.is_some(),

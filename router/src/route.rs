@@ -9,7 +9,9 @@ use super::{RouteError, Router};
 use crate::chains::Chain;
 use crate::config::ServingMode;
 use crate::index::WorkerSlot;
+use crate::learning::PathLoad;
 use crate::load::{Leg, RoutedLoad, WorkerLoad};
+use crate::policy::decode_busy::can_take;
 use crate::policy::{Decision, PolicyCall, PolicyInput};
 use crate::select::{self, DecodeInputs, PrefillInputs};
 
@@ -222,7 +224,7 @@ impl Router {
                         decode_queued_tokens: d.load.prefill_tokens,
                         decode_running_streams: d.load.decoding,
                     },
-                    config: self.config.conditional,
+                    config: self.effective_conditional(),
                 });
                 match policy_call.decide() {
                     Decision::Bypass(r) => (RouteMode::Bypass, r, None),
@@ -230,6 +232,38 @@ impl Router {
                 }
             }
         };
+
+        // No decode worker can take it: the prefill worker keeps it and decodes it itself,
+        // rather than queueing it for KV behind a full decode pool (docs/policies.md, "The
+        // prefill worker continues"). Not for several choices, which the decode worker serves
+        // whatever the pool (the verdict is the request's, not the pool's).
+        let keeper = match chosen_prefill {
+            Some(pw)
+                if self.config.prefill_continues_decode
+                    && mode != ServingMode::Agg
+                    && choices <= 1
+                    && !decode.iter().any(|c| self.decode_can_take(c, isl))
+                    && can_take(
+                        pw.load.active_blocks
+                            + pw.load.waiting_blocks
+                            + request_blocks(isl, pw.block_size),
+                        pw.load.kv_capacity_blocks,
+                        None,
+                    ) =>
+            {
+                Some(pw)
+            }
+            _ => None,
+        };
+        let (d, route_mode, reason, p) = match keeper {
+            Some(pw) => {
+                call = None;
+                (pw, RouteMode::Agg, Reason::AggDecodePoolFull, None)
+            }
+            None => (d, route_mode, reason, p),
+        };
+        let cached = cached_tokens(d, isl);
+        let eff_isl = isl - cached;
 
         let leg = |c: &Candidate, prefill_tokens: u64| Leg {
             slot: c.slot,
@@ -251,6 +285,7 @@ impl Router {
             cached_tokens: cached,
             eff_isl,
             reason,
+            decode_on_prefill: keeper.is_some(),
         };
         let ttl = self.config.load.kv_prediction_ms;
         self.predictions
@@ -259,11 +294,43 @@ impl Router {
             self.predictions
                 .predict(p.slot, &by_size[p.hashes].1, now_ms, ttl);
         }
+        if self.learns_timing() {
+            let path = PathLoad {
+                isl: u64::from(isl),
+                new_tokens: u64::from(match p {
+                    Some(p) => isl - cached_tokens(p, isl),
+                    None => eff_isl,
+                }),
+                queued_tokens: p.map_or(d.load.prefill_tokens, |p| p.load.prefill_tokens),
+                streams: d.load.decoding,
+                disagg: p.is_some(),
+            };
+            self.learning.on_route(
+                request_id,
+                path,
+                d.slot,
+                &self.config.conditional,
+                now_ms,
+                self.config.load.request_timeout_ms,
+            );
+        }
         self.load.on_route(request_id, routed, now_ms);
         Ok(Routed {
             verdict,
             policy: call,
         })
+    }
+}
+
+impl Router {
+    /// Whether decode worker `c` can take a request of `isl` tokens: its active KV blocks with
+    /// the request's fit its capacity, and the decode-busy guard's fraction of it when set.
+    fn decode_can_take(&self, c: &Candidate, isl: u32) -> bool {
+        can_take(
+            c.load.active_blocks + c.load.waiting_blocks + request_blocks(isl, c.block_size),
+            c.load.kv_capacity_blocks,
+            self.config.conditional.decode_busy_threshold,
+        )
     }
 }
 

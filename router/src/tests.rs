@@ -170,6 +170,9 @@ fn a_busy_decode_worker_gets_no_bypass() {
     ]);
     let mut cfg = r.config().clone();
     cfg.conditional.decode_busy_threshold = Some(0.8);
+    // The guard alone: with the prefill worker continuing, the only decode worker being busy
+    // keeps the request on the prefill worker (the next test).
+    cfg.prefill_continues_decode = false;
     r.set_config(cfg).unwrap();
     let turn1 = prompt(1, 1024);
     r.apply_kv_batch(&stored("decode-0", 1, &turn1)).unwrap();
@@ -190,12 +193,108 @@ fn a_busy_decode_worker_gets_no_bypass() {
         kv_used_blocks: 7_950,
         kv_total_blocks: 10_000,
         queued_prefill_tokens: 0,
+        kv_waiting_blocks: 0,
     };
     r.apply_load_report(&report);
     let v = r.route("b", &turn2, 4).unwrap();
     assert_eq!(v.mode, RouteMode::Disagg);
     assert_eq!(v.reason, Reason::DisaggDecodeBusy);
     assert_eq!(v.prefill.unwrap().worker_id.0, "prefill-0");
+}
+
+fn kv_report(worker: &str, used: u64, total: u64) -> LoadReport {
+    LoadReport {
+        v: 1,
+        worker_id: WorkerId(worker.into()),
+        running: 40,
+        waiting: 0,
+        kv_used_blocks: used,
+        kv_total_blocks: total,
+        queued_prefill_tokens: 0,
+        kv_waiting_blocks: 0,
+    }
+}
+
+#[test]
+fn the_prefill_worker_keeps_a_request_no_decode_worker_can_take() {
+    let mut r = pool();
+    let cold = prompt(1, 1600); // 100 blocks
+                                // Room on one decode worker: disaggregated there, whatever the other's state.
+    r.apply_load_report(&kv_report("decode-0", 9_950, 10_000));
+    let v = r.route("a", &cold, 1).unwrap();
+    assert_eq!(v.mode, RouteMode::Disagg);
+    assert_eq!(v.decode.worker_id.0, "decode-1");
+    assert!(!v.decode_on_prefill);
+    r.apply_lifecycle(&done("a"), 2);
+    // Both decode workers full (100 more blocks would pass 10,000): the prefill worker
+    // prefills and decodes it, as an aggregated request, and its load says so.
+    r.apply_load_report(&kv_report("decode-1", 9_901, 10_000));
+    for mode in [ServingMode::Conditional, ServingMode::Disagg] {
+        let mut cfg = r.config().clone();
+        cfg.serving_mode = mode;
+        r.set_config(cfg).unwrap();
+        let routed = r.route_traced("b", &cold, 1, None, 3).unwrap();
+        let v = routed.verdict;
+        assert_eq!(v.mode, RouteMode::Agg, "{mode:?}");
+        assert_eq!(v.reason, Reason::AggDecodePoolFull);
+        assert_eq!(v.decode.worker_id.0, "prefill-0");
+        assert_eq!(v.prefill, None);
+        assert!(v.decode_on_prefill);
+        // Cached and effective ISL are the prefill worker's (it prefilled "a"'s prompt).
+        assert_eq!((v.cached_tokens, v.eff_isl), (1600, 0));
+        assert_eq!(routed.policy, None, "the pool decided, not the policy");
+        let stats = r.worker_stats();
+        let prefill = stats.iter().find(|w| w.worker_id.0 == "prefill-0").unwrap();
+        assert_eq!(prefill.load.prefill_tokens, 0);
+        assert_eq!(prefill.load.in_flight, 1);
+        r.apply_lifecycle(&done("b"), 4);
+    }
+    // The wire form names the prefill pool; a verdict without the field reads as false.
+    let v = r.route("c", &cold, 5).unwrap();
+    let json = serde_json::to_value(&v).unwrap();
+    assert_eq!(json["decode_on_prefill"], true);
+    assert_eq!(json["reason"], "agg:decode_pool_full");
+    r.apply_lifecycle(&done("c"), 6);
+    // Off: today's behaviour, onto the full pool.
+    let mut cfg = r.config().clone();
+    cfg.prefill_continues_decode = false;
+    r.set_config(cfg.clone()).unwrap();
+    let v = r.route("d", &cold, 7).unwrap();
+    assert_eq!(v.mode, RouteMode::Disagg);
+    let json = serde_json::to_value(&v).unwrap();
+    assert!(json.get("decode_on_prefill").is_none());
+    r.apply_lifecycle(&done("d"), 8);
+    // A full prefill worker keeps nothing either.
+    cfg.prefill_continues_decode = true;
+    r.set_config(cfg).unwrap();
+    r.apply_load_report(&kv_report("prefill-0", 9_950, 10_000));
+    assert_eq!(r.route("e", &cold, 9).unwrap().mode, RouteMode::Disagg);
+}
+
+#[test]
+fn the_guard_makes_a_decode_worker_full_for_the_prefill_worker_too() {
+    let mut r = pool();
+    let mut cfg = r.config().clone();
+    cfg.conditional.decode_busy_threshold = Some(0.5);
+    r.set_config(cfg).unwrap();
+    r.apply_load_report(&kv_report("decode-0", 5_000, 10_000));
+    r.apply_load_report(&kv_report("decode-1", 4_950, 10_000));
+    let cold = prompt(1, 1600);
+    // decode-1 still fits 100 blocks under half its capacity (5,050 > 5,000 does not).
+    let v = r.route("a", &cold, 1).unwrap();
+    assert_eq!(v.reason, Reason::AggDecodePoolFull);
+    r.apply_load_report(&kv_report("decode-1", 4_000, 10_000));
+    let v = r.route("b", &cold, 2).unwrap();
+    assert_eq!(
+        (v.mode, v.decode.worker_id.0.as_str()),
+        (RouteMode::Disagg, "decode-1")
+    );
+    // Several choices stay on a decode worker: the verdict is the request's.
+    r.apply_load_report(&kv_report("decode-1", 5_000, 10_000));
+    assert_eq!(
+        r.route_request("c", &cold, 2, 3).unwrap().reason,
+        Reason::BypassMultipleChoices
+    );
 }
 
 #[test]
@@ -637,7 +736,9 @@ proptest! {
             prop_assert_eq!(v.isl as usize, *n);
             prop_assert!(v.cached_tokens <= v.isl);
             prop_assert_eq!(v.eff_isl, v.isl - v.cached_tokens);
-            prop_assert_ne!(v.decode.worker_id.0.as_str(), "prefill-0");
+            // Only a verdict the full decode pool made names the prefill worker to decode.
+            prop_assert_eq!(v.decode.worker_id.0 == "prefill-0", v.decode_on_prefill);
+            prop_assert_eq!(v.decode_on_prefill, v.reason == Reason::AggDecodePoolFull);
         }
     }
 }
@@ -819,4 +920,74 @@ fn a_model_is_served_by_its_own_workers_only() {
     // No model: every worker, as with one model.
     let v = r.route_model("any", &p, 1, None, 1).unwrap();
     assert_eq!(v.decode.worker_id.0, "b-decode", "the cache holder");
+}
+
+#[test]
+fn slo_cost_learns_a_preset_twice_too_slow_from_the_lifecycle_reports() {
+    let truth = RouterConfig::from_json(&serde_json::json!({"policy": "slo_cost"})).unwrap();
+    let off = RouterConfig::from_json(&serde_json::json!({
+        "policy": "slo_cost",
+        "prefill_iteration_ms": 39.0, "prefill_ms_per_token": 0.02978,
+        "prefill_attention_ms_per_token_pair": 1.084e-6,
+        "decode_step_ms": 32.56, "decode_step_ms_per_stream": 0.0326,
+    }))
+    .unwrap();
+    let mut r = pool();
+    // No heartbeats in this test: nobody expires.
+    r.set_heartbeats_reachable(false, 0);
+    r.set_config(off.clone()).unwrap();
+    assert_eq!(r.effective_conditional(), off.conditional);
+    let mut now = 0u64;
+    for i in 0..40u32 {
+        let id = format!("r{i}");
+        let n = 2_000 + 500 * (i as usize % 5);
+        let v = r.route(&id, &prompt(100 + i, n), now).unwrap();
+        // Idle workers: the truth's TTFT is its prefill (plus a transfer when disaggregated);
+        // one stream decodes at the truth's step.
+        let prefill = policy::slo_cost::prefill_ms(n as u64, 0, &truth.conditional);
+        let ttft = prefill.round() as u64 + u64::from(v.mode == RouteMode::Disagg);
+        now += ttft;
+        r.apply_lifecycle(
+            &LifecycleEvent::FirstToken {
+                request_id: id.clone(),
+            },
+            now,
+        );
+        let step = policy::slo_cost::step_ms(1, &truth.conditional);
+        now += (step * 99.0).round() as u64;
+        r.apply_lifecycle(
+            &LifecycleEvent::Done {
+                request_id: id,
+                prompt_tokens: None,
+                completion_tokens: Some(100),
+                ok: true,
+            },
+            now,
+        );
+        now += 1_000;
+    }
+    let learned = r.learned_timing();
+    assert!((learned.prefill.scale() - 0.5).abs() < 0.02, "{learned:?}");
+    assert!((learned.decode.scale() - 0.5).abs() < 0.02, "{learned:?}");
+    let eff = r.effective_conditional();
+    let rel = |a: f64, b: f64| (a / b - 1.0).abs();
+    assert!(
+        rel(
+            eff.prefill_ms_per_token,
+            truth.conditional.prefill_ms_per_token
+        ) < 0.04
+    );
+    assert!(rel(eff.decode_step_ms, truth.conditional.decode_step_ms) < 0.04);
+    // The policy decides under the learned coefficients, and says so in its call.
+    let routed = r
+        .route_traced("x", &prompt(1, 3_000), 1, None, now)
+        .unwrap();
+    assert_eq!(routed.policy.unwrap().config, eff);
+    // Learning off, or new coefficients: the configured model as it is.
+    let mut no = off.clone();
+    no.learn_timing = false;
+    r.set_config(no.clone()).unwrap();
+    assert_eq!(r.effective_conditional(), off.conditional);
+    r.set_config(truth.clone()).unwrap();
+    assert_eq!(r.learned_timing().prefill.samples(), 0);
 }

@@ -314,6 +314,25 @@ mod tests {
     }
 
     #[test]
+    fn a_request_kept_on_its_prefill_worker_is_routed_to_the_prefill_cluster() {
+        use switchyard_protocol::route::{POOL_HEADER, POOL_PREFILL};
+        let yaml = render_bootstrap(&settings()).expect("renders");
+        for path in ["/v1/chat/completions", "/v1/completions"] {
+            let pool = format!(
+                r#"- match: {{ path: "{path}", headers: [ {{ name: {POOL_HEADER}, string_match: {{ exact: {POOL_PREFILL} }} }} ] }}
+                          route: {{ cluster: {PREFILL_CLUSTER}, timeout: 0s }}"#
+            );
+            let at = yaml
+                .find(&pool)
+                .unwrap_or_else(|| panic!("no pool route: {yaml}"));
+            let shared = yaml
+                .find(&format!(r#"- match: {{ path: "{path}" }}"#))
+                .expect("shared route");
+            assert!(at < shared, "the pool route comes first");
+        }
+    }
+
+    #[test]
     fn overrides_win_and_a_plain_listener_can_be_added() {
         let mut with = settings();
         with.filter_overrides

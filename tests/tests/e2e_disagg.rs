@@ -8,6 +8,10 @@
 //!   for a body uploaded chunked.
 //! - The conversation's next turn (few new tokens) bypasses to the same decode worker.
 //! - Lifecycle reports free the control plane's predicted load promptly.
+//! - When no decode worker can take a request (here: the decode-busy guard at 0, so every
+//!   decode worker counts as full), the prefill worker serves it whole: the verdict is `agg`
+//!   (`agg:decode_pool_full`), the filter sends it to the prefill cluster, and it streams from
+//!   a prefill worker.
 //!
 //! Bad input and prefill failures are in `e2e_disagg_failures.rs`. Needs `cargo build -p
 //! switchyard-filter --target wasm32-wasip1 --profile wasm && cargo build --workspace --bins`
@@ -221,4 +225,45 @@ async fn cold_prompts_disaggregate_and_next_turns_bypass_to_the_same_worker() {
     );
     assert_eq!(stat(&stats, "routed.disagg"), turns + 1);
     assert_eq!(stat(&stats, "routed.bypass"), turns);
+
+    // (4) A full decode pool: the prefill worker keeps the request and decodes it itself.
+    let config_url = format!("{}/v1/config", stack.control_plane_admin_url());
+    let put = |patch: Value| {
+        http.put(&config_url)
+            .json(&patch)
+            .bearer_auth(stack.control_plane_admin_token())
+            .send()
+    };
+    let answer = put(json!({"decode_busy_threshold": 0.0}))
+        .await
+        .expect("PUT /v1/config");
+    assert!(answer.status().is_success(), "{answer:?}");
+    let messages = json!([{"role": "user", "content": long_prompt("lighthouse lenses")}]);
+    let response = post_observed(&http, &url, &chat(messages, 12), &[], REQUEST_TIMEOUT)
+        .await
+        .expect("request on a full decode pool");
+    assert_streamed(&response);
+    assert_eq!(
+        response.header(ROUTE_HEADER),
+        "agg",
+        "{:?}",
+        response.headers
+    );
+    let worker = response.header(WORKER_HEADER).to_string();
+    assert!(worker.starts_with("prefill-"), "served by {worker}");
+    assert!(
+        prefill_addresses.contains(&response.header(DESTINATION_RESPONSE_HEADER).to_string()),
+        "{:?}",
+        response.headers
+    );
+    assert_eq!(response.header(PREFILL_HEADER), "");
+    let answer = put(json!({"decode_busy_threshold": null}))
+        .await
+        .expect("PUT /v1/config");
+    assert!(answer.status().is_success(), "{answer:?}");
+    wait_until_idle(&stack, &http)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let stats = envoy_stats(&http, &stack.admin_url()).await.expect("stats");
+    assert_eq!(stat(&stats, "routed.agg"), 1);
 }

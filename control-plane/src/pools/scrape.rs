@@ -98,6 +98,7 @@ impl VllmLoad {
             kv_used_blocks: (self.kv_usage * capacity_blocks as f64).round() as u64,
             kv_total_blocks: capacity_blocks,
             queued_prefill_tokens: 0,
+            kv_waiting_blocks: 0,
         }
     }
 }

@@ -252,6 +252,13 @@ impl Owner {
         self.metrics.index_blocks.set(gauge(stats.pairs));
         self.metrics.index_hashes.set(gauge(stats.distinct_hashes));
         self.metrics.index_bytes.set(gauge(stats.approx_bytes));
+        let learned = self.router().learned_timing();
+        for (part, ratio) in [("prefill", learned.prefill), ("decode", learned.decode)] {
+            self.metrics
+                .slo_cost_learned_scale
+                .get_or_create(&crate::metrics::PartLabels { part })
+                .set(ratio.scale());
+        }
         let mut blocks: BTreeMap<ModelLabels, i64> = BTreeMap::new();
         let mut per_worker = BTreeMap::new();
         for worker in self.router().worker_stats() {

@@ -197,8 +197,11 @@ async fn second_turn_goes_home_and_bypasses_cold_prompts_disaggregate_busy_decod
     assert_eq!(v3.cached_tokens, 0);
 
     // Decode workers nearly full (load reports) and the decode-busy guard on: the home
-    // worker still decodes turn 2 (its cache is there) but gets no bypass.
-    let resp = svc.put_config(&json!({"decode_busy_threshold": 0.8})).await;
+    // worker still decodes turn 2 (its cache is there) but gets no bypass (the prefill worker
+    // continuing decode off: the guard alone).
+    let resp = svc
+        .put_config(&json!({"decode_busy_threshold": 0.8, "prefill_continues_decode": false}))
+        .await;
     assert_eq!(resp.status(), 200);
     for w in [home, other] {
         let report = LoadReport {
@@ -209,6 +212,7 @@ async fn second_turn_goes_home_and_bypasses_cold_prompts_disaggregate_busy_decod
             kv_used_blocks: 9_500,
             kv_total_blocks: 10_000,
             queued_prefill_tokens: 0,
+            kv_waiting_blocks: 0,
         };
         nats.publish(subjects::LOAD, serde_json::to_vec(&report).unwrap().into())
             .await
@@ -230,6 +234,17 @@ async fn second_turn_goes_home_and_bypasses_cold_prompts_disaggregate_busy_decod
     assert_ne!(v4.mode, RouteMode::Bypass, "{v4:?}");
     assert_eq!(v4.decode.worker_id, home.worker_id, "{v4:?}");
     assert_eq!(v4.reason, Reason::DisaggDecodeBusy, "{v4:?}");
+    // With it on (the default), no decode worker can take the request: the prefill worker
+    // serves it whole.
+    let resp = svc
+        .put_config(&json!({"prefill_continues_decode": true}))
+        .await;
+    assert_eq!(resp.status(), 200);
+    let v5 = route_json(&svc.base, "turn-2-pool-full", &second_turn()).await;
+    assert_eq!(v5.mode, RouteMode::Agg, "{v5:?}");
+    assert_eq!(v5.reason, Reason::AggDecodePoolFull, "{v5:?}");
+    assert_eq!(v5.decode.worker_id, prefill.worker_id, "{v5:?}");
+    assert!(v5.decode_on_prefill && v5.prefill.is_none(), "{v5:?}");
 
     let m = svc.metrics().await;
     assert_metric(
@@ -240,6 +255,11 @@ async fn second_turn_goes_home_and_bypasses_cold_prompts_disaggregate_busy_decod
     assert_metric(
         &m,
         "switchyard_route_decisions_total{mode=\"disagg\",reason=\"disagg:decode_busy\"}",
+        1.0,
+    );
+    assert_metric(
+        &m,
+        "switchyard_route_decisions_total{mode=\"agg\",reason=\"agg:decode_pool_full\"}",
         1.0,
     );
     assert_metric(&m, "switchyard_kv_batches_applied_total", 1.0);

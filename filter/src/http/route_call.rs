@@ -5,7 +5,8 @@ use log::{debug, warn};
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action;
 use switchyard_protocol::route::{
-    ApiKind, RouteMode, API_HEADER, MODEL_HEADER, REQUEST_ID_HEADER, ROUTE_PATH,
+    ApiKind, RouteMode, API_HEADER, MODEL_HEADER, POOL_HEADER, POOL_PREFILL, REQUEST_ID_HEADER,
+    ROUTE_PATH,
 };
 
 use super::{Phase, SwitchyardRequest};
@@ -159,11 +160,13 @@ impl SwitchyardRequest {
                 mode: RouteMode::Disagg,
                 destination,
                 prefill,
+                on_prefill_pool,
             } => {
                 self.count_verdict(&RouteOutcome::Routed {
                     mode: RouteMode::Disagg,
                     destination: destination.clone(),
                     prefill: prefill.clone(),
+                    on_prefill_pool,
                 });
                 match prefill {
                     Some(prefill) => self.start_prefill_leg(doc, destination, prefill),
@@ -182,6 +185,18 @@ impl SwitchyardRequest {
                 self.resume_http_request();
             }
             other => {
+                if matches!(
+                    other,
+                    RouteOutcome::Routed {
+                        on_prefill_pool: true,
+                        ..
+                    }
+                ) {
+                    // A prefill worker serves it whole: the decode cluster does not hold it,
+                    // so the gateway's route on this header sends it to the prefill cluster
+                    // (set before the route is chosen again, as `name_model` explains).
+                    self.set_http_request_header(POOL_HEADER, Some(POOL_PREFILL));
+                }
                 self.count_verdict(&other);
                 self.forward(Served::from_outcome(&other), None, None);
                 self.resume_http_request();

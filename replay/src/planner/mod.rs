@@ -5,6 +5,8 @@
 //!   threshold pair; each at every load level);
 //! - [`execute`]: running them in parallel within a time bound;
 //! - [`analysis`]: best per mode, frontiers, the recommendation;
+//! - [`policies`]: with `slo_cost` planned, the policy comparison per load level (issue #15's
+//!   bars);
 //! - [`render`]: markdown, JSON and SVG.
 //!
 //! `docs/planner.md` describes it for users (`switchyard-plan`).
@@ -12,6 +14,7 @@
 pub mod analysis;
 pub mod execute;
 pub mod grid;
+pub mod policies;
 pub mod render;
 
 use serde::Serialize;
@@ -23,6 +26,7 @@ pub use analysis::{
 };
 pub use execute::{run_points, Execution, PointOutcome, PointResult};
 pub use grid::{plan_points, PlanPoint, PlanSpace, SpaceError};
+pub use policies::{policy_markdown, policy_rows, PolicyRow};
 pub use render::{plan_markdown, write_plan, WritePlanError};
 
 use crate::spec::StackSpec;

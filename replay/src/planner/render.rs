@@ -97,6 +97,9 @@ pub fn plan_markdown(outcome: &PlanOutcome) -> String {
         }
         None => out.push_str("## Recommended\n\nNothing ran: no recommendation.\n\n"),
     }
+    if outcome.space.slo_cost {
+        out.push_str(&policies_section(outcome));
+    }
     out.push_str("## Best per mode\n\n");
     out.push_str(POINT_HEADER);
     for s in &outcome.summaries {
@@ -155,6 +158,21 @@ pub fn plan_markdown(outcome: &PlanOutcome) -> String {
     out
 }
 
+/// The policy comparison (`--slo-cost`), against the router's default thresholds.
+pub fn policies_section(outcome: &PlanOutcome) -> String {
+    let d = switchyard_router::config::ConditionalDisaggConfig::default();
+    let rows = super::policy_rows(outcome, (d.eff_isl_threshold, d.eff_isl_ratio_threshold));
+    format!(
+        "## Policies, each at its best split\n\nGoodput req/s (point). (a): bar ≥ {:.0} %; (b): \
+         bar ≥ {:.0} %, and ≥ {:.0} % where prefix reuse (agg's cached prompt share) is ≥ {:.0} %.\n\n{}\n",
+        super::policies::BAR_A * 100.0,
+        super::policies::BAR_B_FLOOR * 100.0,
+        super::policies::BAR_B_HIGH_REUSE * 100.0,
+        super::policies::HIGH_REUSE * 100.0,
+        super::policy_markdown(&rows, outcome.space.workers)
+    )
+}
+
 /// Errors writing a plan's files.
 #[derive(Debug, thiserror::Error)]
 pub enum WritePlanError {
@@ -190,6 +208,9 @@ pub fn write_plan(dir: &Path, outcome: &PlanOutcome) -> Result<String, WritePlan
     })?;
     let markdown = plan_markdown(outcome);
     write("plan.md", &markdown)?;
+    if outcome.space.slo_cost {
+        write("policies.md", &policies_section(outcome))?;
+    }
     write("plan.json", &serde_json::to_string_pretty(outcome)?)?;
     let frontier_reports: Vec<RunReport> = outcome
         .summaries

@@ -5,5 +5,7 @@ mod replay_cli;
 mod replay_gateway;
 mod replay_mooncake;
 mod replay_planner;
+mod replay_policy_bars;
+mod replay_prefill_decodes;
 mod replay_scenarios;
 mod replay_sessions;

@@ -57,6 +57,7 @@ fn report(queued: u64, used: u64, total: u64) -> LoadReport {
         kv_used_blocks: used,
         kv_total_blocks: total,
         queued_prefill_tokens: queued,
+        kv_waiting_blocks: 0,
     }
 }
 
