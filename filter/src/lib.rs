@@ -20,6 +20,8 @@
 //! - [`outcome`]: how a request was served (the `x-switchyard-route` value).
 //! - [`lifecycle`]: the bounded report queue and the `usage` scan of a response's tail.
 //! - [`metrics`]: names of the Envoy custom stats the filter keeps.
+//! - [`tokenize`]: `"tokenize": "filter"` mode: the per-VM tokenizers and a body turned into
+//!   block hashes for the route call.
 //! - `root` / `http`: the proxy-wasm contexts (the only code that makes hostcalls), and
 //!   `shared`, the per-VM state both use (`root` → `http` → `shared`, never back).
 //!
@@ -36,6 +38,7 @@ pub mod prefill;
 pub mod request;
 mod root;
 mod shared;
+pub mod tokenize;
 pub mod verdict;
 
 /// The VM entry point (`_initialize`), in a private module: it is exported to Envoy, not part
