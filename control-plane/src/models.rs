@@ -31,8 +31,8 @@ use crate::service::tokenizer::{
 /// Context length assumed when neither `--max-model-len` nor the model folder gives one.
 pub const DEFAULT_MAX_MODEL_LEN: u32 = 131_072;
 
-/// The block size a filter that tokenizes itself hashes a model's prompts at when the pool file
-/// declares no worker of it: vLLM's default, and the simulated workers'.
+/// The block size a filter that tokenizes itself hashes a model's prompts at when no worker of
+/// it is live and the pool file declares none: vLLM's default.
 pub const DEFAULT_BLOCK_SIZE: u32 = 16;
 
 /// One model as the route API uses it.
@@ -47,7 +47,8 @@ pub struct ServedModel {
     /// Its context length: longer prompts and larger `max_tokens` are refused.
     pub max_model_len: u32,
     /// The block size a filter that tokenizes itself hashes its prompts at (the tokenizer
-    /// bundle's): its first declared worker's, else [`DEFAULT_BLOCK_SIZE`].
+    /// bundle's) when none of its workers is live: its first declared worker's, else
+    /// [`DEFAULT_BLOCK_SIZE`].
     pub block_size: u32,
 }
 

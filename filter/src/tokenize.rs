@@ -146,8 +146,8 @@ impl LoadedTokenizer {
 enum Slot {
     /// A request wanted it; the next tick fetches it.
     Wanted,
-    /// The fetch is in flight.
-    Fetching,
+    /// The fetch is in flight; `failures` before it (the backoff grows with them).
+    Fetching { failures: u32 },
     /// Ready.
     Loaded(Rc<LoadedTokenizer>),
     /// The last fetch failed; fetch again from `retry_at_ms`.
@@ -180,15 +180,16 @@ impl Tokenizers {
     pub fn due(&mut self, now_ms: u64) -> Vec<ModelKey> {
         let mut due = Vec::new();
         for (model, slot) in &mut self.slots {
-            let ready = match slot {
-                Slot::Wanted => true,
-                Slot::Failed { retry_at_ms, .. } => now_ms >= *retry_at_ms,
-                Slot::Fetching | Slot::Loaded(_) => false,
+            let failures = match slot {
+                Slot::Wanted => 0,
+                Slot::Failed {
+                    failures,
+                    retry_at_ms,
+                } if now_ms >= *retry_at_ms => *failures,
+                Slot::Failed { .. } | Slot::Fetching { .. } | Slot::Loaded(_) => continue,
             };
-            if ready {
-                *slot = Slot::Fetching;
-                due.push(model.clone());
-            }
+            *slot = Slot::Fetching { failures };
+            due.push(model.clone());
         }
         due
     }
@@ -202,7 +203,7 @@ impl Tokenizers {
         now_ms: u64,
     ) -> Option<u64> {
         let failures = match self.slots.get(model) {
-            Some(Slot::Failed { failures, .. }) => *failures,
+            Some(Slot::Fetching { failures } | Slot::Failed { failures, .. }) => *failures,
             _ => 0,
         };
         match result {

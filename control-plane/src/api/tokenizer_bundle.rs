@@ -2,7 +2,7 @@
 //! itself (filter config `"tokenize": "filter"`). The model is named in
 //! `x-switchyard-model` (absent: the model a body without `model` resolves to) and resolved
 //! exactly as a route request's `model`, so the filter tokenizes with the tokenizer the
-//! control plane would have used.
+//! control plane would have used; the block size is the one its live workers registered.
 
 use warp::http::{HeaderMap, StatusCode};
 use warp::reply::Response;
@@ -48,6 +48,17 @@ pub async fn handle(headers: HeaderMap, state: ApiState) -> Response {
             };
         }
     };
+    // The block size the router will match this model's prompts at: its live decode-capable
+    // workers' (they registered it), else the pool file's or the default.
+    let block_size = match state.service.workers().await {
+        Ok(workers) => workers
+            .iter()
+            .map(|w| &w.view.info)
+            .filter(|info| info.role.serves_decode())
+            .find(|info| model.name.as_ref().is_none_or(|name| &info.model == name))
+            .map_or(model.block_size, |info| info.block_size),
+        Err(_) => model.block_size,
+    };
     // Reads ~10 MB of files: off the async threads. Read afresh each time: a filter VM asks
     // once, so there is nothing to gain from keeping the texts in memory here.
     let dir = model.dir.clone();
@@ -56,7 +67,7 @@ pub async fn handle(headers: HeaderMap, state: ApiState) -> Response {
         Ok(Ok(files)) => warp::reply::json(&TokenizerBundle {
             v: PROTOCOL_VERSION,
             model: model.name.clone(),
-            block_size: model.block_size,
+            block_size,
             files,
         })
         .into_response(),
