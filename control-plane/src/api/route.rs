@@ -25,7 +25,6 @@ use switchyard_protocol::route::{
     is_usable_request_id, ApiKind, RejectReason, API_HEADER, MAX_REQUEST_ID_LEN, REJECT_HEADER,
     REQUEST_ID_HEADER,
 };
-
 use switchyard_protocol::route_input::{HashedPrompt, ROUTE_INPUT_HASHES, ROUTE_INPUT_HEADER};
 
 use super::{declared_length, error_reply, read_body, ApiState};
@@ -384,6 +383,21 @@ mod tests {
         assert_eq!(err.status_and_code().1, "unknown_api");
         h.insert(API_HEADER, "chat".parse().unwrap());
         assert_eq!(api_kind(&h).unwrap(), ApiKind::Chat);
+    }
+
+    #[test]
+    fn the_route_input_is_the_body_unless_the_header_says_hashes() {
+        let mut h = HeaderMap::new();
+        assert_eq!(route_input(&h).unwrap(), RouteInput::Body);
+        h.insert(ROUTE_INPUT_HEADER, "hashes".parse().unwrap());
+        assert_eq!(route_input(&h).unwrap(), RouteInput::Hashes);
+        h.insert(ROUTE_INPUT_HEADER, "tokens".parse().unwrap());
+        let err = route_input(&h).unwrap_err();
+        assert!(err.to_string().contains("tokens"), "{err}");
+        assert_eq!(
+            err.status_and_code(),
+            (StatusCode::BAD_REQUEST, "bad_route_input")
+        );
     }
 
     #[test]
