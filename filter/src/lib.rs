@@ -2,7 +2,8 @@
 //!
 //! For every OpenAI chat/completions request the filter buffers the body, checks it is a
 //! request it can route, asks the control plane for a [`switchyard_protocol::route::Verdict`]
-//! (`POST /v1/route`, body verbatim) and names the chosen decode worker in
+//! (`POST /v1/route`, body verbatim; or, with `"tokenize": "filter"`, the prompt's block hashes
+//! made in the VM: [`tokenize`]) and names the chosen decode worker in
 //! `x-gateway-destination-endpoint`, which Envoy's `envoy.load_balancing_policies.override_host`
 //! policy honours. On a `disagg` verdict it first runs the prefill leg on the named prefill
 //! worker and hands its `kv_transfer_params` to the decode worker in the body. It reports

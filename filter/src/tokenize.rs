@@ -18,7 +18,7 @@ use std::rc::Rc;
 
 use serde_json::Value;
 use switchyard_protocol::hash::{sequence_hashes, BlockSize, HashSeed};
-use switchyard_protocol::route::ApiKind;
+use switchyard_protocol::route::{is_header_safe_model, ApiKind};
 use switchyard_protocol::route_input::{non_prompt_fields, HashedPrompt};
 use switchyard_protocol::tokenize::{
     ModelTokenizer, TokenizeError, TokenizerBundle, DEFAULT_CACHE_BYTES,
@@ -231,12 +231,15 @@ impl Tokenizers {
     }
 }
 
-/// The model a parsed body names, as a tokenizer key: `Ok(None)` without `model`, `Err` for
-/// a `model` that is not a string (the control plane refuses it: send the body).
+/// The model a parsed body names, as a tokenizer key: `Ok(None)` without `model`. A `model`
+/// that is not a string is `InvalidRequest` (the control plane refuses it); one that cannot be
+/// a header value (the bundle fetch names it in `x-switchyard-model`) is `NotLoaded`: no
+/// tokenizer is ever fetched for it, and the control plane answers its body.
 pub fn model_key(body: &Value) -> Result<ModelKey, BodyFallback> {
     match body.get("model") {
         None | Some(Value::Null) => Ok(None),
-        Some(Value::String(name)) => Ok(Some(name.clone())),
+        Some(Value::String(name)) if is_header_safe_model(name) => Ok(Some(name.clone())),
+        Some(Value::String(_)) => Err(BodyFallback::NotLoaded),
         Some(_) => Err(BodyFallback::InvalidRequest),
     }
 }
@@ -285,6 +288,7 @@ mod tests {
         assert_eq!(key(r#"{"model":null}"#), Ok(None));
         assert_eq!(key(r#"{}"#), Ok(None));
         assert_eq!(key(r#"{"model":1}"#), Err(BodyFallback::InvalidRequest));
+        assert_eq!(key(r#"{"model":"a\nb"}"#), Err(BodyFallback::NotLoaded));
     }
 
     #[test]

@@ -5,7 +5,8 @@
 //! built from [`kv`] events, [`worker`] heartbeats and load reports that travel over NATS on
 //! the [`subjects`] named here. Everything in this crate builds for native targets and for
 //! `wasm32-wasip1` (the filter), so it depends on serde and xxhash only; prompt tokenization
-//! lives behind the `tokenizer` feature.
+//! lives behind the `tokenizer` feature (which builds for `wasm32-wasip1` too: the filter's
+//! `tokenize: filter` mode runs it).
 //!
 //! # Layout
 //! - [`hash`]: token ids -> block hashes (the scheme NVIDIA Dynamo's router uses).
