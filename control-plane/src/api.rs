@@ -26,6 +26,7 @@ pub mod auth;
 pub mod route;
 pub mod serve;
 pub mod tokenize_lanes;
+pub mod tokenizer_bundle;
 pub mod whatif;
 
 use std::convert::Infallible;
@@ -137,6 +138,11 @@ pub fn route_api(
         .and(warp::body::stream())
         .and(with_state(state.clone()))
         .then(admin::eds);
+    let tokenizer = warp::path!("v1" / "tokenizer")
+        .and(warp::get())
+        .and(warp::header::headers_cloned())
+        .and(with_state(state.clone()))
+        .then(tokenizer_bundle::handle);
     // Callers of the admin endpoints on this listener are told where they went.
     let moved = (warp::path!("v1" / "config")
         .or(warp::path!("v1" / "workers"))
@@ -155,6 +161,8 @@ pub fn route_api(
         });
     route
         .or(lifecycle)
+        .unify()
+        .or(tokenizer)
         .unify()
         .or(eds)
         .unify()

@@ -31,6 +31,10 @@ use crate::service::tokenizer::{
 /// Context length assumed when neither `--max-model-len` nor the model folder gives one.
 pub const DEFAULT_MAX_MODEL_LEN: u32 = 131_072;
 
+/// The block size a filter that tokenizes itself hashes a model's prompts at when no worker of
+/// it is live and the pool file declares none: vLLM's default.
+pub const DEFAULT_BLOCK_SIZE: u32 = 16;
+
 /// One model as the route API uses it.
 pub struct ServedModel {
     /// The declared name; `None` for the single model of a gateway without declared models
@@ -42,6 +46,10 @@ pub struct ServedModel {
     pub tokenizer: Arc<dyn PromptTokenizer>,
     /// Its context length: longer prompts and larger `max_tokens` are refused.
     pub max_model_len: u32,
+    /// The block size a filter that tokenizes itself hashes its prompts at (the tokenizer
+    /// bundle's) when none of its workers is live: its first declared worker's, else
+    /// [`DEFAULT_BLOCK_SIZE`].
+    pub block_size: u32,
 }
 
 impl std::fmt::Debug for ServedModel {
@@ -90,6 +98,7 @@ impl Models {
                 dir,
                 max_model_len: context_length(flag, tokenizer.as_ref()),
                 tokenizer,
+                block_size: DEFAULT_BLOCK_SIZE,
             }),
             max_model_len: flag,
             declared: RwLock::new(BTreeMap::new()),
@@ -164,6 +173,11 @@ impl Models {
                     dir: dir.to_owned(),
                     max_model_len: context_length(self.max_model_len, tokenizer.as_ref()),
                     tokenizer,
+                    block_size: pools
+                        .workers
+                        .values()
+                        .find(|w| &w.model == name)
+                        .map_or(DEFAULT_BLOCK_SIZE, |w| w.block_size.get()),
                 }),
             );
         }

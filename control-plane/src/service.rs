@@ -29,7 +29,8 @@ use crate::replicas::ReplicaLink;
 use owner::Owner;
 
 use crate::router::core::{HeartbeatOutcome, KvBatchOutcome};
-use crate::router::{RouteError, Routed, Router, WorkerView};
+use crate::router::{Prompt, RouteError, Routed, Router, WorkerView};
+use switchyard_protocol::hash::{BlockSize, SequenceHash};
 
 pub use run::{run, run_with_tokenizer, Listeners, RunError, Shutdown};
 
@@ -136,18 +137,53 @@ pub enum Command {
     },
 }
 
-/// A tokenized request to route.
+/// A request to route.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RouteRequest {
     /// Request id to echo and track.
     pub request_id: String,
-    /// Prompt token ids.
-    pub tokens: Vec<u32>,
+    /// The prompt, tokenized here or hashed by the filter.
+    pub prompt: RoutePrompt,
     /// Choices the client asked for (`n`).
     pub choices: u32,
     /// The declared model it is for: only that model's workers serve it. `None` without
     /// declared models (every worker).
     pub model: Option<String>,
+}
+
+/// A route request's prompt: token ids (the control plane tokenized the body) or the block
+/// hashes a filter sent (it tokenized; `switchyard_protocol::route_input`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RoutePrompt {
+    /// Token ids.
+    Tokens(Vec<u32>),
+    /// Length and full-block sequence hashes at one block size.
+    Hashed {
+        /// Prompt tokens.
+        isl: u32,
+        /// The block size of `hashes`.
+        block_size: BlockSize,
+        /// Sequence hashes of the full blocks.
+        hashes: Vec<SequenceHash>,
+    },
+}
+
+impl RoutePrompt {
+    /// The router's view of it.
+    pub fn as_prompt(&self) -> Prompt<'_> {
+        match self {
+            RoutePrompt::Tokens(tokens) => Prompt::Tokens(tokens),
+            RoutePrompt::Hashed {
+                isl,
+                block_size,
+                hashes,
+            } => Prompt::Hashed {
+                isl: *isl,
+                block_size: *block_size,
+                hashes,
+            },
+        }
+    }
 }
 
 /// A live worker with its predicted load and cache size, as `GET /v1/workers` shows it.

@@ -53,6 +53,29 @@ pub const DEFAULT_LIFECYCLE_BATCH_MAX: usize = 512;
 /// Default budget of one lifecycle POST.
 pub const DEFAULT_LIFECYCLE_TIMEOUT_MS: u64 = 1_000;
 
+/// Who turns a prompt into block hashes (`tokenize`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TokenizeMode {
+    /// The filter sends the body; the control plane tokenizes on its own cores. The default:
+    /// docs/performance.md, "Tokenizing in the filter", has the measurements behind it.
+    #[default]
+    ControlPlane,
+    /// The filter tokenizes in its VM (on the Envoy worker thread) and sends block hashes,
+    /// ISL and the non-prompt fields; until a model's tokenizer is loaded, the body.
+    Filter,
+}
+
+impl TokenizeMode {
+    /// The config value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TokenizeMode::ControlPlane => "control_plane",
+            TokenizeMode::Filter => "filter",
+        }
+    }
+}
+
 /// Validated filter configuration, shared by all request contexts of a VM.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -90,6 +113,8 @@ pub struct Config {
     pub lifecycle_batch_max: usize,
     /// Timeout of one lifecycle POST in milliseconds.
     pub lifecycle_timeout_ms: u64,
+    /// Who tokenizes prompts: `control_plane` (default) or `filter`.
+    pub tokenize: TokenizeMode,
 }
 
 impl Default for Config {
@@ -109,6 +134,7 @@ impl Default for Config {
             lifecycle_queue_max: DEFAULT_LIFECYCLE_QUEUE_MAX,
             lifecycle_batch_max: DEFAULT_LIFECYCLE_BATCH_MAX,
             lifecycle_timeout_ms: DEFAULT_LIFECYCLE_TIMEOUT_MS,
+            tokenize: TokenizeMode::ControlPlane,
         }
     }
 }
@@ -284,6 +310,20 @@ mod tests {
         let flat = Config::parse(Some(br#"{"route_timeout_ms_per_mib":0}"#)).unwrap();
         assert_eq!(flat.route_timeout(16 << 20), flat.route_timeout(0));
         assert!(Config::parse(Some(br#"{"route_timeout_ms_per_mib":60001}"#)).is_err());
+    }
+
+    #[test]
+    fn tokenize_names_who_tokenizes_and_defaults_to_the_control_plane() {
+        assert_eq!(Config::default().tokenize, TokenizeMode::ControlPlane);
+        let filter = Config::parse(Some(br#"{"tokenize":"filter"}"#)).unwrap();
+        assert_eq!(filter.tokenize, TokenizeMode::Filter);
+        assert_eq!(filter.tokenize.as_str(), "filter");
+        let typo = Config::parse(Some(br#"{"tokenize":"envoy"}"#)).unwrap_err();
+        let message = typo.to_string();
+        assert!(
+            message.contains("envoy") && message.contains("control_plane"),
+            "{message}"
+        );
     }
 
     #[test]

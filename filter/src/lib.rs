@@ -2,7 +2,8 @@
 //!
 //! For every OpenAI chat/completions request the filter buffers the body, checks it is a
 //! request it can route, asks the control plane for a [`switchyard_protocol::route::Verdict`]
-//! (`POST /v1/route`, body verbatim) and names the chosen decode worker in
+//! (`POST /v1/route`, body verbatim; or, with `"tokenize": "filter"`, the prompt's block hashes
+//! made in the VM: [`tokenize`]) and names the chosen decode worker in
 //! `x-gateway-destination-endpoint`, which Envoy's `envoy.load_balancing_policies.override_host`
 //! policy honours. On a `disagg` verdict it first runs the prefill leg on the named prefill
 //! worker and hands its `kv_transfer_params` to the decode worker in the body. It reports
@@ -20,6 +21,8 @@
 //! - [`outcome`]: how a request was served (the `x-switchyard-route` value).
 //! - [`lifecycle`]: the bounded report queue and the `usage` scan of a response's tail.
 //! - [`metrics`]: names of the Envoy custom stats the filter keeps.
+//! - [`tokenize`]: `"tokenize": "filter"` mode: the per-VM tokenizers and a body turned into
+//!   block hashes for the route call.
 //! - `root` / `http`: the proxy-wasm contexts (the only code that makes hostcalls), and
 //!   `shared`, the per-VM state both use (`root` → `http` → `shared`, never back).
 //!
@@ -36,6 +39,7 @@ pub mod prefill;
 pub mod request;
 mod root;
 mod shared;
+pub mod tokenize;
 pub mod verdict;
 
 /// The VM entry point (`_initialize`), in a private module: it is exported to Envoy, not part

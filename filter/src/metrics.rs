@@ -8,6 +8,7 @@
 use switchyard_protocol::route::RouteMode;
 
 use crate::outcome::{FallbackReason, Rejection};
+use crate::tokenize::BodyFallback;
 use crate::verdict::{FailOpenReason, RouteOutcome};
 
 /// Every request that failed open, whatever the reason.
@@ -41,6 +42,21 @@ pub const PREFILL_LATENCY_MS: &str = "switchyard.prefill.latency_ms";
 pub const REPORTS_SENT_TOTAL: &str = "switchyard.lifecycle.reports_sent_total";
 /// Lifecycle events dropped: queue full, or the POST failed.
 pub const REPORTS_DROPPED_TOTAL: &str = "switchyard.lifecycle.reports_dropped_total";
+
+/// Route calls that carried block hashes (the filter tokenized).
+pub const ROUTE_INPUT_HASHES_TOTAL: &str = "switchyard.route_input.hashes_total";
+/// Bytes of route-call bodies sent (body or hashed prompt).
+pub const ROUTE_CALL_BYTES_TOTAL: &str = "switchyard.route_call_bytes_total";
+/// Tokenizers loaded in a VM (`tokenize: filter`).
+pub const TOKENIZER_LOADS_TOTAL: &str = "switchyard.tokenizer.loads_total";
+/// Tokenizer fetches that failed (retried with backoff).
+pub const TOKENIZER_LOAD_FAILURES_TOTAL: &str = "switchyard.tokenizer.load_failures_total";
+
+/// Name of the per-reason counter of route calls that carried the body in `tokenize: filter`
+/// mode.
+pub fn route_input_body_stat_name(reason: BodyFallback) -> String {
+    format!("switchyard.route_input.body.{}", reason.as_str())
+}
 
 /// Modes in stat order.
 pub const MODES: [RouteMode; 3] = [RouteMode::Bypass, RouteMode::Disagg, RouteMode::Agg];
@@ -106,6 +122,16 @@ pub struct StatIds {
     pub reports_sent_total: u32,
     /// Id of [`REPORTS_DROPPED_TOTAL`].
     pub reports_dropped_total: u32,
+    /// Id of [`ROUTE_INPUT_HASHES_TOTAL`].
+    pub route_input_hashes_total: u32,
+    /// Ids of the per-reason body-fallback counters, in [`BodyFallback::ALL`] order.
+    pub route_input_body: Vec<u32>,
+    /// Id of [`ROUTE_CALL_BYTES_TOTAL`].
+    pub route_call_bytes_total: u32,
+    /// Id of [`TOKENIZER_LOADS_TOTAL`].
+    pub tokenizer_loads_total: u32,
+    /// Id of [`TOKENIZER_LOAD_FAILURES_TOTAL`].
+    pub tokenizer_load_failures_total: u32,
 }
 
 impl StatIds {
@@ -140,6 +166,16 @@ impl StatIds {
         let mut ids = vec![self.rejected_total];
         ids.extend(index.and_then(|i| self.rejected.get(i)).copied());
         ids
+    }
+
+    /// The counter of a body fallback (0 if undefined).
+    pub fn for_body_fallback(&self, reason: BodyFallback) -> u32 {
+        BodyFallback::ALL
+            .iter()
+            .position(|r| *r == reason)
+            .and_then(|i| self.route_input_body.get(i))
+            .copied()
+            .unwrap_or(0)
     }
 
     /// The counter of a fallback reason (0 if undefined).

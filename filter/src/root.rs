@@ -11,19 +11,24 @@ use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, ContextType, MetricType};
 use switchyard_protocol::handoff::{release_body, RELEASE_PATH};
 use switchyard_protocol::lifecycle::LIFECYCLE_PATH;
-use switchyard_protocol::route::DESTINATION_HEADER;
+use switchyard_protocol::route::{DESTINATION_HEADER, MODEL_HEADER};
+use switchyard_protocol::route_input::TOKENIZER_PATH;
 
-use crate::config::Config;
+use crate::config::{Config, TokenizeMode};
 use crate::http::SwitchyardRequest;
 use crate::lifecycle::LifecycleQueue;
 use crate::metrics::{self, StatIds};
 use crate::outcome::{FallbackReason, Rejection};
 use crate::request::headers_to_strip;
 use crate::shared::{increment, Release, Shared};
+use crate::tokenize::{BodyFallback, LoadError, LoadedTokenizer, ModelKey, Tokenizers};
 use crate::verdict::FailOpenReason;
 
 /// Budget of one release call.
 const RELEASE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+/// Budget of one tokenizer bundle fetch (about 12 MB for Qwen3, from the local control
+/// plane).
+const TOKENIZER_FETCH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// The plugin's root context.
 pub(crate) struct SwitchyardRoot {
@@ -38,6 +43,10 @@ pub(crate) struct SwitchyardRoot {
     /// Release calls in flight.
     releases: Rc<RefCell<VecDeque<Release>>>,
     releases_in_flight: Vec<u32>,
+    /// The models' tokenizers (`tokenize: filter`); survives reconfiguration.
+    tokenizers: Rc<RefCell<Tokenizers>>,
+    /// Tokenizer bundle fetches in flight: call token, model.
+    tokenizer_fetches: Vec<(u32, ModelKey)>,
 }
 
 impl SwitchyardRoot {
@@ -51,6 +60,73 @@ impl SwitchyardRoot {
             in_flight: None,
             releases: Rc::new(RefCell::new(VecDeque::new())),
             releases_in_flight: Vec::new(),
+            tokenizers: Rc::new(RefCell::new(Tokenizers::default())),
+            tokenizer_fetches: Vec::new(),
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.get_current_time()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or_default()
+    }
+
+    /// Fetches the tokenizer bundles requests asked for (and retries failed ones that are
+    /// due): `GET /v1/tokenizer` on the control plane, the model in `x-switchyard-model`.
+    fn fetch_tokenizers(&mut self, shared: &Shared) {
+        let now_ms = self.now_ms();
+        let due = match self.tokenizers.try_borrow_mut() {
+            Ok(mut tokenizers) => tokenizers.due(now_ms),
+            Err(_) => return,
+        };
+        for model in due {
+            let config = &shared.config;
+            let mut headers = vec![
+                (":method", "GET"),
+                (":path", TOKENIZER_PATH),
+                (":authority", config.control_plane_authority.as_str()),
+            ];
+            if let Some(name) = &model {
+                headers.push((MODEL_HEADER, name.as_str()));
+            }
+            match self.dispatch_http_call(
+                &config.control_plane_cluster,
+                headers,
+                None,
+                vec![],
+                TOKENIZER_FETCH_TIMEOUT,
+            ) {
+                Ok(token) => self.tokenizer_fetches.push((token, model)),
+                Err(status) => {
+                    let failed = Err(LoadError::Status(format!("dispatch refused: {status:?}")));
+                    self.tokenizer_fetched(shared, &model, failed);
+                }
+            }
+        }
+    }
+
+    /// A bundle fetch ended: keep the tokenizer or schedule the retry; count and log either.
+    fn tokenizer_fetched(
+        &mut self,
+        shared: &Shared,
+        model: &ModelKey,
+        result: Result<LoadedTokenizer, LoadError>,
+    ) {
+        let name = model.as_deref().unwrap_or("(default)");
+        match &result {
+            Ok(_) => {
+                info!("#{} tokenizer of {name} loaded", self.context_id);
+                increment(shared.stats.tokenizer_loads_total, 1);
+            }
+            Err(e) => {
+                warn!("#{} tokenizer of {name} not loaded: {e}", self.context_id);
+                increment(shared.stats.tokenizer_load_failures_total, 1);
+            }
+        }
+        let now_ms = self.now_ms();
+        if let Ok(mut tokenizers) = self.tokenizers.try_borrow_mut() {
+            tokenizers.finish(model, result, now_ms);
         }
     }
 
@@ -198,6 +274,14 @@ fn define_stats() -> StatIds {
         prefill_latency_ms: define(MetricType::Histogram, metrics::PREFILL_LATENCY_MS),
         reports_sent_total: define_counter(metrics::REPORTS_SENT_TOTAL),
         reports_dropped_total: define_counter(metrics::REPORTS_DROPPED_TOTAL),
+        route_input_hashes_total: define_counter(metrics::ROUTE_INPUT_HASHES_TOTAL),
+        route_input_body: BodyFallback::ALL
+            .iter()
+            .map(|r| define_counter(&metrics::route_input_body_stat_name(*r)))
+            .collect(),
+        route_call_bytes_total: define_counter(metrics::ROUTE_CALL_BYTES_TOTAL),
+        tokenizer_loads_total: define_counter(metrics::TOKENIZER_LOADS_TOTAL),
+        tokenizer_load_failures_total: define_counter(metrics::TOKENIZER_LOAD_FAILURES_TOTAL),
     }
 }
 
@@ -206,9 +290,34 @@ impl Context for SwitchyardRoot {
         &mut self,
         token_id: u32,
         _num_headers: usize,
-        _body_size: usize,
+        body_size: usize,
         _num_trailers: usize,
     ) {
+        if let Some(i) = self
+            .tokenizer_fetches
+            .iter()
+            .position(|(t, _)| *t == token_id)
+        {
+            let (_, model) = self.tokenizer_fetches.swap_remove(i);
+            let Some(shared) = self.shared.clone() else {
+                return;
+            };
+            let status = self.get_http_call_response_header(":status");
+            let result = if status.as_deref() == Some("200") {
+                // Parsing the bundle and building the tokenizer blocks this worker thread
+                // once per VM and model (docs/filter-overhead.md has how long).
+                let body = self
+                    .get_http_call_response_body(0, body_size)
+                    .unwrap_or_default();
+                LoadedTokenizer::from_bundle_json(&body)
+            } else {
+                Err(LoadError::Status(
+                    status.unwrap_or_else(|| "nothing".into()),
+                ))
+            };
+            self.tokenizer_fetched(&shared, &model, result);
+            return;
+        }
         if let Some(i) = self.releases_in_flight.iter().position(|t| *t == token_id) {
             self.releases_in_flight.swap_remove(i);
             if let Some(shared) = self.shared.clone() {
@@ -252,12 +361,13 @@ impl RootContext for SwitchyardRoot {
         match Config::parse(raw.as_deref()) {
             Ok(config) => {
                 info!(
-                    "#{} switchyard filter configured: cluster={} timeout={}ms prefill_cluster={} lifecycle_reports={}",
+                    "#{} switchyard filter configured: cluster={} timeout={}ms prefill_cluster={} lifecycle_reports={} tokenize={}",
                     self.context_id,
                     config.control_plane_cluster,
                     config.route_timeout_ms,
                     config.prefill_cluster,
-                    config.lifecycle_reports
+                    config.lifecycle_reports,
+                    config.tokenize.as_str()
                 );
                 if let Ok(mut queue) = self.reports.try_borrow_mut() {
                     queue.set_max(config.lifecycle_queue_max);
@@ -274,6 +384,7 @@ impl RootContext for SwitchyardRoot {
                     stats: define_stats(),
                     reports: self.reports.clone(),
                     releases: self.releases.clone(),
+                    tokenizers: self.tokenizers.clone(),
                 }));
                 true
             }
@@ -288,6 +399,9 @@ impl RootContext for SwitchyardRoot {
         if let Some(shared) = self.shared.clone() {
             self.flush_reports(&shared);
             self.send_releases(&shared);
+            if shared.config.tokenize == TokenizeMode::Filter {
+                self.fetch_tokenizers(&shared);
+            }
         }
     }
 

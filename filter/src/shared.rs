@@ -13,6 +13,7 @@ use switchyard_protocol::lifecycle::LifecycleEvent;
 use crate::config::Config;
 use crate::lifecycle::LifecycleQueue;
 use crate::metrics::StatIds;
+use crate::tokenize::Tokenizers;
 
 /// What every request context of this VM shares.
 #[derive(Debug)]
@@ -27,6 +28,9 @@ pub(crate) struct Shared {
     /// Holds to release, waiting for the root's timer (a request context may be gone by the
     /// time the call answers; the root is not).
     pub(crate) releases: Rc<RefCell<VecDeque<Release>>>,
+    /// The models' tokenizers (`tokenize: filter`); request contexts ask, the root's timer
+    /// fetches.
+    pub(crate) tokenizers: Rc<RefCell<Tokenizers>>,
 }
 
 /// KV a prefill worker holds for a decode leg that failed or never came.

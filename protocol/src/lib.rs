@@ -5,12 +5,15 @@
 //! built from [`kv`] events, [`worker`] heartbeats and load reports that travel over NATS on
 //! the [`subjects`] named here. Everything in this crate builds for native targets and for
 //! `wasm32-wasip1` (the filter), so it depends on serde and xxhash only; prompt tokenization
-//! lives behind the `tokenizer` feature.
+//! lives behind the `tokenizer` feature (which builds for `wasm32-wasip1` too: the filter's
+//! `tokenize: filter` mode runs it).
 //!
 //! # Layout
 //! - [`hash`]: token ids -> block hashes (the scheme NVIDIA Dynamo's router uses).
 //! - [`handoff`]: the prefill -> decode handoff of each engine protocol (vLLM's NIXL).
 //! - [`route`]: the route request the filter sends and the verdict it gets back.
+//! - [`route_input`]: the compact route input (block hashes, ISL, the fields the control plane
+//!   validates) a filter that tokenizes itself sends instead of the body.
 //! - [`worker`]: worker identity, registration/heartbeat, load reports.
 //! - [`kv`]: KV cache events and resync requests.
 //! - [`lifecycle`]: the filter's per-request lifecycle reports.
@@ -33,6 +36,7 @@ pub mod openai;
 pub mod registration;
 pub mod replica;
 pub mod route;
+pub mod route_input;
 pub mod subjects;
 #[cfg(feature = "tokenizer")]
 pub mod tokenize;

@@ -1,8 +1,9 @@
 //! The route request the filter sends and the verdict it gets back.
 //!
-//! The filter stays thin: it does not parse the request body. It POSTs the client's body
-//! verbatim to `POST /v1/route` on the control plane with the headers below, and gets a JSON
-//! [`Verdict`]. Keeping the body untouched also keeps its JSON key order, which the chat
+//! By default the filter stays thin: it does not parse the request body. It POSTs the client's
+//! body verbatim to `POST /v1/route` on the control plane with the headers below, and gets a
+//! JSON [`Verdict`]. (With `tokenize: filter` it sends a hashed prompt instead:
+//! [`crate::route_input`].) Keeping the body untouched also keeps its JSON key order, which the chat
 //! template renders (see docs/tokenization.md, "Exactness rules for chat templates").
 
 use serde::{Deserialize, Serialize};

@@ -21,7 +21,7 @@ use switchyard_protocol::lifecycle::LifecycleEvent;
 use switchyard_protocol::route::Verdict;
 use switchyard_protocol::worker::{LoadReport, WorkerHeartbeat, WorkerId, WorkerInfo};
 
-use crate::{KvApplyOutcome, KvEventError, RouteError, Routed, Router, WorkerChange};
+use crate::{KvApplyOutcome, KvEventError, Prompt, RouteError, Routed, Router, WorkerChange};
 
 /// Heartbeat intervals below this count as this, so a worker announcing 0 ms does not expire
 /// between two of its own heartbeats.
@@ -302,17 +302,17 @@ impl ControlCore {
     ///
     /// # Errors
     /// [`RouteError::NoDecodeWorkers`] when no live worker of `model` can decode.
-    pub fn route_traced(
+    pub fn route_traced<'a>(
         &mut self,
         request_id: &str,
-        tokens: &[u32],
+        prompt: impl Into<Prompt<'a>>,
         choices: u32,
         model: Option<&str>,
         now_ms: u64,
     ) -> Result<Routed, RouteError> {
         self.observe(now_ms);
         self.router
-            .route_traced(request_id, tokens, choices, model, now_ms)
+            .route_traced(request_id, prompt, choices, model, now_ms)
     }
 
     /// Whether heartbeats can reach the control plane (its event-bus connection). When they

@@ -46,7 +46,7 @@ mod replica;
 mod route;
 mod workers;
 
-pub use crate::route::Routed;
+pub use crate::route::{Prompt, Routed};
 
 #[cfg(test)]
 mod tests;

@@ -1,7 +1,7 @@
 //! Tokens → verdict: hash the prompt per block size, match the KV index, pick the decode
 //! (and prefill) worker by cost, let the serving mode and policy decide, record the load.
 
-use switchyard_protocol::hash::{sequence_hashes, BlockSize, HashSeed};
+use switchyard_protocol::hash::{sequence_hashes, BlockSize, HashSeed, SequenceHash};
 use switchyard_protocol::route::{Endpoint, Reason, RouteMode, Verdict};
 use switchyard_protocol::worker::WorkerRole;
 
@@ -24,6 +24,63 @@ pub struct Routed {
     /// The policy's call, when the verdict is its decision (conditional serving, a prefill
     /// worker live, one choice); `None` when the serving mode or the request decided.
     pub policy: Option<PolicyCall>,
+}
+
+/// A request's prompt as the router gets it: token ids (the control plane tokenized the body),
+/// or block hashes a filter computed from the same ids at one block size (the filter
+/// tokenized: see `switchyard_protocol::route_input`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Prompt<'a> {
+    /// The prompt's token ids.
+    Tokens(&'a [u32]),
+    /// The prompt's length and the sequence hashes of its full blocks of `block_size`.
+    Hashed {
+        /// Prompt tokens.
+        isl: u32,
+        /// The block size the hashes were made at.
+        block_size: BlockSize,
+        /// Sequence hashes of the full blocks.
+        hashes: &'a [SequenceHash],
+    },
+}
+
+impl Prompt<'_> {
+    /// Prompt length in tokens.
+    pub fn isl(&self) -> u32 {
+        match self {
+            Prompt::Tokens(tokens) => u32::try_from(tokens.len()).unwrap_or(u32::MAX),
+            Prompt::Hashed { isl, .. } => *isl,
+        }
+    }
+
+    /// The sequence hashes at `block_size`. A hashed prompt has them at its own block size
+    /// only; a worker with another block size gets none, and so matches as if it cached
+    /// nothing (docs/tokenization.md, "Tokenizing in the filter").
+    fn hashes_at(&self, block_size: BlockSize) -> Chain {
+        match self {
+            Prompt::Tokens(tokens) => {
+                sequence_hashes(tokens, block_size, HashSeed::default()).into()
+            }
+            Prompt::Hashed {
+                block_size: made_at,
+                hashes,
+                ..
+            } if *made_at == block_size => Chain::from(*hashes),
+            Prompt::Hashed { .. } => Chain::from([]),
+        }
+    }
+}
+
+impl<'a> From<&'a [u32]> for Prompt<'a> {
+    fn from(tokens: &'a [u32]) -> Self {
+        Prompt::Tokens(tokens)
+    }
+}
+
+impl<'a> From<&'a Vec<u32>> for Prompt<'a> {
+    fn from(tokens: &'a Vec<u32>) -> Self {
+        Prompt::Tokens(tokens)
+    }
 }
 
 /// One live worker considered for this request.
@@ -97,14 +154,15 @@ impl Router {
     ///
     /// # Errors
     /// [`RouteError::NoDecodeWorkers`] when no live worker (of `model`) can decode.
-    pub fn route_traced(
+    pub fn route_traced<'a>(
         &mut self,
         request_id: &str,
-        tokens: &[u32],
+        prompt: impl Into<Prompt<'a>>,
         choices: u32,
         model: Option<&str>,
         now_ms: u64,
     ) -> Result<Routed, RouteError> {
+        let prompt = prompt.into();
         self.load.expire(now_ms, &self.config.load);
         let mode = self.config.serving_mode;
         let mut by_size: Vec<(u32, Chain)> = Vec::new();
@@ -126,10 +184,9 @@ impl Router {
                 Some(i) => i,
                 None => {
                     // Registration validated the block size; an invalid one hashes nothing.
-                    let h: Chain = BlockSize::try_new(bs)
-                        .map(|b| sequence_hashes(tokens, b, HashSeed::default()))
-                        .unwrap_or_default()
-                        .into();
+                    let h = BlockSize::try_new(bs)
+                        .map(|b| prompt.hashes_at(b))
+                        .unwrap_or_else(|_| Chain::from([]));
                     by_size.push((bs, h));
                     by_size.len() - 1
                 }
@@ -164,7 +221,7 @@ impl Router {
             }
         }
 
-        let isl = u32::try_from(tokens.len()).unwrap_or(u32::MAX);
+        let isl = prompt.isl();
         let weights = &self.config.selection;
         let costs: Vec<f64> = decode
             .iter()

@@ -6,6 +6,11 @@
 //! render the client's key order), prompt tokenized on a blocking thread (bounded by
 //! `--route-tokenize-threads`), then the router owner decides. Each failure is a typed
 //! [`RouteFailure`] with its own status and code.
+//!
+//! A filter that tokenizes itself sends a [`HashedPrompt`] instead of the body
+//! (`x-switchyard-route-input: hashes`): the same steps run on its fields (the body without
+//! the prompt), with its block hashes and ISL in place of tokenizing, so both inputs meet one
+//! validation path and one router call.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -20,13 +25,14 @@ use switchyard_protocol::route::{
     is_usable_request_id, ApiKind, RejectReason, API_HEADER, MAX_REQUEST_ID_LEN, REJECT_HEADER,
     REQUEST_ID_HEADER,
 };
+use switchyard_protocol::route_input::{HashedPrompt, ROUTE_INPUT_HASHES, ROUTE_INPUT_HEADER};
 
 use super::{declared_length, error_reply, read_body, ApiState};
 use crate::metrics::{DecisionLabels, ModelDecisionLabels};
 use crate::models::{ModelRefusal, ServedModel};
 use crate::router::{RouteError, Routed};
 use crate::service::tokenizer::TokenizeFailure;
-use crate::service::RouteRequest;
+use crate::service::{RoutePrompt, RouteRequest};
 use crate::status::DecisionRecord;
 
 /// Why a route request got no verdict.
@@ -51,6 +57,10 @@ pub enum RouteFailure {
     /// which the filter relays as is.
     #[error("the model `{0}` does not exist")]
     UnknownModel(String),
+    /// A route input the filter should not have sent: an unknown `x-switchyard-route-input`,
+    /// or a [`HashedPrompt`] that does not decode.
+    #[error("route input: {0}")]
+    BadRouteInput(String),
     /// The tokenizer failed on a valid body.
     #[error("tokenizer failed: {0}")]
     Tokenizer(String),
@@ -78,6 +88,7 @@ impl RouteFailure {
         match self {
             RouteFailure::UnknownApi(_) => (StatusCode::BAD_REQUEST, "unknown_api"),
             RouteFailure::BadRequestId(_) => (StatusCode::BAD_REQUEST, "invalid_request_id"),
+            RouteFailure::BadRouteInput(_) => (StatusCode::BAD_REQUEST, "bad_route_input"),
             RouteFailure::Client { reason, error } => (
                 StatusCode::from_u16(error.kind.status()).unwrap_or(StatusCode::BAD_REQUEST),
                 reason.as_str(),
@@ -183,6 +194,26 @@ fn request_id(headers: &HeaderMap, ids: &RequestIds) -> Result<String, RouteFail
     }
 }
 
+/// What a route call carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RouteInput {
+    /// The client's body.
+    Body,
+    /// A [`HashedPrompt`]: the filter tokenized.
+    Hashes,
+}
+
+fn route_input(headers: &HeaderMap) -> Result<RouteInput, RouteFailure> {
+    match headers.get(ROUTE_INPUT_HEADER).map(|v| v.to_str()) {
+        None => Ok(RouteInput::Body),
+        Some(Ok(value)) if value.trim() == ROUTE_INPUT_HASHES => Ok(RouteInput::Hashes),
+        Some(value) => Err(RouteFailure::BadRouteInput(format!(
+            "{ROUTE_INPUT_HEADER} must be \"{ROUTE_INPUT_HASHES}\" or absent, got {:?}",
+            value.unwrap_or("(not ASCII)")
+        ))),
+    }
+}
+
 /// Tokenizes `body` (`body_bytes` long) on a blocking thread once its lane has a permit.
 async fn tokenize(
     state: &ApiState,
@@ -226,8 +257,18 @@ where
     let fail = |f: RouteFailure| (f.status_and_code().1, f.into_reply());
     let api = api_kind(headers).map_err(fail)?;
     let request_id = request_id(headers, &state.request_ids).map_err(fail)?;
+    let input = route_input(headers).map_err(fail)?;
     let bytes = read_body(body, state.max_route_body_bytes, declared_length(headers)).await?;
-    let json: serde_json::Value = serde_json::from_slice(&bytes).map_err(|e| {
+    let hashed = match input {
+        RouteInput::Body => None,
+        RouteInput::Hashes => Some(
+            HashedPrompt::decode(&bytes)
+                .map_err(|e| fail(RouteFailure::BadRouteInput(e.to_string())))?,
+        ),
+    };
+    // What is validated: the body, or the hashed prompt's fields (the body less its prompt).
+    let fields = hashed.as_ref().map_or(&bytes[..], |h| &h.fields[..]);
+    let json: serde_json::Value = serde_json::from_slice(fields).map_err(|e| {
         fail(RouteFailure::invalid(
             "body",
             format!("not valid JSON: {e}"),
@@ -251,18 +292,29 @@ where
             error,
         })
     })?;
-    let tokens = tokenize(state, &model, api, json, bytes.len())
-        .await
-        .map_err(fail)?;
-    check_prompt_length(tokens.len(), model.max_model_len).map_err(|error| {
-        fail(RouteFailure::Client {
-            reason: RejectReason::PromptTooLong,
-            error,
-        })
-    })?;
+    let prompt = match hashed {
+        None => RoutePrompt::Tokens(
+            tokenize(state, &model, api, json, bytes.len())
+                .await
+                .map_err(fail)?,
+        ),
+        Some(h) => RoutePrompt::Hashed {
+            isl: h.isl,
+            block_size: h.block_size,
+            hashes: h.hashes,
+        },
+    };
+    check_prompt_length(prompt.as_prompt().isl() as usize, model.max_model_len).map_err(
+        |error| {
+            fail(RouteFailure::Client {
+                reason: RejectReason::PromptTooLong,
+                error,
+            })
+        },
+    )?;
     let request = RouteRequest {
         request_id,
-        tokens,
+        prompt,
         choices: params.n,
         model: model.name.clone(),
     };
@@ -331,6 +383,21 @@ mod tests {
         assert_eq!(err.status_and_code().1, "unknown_api");
         h.insert(API_HEADER, "chat".parse().unwrap());
         assert_eq!(api_kind(&h).unwrap(), ApiKind::Chat);
+    }
+
+    #[test]
+    fn the_route_input_is_the_body_unless_the_header_says_hashes() {
+        let mut h = HeaderMap::new();
+        assert_eq!(route_input(&h).unwrap(), RouteInput::Body);
+        h.insert(ROUTE_INPUT_HEADER, "hashes".parse().unwrap());
+        assert_eq!(route_input(&h).unwrap(), RouteInput::Hashes);
+        h.insert(ROUTE_INPUT_HEADER, "tokens".parse().unwrap());
+        let err = route_input(&h).unwrap_err();
+        assert!(err.to_string().contains("tokens"), "{err}");
+        assert_eq!(
+            err.status_and_code(),
+            (StatusCode::BAD_REQUEST, "bad_route_input")
+        );
     }
 
     #[test]

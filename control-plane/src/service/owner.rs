@@ -122,7 +122,7 @@ impl Owner {
             Command::Route { request, reply } => {
                 let verdict = self.core.route_traced(
                     &request.request_id,
-                    &request.tokens,
+                    request.prompt.as_prompt(),
                     request.choices,
                     request.model.as_deref(),
                     now_ms,

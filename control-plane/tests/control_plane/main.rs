@@ -7,4 +7,5 @@ mod api;
 mod cli;
 mod conditional;
 mod envoy_eds;
+mod route_input;
 mod service;

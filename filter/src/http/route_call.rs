@@ -1,5 +1,6 @@
-//! The route call: the screened body to `POST /v1/route`, and the verdict applied (route now,
-//! relay a refusal, or start the prefill leg while the request stays paused).
+//! The route call: the screened body (or, with `tokenize: filter`, its prompt's block
+//! hashes) to `POST /v1/route`, and the verdict applied (route now, relay a refusal, or start
+//! the prefill leg while the request stays paused).
 
 use log::{debug, warn};
 use proxy_wasm::traits::{Context, HttpContext};
@@ -10,9 +11,15 @@ use switchyard_protocol::route::{
 };
 
 use super::{Phase, SwitchyardRequest};
+use switchyard_protocol::route_input::{
+    HashedPrompt, HASHED_PROMPT_CONTENT_TYPE, ROUTE_INPUT_HASHES, ROUTE_INPUT_HEADER,
+};
+
 use crate::body::{self, RequestDoc, Screened};
+use crate::config::TokenizeMode;
 use crate::outcome::{FallbackReason, Rejection, Served};
 use crate::shared::increment;
+use crate::tokenize::{model_key, BodyFallback};
 use crate::verdict::{FailOpenReason, RouteOutcome};
 
 impl SwitchyardRequest {
@@ -52,7 +59,12 @@ impl SwitchyardRequest {
                 return Action::Pause;
             }
         };
-        match self.dispatch_route_call(api, &body) {
+        let hashed = self.hashed_route_input(api, &body);
+        let dispatched = match &hashed {
+            Some(input) => self.dispatch_route_call(api, input, true),
+            None => self.dispatch_route_call(api, &body, false),
+        };
+        match dispatched {
             Some(token) => {
                 self.phase = Phase::AwaitingVerdict { token, doc };
                 Action::Pause
@@ -113,18 +125,65 @@ impl SwitchyardRequest {
         }
     }
 
-    /// Sends the screened body to the control plane; `None` if the call could not even be
-    /// dispatched.
-    fn dispatch_route_call(&mut self, api: ApiKind, body: &[u8]) -> Option<u32> {
+    /// In `tokenize: filter` mode, the route call's body as a hashed prompt (the prompt
+    /// tokenized and hashed here), counted; `None` to send the client's body (the other
+    /// mode, or a [`BodyFallback`], counted by reason).
+    fn hashed_route_input(&self, api: ApiKind, body: &[u8]) -> Option<Vec<u8>> {
+        if self.shared.config.tokenize != TokenizeMode::Filter {
+            return None;
+        }
+        let stats = &self.shared.stats;
+        match self.hash_prompt(api, body) {
+            Ok(hashed) => {
+                increment(stats.route_input_hashes_total, 1);
+                Some(hashed.encode())
+            }
+            Err(reason) => {
+                debug!(
+                    "#{} {} route call carries the body: {}",
+                    self.context_id,
+                    self.request_id,
+                    reason.as_str()
+                );
+                increment(stats.for_body_fallback(reason), 1);
+                None
+            }
+        }
+    }
+
+    fn hash_prompt(&self, api: ApiKind, body: &[u8]) -> Result<HashedPrompt, BodyFallback> {
+        // Parsed with key order kept (the workspace's serde_json `preserve_order`), as the
+        // control plane parses it: chat templates render the client's key order.
+        let doc: serde_json::Value =
+            serde_json::from_slice(body).map_err(|_| BodyFallback::InvalidRequest)?;
+        let model = model_key(&doc)?;
+        let loaded = self
+            .shared
+            .tokenizers
+            .try_borrow_mut()
+            .ok()
+            .and_then(|mut tokenizers| tokenizers.get_or_want(&model))
+            .ok_or(BodyFallback::NotLoaded)?;
+        loaded.hashed_prompt(api, &doc)
+    }
+
+    /// Sends the route input (the screened body, or a hashed prompt when `hashed`) to the
+    /// control plane; `None` if the call could not even be dispatched.
+    fn dispatch_route_call(&mut self, api: ApiKind, body: &[u8], hashed: bool) -> Option<u32> {
         let config = &self.shared.config;
-        let headers = vec![
+        let mut headers = vec![
             (":method", "POST"),
             (":path", ROUTE_PATH),
             (":authority", config.control_plane_authority.as_str()),
-            ("content-type", "application/json"),
             (API_HEADER, api.as_str()),
             (REQUEST_ID_HEADER, self.request_id.as_str()),
         ];
+        if hashed {
+            headers.push(("content-type", HASHED_PROMPT_CONTENT_TYPE));
+            headers.push((ROUTE_INPUT_HEADER, ROUTE_INPUT_HASHES));
+        } else {
+            headers.push(("content-type", "application/json"));
+        }
         match self.dispatch_http_call(
             &config.control_plane_cluster,
             headers,
@@ -134,6 +193,7 @@ impl SwitchyardRequest {
         ) {
             Ok(token) => {
                 increment(self.shared.stats.route_calls_total, 1);
+                increment(self.shared.stats.route_call_bytes_total, body.len() as i64);
                 Some(token)
             }
             Err(status) => {

@@ -26,6 +26,7 @@
 //! # Ok::<(), switchyard_protocol::tokenize::TokenizeError>(())
 //! ```
 
+mod bundle;
 mod chat_messages;
 mod chat_request;
 mod chunks;
@@ -46,11 +47,13 @@ use std::sync::Arc;
 use tokenizers::Tokenizer;
 
 use crate::route::ApiKind;
+pub use bundle::TokenizerBundle;
 use chat_request::{cut_after_final_message, prepare_chat};
 use chunks::ChunkCutter;
 pub use chunks::DEFAULT_CHUNK_BYTES;
 use completion_request::{prepare_completion, CompletionPrompt};
 pub use error::TokenizeError;
+pub use model::TokenizerFiles;
 use probes::{chunks_exactly, special_wrap, splits_exactly, splitter_probes, SpecialWrap};
 pub use segments::SegmentCacheStats;
 use segments::{AddedTokenSplitter, Piece, SegmentCache};
@@ -131,7 +134,24 @@ impl ModelTokenizer {
         dir: &Path,
         cache_bytes: usize,
     ) -> Result<Self, TokenizeError> {
-        let files = model::load(dir)?;
+        Self::build(model::load(dir)?, cache_bytes)
+    }
+
+    /// Builds the tokenizer from the texts of a model folder's files (a filter's VM has no
+    /// folder: it gets them from the control plane, see [`TokenizerBundle`]). `origin` names
+    /// where they came from in errors.
+    ///
+    /// # Errors
+    /// As [`ModelTokenizer::from_dir`].
+    pub fn from_files(
+        files: &TokenizerFiles,
+        origin: &Path,
+        cache_bytes: usize,
+    ) -> Result<Self, TokenizeError> {
+        Self::build(model::parse(files, origin)?, cache_bytes)
+    }
+
+    fn build(files: model::ModelFiles, cache_bytes: usize) -> Result<Self, TokenizeError> {
         let compile = |t: &Option<String>| t.as_deref().map(ChatTemplate::compile).transpose();
         let eos_token_id = files
             .special_tokens
@@ -340,7 +360,10 @@ impl ModelTokenizer {
             }
             Ok(())
         };
-        if missing_bytes >= PARALLEL_ENCODE_MIN_BYTES {
+        // wasm32 (the filter's VM) has one thread: no pool to hand chunks to.
+        let parallel =
+            cfg!(not(target_arch = "wasm32")) && missing_bytes >= PARALLEL_ENCODE_MIN_BYTES;
+        if parallel {
             use rayon::prelude::*;
             parts.par_iter_mut().try_for_each(encode)
         } else {

@@ -34,34 +34,87 @@ pub(crate) struct ModelFiles {
     pub context_length: Option<u32>,
 }
 
+/// The texts of a model folder's tokenization files: what [`load`] reads from disk, and what
+/// the control plane sends a filter that tokenizes itself ([`super::TokenizerBundle`]).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct TokenizerFiles {
+    /// `tokenizer.json`.
+    pub tokenizer_json: String,
+    /// `tokenizer_config.json`, if the folder has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokenizer_config_json: Option<String>,
+    /// `chat_template.jinja`, if the folder has one (it wins over the config's template).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chat_template_jinja: Option<String>,
+    /// `config.json` (the model's; its context length), if the folder has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_json: Option<String>,
+}
+
+impl TokenizerFiles {
+    /// Reads the files of `dir`.
+    ///
+    /// # Errors
+    /// [`TokenizeError::ModelDir`] naming the file that is missing or unreadable.
+    pub fn read_dir(dir: &Path) -> Result<Self, TokenizeError> {
+        let dir_err = |path: PathBuf, message: String| TokenizeError::ModelDir { path, message };
+        if !dir.is_dir() {
+            return Err(dir_err(
+                dir.to_path_buf(),
+                "not a directory (run scripts/setup.sh to fetch the model files, or set SWITCHYARD_MODEL_DIR)".into(),
+            ));
+        }
+        let optional = |name: &str| -> Result<Option<String>, TokenizeError> {
+            let path = dir.join(name);
+            if !path.exists() {
+                return Ok(None);
+            }
+            std::fs::read_to_string(&path)
+                .map(Some)
+                .map_err(|e| dir_err(path, e.to_string()))
+        };
+        let tokenizer_path = dir.join("tokenizer.json");
+        Ok(TokenizerFiles {
+            tokenizer_json: std::fs::read_to_string(&tokenizer_path)
+                .map_err(|e| dir_err(tokenizer_path, e.to_string()))?,
+            tokenizer_config_json: optional("tokenizer_config.json")?,
+            chat_template_jinja: optional("chat_template.jinja")?,
+            // An unreadable model config only loses the context length, as before.
+            config_json: optional("config.json").ok().flatten(),
+        })
+    }
+}
+
 /// Loads the folder.
 ///
 /// # Errors
 /// [`TokenizeError::ModelDir`] naming the file that is missing or malformed.
 pub(crate) fn load(dir: &Path) -> Result<ModelFiles, TokenizeError> {
+    parse(&TokenizerFiles::read_dir(dir)?, dir)
+}
+
+/// Builds what tokenization needs from the files' texts; errors name the file under `dir`
+/// (where the texts came from: a folder, or a bundle's model name).
+///
+/// # Errors
+/// [`TokenizeError::ModelDir`] naming the file that is malformed.
+pub(crate) fn parse(files: &TokenizerFiles, dir: &Path) -> Result<ModelFiles, TokenizeError> {
     let dir_err = |path: PathBuf, message: String| TokenizeError::ModelDir { path, message };
-    if !dir.is_dir() {
-        return Err(dir_err(
-            dir.to_path_buf(),
-            "not a directory (run scripts/setup.sh to fetch the model files, or set SWITCHYARD_MODEL_DIR)".into(),
-        ));
-    }
     let tokenizer_path = dir.join("tokenizer.json");
-    let mut tokenizer = Tokenizer::from_file(&tokenizer_path)
-        .map_err(|e| dir_err(tokenizer_path.clone(), e.to_string()))?;
+    let mut tokenizer: Tokenizer = files
+        .tokenizer_json
+        .parse()
+        .map_err(|e: tokenizers::Error| dir_err(tokenizer_path.clone(), e.to_string()))?;
     tokenizer
         .with_truncation(None)
         .map_err(|e| dir_err(tokenizer_path.clone(), e.to_string()))?;
     tokenizer.with_padding(None);
 
     let config_path = dir.join("tokenizer_config.json");
-    let config: Json = if config_path.exists() {
-        let text = std::fs::read_to_string(&config_path)
-            .map_err(|e| dir_err(config_path.clone(), e.to_string()))?;
-        serde_json::from_str(&text)
-            .map_err(|e| dir_err(config_path.clone(), format!("invalid JSON: {e}")))?
-    } else {
-        Json::Object(Default::default())
+    let config: Json = match &files.tokenizer_config_json {
+        Some(text) => serde_json::from_str(text)
+            .map_err(|e| dir_err(config_path.clone(), format!("invalid JSON: {e}")))?,
+        None => Json::Object(Default::default()),
     };
 
     let special_tokens = SPECIAL_TOKEN_NAMES
@@ -89,15 +142,13 @@ pub(crate) fn load(dir: &Path) -> Result<ModelFiles, TokenizeError> {
         }
     };
     // transformers saves templates to their own file nowadays; it wins over the config's.
-    let jinja_path = dir.join("chat_template.jinja");
-    if jinja_path.exists() {
-        chat_template = Some(
-            std::fs::read_to_string(&jinja_path).map_err(|e| dir_err(jinja_path, e.to_string()))?,
-        );
+    if let Some(jinja) = &files.chat_template_jinja {
+        chat_template = Some(jinja.clone());
     }
-    let model_config: Option<Json> = std::fs::read_to_string(dir.join("config.json"))
-        .ok()
-        .and_then(|text| serde_json::from_str(&text).ok());
+    let model_config: Option<Json> = files
+        .config_json
+        .as_deref()
+        .and_then(|text| serde_json::from_str(text).ok());
     Ok(ModelFiles {
         tokenizer,
         chat_template,
