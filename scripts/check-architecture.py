@@ -49,6 +49,7 @@ ALLOWED = {
         "switchyard-engine",
         "switchyard-router",
         "switchyard-control-plane",
+        "switchyard-filter",
         "switchyard-loadgen",
         "switchyard-replay",
         "switchyard-support",

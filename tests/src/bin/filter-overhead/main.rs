@@ -5,7 +5,7 @@
 //! `filter`: the filter tokenizes in its VM and sends block hashes), one stack: one Envoy
 //! (`--concurrency 1`, so one worker thread and one VM) with two listeners to the same single
 //! simulated decode worker, the gateway listener with the filter and a plain one without it.
-//! For chat prompts of about 8k, 32k and 128k tokens, each **warm** (a 16-message
+//! For chat prompts of about 8k, 32k, 128k and 240k tokens (1 MB), each **warm** (a 16-message
 //! conversation seen before, plus a new question) and **cold** (text never seen), requests
 //! alternate between the two listeners (machine noise hits both alike): the client-measured
 //! difference is what the gateway adds. Then each listener gets a block of requests alone
@@ -45,8 +45,16 @@ use prompts::{calibrate, chat_of};
 
 /// The `tokenize` modes, in the order they run.
 const MODES: [&str; 2] = ["filter", "control_plane"];
-/// Prompt sizes in tokens.
-const SIZES: [(&str, usize); 3] = [("8k", 8_192), ("32k", 32_768), ("128k", 131_072)];
+/// Prompt sizes in tokens. "1 MB" is a ~240k-token chat, about 1 MB of JSON: the largest
+/// agentic turn the gateway-overhead target names.
+const SIZES: [(&str, usize); 4] = [
+    ("8k", 8_192),
+    ("32k", 32_768),
+    ("128k", 131_072),
+    ("1 MB", 240_000),
+];
+/// The size whose cold prompt runs beside a small request (what it does to other streams).
+const INTERFERING_SIZE: &str = "128k";
 
 /// Command-line settings (hand-parsed: a few flags do not need clap here).
 struct Args {
@@ -168,7 +176,10 @@ async fn run_mode(
         );
     }
     eprintln!("{mode}: a small request beside a cold 128k one...");
-    let big_bytes = sizes.last().map_or(0, |s| s.1);
+    let big_bytes = sizes
+        .iter()
+        .find(|s| s.0 == INTERFERING_SIZE)
+        .map_or(0, |s| s.1);
     let (small_alone_ms, small_contended_ms) = interference(&stack, &http, mode, big_bytes).await?;
     let rss_end_mib = rss_mib(pid);
     let run_dir: &Path = stack.run_dir();
