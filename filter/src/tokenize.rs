@@ -17,9 +17,9 @@ use std::path::Path;
 use std::rc::Rc;
 
 use serde_json::Value;
-use switchyard_protocol::hash::{sequence_hashes, BlockSize, HashSeed};
+use switchyard_protocol::hash::BlockSize;
 use switchyard_protocol::route::{is_header_safe_model, ApiKind};
-use switchyard_protocol::route_input::{non_prompt_fields, HashedPrompt};
+use switchyard_protocol::route_input::HashedPrompt;
 use switchyard_protocol::tokenize::{
     ModelTokenizer, TokenizeError, TokenizerBundle, DEFAULT_CACHE_BYTES,
 };
@@ -132,12 +132,7 @@ impl LoadedTokenizer {
                 TokenizeError::InvalidRequest { .. } => BodyFallback::InvalidRequest,
                 _ => BodyFallback::TokenizerError,
             })?;
-        Ok(HashedPrompt {
-            isl: u32::try_from(tokens.len()).unwrap_or(u32::MAX),
-            block_size: self.block_size,
-            hashes: sequence_hashes(&tokens, self.block_size, HashSeed::default()),
-            fields: non_prompt_fields(object),
-        })
+        Ok(HashedPrompt::of(&tokens, self.block_size, object))
     }
 }
 

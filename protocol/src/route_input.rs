@@ -95,6 +95,25 @@ pub enum HashedPromptError {
 }
 
 impl HashedPrompt {
+    /// The hashed prompt of a request whose prompt is `tokens` and whose body is `body`:
+    /// the tokens' sequence hashes at `block_size` and the body's non-prompt fields.
+    pub fn of(
+        tokens: &[u32],
+        block_size: BlockSize,
+        body: &serde_json::Map<String, serde_json::Value>,
+    ) -> Self {
+        HashedPrompt {
+            isl: u32::try_from(tokens.len()).unwrap_or(u32::MAX),
+            block_size,
+            hashes: crate::hash::sequence_hashes(
+                tokens,
+                block_size,
+                crate::hash::HashSeed::default(),
+            ),
+            fields: non_prompt_fields(body),
+        }
+    }
+
     /// The wire bytes (see the module docs).
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(HEADER_LEN + 8 * self.hashes.len() + self.fields.len());

@@ -9,11 +9,11 @@ use std::path::Path;
 use common::*;
 use serde_json::{json, Value};
 use switchyard_control_plane::settings::Settings;
-use switchyard_protocol::hash::{sequence_hashes, BlockSize, HashSeed};
+use switchyard_protocol::hash::BlockSize;
 use switchyard_protocol::lifecycle::{LifecycleBatch, LifecycleEvent, LIFECYCLE_PATH};
 use switchyard_protocol::route::{ApiKind, Verdict, API_HEADER, REJECT_HEADER, REQUEST_ID_HEADER};
 use switchyard_protocol::route_input::{
-    non_prompt_fields, HashedPrompt, ROUTE_INPUT_HASHES, ROUTE_INPUT_HEADER, TOKENIZER_PATH,
+    HashedPrompt, ROUTE_INPUT_HASHES, ROUTE_INPUT_HEADER, TOKENIZER_PATH,
 };
 use switchyard_protocol::tokenize::{ModelTokenizer, TokenizerBundle};
 use switchyard_protocol::worker::WorkerRole;
@@ -54,12 +54,7 @@ fn hashed(tokenizer: &ModelTokenizer, block_size: BlockSize, body: &Value) -> Ha
     let tokens = tokenizer
         .tokenize_request(ApiKind::Chat, body)
         .expect("tokenizes");
-    HashedPrompt {
-        isl: tokens.len() as u32,
-        block_size,
-        hashes: sequence_hashes(&tokens, block_size, HashSeed::default()),
-        fields: non_prompt_fields(body.as_object().expect("an object")),
-    }
+    HashedPrompt::of(&tokens, block_size, body.as_object().expect("an object"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
