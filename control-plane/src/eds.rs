@@ -263,6 +263,8 @@ mod tests {
                 model: "m".into(),
                 block_size: 16,
                 kv_capacity_blocks: 100,
+                engine: Default::default(),
+                bootstrap_port: None,
             },
             last_seen_ms: 0,
             in_flight: 0,

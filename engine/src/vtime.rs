@@ -173,6 +173,8 @@ impl Cluster {
             model: crate::DEFAULT_MODEL_NAME.to_string(),
             block_size: cfg.block_size,
             kv_capacity_blocks: cfg.kv_capacity_blocks,
+            engine: Default::default(),
+            bootstrap_port: None,
         };
         self.add_worker(info, cfg)
     }

@@ -140,6 +140,8 @@ mod tests {
             model: "m".into(),
             block_size: cfg.block_size,
             kv_capacity_blocks: cfg.kv_capacity_blocks,
+            engine: Default::default(),
+            bootstrap_port: None,
         };
         WorkerCore::new(info, cfg).unwrap()
     }

@@ -23,7 +23,7 @@ use std::fmt;
 use serde::de::IgnoredAny;
 use serde::Deserialize;
 use serde_json::{Map, Value};
-use switchyard_protocol::handoff::{DecodeLeg, Handoff};
+use switchyard_protocol::handoff::{BootstrapRoom, DecodeLeg, Handoff};
 use switchyard_protocol::openai::CLIENT_STEERING_KEYS;
 use switchyard_protocol::route::is_header_safe_model;
 
@@ -194,12 +194,32 @@ impl RequestDoc {
             .count()
     }
 
-    /// The prefill leg's body under `handoff`.
+    /// The prefill leg's body under `handoff` (`room` ties SGLang's two legs).
     ///
     /// # Errors
     /// A serialization error (not expected).
-    pub fn prefill_body(&self, handoff: Handoff) -> Result<Vec<u8>, serde_json::Error> {
-        serde_json::to_vec(&handoff.prefill_body(&self.0))
+    pub fn prefill_body(
+        &self,
+        handoff: Handoff,
+        room: Option<&BootstrapRoom<'_>>,
+    ) -> Result<Vec<u8>, serde_json::Error> {
+        serde_json::to_vec(&handoff.prefill_body(&self.0, room))
+    }
+
+    /// The decode leg of a concurrent handoff (SGLang), sent at once with the prefill leg;
+    /// `None` for a sequential one.
+    ///
+    /// # Errors
+    /// A serialization error (not expected).
+    pub fn concurrent_decode_body(
+        &self,
+        handoff: Handoff,
+        room: &BootstrapRoom<'_>,
+    ) -> Result<Option<Vec<u8>>, serde_json::Error> {
+        handoff
+            .concurrent_decode_body(&self.0, room)
+            .map(|body| serde_json::to_vec(&body))
+            .transpose()
     }
 
     /// The decode leg from the prefill worker's answer, or `None` when the decode worker is
@@ -229,6 +249,19 @@ fn error_body(status: u16, kind: &str, message: String) -> Vec<u8> {
     })
     .to_string()
     .into_bytes()
+}
+
+/// The body of the 502 a concurrent handoff's client gets when the prefill leg failed
+/// (`failure` says how) while the decode worker waited for its KV.
+pub fn prefill_lost_error(failure: &str) -> Vec<u8> {
+    error_body(
+        502,
+        "prefill_failed",
+        format!(
+            "the prefill worker failed ({failure}) while the decode worker waited for its KV; \
+             the request was not served and can be retried"
+        ),
+    )
 }
 
 /// The body of a 413 the filter answers itself.
@@ -342,7 +375,7 @@ mod tests {
     fn legs_follow_the_handoff() {
         let doc = RequestDoc::parse(br#"{"model":"m","max_tokens":8,"stream":true}"#).unwrap();
         let prefill: Value =
-            serde_json::from_slice(&doc.prefill_body(Handoff::VllmNixl).unwrap()).unwrap();
+            serde_json::from_slice(&doc.prefill_body(Handoff::VllmNixl, None).unwrap()).unwrap();
         assert_eq!(prefill["max_tokens"], 1);
         assert_eq!(prefill["stream"], false);
         let answer = br#"{"kv_transfer_params":{"remote_request_id":"h"}}"#;

@@ -36,6 +36,9 @@ pub const PREFILL_FAILURES_TOTAL: &str = "switchyard.prefill.failures_total";
 pub const PREFILL_HANDOFFS_TOTAL: &str = "switchyard.prefill.handoffs_total";
 /// Prefill legs answered 200 without `kv_transfer_params` (decode prefills locally).
 pub const PREFILL_NO_HANDOFF_TOTAL: &str = "switchyard.prefill.no_kv_params_total";
+/// Concurrent prefill legs (SGLang) that failed once the decode leg had been sent: the
+/// client got a 502 (`x-switchyard-route: error;reason=prefill_failed`).
+pub const PREFILL_LOST_TOTAL: &str = "switchyard.prefill.lost_total";
 /// Histogram of a whole prefill leg (all attempts), milliseconds.
 pub const PREFILL_LATENCY_MS: &str = "switchyard.prefill.latency_ms";
 /// Lifecycle events sent to the control plane (accepted with 2xx).
@@ -116,6 +119,8 @@ pub struct StatIds {
     pub prefill_handoffs_total: u32,
     /// Id of [`PREFILL_NO_HANDOFF_TOTAL`].
     pub prefill_no_handoff_total: u32,
+    /// Id of [`PREFILL_LOST_TOTAL`].
+    pub prefill_lost_total: u32,
     /// Id of the [`PREFILL_LATENCY_MS`] histogram.
     pub prefill_latency_ms: u32,
     /// Id of [`REPORTS_SENT_TOTAL`].

@@ -66,6 +66,13 @@ pub enum Served {
     /// Refused before any worker saw it, by the gateway (a 400, 404 or 413 answered to the
     /// client).
     Rejected(Rejection),
+    /// A concurrent handoff (SGLang) whose prefill leg failed once its decode leg had been
+    /// sent: the decode worker waits for KV that will not come and cannot prefill locally
+    /// instead, so the gateway answers the client 502 (resetting the decode leg).
+    PrefillLost {
+        /// The decode worker.
+        destination: String,
+    },
 }
 
 /// Why the gateway refused a request.
@@ -118,41 +125,47 @@ impl Served {
     }
 
     /// Value of the `x-switchyard-route` response header: `bypass`, `disagg`, `agg`,
-    /// `fallback;reason=<reason>`, `fail-open;reason=<reason>` or `rejected;reason=<reason>`.
+    /// `fallback;reason=<reason>`, `fail-open;reason=<reason>`, `rejected;reason=<reason>`
+    /// or `error;reason=prefill_failed`.
     pub fn route_header_value(&self) -> String {
         match self {
             Served::Routed { mode, .. } => mode.as_str().to_string(),
             Served::Fallback { reason, .. } => format!("fallback;reason={reason}"),
             Served::FailOpen(reason) => format!("fail-open;reason={reason}"),
             Served::Rejected(why) => format!("rejected;reason={}", why.as_str()),
+            Served::PrefillLost { .. } => "error;reason=prefill_failed".to_string(),
         }
     }
 
     /// The decode worker the filter chose, if it chose one.
     pub fn destination(&self) -> Option<&str> {
         match self {
-            Served::Routed { destination, .. } | Served::Fallback { destination, .. } => {
-                Some(destination)
-            }
+            Served::Routed { destination, .. }
+            | Served::Fallback { destination, .. }
+            | Served::PrefillLost { destination } => Some(destination),
             Served::FailOpen(_) | Served::Rejected(_) => None,
         }
     }
 
     /// The mode label of logs and docs: `bypass`, `disagg`, `agg`, `fallback:<reason>`,
-    /// `fail_open:<reason>`, `rejected:<reason>`.
+    /// `fail_open:<reason>`, `rejected:<reason>`, `error:prefill_failed`.
     pub fn mode_label(&self) -> String {
         match self {
             Served::Routed { mode, .. } => mode.as_str().to_string(),
             Served::Fallback { reason, .. } => format!("fallback:{reason}"),
             Served::FailOpen(reason) => format!("fail_open:{}", reason.stat_key()),
             Served::Rejected(why) => format!("rejected:{}", why.as_str()),
+            Served::PrefillLost { .. } => "error:prefill_failed".to_string(),
         }
     }
 
     /// Whether the control plane made a verdict for this request (and so tracks its load and
     /// wants its lifecycle reports).
     pub fn has_verdict(&self) -> bool {
-        matches!(self, Served::Routed { .. } | Served::Fallback { .. })
+        matches!(
+            self,
+            Served::Routed { .. } | Served::Fallback { .. } | Served::PrefillLost { .. }
+        )
     }
 }
 
@@ -194,6 +207,13 @@ mod tests {
             "fail-open;reason=bad_status_503"
         );
         assert_eq!(failed.mode_label(), "fail_open:bad_status");
+        let lost = Served::PrefillLost {
+            destination: "a:1".into(),
+        };
+        assert_eq!(lost.route_header_value(), "error;reason=prefill_failed");
+        assert_eq!(lost.mode_label(), "error:prefill_failed");
+        assert!(lost.has_verdict());
+        assert_eq!(lost.destination(), Some("a:1"));
     }
 
     #[test]
@@ -216,7 +236,11 @@ mod tests {
         let outcome = RouteOutcome::Routed {
             mode: RouteMode::Disagg,
             destination: "d:1".into(),
-            prefill: Some("p:1".into()),
+            prefill: Some(crate::verdict::PrefillTarget {
+                address: "p:1".into(),
+                handoff: switchyard_protocol::handoff::Handoff::VllmNixl,
+                bootstrap_port: None,
+            }),
             on_prefill_pool: false,
         };
         assert_eq!(

@@ -9,7 +9,9 @@
 
 use std::fmt;
 
-use switchyard_protocol::route::{ApiError, RejectReason, RouteMode, Verdict};
+use switchyard_protocol::handoff::{Handoff, LegOrder};
+use switchyard_protocol::route::{ApiError, Endpoint, RejectReason, RouteMode, Verdict};
+use switchyard_protocol::worker::Engine;
 
 /// Why a request failed open (went to Envoy's fallback load balancer).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -63,6 +65,32 @@ impl fmt::Display for FailOpenReason {
     }
 }
 
+/// The prefill worker of a `disagg` verdict and how its legs hand KV over.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PrefillTarget {
+    /// `host:port` for `x-gateway-destination-endpoint`.
+    pub address: String,
+    /// The engine's handoff protocol.
+    pub handoff: Handoff,
+    /// SGLang's bootstrap port on the prefill worker's host (always present for SGLang).
+    pub bootstrap_port: Option<u16>,
+}
+
+impl PrefillTarget {
+    /// The verdict's prefill worker, if the filter can run a handoff with it: a usable
+    /// address and, for SGLang, a bootstrap port.
+    fn from_verdict(prefill: Endpoint, engine: Engine) -> Option<PrefillTarget> {
+        let handoff = engine.handoff();
+        let needs_bootstrap = handoff.order() == LegOrder::Concurrent;
+        let bootstrap_ok = !needs_bootstrap || prefill.bootstrap_port.is_some_and(|p| p != 0);
+        (is_valid_endpoint_address(&prefill.address) && bootstrap_ok).then_some(PrefillTarget {
+            address: prefill.address,
+            handoff,
+            bootstrap_port: prefill.bootstrap_port,
+        })
+    }
+}
+
 /// What the filter does with a routed request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RouteOutcome {
@@ -73,8 +101,8 @@ pub enum RouteOutcome {
         mode: RouteMode,
         /// `host:port` for `x-gateway-destination-endpoint`.
         destination: String,
-        /// The prefill worker's `host:port`, when the verdict names a usable one.
-        prefill: Option<String>,
+        /// The prefill worker, when the verdict names a usable one.
+        prefill: Option<PrefillTarget>,
         /// `destination` is a prefill worker serving the request whole (the verdict's
         /// `decode_on_prefill`): the request goes to the prefill cluster.
         on_prefill_pool: bool,
@@ -138,8 +166,7 @@ pub fn classify_route_response(
                     destination: verdict.decode.address,
                     prefill: verdict
                         .prefill
-                        .map(|p| p.address)
-                        .filter(|a| is_valid_endpoint_address(a)),
+                        .and_then(|p| PrefillTarget::from_verdict(p, verdict.engine)),
                     on_prefill_pool: verdict.decode_on_prefill,
                 }
             }
@@ -207,7 +234,11 @@ mod tests {
             RouteOutcome::Routed {
                 mode: RouteMode::Disagg,
                 destination: "10.0.0.2:80".into(),
-                prefill: Some("10.0.0.3:81".into()),
+                prefill: Some(PrefillTarget {
+                    address: "10.0.0.3:81".into(),
+                    handoff: Handoff::VllmNixl,
+                    bootstrap_port: None,
+                }),
                 on_prefill_pool: false,
             }
         );
@@ -217,6 +248,45 @@ mod tests {
         assert!(
             matches!(outcome, RouteOutcome::Routed { prefill: None, .. }),
             "{outcome:?}"
+        );
+    }
+
+    #[test]
+    fn the_verdicts_engine_picks_the_handoff_and_sglang_needs_a_bootstrap_port() {
+        let mut verdict: serde_json::Value =
+            serde_json::from_slice(&verdict_json("disagg", "10.0.0.2:80")).unwrap();
+        verdict["prefill"] = serde_json::json!({"worker_id": "p", "address": "10.0.0.3:81"});
+        let prefill_of = |verdict: &serde_json::Value| match classify_route_response(
+            Some("200"),
+            None,
+            verdict.to_string().as_bytes(),
+        ) {
+            RouteOutcome::Routed { prefill, .. } => prefill,
+            other => panic!("{other:?}"),
+        };
+        verdict["engine"] = "trtllm".into();
+        assert_eq!(
+            prefill_of(&verdict).map(|p| p.handoff),
+            Some(Handoff::TrtllmDisagg)
+        );
+        verdict["engine"] = "sglang".into();
+        assert_eq!(prefill_of(&verdict), None, "no bootstrap port");
+        verdict["prefill"]["bootstrap_port"] = 0.into();
+        assert_eq!(prefill_of(&verdict), None, "port 0");
+        verdict["prefill"]["bootstrap_port"] = 8998.into();
+        assert_eq!(
+            prefill_of(&verdict),
+            Some(PrefillTarget {
+                address: "10.0.0.3:81".into(),
+                handoff: Handoff::SglangBootstrap,
+                bootstrap_port: Some(8998),
+            })
+        );
+        // An engine this filter does not know is not a verdict it can follow.
+        verdict["engine"] = "mystery".into();
+        assert_eq!(
+            classify_route_response(Some("200"), None, verdict.to_string().as_bytes()),
+            RouteOutcome::FailOpen(FailOpenReason::BadVerdict)
         );
     }
 

@@ -191,7 +191,7 @@ mod bodies {
             }
             if let Ok(doc) = RequestDoc::parse(&body) {
                 // Whatever parses as an object rewrites into JSON objects again.
-                let prefill: Value = serde_json::from_slice(&doc.prefill_body(Handoff::VllmNixl).unwrap()).unwrap();
+                let prefill: Value = serde_json::from_slice(&doc.prefill_body(Handoff::VllmNixl, None).unwrap()).unwrap();
                 prop_assert_eq!(&prefill["max_tokens"], &Value::from(1));
                 prop_assert_eq!(&prefill["stream"], &Value::Bool(false));
                 let answer = br#"{"kv_transfer_params":{"x":1}}"#;
@@ -207,7 +207,7 @@ mod bodies {
             let doc = RequestDoc::parse(&body).unwrap();
             let original: Vec<String> = request.as_object().unwrap().keys().cloned().collect();
 
-            let prefill: Value = serde_json::from_slice(&doc.prefill_body(Handoff::VllmNixl).unwrap()).unwrap();
+            let prefill: Value = serde_json::from_slice(&doc.prefill_body(Handoff::VllmNixl, None).unwrap()).unwrap();
             let prefill = prefill.as_object().unwrap();
             let kept: Vec<&String> = prefill.keys().filter(|k| original.contains(k)).collect();
             let expected: Vec<&String> = original.iter().filter(|k| *k != "stream_options").collect();

@@ -116,6 +116,24 @@ impl RegistrationSecret {
 }
 
 fn signed_text(info: &WorkerInfo, sent_at_ms: u64) -> String {
+    // A vLLM worker without a bootstrap port signs the `v1` text, so registrations from
+    // before engines other than vLLM still verify; anything else signs `v2`, which covers
+    // the engine and the bootstrap port too (they steer where a decode worker connects).
+    if !info.engine.is_vllm() || info.bootstrap_port.is_some() {
+        return format!(
+            "v2\n{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}",
+            info.worker_id,
+            info.instance_id,
+            info.role.as_str(),
+            info.address,
+            info.model,
+            info.block_size,
+            info.kv_capacity_blocks,
+            info.engine.as_str(),
+            info.bootstrap_port.map(|p| p.to_string()).unwrap_or_default(),
+            sent_at_ms
+        );
+    }
     format!(
         "v1\n{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}",
         info.worker_id,
@@ -157,6 +175,8 @@ mod tests {
             model: "m".into(),
             block_size: 64,
             kv_capacity_blocks: 100,
+            engine: Default::default(),
+            bootstrap_port: None,
         }
     }
 
@@ -176,6 +196,34 @@ mod tests {
             secret.verify(&info(), 1_001, Some(&sig), 2_000),
             Err(RegistrationError::BadSignature)
         );
+        // The engine and the bootstrap port are covered: a recorded heartbeat cannot be
+        // replayed as another engine's, or point decode workers at another port.
+        let sglang = WorkerInfo {
+            engine: crate::worker::Engine::Sglang,
+            bootstrap_port: Some(8998),
+            ..info()
+        };
+        let sig_sglang = secret.sign(&sglang, 1_000);
+        assert_eq!(
+            secret.verify(&sglang, 1_000, Some(&sig_sglang), 2_000),
+            Ok(())
+        );
+        for changed in [
+            WorkerInfo {
+                bootstrap_port: Some(8999),
+                ..sglang.clone()
+            },
+            WorkerInfo {
+                engine: crate::worker::Engine::Trtllm,
+                ..sglang.clone()
+            },
+            info(),
+        ] {
+            assert_eq!(
+                secret.verify(&changed, 1_000, Some(&sig_sglang), 2_000),
+                Err(RegistrationError::BadSignature)
+            );
+        }
         let other = RegistrationSecret::new("another-secret-of-16+").unwrap();
         assert_eq!(
             other.verify(&info(), 1_000, Some(&sig), 2_000),

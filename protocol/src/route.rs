@@ -8,7 +8,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::worker::WorkerId;
+use crate::worker::{Engine, WorkerId};
 
 /// Path of the route call on the control plane.
 pub const ROUTE_PATH: &str = "/v1/route";
@@ -342,6 +342,10 @@ pub struct Endpoint {
     pub worker_id: WorkerId,
     /// `host:port`, the value for [`DESTINATION_HEADER`].
     pub address: String,
+    /// Port of the worker's SGLang bootstrap server (an SGLang prefill worker): the legs'
+    /// `bootstrap_port`, with the host of `address` as `bootstrap_host`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bootstrap_port: Option<u16>,
 }
 
 /// The control plane's answer to a route request.
@@ -373,6 +377,10 @@ pub struct Verdict {
     /// and in verdicts from before it.
     #[serde(default, skip_serializing_if = "is_false")]
     pub decode_on_prefill: bool,
+    /// The engine of the workers named, and so the handoff the filter runs for `disagg`
+    /// ([`Engine::handoff`]). Absent (vLLM) in verdicts from before other engines.
+    #[serde(default, skip_serializing_if = "Engine::is_vllm")]
+    pub engine: Engine,
 }
 
 fn is_false(b: &bool) -> bool {

@@ -69,6 +69,64 @@ impl std::str::FromStr for WorkerRole {
     }
 }
 
+/// The engine a worker runs, and so the protocol its prefill and decode legs speak
+/// ([`crate::handoff::Handoff`]). A model's prefill and decode workers run the same engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Engine {
+    /// vLLM (KV handed over by its NIXL connector).
+    #[default]
+    Vllm,
+    /// TensorRT-LLM's `trtllm-serve` (context-only and generation-only legs).
+    Trtllm,
+    /// SGLang (both legs at once, tied by a bootstrap room).
+    Sglang,
+}
+
+impl Engine {
+    /// Every engine, in a fixed order.
+    pub const ALL: [Engine; 3] = [Engine::Vllm, Engine::Trtllm, Engine::Sglang];
+
+    /// Lower-case name, as in pool files, flags, the wire format and metric labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Engine::Vllm => "vllm",
+            Engine::Trtllm => "trtllm",
+            Engine::Sglang => "sglang",
+        }
+    }
+
+    /// The handoff protocol of this engine's disaggregated legs.
+    pub fn handoff(self) -> crate::handoff::Handoff {
+        match self {
+            Engine::Vllm => crate::handoff::Handoff::VllmNixl,
+            Engine::Trtllm => crate::handoff::Handoff::TrtllmDisagg,
+            Engine::Sglang => crate::handoff::Handoff::SglangBootstrap,
+        }
+    }
+
+    /// Whether this is vLLM (the default, left out of serialized messages).
+    pub fn is_vllm(&self) -> bool {
+        *self == Engine::Vllm
+    }
+}
+
+impl std::fmt::Display for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for Engine {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Engine::ALL
+            .into_iter()
+            .find(|e| e.as_str() == s)
+            .ok_or_else(|| format!("unknown engine {s:?} (expected vllm, trtllm or sglang)"))
+    }
+}
+
 /// Everything the control plane needs to know to route to a worker.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct WorkerInfo {
@@ -87,6 +145,13 @@ pub struct WorkerInfo {
     pub block_size: u32,
     /// KV cache capacity in blocks; 0 when the worker does not report one.
     pub kv_capacity_blocks: u64,
+    /// The engine; absent (vLLM) in registrations from before engines other than vLLM.
+    #[serde(default, skip_serializing_if = "Engine::is_vllm")]
+    pub engine: Engine,
+    /// Port of SGLang's bootstrap server on the worker's host (an SGLang prefill worker's
+    /// `--disaggregation-bootstrap-port`): the decode leg's `bootstrap_port`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bootstrap_port: Option<u16>,
 }
 
 /// Periodic liveness message; doubles as registration (see module docs).

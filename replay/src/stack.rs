@@ -163,6 +163,8 @@ impl<'a> VirtualStack<'a> {
                 model: switchyard_engine::DEFAULT_MODEL_NAME.to_string(),
                 block_size: cfg.block_size,
                 kv_capacity_blocks: cfg.kv_capacity_blocks,
+                engine: Default::default(),
+                bootstrap_port: None,
             };
             block_size = Some(cfg.block_size()?);
             cluster.add_worker(info, cfg)?;

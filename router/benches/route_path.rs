@@ -28,6 +28,8 @@ fn info(id: &str, role: WorkerRole) -> WorkerInfo {
         model: "m".into(),
         block_size: BLOCK_SIZE,
         kv_capacity_blocks: 1_000_000,
+        engine: Default::default(),
+        bootstrap_port: None,
     }
 }
 

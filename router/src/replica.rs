@@ -97,6 +97,8 @@ mod tests {
             model: "m".into(),
             block_size: 16,
             kv_capacity_blocks: 1_000,
+            engine: Default::default(),
+            bootstrap_port: None,
         }
     }
 

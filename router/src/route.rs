@@ -3,7 +3,7 @@
 
 use switchyard_protocol::hash::{sequence_hashes, BlockSize, HashSeed, SequenceHash};
 use switchyard_protocol::route::{Endpoint, Reason, RouteMode, Verdict};
-use switchyard_protocol::worker::WorkerRole;
+use switchyard_protocol::worker::{Engine, WorkerRole};
 
 use super::{RouteError, Router};
 use crate::chains::Chain;
@@ -91,6 +91,8 @@ struct Candidate {
     hashes: usize,
     overlap_blocks: u32,
     load: WorkerLoad,
+    /// The worker's engine: a decode worker takes KV only from a prefill worker of its own.
+    engine: Engine,
     endpoint: Endpoint,
 }
 
@@ -197,9 +199,11 @@ impl Router {
                 hashes,
                 overlap_blocks: 0,
                 load: self.load.load(w.slot),
+                engine: w.info.engine,
                 endpoint: Endpoint {
                     worker_id: w.info.worker_id.clone(),
                     address: w.info.address.clone(),
+                    bootstrap_port: w.info.bootstrap_port,
                 },
             };
             if is_prefill {
@@ -243,6 +247,10 @@ impl Router {
         let cached = cached_tokens(d, isl);
         let eff_isl = isl - cached;
 
+        // The handoff is the engine's protocol: only a prefill worker of the decode worker's
+        // engine can hand it KV (a model's pools normally share one engine).
+        let engine = d.engine;
+        prefill.retain(|c| c.engine == engine);
         let chosen_prefill = if mode == ServingMode::Agg {
             None
         } else {
@@ -343,6 +351,7 @@ impl Router {
             eff_isl,
             reason,
             decode_on_prefill: keeper.is_some(),
+            engine: d.engine,
         };
         let ttl = self.config.load.kv_prediction_ms;
         self.predictions

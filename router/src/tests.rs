@@ -19,6 +19,8 @@ fn info(id: &str, role: WorkerRole) -> WorkerInfo {
         model: "m".into(),
         block_size: BS,
         kv_capacity_blocks: 10_000,
+        engine: Default::default(),
+        bootstrap_port: None,
     }
 }
 

@@ -174,5 +174,7 @@ pub fn worker_info(
         model: model.to_string(),
         block_size: engine.block_size,
         kv_capacity_blocks: engine.kv_capacity_blocks,
+        engine: Default::default(),
+        bootstrap_port: None,
     }
 }

@@ -200,6 +200,8 @@ async fn attacks_and_bad_input_are_refused_and_cost_nothing() {
         model: "qwen3".into(),
         block_size: 64,
         kv_capacity_blocks: 100_000,
+        engine: Default::default(),
+        bootstrap_port: None,
     };
     let wrong = RegistrationSecret::new("a-secret-that-is-not-the-stacks").unwrap();
     for signature in [None, Some(wrong.sign(&fake, unix_now_ms()))] {

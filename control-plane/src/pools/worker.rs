@@ -197,6 +197,8 @@ impl Declared {
             model: self.worker.model.clone(),
             block_size: self.worker.block_size.get(),
             kv_capacity_blocks: self.capacity_blocks,
+            engine: Default::default(),
+            bootstrap_port: None,
         };
         let Ok(outcome) = self
             .cx

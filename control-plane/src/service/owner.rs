@@ -376,6 +376,8 @@ mod tests {
                     model: model.into(),
                     block_size: 16,
                     kv_capacity_blocks: 100,
+                    engine: Default::default(),
+                    bootstrap_port: None,
                 },
                 interval_ms: 1_000,
                 sent_at_ms: 0,

@@ -35,6 +35,7 @@ use log::{debug, warn};
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action, BufferType};
+use switchyard_protocol::handoff::Handoff;
 use switchyard_protocol::route::{ApiKind, REJECT_HEADER, REQUEST_ID_HEADER, ROUTE_HEADER};
 
 use crate::body::{self, RequestDoc};
@@ -62,9 +63,20 @@ struct PrefillLeg {
     decode: String,
     /// The verdict's prefill worker.
     prefill: String,
+    /// The engine's handoff protocol.
+    handoff: Handoff,
     /// Retries made so far.
     retries: u32,
     /// When the first attempt was dispatched (ms, host clock).
+    started_ms: u64,
+}
+
+/// The prefill leg of a concurrent handoff (SGLang), in flight beside the decode leg.
+#[derive(Debug)]
+struct ConcurrentPrefill {
+    /// The call's token.
+    token: u32,
+    /// When it was dispatched (ms, host clock).
     started_ms: u64,
 }
 
@@ -114,6 +126,8 @@ pub(crate) struct SwitchyardRequest {
     had_content_length: bool,
     /// Size of the buffered body as Envoy holds it (what a rewrite replaces).
     body_len: usize,
+    /// A concurrent handoff's prefill leg, while in flight.
+    concurrent_prefill: Option<ConcurrentPrefill>,
     response: ResponseSide,
 }
 
@@ -128,6 +142,7 @@ impl SwitchyardRequest {
             authority: String::new(),
             had_content_length: false,
             body_len: 0,
+            concurrent_prefill: None,
             response: ResponseSide::default(),
         }
     }
@@ -258,6 +273,12 @@ impl Context for SwitchyardRequest {
         _trailers: usize,
     ) {
         let status = self.get_http_call_response_header(":status");
+        if let Some(prefill) = self
+            .concurrent_prefill
+            .take_if(|prefill| prefill.token == token_id)
+        {
+            return self.on_concurrent_prefill_answer(status.as_deref(), prefill);
+        }
         let body = self
             .get_http_call_response_body(0, body_size)
             .unwrap_or_default();

@@ -1,35 +1,43 @@
-//! The disaggregated path: the prefill leg (`dispatch_http_call` to the prefill cluster, with
-//! the prefill worker named in `x-gateway-destination-endpoint` for the cluster's
-//! `override_host` policy), bounded retries of 502/503/504, and the decode leg's body, both
-//! built by the engine's [`Handoff`].
+//! The disaggregated path, for each engine's [`Handoff`].
 //!
-//! Any failure falls back to local prefill on the decode worker: the client's body goes on
-//! unchanged (no handoff fields), so the request is served either way.
+//! **Sequential handoffs** (vLLM, TensorRT-LLM): the prefill leg (`dispatch_http_call` to
+//! the prefill cluster, with the prefill worker named in `x-gateway-destination-endpoint` for
+//! the cluster's `override_host` policy), bounded retries of 502/503/504, then the decode
+//! leg's body from the answer. Any failure falls back to local prefill on the decode worker:
+//! the client's body goes on unchanged (no handoff fields), so the request is served either
+//! way.
+//!
+//! **Concurrent handoffs** (SGLang): both legs leave at once, tied by a bootstrap room; the
+//! decode leg is the client's request, streaming to the client. A prefill leg that cannot
+//! even be dispatched falls back as above (the decode leg has not left yet). Once the decode
+//! leg is out, nothing can be retried (its body names this prefill worker's room) and the
+//! decode worker cannot prefill instead, so a failed prefill leg ends the request with a 502
+//! from the gateway, unless the decode worker has answered already (docs/engines.md).
+
+use std::collections::hash_map::RandomState;
+use std::hash::BuildHasher;
 
 use log::{debug, warn};
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext};
-use switchyard_protocol::handoff::Handoff;
-use switchyard_protocol::route::{RouteMode, DESTINATION_HEADER, REQUEST_ID_HEADER};
+use switchyard_protocol::handoff::{address_host, BootstrapRoom, LegOrder};
+use switchyard_protocol::route::{RouteMode, DESTINATION_HEADER, REQUEST_ID_HEADER, ROUTE_HEADER};
 
-use super::{Phase, PrefillLeg, SwitchyardRequest};
-use crate::body::{DecodeBody, RequestDoc};
+use super::{ConcurrentPrefill, Phase, PrefillLeg, SwitchyardRequest};
+use crate::body::{self, DecodeBody, RequestDoc};
 use crate::outcome::{FallbackReason, Served};
-use crate::prefill::{classify_prefill_answer, retry_cluster, PrefillStep};
+use crate::prefill::{classify_prefill_answer, retry_cluster, PrefillFailure, PrefillStep};
 use crate::shared::increment;
-
-/// The handoff protocol of the prefill pool (vLLM's NIXL connector; other engines' come with
-/// their pools).
-const HANDOFF: Handoff = Handoff::VllmNixl;
+use crate::verdict::PrefillTarget;
 
 impl SwitchyardRequest {
-    /// Starts the prefill leg on `prefill` (`host:port`) for decode worker `decode`; on any
+    /// Starts the disaggregated path with `prefill` for decode worker `decode`; on any
     /// failure to start, the decode worker prefills locally.
     pub(super) fn start_prefill_leg(
         &mut self,
         doc: Option<RequestDoc>,
         decode: String,
-        prefill: String,
+        prefill: PrefillTarget,
     ) {
         let doc = match doc {
             Some(doc) => Ok(doc),
@@ -44,29 +52,151 @@ impl SwitchyardRequest {
             Ok(doc) => doc,
             Err(e) => {
                 warn!("#{} {} prefill leg: {e}", self.context_id, self.request_id);
-                return self.fall_back(decode, prefill, "the body does not parse");
+                return self.fall_back(decode, prefill.address, "the body does not parse");
             }
         };
         let leg = PrefillLeg {
             doc,
             decode,
-            prefill,
+            prefill: prefill.address,
+            handoff: prefill.handoff,
             retries: 0,
             started_ms: self.now_ms(),
         };
-        let target = leg.prefill.clone();
-        self.dispatch_prefill(leg, Some(&target));
+        match (prefill.handoff.order(), prefill.bootstrap_port) {
+            (LegOrder::Concurrent, Some(port)) => self.start_concurrent_legs(leg, port),
+            _ => {
+                let target = leg.prefill.clone();
+                self.dispatch_prefill(leg, Some(&target), None);
+            }
+        }
     }
 
-    /// One prefill attempt. `target` names the prefill worker (on the shared prefill cluster);
-    /// retries pass `None` so Envoy's fallback load balancer may pick a healthier one, within
-    /// the request's model when the gateway has a cluster per model ([`retry_cluster`]).
-    fn dispatch_prefill(&mut self, leg: PrefillLeg, target: Option<&str>) {
-        let body = match leg.doc.prefill_body(HANDOFF) {
+    /// Both legs of a concurrent handoff: the prefill leg dispatched, then the decode leg
+    /// (the client's request with the same room) handed to Envoy.
+    fn start_concurrent_legs(&mut self, leg: PrefillLeg, bootstrap_port: u16) {
+        // 63 random bits per request: std's RandomState draws its keys from the host's
+        // random source (WASI `random_get`, which Envoy implements).
+        let bits = RandomState::new().hash_one(&self.request_id);
+        let room = BootstrapRoom {
+            host: address_host(&leg.prefill),
+            port: bootstrap_port,
+            room: BootstrapRoom::room_from_bits(bits),
+        };
+        let decode_body = match leg.doc.concurrent_decode_body(leg.handoff, &room) {
+            Ok(Some(body)) => body,
+            _ => return self.fall_back(leg.decode, leg.prefill, "the decode body"),
+        };
+        let target = leg.prefill.clone();
+        let Some(token) = self.dispatch_prefill_call(&leg, Some(&target), Some(&room)) else {
+            return self.fall_back(leg.decode, leg.prefill, "the dispatch was refused");
+        };
+        if !self.replace_body(&decode_body) {
+            // The prefill worker will wait for a decode worker that never comes, until its
+            // bootstrap timeout; the client is still served, by local prefill.
+            return self.fall_back(leg.decode, leg.prefill, "the body could not be rewritten");
+        }
+        increment(self.shared.stats.prefill_attempts_total, 1);
+        self.concurrent_prefill = Some(ConcurrentPrefill {
+            token,
+            started_ms: leg.started_ms,
+        });
+        let served = Served::Routed {
+            mode: RouteMode::Disagg,
+            destination: leg.decode,
+        };
+        self.forward(served, Some(leg.prefill), None);
+        self.resume_http_request();
+    }
+
+    /// The prefill leg of a concurrent handoff answered (or Envoy did for it). A failure
+    /// before the decode worker answered ends the request with a 502: see the module docs.
+    pub(super) fn on_concurrent_prefill_answer(
+        &mut self,
+        status: Option<&str>,
+        prefill: ConcurrentPrefill,
+    ) {
+        self.record_prefill_latency(prefill.started_ms);
+        // No retries: the decode leg already names this prefill worker's room.
+        let failure = match classify_prefill_answer(status, 0, 0) {
+            PrefillStep::Answered => {
+                increment(self.shared.stats.prefill_handoffs_total, 1);
+                return;
+            }
+            // Never with a bound of 0 retries.
+            PrefillStep::Retry => PrefillFailure::NoStatus,
+            PrefillStep::Failed(failure) => failure,
+        };
+        increment(self.shared.stats.prefill_failures_total, 1);
+        let Phase::Done {
+            served: Served::Routed { destination, .. },
+            ..
+        } = &self.phase
+        else {
+            return;
+        };
+        if self.response.status.is_some() {
+            debug!(
+                "#{} {} prefill leg failed ({failure:?}) after the decode worker answered",
+                self.context_id, self.request_id
+            );
+            return;
+        }
+        warn!(
+            "#{} {} prefill leg failed ({failure:?}) while the decode leg waits for its KV: 502",
+            self.context_id, self.request_id
+        );
+        increment(self.shared.stats.prefill_lost_total, 1);
+        let served = Served::PrefillLost {
+            destination: destination.clone(),
+        };
+        let route = served.route_header_value();
+        if let Phase::Done { served: s, .. } = &mut self.phase {
+            *s = served;
+        }
+        let body = body::prefill_lost_error(&format!("{failure:?}"));
+        if let Err(status) = hostcalls::send_http_response(
+            502,
+            vec![("content-type", "application/json"), (ROUTE_HEADER, &route)],
+            Some(&body),
+        ) {
+            warn!("#{} cannot send the 502: {status:?}", self.context_id);
+        }
+    }
+
+    /// One prefill attempt of a sequential handoff. `target` names the prefill worker (on the
+    /// shared prefill cluster); retries pass `None` so Envoy's fallback load balancer may pick
+    /// a healthier one, within the request's model when the gateway has a cluster per model
+    /// ([`retry_cluster`]).
+    fn dispatch_prefill(
+        &mut self,
+        leg: PrefillLeg,
+        target: Option<&str>,
+        room: Option<&BootstrapRoom<'_>>,
+    ) {
+        match self.dispatch_prefill_call(&leg, target, room) {
+            Some(token) => {
+                increment(self.shared.stats.prefill_attempts_total, 1);
+                self.phase = Phase::Prefilling { token, leg };
+            }
+            None => self.fall_back(leg.decode, leg.prefill, "the dispatch was refused"),
+        }
+    }
+
+    /// Dispatches the prefill leg's call; `None` when its body cannot be built or Envoy
+    /// refuses the call (a cluster it does not define, e.g. a model added to the pool file
+    /// that the bootstrap has no prefill cluster for).
+    fn dispatch_prefill_call(
+        &self,
+        leg: &PrefillLeg,
+        target: Option<&str>,
+        room: Option<&BootstrapRoom<'_>>,
+    ) -> Option<u32> {
+        let body = match leg.doc.prefill_body(leg.handoff, room) {
             Ok(body) => body,
             Err(e) => {
                 warn!("#{} {} prefill body: {e}", self.context_id, self.request_id);
-                return self.fall_back(leg.decode, leg.prefill, "the prefill body");
+                return None;
             }
         };
         let config = &self.shared.config;
@@ -101,18 +231,13 @@ impl SwitchyardRequest {
             vec![],
             config.prefill_timeout(),
         ) {
-            Ok(token) => {
-                increment(self.shared.stats.prefill_attempts_total, 1);
-                self.phase = Phase::Prefilling { token, leg };
-            }
+            Ok(token) => Some(token),
             Err(status) => {
-                // A cluster Envoy does not define is refused here (e.g. a model added to the
-                // pool file that the bootstrap has no prefill cluster for).
                 warn!(
                     "#{} {} prefill dispatch to {cluster} refused: {status:?}",
                     self.context_id, self.request_id
                 );
-                self.fall_back(leg.decode, leg.prefill, "the dispatch was refused");
+                None
             }
         }
     }
@@ -133,19 +258,19 @@ impl SwitchyardRequest {
                     "#{} {} prefill answered {status:?}; retry {}",
                     self.context_id, self.request_id, leg.retries
                 );
-                self.dispatch_prefill(leg, None);
+                self.dispatch_prefill(leg, None, None);
             }
             PrefillStep::Failed(failure) => {
-                self.record_prefill_latency(&leg);
+                self.record_prefill_latency(leg.started_ms);
                 self.fall_back(leg.decode, leg.prefill, &format!("{failure:?}"));
             }
             PrefillStep::Answered => {
-                self.record_prefill_latency(&leg);
+                self.record_prefill_latency(leg.started_ms);
                 let served = Served::Routed {
                     mode: RouteMode::Disagg,
                     destination: leg.decode.clone(),
                 };
-                match leg.doc.decode_leg(HANDOFF, body) {
+                match leg.doc.decode_leg(leg.handoff, body) {
                     Ok(Some(DecodeBody { body, hold })) if self.replace_body(&body) => {
                         increment(self.shared.stats.prefill_handoffs_total, 1);
                         self.forward(served, Some(leg.prefill), hold);
@@ -167,8 +292,8 @@ impl SwitchyardRequest {
         }
     }
 
-    fn record_prefill_latency(&self, leg: &PrefillLeg) {
-        let elapsed = self.now_ms().saturating_sub(leg.started_ms);
+    fn record_prefill_latency(&self, started_ms: u64) {
+        let elapsed = self.now_ms().saturating_sub(started_ms);
         if let Err(e) = hostcalls::record_metric(self.shared.stats.prefill_latency_ms, elapsed) {
             debug!("#{} record_metric failed: {e:?}", self.context_id);
         }

@@ -223,6 +223,8 @@ pub fn worker(id: &str, role: WorkerRole, port: u16, instance: u64) -> WorkerInf
         model: "qwen3".into(),
         block_size: 16,
         kv_capacity_blocks: 10_000,
+        engine: Default::default(),
+        bootstrap_port: None,
     }
 }
 
