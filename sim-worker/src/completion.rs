@@ -10,7 +10,7 @@ use serde_json::Value;
 use switchyard_protocol::openai::check_prompt_length;
 use switchyard_protocol::route::ApiKind;
 use switchyard_protocol::tokenize::TokenizeError;
-use switchyard_protocol::worker::WorkerRole;
+use switchyard_protocol::worker::{Engine, WorkerRole};
 use tokio::sync::mpsc;
 
 use switchyard_engine::{EngineError, EngineRequest, HeldKv, Prompt};
@@ -18,6 +18,7 @@ use switchyard_engine::{EngineError, EngineRequest, HeldKv, Prompt};
 use super::context::WorkerContext;
 use super::error::ApiError;
 use super::handoff::{self, hold_id, prefill_response_params};
+use super::legs::{self, KvSource, LegRequest, PrefillAnswer};
 use super::metrics::PullFailure;
 use super::openai::{filler_text, parse_request, ParsedRequest, ResponseMeta, Usage};
 use super::runtime::RequestEvent;
@@ -32,22 +33,45 @@ pub enum Answer {
     Stream(SseStream),
 }
 
+/// The token id a simulated context server reports as its first generated token: no model
+/// runs, so any id of the vocabulary will do.
+const SIMULATED_FIRST_TOKEN: u32 = 0;
+
 /// How the request's prompt KV is obtained.
 enum Plan {
     /// Prefill here (prefix-cache hits count).
     Local,
-    /// Prefill leg: one token, KV held for a decode worker.
-    PrefillForRemote,
-    /// KV pulled from a prefill worker.
-    Remote,
+    /// Prefill leg: one token, KV held for a decode worker (under SGLang's room, if any).
+    PrefillForRemote { room: Option<u64> },
+    /// KV fetched from a prefill worker.
+    Remote(KvSource),
 }
 
 impl Plan {
+    /// What the request's handoff fields ask of a worker of `role`: a prefill leg only on a
+    /// prefill worker, a decode leg only on a worker that decodes; anything else is served
+    /// whole (as vLLM serves a prefill leg sent to a decode worker).
+    fn new(role: WorkerRole, leg: Option<LegRequest>) -> Plan {
+        match (role, leg) {
+            (WorkerRole::Prefill, Some(LegRequest::Prefill { room })) => {
+                Plan::PrefillForRemote { room }
+            }
+            (WorkerRole::Prefill, Some(leg)) => match legs::as_prefill(&leg) {
+                Some(LegRequest::Prefill { room }) => Plan::PrefillForRemote { room },
+                _ => Plan::Local,
+            },
+            (WorkerRole::Decode | WorkerRole::Agg, Some(LegRequest::Decode(source))) => {
+                Plan::Remote(source)
+            }
+            _ => Plan::Local,
+        }
+    }
+
     fn as_str(&self) -> &'static str {
         match self {
             Plan::Local => "local",
-            Plan::PrefillForRemote => "prefill_for_remote_decode",
-            Plan::Remote => "remote_prefill",
+            Plan::PrefillForRemote { .. } => "prefill_for_remote_decode",
+            Plan::Remote(_) => "remote_prefill",
         }
     }
 }
@@ -71,6 +95,10 @@ pub async fn serve(
     }
     let body: Value = serde_json::from_slice(&body)
         .map_err(|e| ApiError::bad_request(format!("request body is not valid JSON: {e}"), None))?;
+    let leg = match &body {
+        Value::Object(fields) => legs::read(ctx.engine_kind, fields)?,
+        _ => None,
+    };
     let req = parse_request(api, body, ctx.max_model_len)?;
     let tokens = tokenize(&ctx, api, &req.body).await?;
     check_prompt_length(tokens.len(), ctx.max_model_len).map_err(ApiError::from)?;
@@ -81,12 +109,7 @@ pub async fn serve(
             .requests_completions
             .fetch_add(1, Ordering::Relaxed),
     };
-    let kv = req.kv_transfer.as_ref();
-    let plan = match (ctx.role, kv) {
-        (WorkerRole::Prefill, Some(p)) if p.do_remote_decode => Plan::PrefillForRemote,
-        (WorkerRole::Decode | WorkerRole::Agg, Some(p)) if p.do_remote_prefill => Plan::Remote,
-        _ => Plan::Local,
-    };
+    let plan = Plan::new(ctx.role, leg);
     let id = ctx.next_request_id();
     tracing::debug!(
         worker = %ctx.id,
@@ -98,15 +121,15 @@ pub async fn serve(
         "request accepted"
     );
     let prefix_hash = match plan {
-        Plan::PrefillForRemote => ctx.prefix_hash(&tokens),
+        Plan::PrefillForRemote { .. } => ctx.prefix_hash(&tokens),
         _ => None,
     };
-    let engine_req = match plan {
+    let engine_req = match &plan {
         Plan::Local => EngineRequest::local(id, Prompt::Tokens(tokens), req.max_tokens),
-        Plan::PrefillForRemote => {
+        Plan::PrefillForRemote { .. } => {
             EngineRequest::prefill_for_remote_decode(id, Prompt::Tokens(tokens))
         }
-        Plan::Remote => remote_decode_request(&ctx, &req, id, tokens).await,
+        Plan::Remote(source) => remote_decode_request(&ctx, &req, source, id, tokens).await?,
     };
     let events = submit(&ctx, engine_req).await?;
     let guard = AbortGuard::new(ctx.engine.clone(), id);
@@ -120,7 +143,7 @@ pub async fn serve(
         model: req.model.clone().unwrap_or_else(|| ctx.model_name.clone()),
         endpoint: api,
     };
-    if req.stream && !matches!(plan, Plan::PrefillForRemote) {
+    if req.stream && !matches!(plan, Plan::PrefillForRemote { .. }) {
         return Ok(Answer::Stream(SseStream::new(
             events,
             meta,
@@ -129,18 +152,31 @@ pub async fn serve(
         )));
     }
     let (usage, held) = collect(events, guard).await?;
-    let params = match (plan, held) {
-        (Plan::PrefillForRemote, Some(held)) => {
+    let answer = match (plan, held) {
+        (Plan::PrefillForRemote { room }, Some(held)) => {
             ctx.metrics.kv_holds.fetch_add(1, Ordering::Relaxed);
             let now = ctx.clock.now_ms();
-            ctx.holds.insert(id, prefix_hash, held.expires_at_ms, now);
-            Some(prefill_response_params(
-                &ctx.id.0,
-                hold_id(&ctx.id.0, ctx.instance_id, id),
-                &held.block_ids,
-                &ctx.advertised_host,
-                ctx.port,
-            ))
+            ctx.holds
+                .insert(id, room, prefix_hash, held.expires_at_ms, now);
+            let hold = hold_id(&ctx.id.0, ctx.instance_id, id);
+            let (host, port) = (&ctx.advertised_host, ctx.port);
+            match ctx.engine_kind {
+                Engine::Vllm => Some(PrefillAnswer::Vllm(prefill_response_params(
+                    &ctx.id.0,
+                    hold,
+                    &held.block_ids,
+                    host,
+                    port,
+                ))),
+                Engine::Trtllm => Some(PrefillAnswer::Trtllm(legs::trtllm_context_params(
+                    id,
+                    SIMULATED_FIRST_TOKEN,
+                    host,
+                    port,
+                    hold,
+                ))),
+                Engine::Sglang => None,
+            }
         }
         _ => None,
     };
@@ -148,7 +184,7 @@ pub async fn serve(
     Ok(Answer::Json(meta.full_response(
         &text,
         usage,
-        params.as_ref(),
+        answer.as_ref(),
     )))
 }
 
@@ -172,19 +208,22 @@ async fn tokenize(ctx: &WorkerContext, api: ApiKind, body: &Value) -> Result<Vec
     }
 }
 
-/// The decode leg: pull the KV, wait the modelled transfer, and submit it as remote KV; any
-/// failure falls back to local prefill (counted).
+/// The decode leg: fetch the KV, wait the modelled transfer, and submit it as remote KV.
+/// Where the KV cannot be had: vLLM and TensorRT-LLM workers prefill locally (counted), as
+/// vLLM recomputes KV it failed to load; an SGLang worker fails the request (500), since
+/// SGLang's decode side has no local prefill to fall back on.
 async fn remote_decode_request(
     ctx: &WorkerContext,
     req: &ParsedRequest,
+    source: &KvSource,
     id: u64,
     tokens: Vec<u32>,
-) -> EngineRequest {
+) -> Result<EngineRequest, ApiError> {
     let prompt_tokens = tokens.len() as u64;
-    let pulled = match req.kv_transfer.as_ref().map(handoff::pull_target) {
-        Some(Ok(target)) => handoff::pull(&ctx.http, &target, &ctx.id.0).await,
-        Some(Err(failure)) => Err(failure),
-        None => Err(PullFailure::InvalidParams),
+    let pulled = match source {
+        KvSource::Hold(Ok(target)) => handoff::pull(&ctx.http, target, &ctx.id.0).await,
+        KvSource::Hold(Err(failure)) => Err(*failure),
+        KvSource::Room(target) => handoff::pull_room(&ctx.http, target, &ctx.id.0).await,
     };
     let pulled = pulled.and_then(|held| {
         let same_prefix = held.prefix_hash == ctx.prefix_hash(&tokens);
@@ -196,8 +235,19 @@ async fn remote_decode_request(
     });
     if let Err(failure) = pulled {
         ctx.metrics.pull_failed(failure);
+        if let KvSource::Room(_) = source {
+            tracing::warn!(worker = %ctx.id, reason = failure.as_str(), "KV transfer from the bootstrap room failed; the request fails");
+            return Err(ApiError::internal(format!(
+                "KV transfer from the prefill worker failed ({}); this decode worker cannot prefill locally",
+                failure.as_str()
+            )));
+        }
         tracing::warn!(worker = %ctx.id, reason = failure.as_str(), "KV pull failed; prefilling locally");
-        return EngineRequest::local(id, Prompt::Tokens(tokens), req.max_tokens);
+        return Ok(EngineRequest::local(
+            id,
+            Prompt::Tokens(tokens),
+            req.max_tokens,
+        ));
     }
     let transfer = ctx.engine_config.transfer;
     let cached = match transfer.mode {
@@ -216,7 +266,11 @@ async fn remote_decode_request(
     m.kv_transfer_tokens.fetch_add(moved, Ordering::Relaxed);
     m.kv_transfer_us
         .fetch_add((ms * 1e3) as u64, Ordering::Relaxed);
-    EngineRequest::decode_with_remote_kv(id, Prompt::Tokens(tokens), req.max_tokens)
+    Ok(EngineRequest::decode_with_remote_kv(
+        id,
+        Prompt::Tokens(tokens),
+        req.max_tokens,
+    ))
 }
 
 async fn submit(

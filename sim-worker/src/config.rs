@@ -4,7 +4,7 @@ use std::num::NonZeroU64;
 use std::str::FromStr;
 
 use switchyard_protocol::subjects::is_valid_worker_token;
-use switchyard_protocol::worker::{WorkerId, WorkerRole};
+use switchyard_protocol::worker::{Engine, WorkerId, WorkerRole};
 
 use switchyard_engine::{EngineConfig, SpeedUp};
 
@@ -99,6 +99,8 @@ pub struct WorkerConfig {
     pub max_model_len: u32,
     /// Switchyard's NATS wire or vLLM's (ZMQ KV events, no registration).
     pub wire: Wire,
+    /// The engine whose handoff protocol the worker speaks (`crate::legs`).
+    pub engine_kind: Engine,
     /// Simulated fault for failure tests: answer the 1st, (1+N)th, … completion request 503.
     pub unavailable_every: Option<NonZeroU64>,
 }
@@ -115,6 +117,7 @@ impl WorkerConfig {
             load_interval_ms: DEFAULT_LOAD_INTERVAL_MS,
             max_model_len: DEFAULT_MAX_MODEL_LEN,
             wire: Wire::default(),
+            engine_kind: Engine::Vllm,
             unavailable_every: None,
         }
     }
@@ -138,6 +141,12 @@ impl WorkerConfig {
         }
         if let Wire::Vllm(vllm) = &self.wire {
             vllm.validate()?;
+            if self.engine_kind != Engine::Vllm {
+                return Err(format!(
+                    "--wire vllm publishes vLLM's KV events; --engine {} workers use --wire switchyard",
+                    self.engine_kind
+                ));
+            }
         }
         self.engine.validate().map_err(|e| e.to_string())
     }

@@ -7,7 +7,7 @@ use switchyard_engine::worker_core::heartbeat;
 use switchyard_protocol::hash::{sequence_hashes, SequenceHash};
 use switchyard_protocol::registration::RegistrationSecret;
 use switchyard_protocol::tokenize::ModelTokenizer;
-use switchyard_protocol::worker::{WorkerHeartbeat, WorkerId, WorkerInfo, WorkerRole};
+use switchyard_protocol::worker::{Engine, WorkerHeartbeat, WorkerId, WorkerInfo, WorkerRole};
 
 use switchyard_engine::EngineConfig;
 
@@ -23,6 +23,8 @@ pub struct WorkerContext {
     pub id: WorkerId,
     /// Role.
     pub role: WorkerRole,
+    /// The engine whose protocol the worker speaks (`--engine`).
+    pub engine_kind: Engine,
     /// Random per start; see [`WorkerInfo::instance_id`].
     pub instance_id: u64,
     /// Served model name.
@@ -78,6 +80,7 @@ impl WorkerContext {
         WorkerContext {
             id,
             role,
+            engine_kind: Engine::Vllm,
             instance_id,
             model_name,
             advertised_host,
@@ -95,6 +98,12 @@ impl WorkerContext {
             kv_outage: Arc::default(),
             next_request: AtomicU64::new(1),
         }
+    }
+
+    /// The context of a worker speaking `engine`'s protocol.
+    pub fn speaking(mut self, engine: Engine) -> Self {
+        self.engine_kind = engine;
+        self
     }
 
     /// The context with simulated `faults` and `kv_outage` (failure tests only).
@@ -142,8 +151,8 @@ impl WorkerContext {
             self.role,
             self.instance_id,
             &self.model_name,
-            &self.address(),
-            &self.engine_config,
+            (&self.advertised_host, self.port),
+            (self.engine_kind, &self.engine_config),
         )
     }
 }
@@ -157,24 +166,26 @@ pub fn address(host: &str, port: u16) -> String {
     }
 }
 
-/// What a worker registers as: its identity, address and engine's block size and capacity.
+/// What a worker registers as: its identity, address (`host`, `port`), engine kind and
+/// engine's block size and capacity. A simulated SGLang prefill worker serves its bootstrap
+/// room on its HTTP port (`crate::legs`), so that is its bootstrap port.
 pub fn worker_info(
     id: &WorkerId,
     role: WorkerRole,
     instance_id: u64,
     model: &str,
-    address: &str,
-    engine: &EngineConfig,
+    (host, port): (&str, u16),
+    (kind, engine): (Engine, &EngineConfig),
 ) -> WorkerInfo {
     WorkerInfo {
         worker_id: id.clone(),
         instance_id,
         role,
-        address: address.to_string(),
+        address: address(host, port),
         model: model.to_string(),
         block_size: engine.block_size,
         kv_capacity_blocks: engine.kv_capacity_blocks,
-        engine: Default::default(),
-        bootstrap_port: None,
+        engine: kind,
+        bootstrap_port: (kind == Engine::Sglang && role == WorkerRole::Prefill).then_some(port),
     }
 }

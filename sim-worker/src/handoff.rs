@@ -1,4 +1,6 @@
-//! The prefill -> decode KV handoff, as vLLM's NixlConnector behaves (simulated).
+//! The prefill -> decode KV handoff, as vLLM's NixlConnector behaves (simulated); TensorRT-LLM
+//! and SGLang workers use the same side channel under their own request fields
+//! ([`crate::legs`]).
 //!
 //! 1. A prefill worker gets a request with `kv_transfer_params.do_remote_decode: true`. It
 //!    prefills (one token), keeps the prompt's blocks pinned under a *hold id*, and answers
@@ -62,38 +64,62 @@ struct HoldRecord {
 /// its own), so the map stays as small as the set of live holds.
 #[derive(Debug, Default)]
 pub struct HoldRegistry {
-    holds: Mutex<HashMap<u64, HoldRecord>>,
+    holds: Mutex<Holds>,
+}
+
+#[derive(Debug, Default)]
+struct Holds {
+    by_request: HashMap<u64, HoldRecord>,
+    /// SGLang rooms: room -> request number of the hold.
+    rooms: HashMap<u64, u64>,
 }
 
 impl HoldRegistry {
-    /// Records a new hold, forgetting expired ones.
+    /// Records a new hold (filed under SGLang's `room` too, when there is one), forgetting
+    /// expired ones.
     pub fn insert(
         &self,
         id: u64,
+        room: Option<u64>,
         prefix_hash: Option<SequenceHash>,
         expires_at_ms: f64,
         now_ms: f64,
     ) {
         let mut holds = self.holds.lock().unwrap_or_else(|p| p.into_inner());
-        holds.retain(|_, h| h.expires_at_ms >= now_ms);
-        holds.insert(
+        let Holds { by_request, rooms } = &mut *holds;
+        by_request.retain(|_, h| h.expires_at_ms >= now_ms);
+        rooms.retain(|_, request| by_request.contains_key(request));
+        by_request.insert(
             id,
             HoldRecord {
                 prefix_hash,
                 expires_at_ms,
             },
         );
+        if let Some(room) = room {
+            rooms.insert(room, id);
+        }
     }
 
     /// Forgets a hold that is being pulled, returning its prefix hash (`None` when unknown).
     pub fn take(&self, id: u64) -> Option<Option<SequenceHash>> {
         let mut holds = self.holds.lock().unwrap_or_else(|p| p.into_inner());
-        holds.remove(&id).map(|h| h.prefix_hash)
+        holds.by_request.remove(&id).map(|h| h.prefix_hash)
+    }
+
+    /// The request number of the hold filed under `room`, forgetting the room.
+    pub fn take_room(&self, room: u64) -> Option<u64> {
+        let mut holds = self.holds.lock().unwrap_or_else(|p| p.into_inner());
+        holds.rooms.remove(&room)
     }
 
     /// Holds recorded (live or not yet swept).
     pub fn len(&self) -> usize {
-        self.holds.lock().unwrap_or_else(|p| p.into_inner()).len()
+        self.holds
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .by_request
+            .len()
     }
 
     /// Whether no hold is recorded.
@@ -147,6 +173,21 @@ pub struct PullTarget {
     pub hold_id: String,
 }
 
+impl PullTarget {
+    /// The side channel of the worker at `host`:`port`, for hold `hold_id`.
+    pub fn new(host: &str, port: u16, hold_id: String) -> Self {
+        let host = if host.contains(':') && !host.starts_with('[') {
+            format!("[{host}]") // IPv6 literal.
+        } else {
+            host.to_owned()
+        };
+        PullTarget {
+            url: format!("http://{host}:{port}{PULL_PATH}"),
+            hold_id,
+        }
+    }
+}
+
 /// Reads the pull target from the decode leg's params.
 ///
 /// # Errors
@@ -158,17 +199,41 @@ pub fn pull_target(params: &KvTransferParams) -> Result<PullTarget, PullFailure>
         &params.remote_request_id,
     ) {
         (Some(host), Some(port), Some(id)) if !host.is_empty() && !id.is_empty() => {
-            let host = if host.contains(':') && !host.starts_with('[') {
-                format!("[{host}]") // IPv6 literal.
-            } else {
-                host.clone()
-            };
-            Ok(PullTarget {
-                url: format!("http://{host}:{port}{PULL_PATH}"),
-                hold_id: id.clone(),
-            })
+            Ok(PullTarget::new(host, port, id.clone()))
         }
         _ => Err(PullFailure::InvalidParams),
+    }
+}
+
+/// Longest a simulated SGLang decode worker waits for its room's KV (wall-clock): SGLang's
+/// own decode side waits up to `SGLANG_DISAGGREGATION_WAITING_TIMEOUT` (300 s by default);
+/// a simulated run has no reason to wait that long.
+pub const ROOM_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+/// How often it asks meanwhile.
+const ROOM_POLL: std::time::Duration = std::time::Duration::from_millis(10);
+
+/// Pulls a room's KV (SGLang), asking until the prefill worker holds it: the prefill leg runs
+/// at the same time as this decode leg, so "not held" means "not yet", and an unreachable
+/// bootstrap server may be one still starting, until [`ROOM_WAIT`] (SGLang's decode side
+/// waits out its own timeout too; the gateway ends a request whose prefill leg failed).
+///
+/// # Errors
+/// The [`PullFailure`]: an odd answer (at once), or the KV never came.
+pub async fn pull_room(
+    client: &reqwest::Client,
+    target: &PullTarget,
+    requester: &str,
+) -> Result<PullResponse, PullFailure> {
+    let deadline = tokio::time::Instant::now() + ROOM_WAIT;
+    loop {
+        match pull(client, target, requester).await {
+            Err(PullFailure::NotHeld | PullFailure::Unreachable)
+                if tokio::time::Instant::now() < deadline =>
+            {
+                tokio::time::sleep(ROOM_POLL).await;
+            }
+            other => return other,
+        }
     }
 }
 

@@ -17,6 +17,7 @@ use super::completion::{self, Answer};
 use super::context::WorkerContext;
 use super::error::ApiError;
 use super::handoff::{parse_hold_id, PullRequest, PullResponse};
+use super::legs::parse_room_hold_id;
 use switchyard_engine::HeldKv;
 use switchyard_protocol::hash::SequenceHash;
 
@@ -146,7 +147,10 @@ async fn take_hold(
     let req: PullRequest = serde_json::from_slice(&body?)
         .map_err(|e| ApiError::bad_request(format!("invalid pull request: {e}"), None))?;
     let not_held = || ApiError::not_found(format!("no KV held under {:?}", req.remote_request_id));
-    let Some(id) = parse_hold_id(&req.remote_request_id, &ctx.id.0, ctx.instance_id) else {
+    let id = parse_hold_id(&req.remote_request_id, &ctx.id.0, ctx.instance_id).or_else(|| {
+        parse_room_hold_id(&req.remote_request_id).and_then(|room| ctx.holds.take_room(room))
+    });
+    let Some(id) = id else {
         return Err(not_held());
     };
     // Forget the record whatever the engine says: an expired hold is gone either way.

@@ -11,6 +11,8 @@
 //! - [`http`]: warp routes; [`completion`] serves one OpenAI request; [`stream`] is its SSE
 //!   body; [`openai`] holds the request fields and response shapes.
 //! - [`handoff`]: the prefill -> decode KV pull (NixlConnector semantics).
+//! - [`legs`]: each engine's handoff fields (`--engine vllm|trtllm|sglang`): what a request
+//!   asks of the worker's KV, and what a prefill answer says back.
 //! - [`kv_sink`]: where the engine task hands its KV events, whichever the wire.
 //! - [`nats`]: heartbeats, load reports, KV event batches, resync dumps (the engine crate's
 //!   `kv_batches` numbers and splits the batches) — Switchyard's wire.
@@ -28,6 +30,7 @@ pub mod fault;
 pub mod handoff;
 pub mod http;
 pub mod kv_sink;
+pub mod legs;
 pub mod metrics;
 pub mod nats;
 pub mod openai;
@@ -205,8 +208,8 @@ pub async fn start_worker(
         cfg.spec.role,
         instance_id,
         &cfg.model_name,
-        &context::address(&advertised_host, local_addr.port()),
-        &engine_cfg,
+        (&advertised_host, local_addr.port()),
+        (cfg.engine_kind, &engine_cfg),
     );
     let core = WorkerCore::new(info, engine_cfg.clone())
         .map_err(|e| StartError::InvalidConfig(e.to_string()))?;
@@ -229,6 +232,7 @@ pub async fn start_worker(
             cfg.max_model_len,
             deps.registration,
         )
+        .speaking(cfg.engine_kind)
         .with_faults(fault::Faults::new(cfg.unavailable_every), deps.kv_outage),
     );
 

@@ -7,13 +7,13 @@
 //! Switchyard filter cannot tell a simulated worker from a real one. **The generated text is
 //! filler**: no model runs, so every token is a word from [`FILLER_WORDS`].
 
-use serde::Deserialize;
 use serde_json::{json, Map, Value};
-use switchyard_protocol::handoff::VllmKvTransferParams as KvTransferParams;
+use switchyard_protocol::handoff::{DISAGGREGATED_PARAMS, KV_TRANSFER_PARAMS};
 use switchyard_protocol::openai::generation_params;
 use switchyard_protocol::route::ApiKind;
 
 use super::error::ApiError;
+use super::legs::PrefillAnswer;
 
 /// `max_tokens` when a request names none (vLLM would fill the context; a short default keeps
 /// forgotten fields from tying a simulated worker up for minutes).
@@ -46,8 +46,6 @@ pub struct ParsedRequest {
     pub include_usage: bool,
     /// Tokens to generate.
     pub max_tokens: u32,
-    /// The KV handoff fields, if any.
-    pub kv_transfer: Option<KvTransferParams>,
 }
 
 /// Token counts of a finished request (OpenAI `usage`).
@@ -104,22 +102,12 @@ pub fn parse_request(
             Some("n"),
         ));
     }
-    let kv_transfer = match obj.get("kv_transfer_params") {
-        None | Some(Value::Null) => None,
-        Some(v) => Some(KvTransferParams::deserialize(v).map_err(|e| {
-            ApiError::bad_request(
-                format!("invalid kv_transfer_params: {e}"),
-                Some("kv_transfer_params"),
-            )
-        })?),
-    };
     Ok(ParsedRequest {
         endpoint,
         model,
         stream: params.stream,
         include_usage: params.include_usage,
         max_tokens: params.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS),
-        kv_transfer,
         body,
     })
 }
@@ -171,9 +159,9 @@ impl ResponseMeta {
         &self,
         text: &str,
         usage: Usage,
-        kv_transfer_params: Option<&KvTransferParams>,
+        prefill_answer: Option<&PrefillAnswer>,
     ) -> Value {
-        let choice = match self.endpoint {
+        let mut choice = match self.endpoint {
             ApiKind::Chat => json!({
                 "index": 0,
                 "message": { "role": "assistant", "content": text },
@@ -189,14 +177,19 @@ impl ResponseMeta {
                 "stop_reason": null,
             }),
         };
+        if let (Some(PrefillAnswer::Trtllm(params)), Value::Object(choice)) =
+            (prefill_answer, &mut choice)
+        {
+            choice.insert(DISAGGREGATED_PARAMS.into(), json!(params));
+        }
         let object = match self.endpoint {
             ApiKind::Chat => "chat.completion",
             ApiKind::Completions => "text_completion",
         };
         let mut m = self.envelope(object, json!([choice]));
         m.insert("usage".into(), usage.to_json());
-        if let Some(params) = kv_transfer_params {
-            m.insert("kv_transfer_params".into(), json!(params));
+        if let Some(PrefillAnswer::Vllm(params)) = prefill_answer {
+            m.insert(KV_TRANSFER_PARAMS.into(), json!(params));
         }
         Value::Object(m)
     }

@@ -44,3 +44,5 @@ pub use running::{Stack, ADMIN_TOKEN_FILE};
 pub use stack::{
     http_client, Component, ServingMode, SpeedUp, StackBuilder, WorkerSpec, MAX_CONTROL_PLANES,
 };
+/// The model the stack's simulated workers serve (their `--model-name` default).
+pub use switchyard_engine::DEFAULT_MODEL_NAME as SIMULATED_MODEL;

@@ -345,6 +345,7 @@ impl Stack {
             if let Some(speed_up) = b.speed_up {
                 worker_args.extend(["--speed-up".to_string(), speed_up.to_string()]);
             }
+            worker_args.extend(["--engine".to_string(), b.engine.to_string()]);
             self.spawn(component, &artifacts.sim_worker, worker_args)?;
         }
         let health: Vec<String> = self

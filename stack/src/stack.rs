@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use switchyard_protocol::worker::{WorkerId, WorkerRole};
+use switchyard_protocol::worker::{Engine, WorkerId, WorkerRole};
 
 use crate::paths::{Artifacts, Profile};
 
@@ -97,6 +97,8 @@ pub struct StackBuilder {
     pub(crate) pool_file: Option<(PathBuf, Vec<WorkerSpec>)>,
     pub(crate) control_planes: usize,
     pub(crate) isolate_decode: bool,
+    /// The engine whose handoff protocol the simulated workers speak.
+    pub(crate) engine: Engine,
 }
 
 impl Default for StackBuilder {
@@ -125,6 +127,7 @@ impl Default for StackBuilder {
             pool_file: None,
             control_planes: 1,
             isolate_decode: false,
+            engine: Engine::Vllm,
         }
     }
 }
@@ -187,6 +190,9 @@ impl StackBuilder {
     setter!(/// Run the last decode worker in a process of its own
         /// ([`Component::IsolatedDecodeWorker`]), so it can be killed alone.
         isolate_one_decode_worker: bool => isolate_decode);
+    setter!(/// The engine whose handoff protocol the simulated workers speak (`--engine`;
+        /// default vLLM).
+        engine: Engine => engine);
     setter!(/// Budget for each readiness stage.
         ready_timeout: Duration => ready_timeout);
     setter!(/// Keep the run directory when the stack is dropped (default). With `false` it is

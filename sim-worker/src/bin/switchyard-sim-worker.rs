@@ -14,6 +14,7 @@ use switchyard_adapters::vllm::encode::{EncodeOptions, EventEncoding, HashEncodi
 use switchyard_bus::{NatsArgs, RegistrationArgs};
 use switchyard_engine::{EngineConfig, PerfPreset, SpeedUp, TransferMode};
 use switchyard_protocol::tokenize::{default_model_dir, ModelTokenizer};
+use switchyard_protocol::worker::Engine;
 use switchyard_sim_worker::vllm_wire::{DEFAULT_BUFFER_STEPS, DEFAULT_TOPIC};
 use switchyard_sim_worker::{
     self as worker, VllmWireConfig, Wire, WorkerConfig, WorkerDeps, WorkerSpec, DEFAULT_MODEL_NAME,
@@ -77,6 +78,12 @@ struct Args {
     /// Model name served by `/v1/models` and advertised in heartbeats.
     #[arg(long, env = "SWITCHYARD_MODEL_NAME", default_value = DEFAULT_MODEL_NAME)]
     model_name: String,
+    /// The engine whose handoff protocol the workers speak: `vllm` (NIXL connector's
+    /// `kv_transfer_params`), `trtllm` (`disaggregated_params`, context-only and
+    /// generation-only legs) or `sglang` (bootstrap rooms, both legs at once). Timings are
+    /// the same model whatever the engine.
+    #[arg(long, env = "SWITCHYARD_ENGINE", default_value = "vllm", value_parser = parse_engine)]
+    engine: Engine,
     /// A worker to run, `ROLE:ID@HOST:PORT` (role prefill|decode|agg); repeat for several.
     #[arg(long = "worker", required = true, value_parser = parse_spec)]
     workers: Vec<WorkerSpec>,
@@ -157,6 +164,10 @@ enum HashArg {
     Int,
     /// 32-byte digests.
     Bytes,
+}
+
+fn parse_engine(s: &str) -> Result<Engine, String> {
+    s.parse()
 }
 
 fn parse_spec(s: &str) -> Result<WorkerSpec, String> {
@@ -281,6 +292,7 @@ impl Args {
                 load_interval_ms: self.load_interval_ms,
                 max_model_len: self.max_model_len,
                 wire,
+                engine_kind: self.engine,
                 unavailable_every: self.unavailable_every,
                 spec: spec.clone(),
             };

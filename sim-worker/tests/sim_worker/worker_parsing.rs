@@ -4,11 +4,12 @@
 use serde_json::json;
 use switchyard_engine::SpeedUp;
 use switchyard_protocol::route::ApiKind;
-use switchyard_protocol::worker::{WorkerId, WorkerRole};
+use switchyard_protocol::worker::{Engine, WorkerId, WorkerRole};
 use switchyard_sim_worker::config::SpecError;
 use switchyard_sim_worker::handoff::{
     hold_id, parse_hold_id, prefill_response_params, pull_target,
 };
+use switchyard_sim_worker::legs::{self, KvSource, LegRequest};
 use switchyard_sim_worker::openai::{parse_request, DEFAULT_MAX_TOKENS};
 use switchyard_sim_worker::runtime::EngineClock;
 use switchyard_sim_worker::{PullFailure, WorkerConfig, WorkerSpec};
@@ -57,7 +58,7 @@ const CONTEXT: u32 = switchyard_sim_worker::config::DEFAULT_MAX_MODEL_LEN;
 fn request_fields_have_vllm_defaults_and_precedence() {
     let r = parse_request(ApiKind::Chat, json!({"messages": []}), CONTEXT).unwrap();
     assert_eq!(r.max_tokens, DEFAULT_MAX_TOKENS);
-    assert!(!r.stream && !r.include_usage && r.kv_transfer.is_none() && r.model.is_none());
+    assert!(!r.stream && !r.include_usage && r.model.is_none());
 
     let r = parse_request(
         ApiKind::Chat,
@@ -98,26 +99,32 @@ fn request_fields_have_vllm_defaults_and_precedence() {
 
 #[test]
 fn kv_transfer_params_accept_vllm_shapes() {
+    let fields = |v: serde_json::Value| match v {
+        serde_json::Value::Object(m) => m,
+        _ => unreachable!(),
+    };
     // The prefill leg as our filter and vLLM's proxy send it.
-    let r = parse_request(
-        ApiKind::Chat,
-        json!({"kv_transfer_params": {"do_remote_decode": true, "do_remote_prefill": false,
-               "remote_engine_id": null, "remote_block_ids": null, "remote_host": null, "remote_port": null}}), CONTEXT)
-    .unwrap();
-    let p = r.kv_transfer.unwrap();
-    assert!(p.do_remote_decode && !p.do_remote_prefill);
-
-    // A prefill response's params, including newer vLLM's per-group block lists and extra fields.
-    let r = parse_request(
-        ApiKind::Chat,
-        json!({"kv_transfer_params": {"do_remote_prefill": true, "remote_block_ids": [[1, 2]],
-               "remote_engine_id": "p", "remote_request_id": "r", "remote_host": "10.0.0.1",
-               "remote_port": 8100, "tp_size": 4, "something_new": 1}}),
-        CONTEXT,
+    let leg = legs::read(
+        Engine::Vllm,
+        &fields(json!({"kv_transfer_params": {"do_remote_decode": true, "do_remote_prefill": false,
+               "remote_engine_id": null, "remote_block_ids": null, "remote_host": null, "remote_port": null}})),
     )
     .unwrap();
-    let p = r.kv_transfer.unwrap();
-    let target = pull_target(&p).unwrap();
+    assert_eq!(leg, Some(LegRequest::Prefill { room: None }));
+
+    // A prefill response's params, including newer vLLM's per-group block lists and extra fields.
+    let leg = legs::read(
+        Engine::Vllm,
+        &fields(
+            json!({"kv_transfer_params": {"do_remote_prefill": true, "remote_block_ids": [[1, 2]],
+               "remote_engine_id": "p", "remote_request_id": "r", "remote_host": "10.0.0.1",
+               "remote_port": 8100, "tp_size": 4, "something_new": 1}}),
+        ),
+    )
+    .unwrap();
+    let Some(LegRequest::Decode(KvSource::Hold(Ok(target)))) = leg else {
+        panic!("{leg:?}");
+    };
     assert_eq!(target.url, "http://10.0.0.1:8100/switchyard/kv/pull");
     assert_eq!(target.hold_id, "r");
 }
