@@ -372,6 +372,65 @@ fn a_decode_worker_without_capacity_gets_no_bypass_under_the_guard() {
 }
 
 #[test]
+fn a_decode_worker_takes_kv_only_from_a_prefill_worker_of_its_engine() {
+    use switchyard_protocol::worker::Engine;
+    let mut r = Router::with_config(
+        RouterConfig {
+            serving_mode: ServingMode::Disagg,
+            ..RouterConfig::default()
+        },
+        7,
+    );
+    let workers = [
+        ("trt-decode", WorkerRole::Decode, Engine::Trtllm, None),
+        ("vllm-prefill", WorkerRole::Prefill, Engine::Vllm, None),
+        (
+            "sglang-prefill",
+            WorkerRole::Prefill,
+            Engine::Sglang,
+            Some(8998),
+        ),
+        ("trt-prefill", WorkerRole::Prefill, Engine::Trtllm, None),
+    ];
+    for (id, role, engine, bootstrap_port) in workers {
+        let worker = WorkerInfo {
+            engine,
+            bootstrap_port,
+            ..info(id, role)
+        };
+        r.upsert_worker(&worker, 3_000, 0);
+    }
+    for salt in 0..20 {
+        let v = r
+            .route(&format!("r{salt}"), &prompt(salt, 3000), 0)
+            .unwrap();
+        assert_eq!(v.engine, Engine::Trtllm);
+        assert_eq!(v.prefill.unwrap().worker_id.0, "trt-prefill", "salt {salt}");
+    }
+    // An SGLang pool: the verdict names the engine and the prefill worker's bootstrap port.
+    r.remove_worker(&WorkerId("trt-decode".into()));
+    let sglang_decode = WorkerInfo {
+        engine: Engine::Sglang,
+        ..info("sglang-decode", WorkerRole::Decode)
+    };
+    r.upsert_worker(&sglang_decode, 3_000, 0);
+    let v = r.route("s", &prompt(99, 3000), 0).unwrap();
+    assert_eq!(v.engine, Engine::Sglang);
+    let prefill = v.prefill.unwrap();
+    assert_eq!(
+        (prefill.worker_id.0.as_str(), prefill.bootstrap_port),
+        ("sglang-prefill", Some(8998))
+    );
+    // No prefill worker of its engine: served aggregated, never handed another engine's KV.
+    r.remove_worker(&WorkerId("sglang-prefill".into()));
+    let v = r.route("t", &prompt(98, 3000), 0).unwrap();
+    assert_eq!(
+        (v.mode, v.reason.as_str()),
+        (RouteMode::Agg, "agg:no_prefill_workers")
+    );
+}
+
+#[test]
 fn serving_modes_and_fallbacks() {
     let mut r = pool();
     let long = prompt(1, 5000);
