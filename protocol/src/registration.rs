@@ -116,28 +116,8 @@ impl RegistrationSecret {
 }
 
 fn signed_text(info: &WorkerInfo, sent_at_ms: u64) -> String {
-    // A vLLM worker without a bootstrap port signs the `v1` text, so registrations from
-    // before engines other than vLLM still verify; anything else signs `v2`, which covers
-    // the engine and the bootstrap port too (they steer where a decode worker connects).
-    if !info.engine.is_vllm() || info.bootstrap_port.is_some() {
-        return format!(
-            "v2\n{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}",
-            info.worker_id,
-            info.instance_id,
-            info.role.as_str(),
-            info.address,
-            info.model,
-            info.block_size,
-            info.kv_capacity_blocks,
-            info.engine.as_str(),
-            info.bootstrap_port
-                .map(|p| p.to_string())
-                .unwrap_or_default(),
-            sent_at_ms
-        );
-    }
-    format!(
-        "v1\n{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}",
+    let described = format!(
+        "{}\n{}\n{}\n{}\n{}\n{}\n{}",
         info.worker_id,
         info.instance_id,
         info.role.as_str(),
@@ -145,7 +125,20 @@ fn signed_text(info: &WorkerInfo, sent_at_ms: u64) -> String {
         info.model,
         info.block_size,
         info.kv_capacity_blocks,
-        sent_at_ms
+    );
+    // A vLLM worker without a bootstrap port signs the `v1` text, so registrations from
+    // before engines other than vLLM still verify; anything else signs `v2`, which covers
+    // the engine and the bootstrap port too (they steer where a decode worker connects).
+    if info.engine.is_vllm() && info.bootstrap_port.is_none() {
+        return format!("v1\n{described}\n{sent_at_ms}");
+    }
+    let port = info
+        .bootstrap_port
+        .map(|p| p.to_string())
+        .unwrap_or_default();
+    format!(
+        "v2\n{described}\n{}\n{port}\n{sent_at_ms}",
+        info.engine.as_str()
     )
 }
 
@@ -239,6 +232,29 @@ mod tests {
             secret.verify(&info(), 1_000, Some("zz"), 2_000),
             Err(RegistrationError::BadSignature)
         );
+    }
+
+    #[test]
+    fn the_signed_texts_are_fixed() {
+        // v1 is what every vLLM worker signed before other engines: it must not change.
+        assert_eq!(
+            signed_text(&info(), 5),
+            "v1\ndecode-0\n7\ndecode\n127.0.0.1:9000\nm\n64\n100\n5"
+        );
+        let sglang = WorkerInfo {
+            engine: crate::worker::Engine::Sglang,
+            bootstrap_port: Some(8998),
+            ..info()
+        };
+        assert_eq!(
+            signed_text(&sglang, 5),
+            "v2\ndecode-0\n7\ndecode\n127.0.0.1:9000\nm\n64\n100\nsglang\n8998\n5"
+        );
+        let trtllm = WorkerInfo {
+            engine: crate::worker::Engine::Trtllm,
+            ..info()
+        };
+        assert!(signed_text(&trtllm, 5).ends_with("\ntrtllm\n\n5"));
     }
 
     #[test]
