@@ -362,7 +362,8 @@ mod tests {
             prefill,
             r#"{"model":"m","messages":[],"max_tokens":1,"stream":false,"tools":[{"b":1,"a":2}],"temperature":0.5,"kv_transfer_params":{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null}}"#
         );
-        let capped = Handoff::VllmNixl.prefill_body(&object(json!({"max_completion_tokens": 9})), None);
+        let capped =
+            Handoff::VllmNixl.prefill_body(&object(json!({"max_completion_tokens": 9})), None);
         assert_eq!(capped["max_completion_tokens"], 1);
         assert!(!Handoff::VllmNixl
             .prefill_body(&object(json!({})), None)
@@ -408,8 +409,10 @@ mod tests {
 
     #[test]
     fn the_trtllm_context_leg_asks_for_context_only_and_keeps_max_tokens() {
-        let client = object(json!({"model":"m","messages":[],"max_tokens":64,"stream":true,
-            "stream_options":{"include_usage":true}}));
+        let client = object(
+            json!({"model":"m","messages":[],"max_tokens":64,"stream":true,
+            "stream_options":{"include_usage":true}}),
+        );
         let prefill = Value::Object(Handoff::TrtllmDisagg.prefill_body(&client, None)).to_string();
         assert_eq!(
             prefill,
@@ -453,7 +456,8 @@ mod tests {
                 "{no_handoff}"
             );
         }
-        let not_finished = format!(r#"{{"choices":[{{"finish_reason":"not_finished",{params}}}]}}"#);
+        let not_finished =
+            format!(r#"{{"choices":[{{"finish_reason":"not_finished",{params}}}]}}"#);
         assert!(matches!(
             Handoff::TrtllmDisagg.decode_leg(&client, not_finished.as_bytes()),
             DecodeLeg::Handoff { .. }
@@ -486,7 +490,10 @@ mod tests {
             Handoff::SglangBootstrap.decode_leg(&client, b"{}"),
             DecodeLeg::Local
         );
-        assert_eq!(Handoff::VllmNixl.concurrent_decode_body(&client, &room), None);
+        assert_eq!(
+            Handoff::VllmNixl.concurrent_decode_body(&client, &room),
+            None
+        );
         assert_eq!(address_host("10.0.0.1:80"), "10.0.0.1");
         assert_eq!(address_host("worker-3"), "worker-3");
     }

@@ -130,7 +130,9 @@ fn signed_text(info: &WorkerInfo, sent_at_ms: u64) -> String {
             info.block_size,
             info.kv_capacity_blocks,
             info.engine.as_str(),
-            info.bootstrap_port.map(|p| p.to_string()).unwrap_or_default(),
+            info.bootstrap_port
+                .map(|p| p.to_string())
+                .unwrap_or_default(),
             sent_at_ms
         );
     }
