@@ -1,9 +1,15 @@
-//! A declared TensorRT-LLM worker, against a stand-in `trtllm-serve` (warp on a loopback
-//! port) that serves `GET /health`, `GET /metrics` (iteration statistics as JSON) and
-//! `POST /kv_cache_events` (drained on read), in the shapes TensorRT-LLM documents. The
-//! blocks its events store (token ids from the real Qwen3 tokenizer, block hashes the
-//! engine's own) make `/v1/route` report those tokens as cached, and the verdict names the
-//! engine. No NATS is needed: the control plane gets a URL nothing listens on.
+//! Declared workers of engines other than vLLM, against stand-ins (warp on loopback ports)
+//! serving what those engines document. No NATS is needed: the control plane gets a URL
+//! nothing listens on.
+//!
+//! - TensorRT-LLM: a stand-in `trtllm-serve` serves `GET /health`, `GET /metrics`
+//!   (iteration statistics as JSON) and `POST /kv_cache_events` (drained on read). The
+//!   blocks its events store (token ids from the real Qwen3 tokenizer, block hashes the
+//!   engine's own) make `/v1/route` report those tokens as cached, and the verdict names the
+//!   engine.
+//! - SGLang: a prefill and a decode stand-in serve `/health` and SGLang's Prometheus gauges;
+//!   a cold long prompt is disaggregated, the verdict names SGLang and carries the prefill
+//!   worker's bootstrap port from the pool file.
 
 use crate::common;
 
@@ -158,4 +164,76 @@ async fn a_trtllm_workers_polled_events_make_its_blocks_cached_and_the_verdict_n
         "bounded: {:?}",
         started.elapsed()
     );
+}
+
+/// An SGLang stand-in: `/health` and its Prometheus gauges. Its address.
+async fn start_sglang() -> std::net::SocketAddr {
+    let health = warp::get().and(warp::path("health")).map(warp::reply);
+    let metrics = warp::get().and(warp::path("metrics")).map(|| {
+        "# TYPE sglang:num_running_reqs gauge\n\
+         sglang:num_running_reqs{model_name=\"qwen3\"} 0.0\n\
+         sglang:num_queue_reqs{model_name=\"qwen3\"} 0.0\n\
+         sglang:token_usage{model_name=\"qwen3\"} 0.0\n\
+         sglang:max_total_num_tokens{model_name=\"qwen3\"} 32768.0\n"
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(warp::serve(health.or(metrics)).incoming(listener).run());
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sglang_verdicts_name_the_engine_and_the_prefill_workers_bootstrap_port() {
+    let (prefill, decode) = (start_sglang().await, start_sglang().await);
+    let dir = TempDir::new("declared-sglang").unwrap();
+    let pool_file = dir.path().join("pools.yaml");
+    // Nothing publishes KV events here: the subscriptions keep trying, which is harmless.
+    std::fs::write(
+        &pool_file,
+        format!(
+            "health: {{ interval_ms: 100, timeout_ms: 500 }}\nmetrics: {{ interval_ms: 100 }}\nmodels:\n  - name: qwen3\n    model_dir: {}\n    block_size: {BLOCK}\n    workers:\n      - {{ id: sg-prefill, role: prefill, address: \"{prefill}\", engine: sglang, bootstrap_port: 8998, kv_events: \"tcp://127.0.0.1:{}\" }}\n      - {{ id: sg-decode, role: decode, address: \"{decode}\", engine: sglang, kv_events: \"tcp://127.0.0.1:{}\" }}\n",
+            model_dir().display(),
+            free_port(),
+            free_port(),
+        ),
+    )
+    .unwrap();
+    let mut settings = Settings::for_tests();
+    settings.pool_file = Some(pool_file);
+    let nats = format!("nats://127.0.0.1:{}", free_port());
+    let svc = tokio::time::timeout(
+        Duration::from_secs(4),
+        Service::start(settings, tokenizer(), &nats),
+    )
+    .await
+    .expect("the service starts");
+    let cold = json!({"model": "qwen3", "messages": [
+        {"role": "user", "content": "Cold prompt about prefix caches and routers. ".repeat(300)}
+    ]});
+    eventually(
+        Duration::from_secs(4),
+        "both workers in the pools",
+        || async { svc.worker_ids().await.len() == 2 },
+    )
+    .await;
+    let workers = svc.get_json("/v1/workers").await;
+    let capacity: Vec<_> = workers["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w["info"]["kv_capacity_blocks"].as_u64())
+        .collect();
+    assert!(
+        capacity.iter().all(|c| *c == Some(32768 / BLOCK as u64)),
+        "the capacity from sglang:max_total_num_tokens: {workers}"
+    );
+    let response = route(&svc.base, "chat", Some("sg-1"), cold.to_string()).await;
+    assert_eq!(response.status(), 200);
+    let verdict: Value = response.json().await.unwrap();
+    assert_eq!(verdict["mode"], "disagg", "{verdict}");
+    assert_eq!(verdict["engine"], "sglang", "{verdict}");
+    assert_eq!(verdict["decode"]["worker_id"], "sg-decode", "{verdict}");
+    assert_eq!(verdict["prefill"]["worker_id"], "sg-prefill", "{verdict}");
+    assert_eq!(verdict["prefill"]["bootstrap_port"], 8998, "{verdict}");
+    svc.stop().await;
 }
