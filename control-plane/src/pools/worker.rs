@@ -3,9 +3,8 @@
 //! TensorRT-LLM).
 //!
 //! Decisions are the pure parts' ([`HealthTracker`], [`KvFeed`], [`TrtllmFeed`],
-//! [`EngineLoad`]); this task
-//! only does I/O and carries out what they decide, one step at a time, so a slow poll never
-//! interleaves with a half-applied batch.
+//! [`EngineLoad`]); this task only does I/O and carries out what they decide, one step at a
+//! time, so a slow poll never interleaves with a half-applied batch.
 //!
 //! - **In and out.** The first good health poll registers the worker (with a fresh instance
 //!   id and its feed restarted, so the router's view of its cache starts clean), every good
