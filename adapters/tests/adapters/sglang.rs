@@ -2,7 +2,8 @@
 //! (`[topic, seq (8 bytes, big-endian), msgpack payload]`) with `msgspec`'s `array_like` tagged
 //! events: `[ts, events, attn_dp_rank]` (older SGLang: `[ts, events]`), `["BlockStored",
 //! block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium?]`,
-//! `["BlockRemoved", block_hashes, medium?]`, `["AllBlocksCleared"]`; one `BlockStored` per
+//! `["BlockRemoved", block_hashes, medium?]`, `["AllBlocksCleared"]` (a salted prompt's
+//! `BlockStored` adds a `{"cache_salt": ...}` map after `medium`); one `BlockStored` per
 //! page (`block_size` = page size), hashes signed int64. The bytes here are built by hand in
 //! that shape (no SGLang capture was available).
 
@@ -122,6 +123,27 @@ fn older_sglang_batches_without_rank_or_medium_decode() {
         VllmEvent::BlockStored {
             medium: None,
             lora_id: None,
+            ..
+        }
+    ));
+}
+
+#[test]
+fn salted_sglang_pages_are_not_taken_for_plain_ones() {
+    // `BlockStoredWithMetadata`: the same tag, one more item, a map, after `medium`.
+    let Value::Array(mut items) = stored(H1, None, &page_tokens(0), Some("GPU")) else {
+        unreachable!()
+    };
+    items.push(Value::Map(vec![(
+        Value::from("cache_salt"),
+        Value::from("tenant-a"),
+    )]));
+    let batch = newer_batch(0, vec![Value::Array(items)]);
+    assert!(batch.skipped.is_empty(), "{:?}", batch.skipped);
+    assert!(matches!(
+        &batch.events[0],
+        VllmEvent::BlockStored {
+            hashed_with_extra_keys: true,
             ..
         }
     ));
