@@ -79,7 +79,13 @@ pub fn decode_body(body: &[u8], limits: &Limits) -> Result<Vec<Decoded>, DecodeE
             max: limits.max_events,
         });
     }
-    Ok(items.iter().map(|item| event(item, limits)).collect())
+    Ok(items
+        .iter()
+        // TensorRT-LLM's serializer writes `{}` for an absent event: nothing to read. (Had a
+        // real event been lost there, its id's gap shows it.)
+        .filter(|item| !matches!(item, Value::Object(fields) if fields.is_empty()))
+        .map(|item| event(item, limits))
+        .collect())
 }
 
 fn kind(value: &Value) -> &'static str {
@@ -436,6 +442,11 @@ mod tests {
             Err(DecodeError::TooManyEvents { got: 2, max: 1 })
         );
         assert_eq!(decode_body(b"[]", &limits), Ok(Vec::new()));
+        assert_eq!(
+            decode_body(b"[{}]", &limits),
+            Ok(Vec::new()),
+            "an absent event"
+        );
         let deep = format!("{}{}", "[".repeat(10_000), "]".repeat(10_000));
         assert!(matches!(
             decode_body(deep.as_bytes(), &Limits::DEFAULT),
