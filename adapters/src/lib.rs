@@ -1,7 +1,9 @@
 //! Engine adapters for Switchyard: what a real engine publishes, turned into Switchyard's own
 //! [`switchyard_protocol::kv`] events, so the router sees one event type whatever the engine.
 //!
-//! Today that is vLLM's KV-cache events ([`vllm`]), which vLLM publishes over ZMQ in msgpack.
+//! Today that is vLLM's KV-cache events ([`vllm`]), which vLLM publishes over ZMQ in msgpack
+//! (SGLang publishes the same framing and msgpack, and is read by the same decoder), and
+//! TensorRT-LLM's ([`trtllm`]), which its `trtllm-serve` hands out as JSON when polled.
 //! Everything here is pure — bytes in, values out; no sockets, no clock, no async runtime —
 //! so the decoders can be fuzzed and the mapping tested on captured payloads. The caller owns
 //! the ZMQ sockets and the loop.
@@ -15,6 +17,9 @@
 //! - [`vllm::replay`]: vLLM's replay protocol on its ROUTER socket (requests and answers).
 //! - [`vllm::sequence`]: a publisher's sequence numbers → in order, gap, duplicate, restart.
 //! - [`vllm::block_hash`]: vLLM's byte hashes → the `u64` vLLM itself would publish.
+//! - [`trtllm::decode`]: one `POST /kv_cache_events` answer (JSON) → [`trtllm::TrtllmEvent`]s.
+//! - [`trtllm::feed`]: a TensorRT-LLM worker's polled events → Switchyard batches, through
+//!   the same hash mapper as vLLM's ([`trtllm::mapper`] reshapes the events for it).
 //!
 //! # Why `rmpv` for msgpack
 //! - Pure Rust, maintained in the same project as `rmp` and `rmp-serde` (msgpack-rust), MIT.
@@ -48,4 +53,5 @@
     )
 )]
 
+pub mod trtllm;
 pub mod vllm;

@@ -1,6 +1,7 @@
 //! Declared pools: engines listed in a pool file rather than registering themselves, as a
-//! vLLM fleet is (vLLM never registers anywhere, reports load only on `/metrics` and
-//! publishes KV events on ZMQ).
+//! vLLM, SGLang or TensorRT-LLM fleet is (none of them registers anywhere; they report load
+//! only on `/metrics`, and publish KV events on ZMQ (vLLM, SGLang) or hand them out when
+//! polled (TensorRT-LLM)).
 //!
 //! Declared workers sit beside self-registering (NATS) workers in the same router: the same
 //! registry, index, EDS and verdicts. The file is watched: re-read every
@@ -11,8 +12,8 @@
 //! # Layout
 //! - [`file`]: the file's format, validation and the difference between two versions.
 //! - [`health`]: health from polls (pure).
-//! - [`scrape`]: load from vLLM's metrics text (pure).
-//! - [`zmq`]: a vLLM worker's SUB and replay sockets.
+//! - [`scrape`]: load from each engine's metrics (pure).
+//! - [`zmq`]: a vLLM or SGLang worker's SUB and replay sockets.
 //! - [`worker`]: one declared worker's task, tying them together.
 
 pub mod file;

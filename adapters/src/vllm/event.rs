@@ -4,6 +4,9 @@
 //! - older vLLM: a tag-first array, `["BlockStored", block_hashes, parent_block_hash,
 //!   token_ids, block_size, lora_id, medium, lora_name, extra_keys]`, `["BlockRemoved",
 //!   block_hashes, medium]`, `["AllBlocksCleared"]`; the oldest versions stop before `medium`.
+//!   SGLang writes the same arrays up to `medium`; for a salted prompt its `BlockStored`
+//!   carries a map `{"cache_salt": ...}` where vLLM has `lora_name` (a string or nil), which
+//!   marks the blocks as hashed with more than their token ids.
 //!
 //! Both are read into the same field references and converted by the same code.
 
@@ -29,6 +32,8 @@ struct StoredFields<'v, 'a> {
     medium: Option<&'v ValueRef<'a>>,
     extra_keys: Option<&'v ValueRef<'a>>,
     group_idx: Option<&'v ValueRef<'a>>,
+    /// SGLang's `metadata` in the array form (vLLM's `lora_name` place), if a map.
+    sglang_metadata: Option<&'v ValueRef<'a>>,
 }
 
 /// The raw fields of a `BlockRemoved`, whichever the encoding.
@@ -133,6 +138,7 @@ fn from_map(
                 medium: field(entries, MEDIUM)?,
                 extra_keys: field(entries, EXTRA_KEYS)?,
                 group_idx: field(entries, GROUP_IDX)?,
+                sglang_metadata: None,
             },
             limits,
         )?,
@@ -179,9 +185,11 @@ fn from_array(
                 block_size: items.get(4),
                 lora_id: items.get(5),
                 medium: items.get(6),
-                // items[7] is lora_name, covered by lora_id and extra_keys.
+                // items[7] is vLLM's lora_name, covered by lora_id and extra_keys, or
+                // SGLang's metadata (a map).
                 extra_keys: items.get(8),
                 group_idx: None,
+                sglang_metadata: items.get(7).filter(|v| matches!(v, ValueRef::Map(_))),
             },
             limits,
         )?,
@@ -224,7 +232,9 @@ fn stored(f: StoredFields<'_, '_>, limits: &Limits) -> Result<VllmEvent, EventEr
         lora_id: fields::opt_i64(LORA_ID, f.lora_id)?,
         medium: fields::opt_string(MEDIUM, f.medium)?,
         group_idx: fields::opt_i64(GROUP_IDX, f.group_idx)?,
-        hashed_with_extra_keys: fields::any_extra_keys(EXTRA_KEYS, f.extra_keys)?,
+        // A salt (SGLang's only metadata so far) changes the engine's hash, not the tokens.
+        hashed_with_extra_keys: fields::any_extra_keys(EXTRA_KEYS, f.extra_keys)?
+            || matches!(f.sglang_metadata, Some(ValueRef::Map(m)) if !m.is_empty()),
     })
 }
 

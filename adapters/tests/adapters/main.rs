@@ -12,3 +12,4 @@ mod mapper;
 mod props;
 mod replay;
 mod sequence;
+mod sglang;

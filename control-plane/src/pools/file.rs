@@ -26,7 +26,17 @@
 //! one port per worker, and vLLM is started with `endpoint` naming it). The replay socket is
 //! always vLLM's to bind.
 //! `metrics_url` and `health_url` default to `http://<address>/metrics` and `/health`;
-//! `kv_capacity_blocks` defaults to what vLLM's `vllm:cache_config_info` says.
+//! `kv_capacity_blocks` defaults to what the engine's metrics say (vLLM's
+//! `vllm:cache_config_info`, SGLang's `sglang:max_total_num_tokens`, TensorRT-LLM's
+//! `kvCacheStats.maxNumBlocks`).
+//!
+//! `engine` is `vllm`, `sglang` or `trtllm`, one per model (its prefill and decode legs speak
+//! that engine's handoff). SGLang publishes KV events as vLLM does, so its workers take the
+//! same `kv_events`/`kv_events_listen`/`kv_replay`. TensorRT-LLM has no publisher: its
+//! events are polled, and `kv_events` is then an `http://` URL (default
+//! `http://<address>/kv_cache_events`). An SGLang prefill worker must give `bootstrap_port`
+//! (its `--disaggregation-bootstrap-port`, which the decode leg is sent to); no other worker
+//! may.
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -35,7 +45,7 @@ use serde::Deserialize;
 
 use switchyard_protocol::hash::BlockSize;
 use switchyard_protocol::route::{is_usable_request_id, model_cluster, DECODE_CLUSTER};
-use switchyard_protocol::worker::{WorkerId, WorkerRole};
+use switchyard_protocol::worker::{Engine, WorkerId, WorkerRole};
 
 /// Largest pool file read; a pool of thousands of workers is far below it.
 pub const MAX_POOL_FILE_BYTES: u64 = 4 * 1024 * 1024;
@@ -77,14 +87,6 @@ pub enum PoolFileError {
         /// What is wrong with it.
         message: String,
     },
-}
-
-/// The engine behind a declared worker.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum EngineKind {
-    /// vLLM: KV events on ZMQ, load on `/metrics`.
-    Vllm,
 }
 
 /// How declared workers are health-checked.
@@ -157,7 +159,9 @@ struct RawWorker {
     id: String,
     role: WorkerRole,
     address: String,
-    engine: EngineKind,
+    engine: Engine,
+    #[serde(default)]
+    bootstrap_port: Option<u16>,
     #[serde(default)]
     kv_events: Option<String>,
     #[serde(default)]
@@ -199,6 +203,24 @@ impl std::fmt::Display for KvEventsSocket {
     }
 }
 
+/// Where a worker's KV events come from, by engine.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KvEventsSource {
+    /// vLLM and SGLang: a ZMQ publisher (the same framing and msgpack).
+    Zmq(KvEventsSocket),
+    /// TensorRT-LLM: `POST` this URL; each answer drains the engine's event queue.
+    Polled(String),
+}
+
+impl std::fmt::Display for KvEventsSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            KvEventsSource::Zmq(socket) => socket.fmt(f),
+            KvEventsSource::Polled(url) => write!(f, "poll {url}"),
+        }
+    }
+}
+
 /// One worker as declared, validated and with defaults filled in.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeclaredWorker {
@@ -211,11 +233,13 @@ pub struct DeclaredWorker {
     /// `host:port` of its OpenAI API: its Envoy endpoint.
     pub address: String,
     /// The engine.
-    pub engine: EngineKind,
+    pub engine: Engine,
+    /// Port of an SGLang prefill worker's bootstrap server (`None` for any other worker).
+    pub bootstrap_port: Option<u16>,
     /// KV block size in tokens.
     pub block_size: BlockSize,
     /// Where its KV events come from.
-    pub kv_events: KvEventsSocket,
+    pub kv_events: KvEventsSource,
     /// ZMQ endpoint of its replay socket, if it has one.
     pub kv_replay: Option<String>,
     /// Where its Prometheus metrics are.
@@ -396,9 +420,27 @@ fn validate(raw: RawPoolFile) -> Result<Pools, Invalid> {
         }
         let block_size = BlockSize::try_new(model.block_size)
             .map_err(|e| invalid(format!("{at}.block_size"), e.to_string()))?;
+        // The handoff between a model's prefill and decode legs is one engine's protocol.
+        let mut model_engine: Option<(Engine, String)> = None;
         for (w, worker) in model.workers.unwrap_or_default().into_iter().enumerate() {
             let at = format!("{at}.workers[{w}]");
             let declared = validate_worker(worker, &model.name, block_size, &at)?;
+            match &model_engine {
+                None => model_engine = Some((declared.engine, declared.id.0.clone())),
+                Some((engine, first)) if *engine != declared.engine => {
+                    return Err(invalid(
+                        format!("{at}.engine"),
+                        format!(
+                            "model {:?} mixes engines {} (worker {first:?}) and {} (worker {:?}): a model's workers run one engine",
+                            model.name,
+                            engine.as_str(),
+                            declared.engine.as_str(),
+                            declared.id.0
+                        ),
+                    ))
+                }
+                Some(_) => {}
+            }
             if pools.workers.contains_key(&declared.id) {
                 return Err(invalid(
                     format!("{at}.id"),
@@ -431,38 +473,43 @@ fn validate_worker(
         ));
     }
     check_host_port(&raw.address).map_err(|m| invalid(format!("{at}.address"), m))?;
-    let kv_events = match (raw.kv_events, raw.kv_events_listen) {
-        (Some(connect), None) => {
-            check_zmq_endpoint(&connect).map_err(|m| invalid(format!("{at}.kv_events"), m))?;
-            KvEventsSocket::Connect(connect)
-        }
-        (None, Some(listen)) => {
-            check_zmq_endpoint(&listen)
-                .map_err(|m| invalid(format!("{at}.kv_events_listen"), m))?;
-            KvEventsSocket::Listen(listen)
-        }
-        (Some(_), Some(_)) => {
-            return Err(invalid(
-                format!("{at}.kv_events_listen"),
-                "give kv_events (connect to the worker) or kv_events_listen (the worker connects here), not both",
-            ))
-        }
-        (None, None) => {
-            return Err(invalid(
-                format!("{at}.kv_events"),
-                "missing: the worker's KV-event publisher (or kv_events_listen)",
-            ))
+    check_bootstrap_port(raw.engine, raw.role, raw.bootstrap_port, &raw.id)
+        .map_err(|m| invalid(format!("{at}.bootstrap_port"), m))?;
+    let kv_events = match raw.engine {
+        Engine::Vllm | Engine::Sglang => KvEventsSource::Zmq(zmq_events(
+            raw.kv_events,
+            raw.kv_events_listen,
+            raw.kv_replay.as_deref(),
+            at,
+        )?),
+        Engine::Trtllm => {
+            // TensorRT-LLM has no publisher or replay socket: its events are polled.
+            for (field, given) in [
+                ("kv_events_listen", &raw.kv_events_listen),
+                ("kv_replay", &raw.kv_replay),
+            ] {
+                if given.is_some() {
+                    return Err(invalid(
+                        format!("{at}.{field}"),
+                        "not for engine trtllm (its KV events are polled from kv_events, an http:// URL)",
+                    ));
+                }
+            }
+            let url = match raw.kv_events {
+                Some(url) => {
+                    check_http_url(&url).map_err(|m| {
+                        invalid(
+                            format!("{at}.kv_events"),
+                            format!("{m} (trtllm-serve's POST /kv_cache_events)"),
+                        )
+                    })?;
+                    url
+                }
+                None => format!("http://{}/kv_cache_events", raw.address),
+            };
+            KvEventsSource::Polled(url)
         }
     };
-    if let Some(replay) = &raw.kv_replay {
-        check_zmq_endpoint(replay).map_err(|m| invalid(format!("{at}.kv_replay"), m))?;
-        if replay == kv_events.endpoint() {
-            return Err(invalid(
-                format!("{at}.kv_replay"),
-                "the replay socket cannot be the event socket",
-            ));
-        }
-    }
     let url = |given: Option<String>, field: &str, path: &str| -> Result<String, Invalid> {
         match given {
             Some(url) => {
@@ -486,6 +533,7 @@ fn validate_worker(
         role: raw.role,
         address: raw.address,
         engine: raw.engine,
+        bootstrap_port: raw.bootstrap_port,
         block_size,
         kv_events,
         kv_replay: raw.kv_replay,
@@ -493,6 +541,71 @@ fn validate_worker(
         health_url,
         kv_capacity_blocks: raw.kv_capacity_blocks,
     })
+}
+
+/// An SGLang prefill worker needs its bootstrap port (the decode leg connects to it); no
+/// other worker has one, so a port given elsewhere is a mistake worth naming.
+fn check_bootstrap_port(
+    engine: Engine,
+    role: WorkerRole,
+    port: Option<u16>,
+    id: &str,
+) -> Result<(), String> {
+    let needed = engine == Engine::Sglang && role == WorkerRole::Prefill;
+    match (needed, port) {
+        (true, None) => Err(format!(
+            "missing: worker {id:?} is an SGLang prefill worker; give its --disaggregation-bootstrap-port"
+        )),
+        (true, Some(0)) => Err(format!("worker {id:?}: a port in 1..=65535")),
+        (true, Some(_)) | (false, None) => Ok(()),
+        (false, Some(_)) => Err(format!(
+            "worker {id:?} is a {} {} worker: only an SGLang prefill worker has a bootstrap port",
+            engine.as_str(),
+            role.as_str()
+        )),
+    }
+}
+
+/// The ZMQ KV-event settings of a vLLM or SGLang worker (both publish alike).
+fn zmq_events(
+    kv_events: Option<String>,
+    kv_events_listen: Option<String>,
+    kv_replay: Option<&str>,
+    at: &str,
+) -> Result<KvEventsSocket, Invalid> {
+    let kv_events = match (kv_events, kv_events_listen) {
+        (Some(connect), None) => {
+            check_zmq_endpoint(&connect).map_err(|m| invalid(format!("{at}.kv_events"), m))?;
+            KvEventsSocket::Connect(connect)
+        }
+        (None, Some(listen)) => {
+            check_zmq_endpoint(&listen)
+                .map_err(|m| invalid(format!("{at}.kv_events_listen"), m))?;
+            KvEventsSocket::Listen(listen)
+        }
+        (Some(_), Some(_)) => {
+            return Err(invalid(
+                format!("{at}.kv_events_listen"),
+                "give kv_events (connect to the worker) or kv_events_listen (the worker connects here), not both",
+            ))
+        }
+        (None, None) => {
+            return Err(invalid(
+                format!("{at}.kv_events"),
+                "missing: the worker's KV-event publisher (or kv_events_listen)",
+            ))
+        }
+    };
+    if let Some(replay) = kv_replay {
+        check_zmq_endpoint(replay).map_err(|m| invalid(format!("{at}.kv_replay"), m))?;
+        if replay == kv_events.endpoint() {
+            return Err(invalid(
+                format!("{at}.kv_replay"),
+                "the replay socket cannot be the event socket",
+            ));
+        }
+    }
+    Ok(kv_events)
 }
 
 fn check_range(field: &str, value: u64, min: u64, max: u64) -> Result<(), Invalid> {
@@ -589,7 +702,7 @@ models:
         assert_eq!(prefill.kv_replay, None);
         assert_eq!(
             decode.kv_events,
-            KvEventsSocket::Connect("tcp://127.0.0.1:5557".into())
+            KvEventsSource::Zmq(KvEventsSocket::Connect("tcp://127.0.0.1:5557".into()))
         );
         let listening = parse(&GOOD.replace(
             "kv_events: tcp://127.0.0.1:5559",
@@ -598,7 +711,7 @@ models:
         .unwrap();
         assert_eq!(
             listening.workers[&WorkerId("prefill-0".into())].kv_events,
-            KvEventsSocket::Listen("tcp://127.0.0.1:5559".into())
+            KvEventsSource::Zmq(KvEventsSocket::Listen("tcp://127.0.0.1:5559".into()))
         );
         assert_eq!(prefill.kv_capacity_blocks, Some(4096));
     }
@@ -689,6 +802,142 @@ models:
             Pools::empty().changes_to(&before).added.len(),
             2,
             "a first load adds everyone"
+        );
+    }
+
+    /// One model served by SGLang (with its bootstrap port) and one by TensorRT-LLM.
+    const ENGINES: &str = r#"
+models:
+  - name: s
+    block_size: 64
+    workers:
+      - { id: s-prefill, role: prefill, address: "10.0.0.1:30000", engine: sglang,
+          bootstrap_port: 8998, kv_events: "tcp://10.0.0.1:5557" }
+      - { id: s-decode, role: decode, address: "10.0.0.2:30000", engine: sglang,
+          kv_events: "tcp://10.0.0.2:5557" }
+  - name: t
+    block_size: 32
+    workers:
+      - { id: t-ctx, role: prefill, address: "10.0.0.3:8000", engine: trtllm }
+      - { id: t-gen, role: decode, address: "10.0.0.4:8000", engine: trtllm,
+          kv_events: "http://10.0.0.4:9000/kv_cache_events" }
+"#;
+
+    #[test]
+    fn engines_bootstrap_ports_and_polled_events_are_read() {
+        let pools = parse(ENGINES).unwrap();
+        let worker = |id: &str| pools.workers[&WorkerId(id.into())].clone();
+        assert_eq!(worker("s-prefill").engine, Engine::Sglang);
+        assert_eq!(worker("s-prefill").bootstrap_port, Some(8998));
+        assert_eq!(worker("s-decode").bootstrap_port, None);
+        assert_eq!(
+            worker("s-decode").kv_events,
+            KvEventsSource::Zmq(KvEventsSocket::Connect("tcp://10.0.0.2:5557".into()))
+        );
+        assert_eq!(worker("t-ctx").engine, Engine::Trtllm);
+        assert_eq!(
+            worker("t-ctx").kv_events,
+            KvEventsSource::Polled("http://10.0.0.3:8000/kv_cache_events".into()),
+            "the default: trtllm-serve's own endpoint"
+        );
+        assert_eq!(
+            worker("t-gen").kv_events,
+            KvEventsSource::Polled("http://10.0.0.4:9000/kv_cache_events".into())
+        );
+        assert_eq!(worker("t-gen").metrics_url, "http://10.0.0.4:8000/metrics");
+        let vllm = parse(GOOD).unwrap();
+        assert!(vllm.workers.values().all(|w| w.engine == Engine::Vllm));
+        assert!(vllm.workers.values().all(|w| w.bootstrap_port.is_none()));
+    }
+
+    #[test]
+    fn bootstrap_ports_are_required_for_sglang_prefill_only() {
+        let e = error(&ENGINES.replace("bootstrap_port: 8998, ", ""));
+        assert!(
+            e.contains("models[0].workers[0].bootstrap_port")
+                && e.contains("missing")
+                && e.contains("s-prefill"),
+            "{e}"
+        );
+        let e = error(&ENGINES.replace("8998", "0"));
+        assert!(e.contains("workers[0].bootstrap_port"), "{e}");
+        let e = error(&ENGINES.replace("8998", "70000"));
+        assert!(e.contains("70000") || e.contains("bootstrap_port"), "{e}");
+        let e = error(&ENGINES.replace(
+            "engine: sglang,\n          kv_events",
+            "engine: sglang, bootstrap_port: 1,\n          kv_events",
+        ));
+        assert!(
+            e.contains("models[0].workers[1].bootstrap_port")
+                && e.contains("s-decode")
+                && e.contains("sglang decode"),
+            "{e}"
+        );
+        let e = error(&ENGINES.replace(
+            "role: prefill, address: \"10.0.0.3:8000\", engine: trtllm",
+            "role: prefill, address: \"10.0.0.3:8000\", engine: trtllm, bootstrap_port: 8998",
+        ));
+        assert!(
+            e.contains("models[1].workers[0].bootstrap_port") && e.contains("trtllm prefill"),
+            "{e}"
+        );
+        let e = error(&GOOD.replace(
+            "engine: vllm\n        kv_events: tcp://127.0.0.1:5559",
+            "engine: vllm\n        bootstrap_port: 8998\n        kv_events: tcp://127.0.0.1:5559",
+        ));
+        assert!(
+            e.contains("workers[1].bootstrap_port") && e.contains("vllm prefill"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_model_runs_one_engine() {
+        let e = error(&ENGINES.replace(
+            "engine: sglang,\n          kv_events",
+            "engine: vllm,\n          kv_events",
+        ));
+        assert!(
+            e.contains("models[0].workers[1].engine")
+                && e.contains("model \"s\"")
+                && e.contains("sglang")
+                && e.contains("vllm"),
+            "{e}"
+        );
+        let e = error(&GOOD.replace(
+            "engine: vllm\n        kv_events: tcp://127.0.0.1:5559",
+            "engine: chef\n        kv_events: tcp://127.0.0.1:5559",
+        ));
+        assert!(e.contains("chef"), "{e}");
+    }
+
+    #[test]
+    fn trtllm_events_are_an_http_url_and_take_no_zmq_settings() {
+        let e = error(&ENGINES.replace("http://10.0.0.4:9000", "tcp://10.0.0.4:9000"));
+        assert!(
+            e.contains("models[1].workers[1].kv_events") && e.contains("http://"),
+            "{e}"
+        );
+        let e = error(&ENGINES.replace(
+            "engine: trtllm }",
+            "engine: trtllm, kv_replay: \"tcp://10.0.0.3:5558\" }",
+        ));
+        assert!(
+            e.contains("models[1].workers[0].kv_replay") && e.contains("trtllm"),
+            "{e}"
+        );
+        let e = error(&ENGINES.replace(
+            "engine: trtllm }",
+            "engine: trtllm, kv_events_listen: \"tcp://10.0.0.3:5558\" }",
+        ));
+        assert!(e.contains("models[1].workers[0].kv_events_listen"), "{e}");
+        let e = error(&ENGINES.replace(
+            "kv_events: \"tcp://10.0.0.2:5557\"",
+            "health_url: \"http://h:1/\"",
+        ));
+        assert!(
+            e.contains("models[0].workers[1].kv_events") && e.contains("missing"),
+            "sglang needs its publisher as vLLM does: {e}"
         );
     }
 

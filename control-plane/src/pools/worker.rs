@@ -1,9 +1,10 @@
 //! One declared worker's task: health polls put it in and out of the pools, metrics scrapes
-//! give its load, its ZMQ KV events feed the index.
+//! give its load, its KV events feed the index (ZMQ for vLLM and SGLang, polled for
+//! TensorRT-LLM).
 //!
-//! Decisions are the pure parts' ([`HealthTracker`], [`KvFeed`], [`VllmLoad`]); this task
-//! only does I/O and carries out what they decide, one step at a time, so a slow poll never
-//! interleaves with a half-applied batch.
+//! Decisions are the pure parts' ([`HealthTracker`], [`KvFeed`], [`TrtllmFeed`],
+//! [`EngineLoad`]); this task only does I/O and carries out what they decide, one step at a
+//! time, so a slow poll never interleaves with a half-applied batch.
 //!
 //! - **In and out.** The first good health poll registers the worker (with a fresh instance
 //!   id and its feed restarted, so the router's view of its cache starts clean), every good
@@ -14,20 +15,24 @@
 //!   `vllm:cache_config_info` (when the pool file gives none) re-registers the worker with it.
 //! - **KV events.** The SUB socket runs from the start, healthy or not, so the feed keeps
 //!   vLLM's numbering; batches reach the router only while the worker is registered.
+//!   A TensorRT-LLM worker's events are polled (`POST`, which drains them) at the metrics
+//!   interval while it is healthy.
 
 use std::time::Duration;
 
 use tokio::sync::mpsc;
 use tokio::time::{interval, Instant, MissedTickBehavior};
 
+use switchyard_adapters::trtllm::decode::{decode_body, Limits};
+use switchyard_adapters::trtllm::feed::{TrtllmCounters, TrtllmFeed};
 use switchyard_adapters::vllm::feed::{FeedAction, FeedCounters, KvFeed};
 use switchyard_adapters::vllm::mapper::MapperConfig;
 use switchyard_protocol::worker::WorkerInfo;
 
-use super::file::{DeclaredWorker, HealthSettings, MetricsSettings};
+use super::file::{DeclaredWorker, HealthSettings, KvEventsSource, MetricsSettings};
 use super::first_polls::FirstPollToken;
 use super::health::{HealthChange, HealthTracker};
-use super::scrape::VllmLoad;
+use super::scrape::EngineLoad;
 use super::zmq::{self, LiveMessage, ReplayEvent};
 use crate::metrics::Metrics;
 use crate::service::ServiceHandle;
@@ -61,8 +66,17 @@ pub async fn run(
     mut first_poll: Option<FirstPollToken>,
 ) {
     let (live_tx, mut live_rx) = mpsc::channel(LIVE_QUEUE);
-    let subscriber = tokio::spawn(zmq::subscribe(worker.kv_events.clone(), live_tx));
-    let _stop_subscriber = AbortOnDrop(subscriber);
+    // Polled events come on their own tick; the live channel then stays open and empty.
+    let mut _idle_live_tx = None;
+    let _stop_subscriber = match worker.kv_events.clone() {
+        KvEventsSource::Zmq(socket) => {
+            Some(AbortOnDrop(tokio::spawn(zmq::subscribe(socket, live_tx))))
+        }
+        KvEventsSource::Polled(_) => {
+            _idle_live_tx = Some(live_tx);
+            None
+        }
+    };
     let (replay_tx, mut replay_rx) = mpsc::channel(LIVE_QUEUE);
     let mut state = Declared::new(worker, cx.clone(), replay_tx);
 
@@ -70,6 +84,8 @@ pub async fn run(
     health_tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let mut scrape_tick = interval(Duration::from_millis(cx.scrape.interval_ms));
     scrape_tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    let mut kv_tick = interval(Duration::from_millis(cx.scrape.interval_ms));
+    kv_tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             _ = health_tick.tick() => {
@@ -77,10 +93,26 @@ pub async fn run(
                 first_poll.take();
             }
             _ = scrape_tick.tick(), if state.health.healthy() => state.scrape().await,
+            _ = kv_tick.tick(), if state.polled.is_some() && state.health.healthy() => {
+                state.poll_kv_events().await
+            }
             Some(message) = live_rx.recv() => state.on_live(message).await,
             Some(event) = replay_rx.recv() => state.on_replay(event).await,
         }
     }
+}
+
+/// The body of `response`, refused past `max` bytes (an engine's answer is not trusted to be
+/// small).
+async fn read_limited(mut response: reqwest::Response, max: usize) -> Result<Vec<u8>, String> {
+    let mut body = Vec::new();
+    while let Some(chunk) = response.chunk().await.map_err(|e| e.to_string())? {
+        if body.len().saturating_add(chunk.len()) > max {
+            return Err(format!("an answer of more than {max} bytes"));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
 }
 
 struct AbortOnDrop(tokio::task::JoinHandle<()>);
@@ -97,6 +129,8 @@ struct Declared {
     cx: WorkerContext,
     health: HealthTracker,
     feed: KvFeed,
+    /// A TensorRT-LLM worker's feed (its events are polled); `None` for ZMQ publishers.
+    polled: Option<TrtllmFeed>,
     /// The registration in force, while healthy.
     registered: Option<WorkerInfo>,
     /// Capacity in blocks: declared, else scraped, else 0 (unknown).
@@ -104,6 +138,8 @@ struct Declared {
     replay_tx: mpsc::Sender<ReplayEvent>,
     /// Feed counters already counted in the metrics.
     counted: FeedCounters,
+    /// The polled feed's counters already counted.
+    polled_counted: TrtllmCounters,
     /// Source of instance ids: a new one per registration.
     started: Instant,
     registrations: u64,
@@ -118,7 +154,11 @@ impl Declared {
         replay_tx: mpsc::Sender<ReplayEvent>,
     ) -> Self {
         let feed = KvFeed::new(worker.id.clone(), 0, MapperConfig::new(worker.block_size));
+        let polled = matches!(worker.kv_events, KvEventsSource::Polled(_))
+            .then(|| TrtllmFeed::new(worker.id.clone(), 0, MapperConfig::new(worker.block_size)));
         Declared {
+            polled,
+            polled_counted: TrtllmCounters::default(),
             health: HealthTracker::new(cx.health.unhealthy_after),
             capacity_blocks: worker.kv_capacity_blocks.unwrap_or(0),
             worker,
@@ -197,8 +237,8 @@ impl Declared {
             model: self.worker.model.clone(),
             block_size: self.worker.block_size.get(),
             kv_capacity_blocks: self.capacity_blocks,
-            engine: Default::default(),
-            bootstrap_port: None,
+            engine: self.worker.engine,
+            bootstrap_port: self.worker.bootstrap_port,
         };
         let Ok(outcome) = self
             .cx
@@ -210,7 +250,14 @@ impl Declared {
         };
         tracing::info!(worker = %self.worker.id, change = ?outcome.change, capacity_blocks = self.capacity_blocks, "declared worker healthy: in the pools");
         self.registered = Some(info);
-        let rejoin = self.feed.rejoin(instance_id);
+        let rejoin = match &mut self.polled {
+            Some(polled) => polled
+                .rejoin(instance_id)
+                .into_iter()
+                .map(FeedAction::Publish)
+                .collect(),
+            None => self.feed.rejoin(instance_id),
+        };
         self.carry_out(rejoin).await;
     }
 
@@ -232,7 +279,12 @@ impl Declared {
             Ok(response) if response.status().is_success() => response.text().await.ok(),
             _ => None,
         };
-        let load = match text.as_deref().map(VllmLoad::parse) {
+        let engine = self.worker.engine;
+        let block_size = self.worker.block_size.get();
+        let load = match text
+            .as_deref()
+            .map(|text| EngineLoad::parse(engine, text, block_size))
+        {
             Some(Ok(load)) => load,
             Some(Err(e)) => {
                 self.cx.metrics.declared_event("scrape_failed", 1);
@@ -255,7 +307,7 @@ impl Declared {
             }
         }
         if self.worker.kv_capacity_blocks.is_none() {
-            if let Some(blocks) = load.num_gpu_blocks.filter(|b| *b != self.capacity_blocks) {
+            if let Some(blocks) = load.capacity_blocks.filter(|b| *b != self.capacity_blocks) {
                 self.capacity_blocks = blocks;
                 if let Some(info) = &mut self.registered {
                     info.kv_capacity_blocks = blocks;
@@ -267,6 +319,47 @@ impl Declared {
             let report = load.report(&self.worker.id, self.capacity_blocks);
             let _ = self.cx.service.load(report).await;
         }
+    }
+
+    /// Polls a TensorRT-LLM worker's KV events once and publishes what they make.
+    async fn poll_kv_events(&mut self) {
+        let KvEventsSource::Polled(url) = &self.worker.kv_events else {
+            return;
+        };
+        let response = self
+            .cx
+            .http
+            .post(url)
+            .timeout(Duration::from_millis(self.cx.scrape.timeout_ms))
+            .send()
+            .await;
+        let body = match response {
+            Ok(response) if response.status().is_success() => {
+                read_limited(response, Limits::DEFAULT.max_body_bytes).await
+            }
+            Ok(response) => Err(format!("status {}", response.status())),
+            Err(e) => Err(e.to_string()),
+        };
+        let decoded =
+            match body.and_then(|b| decode_body(&b, &Limits::DEFAULT).map_err(|e| e.to_string())) {
+                Ok(decoded) => decoded,
+                Err(e) => {
+                    // The events in a lost answer are gone for good (the POST drained them); the
+                    // feed sees the gap in their ids at the next answer.
+                    self.cx.metrics.declared_event("kv_poll_failed", 1);
+                    tracing::debug!(worker = %self.worker.id, error = %e, "KV event poll failed");
+                    return;
+                }
+            };
+        for malformed in decoded.iter().filter_map(|d| d.as_ref().err()) {
+            tracing::warn!(worker = %self.worker.id, event_id = ?malformed.event_id, error = %malformed.error, "malformed KV event: the worker's blocks are dropped and rebuilt");
+        }
+        let Some(polled) = &mut self.polled else {
+            return;
+        };
+        let batches = polled.on_poll(&decoded);
+        self.carry_out(batches.into_iter().map(FeedAction::Publish).collect())
+            .await;
     }
 
     async fn on_live(&mut self, message: LiveMessage) {
@@ -334,6 +427,7 @@ impl Declared {
     }
 
     fn count_feed(&mut self) {
+        self.count_polled_feed();
         let now = self.feed.counters();
         let was = std::mem::replace(&mut self.counted, now);
         let m = &self.cx.metrics;
@@ -350,6 +444,22 @@ impl Declared {
         m.declared_event("kv_refused_event", now.refused_events - was.refused_events);
         if now.unrecoverable_gaps > was.unrecoverable_gaps {
             tracing::warn!(worker = %self.worker.id, "KV events missed beyond the engine's replay buffer: the worker's blocks were dropped and are rebuilt from live events");
+        }
+    }
+
+    fn count_polled_feed(&mut self) {
+        let Some(polled) = &self.polled else {
+            return;
+        };
+        let now = polled.counters();
+        let was = std::mem::replace(&mut self.polled_counted, now);
+        let m = &self.cx.metrics;
+        m.declared_event("kv_gap_unrecoverable", now.gaps - was.gaps);
+        m.declared_event("kv_restart", now.restarts - was.restarts);
+        m.declared_event("kv_refused_event", now.refused_events - was.refused_events);
+        m.declared_event("kv_malformed", now.malformed_events - was.malformed_events);
+        if now.gaps > was.gaps {
+            tracing::warn!(worker = %self.worker.id, "KV events missed (TensorRT-LLM keeps no replay): the worker's blocks were dropped and are rebuilt from new events");
         }
     }
 }

@@ -1,4 +1,5 @@
-//! The ZMQ sockets of one vLLM worker: its KV-event publisher (SUB) and its replay socket
+//! The ZMQ sockets of one vLLM or SGLang worker (SGLang publishes as vLLM does): its KV-event
+//! publisher (SUB) and its replay socket
 //! (DEALER). Bytes in, decoded values out on channels; what they mean is the
 //! [`KvFeed`](switchyard_adapters::vllm::feed::KvFeed)'s.
 //!

@@ -6,6 +6,7 @@ mod common;
 mod api;
 mod cli;
 mod conditional;
+mod declared_engines;
 mod envoy_eds;
 mod route_input;
 mod service;
