@@ -16,6 +16,9 @@
 # Usage: scripts/bench-agentic.sh [OUT]   (default runs/bench-agentic; OUT/bench-agentic.md
 # collects every table). JOBS (default 1) sets the planner's threads. About 10 minutes on the
 # shared 2-core development machine with JOBS=1.
+#
+# The 16 default sessions never saturate 4 workers; scripts/bench-agentic-saturated.sh plans
+# 16 to 256 sessions (about 8 more minutes, so it is a separate command).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
