@@ -123,6 +123,9 @@ async fn run_mode(
             // Cold tokenization of a 128k prompt is hundreds of milliseconds on a busy
             // machine; the bench measures routed requests, not fail-open ones.
             .route_timeout_ms(5_000)
+            // A cold "1 MB" chat (text never seen) is ~267k tokens, past the simulated
+            // model's 262,144: the bench measures the gateway, not the context limit.
+            .max_model_len(1 << 19)
             .filter_setting("tokenize", mode)
             .plain_listener(0),
     )

@@ -58,14 +58,20 @@ pub(crate) async fn timed(
         .send()
         .await?;
     let status = response.status();
-    let routed = response
+    let route = response
         .headers()
         .get("x-switchyard-route")
         .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let routed = route
+        .as_deref()
         .is_some_and(|v| !v.starts_with("fail-open") && !v.starts_with("rejected"));
-    response.bytes().await?;
+    let body = response.bytes().await?;
     if !status.is_success() {
-        bail!("{url}: {status}");
+        // The first bytes say whose refusal it is (the gateway's, the control plane's, the
+        // worker's) and why.
+        let said = String::from_utf8_lossy(&body[..body.len().min(300)]).into_owned();
+        bail!("{url}: {status}, x-switchyard-route {route:?}: {said}");
     }
     Ok((started.elapsed(), routed))
 }
