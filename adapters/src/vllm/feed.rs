@@ -75,6 +75,9 @@ enum ReplayFor {
     Gap,
     /// The feed (re)joined: everything the engine still buffers, up to the first live batch.
     Rejoin,
+    /// The live socket (re)subscribed: whatever the engine published after the last batch
+    /// seen, up to the first live batch (nothing is known to be missing).
+    CatchUp,
 }
 
 /// Where the feed is.
@@ -152,6 +155,27 @@ impl KvFeed {
         ]
     }
 
+    /// The live SUB socket (re)subscribed. A PUB socket drops what it publishes while nobody
+    /// is subscribed, and the feed only learns of a lost batch from the next one, which a
+    /// quiet engine may not send for a long time (a control plane that subscribed late
+    /// would index nothing of what the engine stored meanwhile). So it asks the replay
+    /// socket for everything after the last batch seen; a replay already under way covers
+    /// it.
+    pub fn on_subscribed(&mut self) -> Vec<FeedAction> {
+        if self.replaying() {
+            return Vec::new();
+        }
+        let from = self.tracker.next_expected();
+        self.state = State::Replaying {
+            why: ReplayFor::CatchUp,
+            from,
+            to: u64::MAX,
+            first_seq: None,
+            held: Vec::new(),
+        };
+        vec![FeedAction::RequestReplay { from }]
+    }
+
     /// A message from the live PUB stream.
     pub fn on_live(&mut self, batch: VllmBatch) -> Vec<FeedAction> {
         let mut out = Vec::new();
@@ -159,7 +183,7 @@ impl KvFeed {
             out.push(FeedAction::Publish(self.reset_batch()));
         }
         if let State::Replaying { to, held, why, .. } = &mut self.state {
-            if *why == ReplayFor::Rejoin && held.is_empty() {
+            if matches!(why, ReplayFor::Rejoin | ReplayFor::CatchUp) && held.is_empty() {
                 // What the live stream carries from here on is not wanted from the replay.
                 *to = (*to).min(batch.seq.saturating_sub(1));
             }
@@ -224,7 +248,14 @@ impl KvFeed {
                             bump(&mut self.counters.unrecoverable_gaps);
                             out.push(FeedAction::Publish(self.reset_batch()));
                         }
-                        ReplayFor::Rejoin => bump(&mut self.counters.partial_rejoins),
+                        // Batches after the last one seen are gone: as for a gap.
+                        ReplayFor::CatchUp if self.tracker.last().is_some() => {
+                            bump(&mut self.counters.unrecoverable_gaps);
+                            out.push(FeedAction::Publish(self.reset_batch()));
+                        }
+                        ReplayFor::Rejoin | ReplayFor::CatchUp => {
+                            bump(&mut self.counters.partial_rejoins)
+                        }
                     }
                 }
                 if batch.seq >= from && batch.seq <= to {
@@ -248,6 +279,11 @@ impl KvFeed {
                     // Counted (and the blocks dropped) when the first batch came.
                     (ReplayFor::Gap, Some(_)) => {}
                     (ReplayFor::Rejoin, _) => {}
+                    // Batches were missed while unsubscribed, and replayed.
+                    (ReplayFor::CatchUp, Some(first)) if first == from => {
+                        bump(&mut self.counters.replayed_gaps)
+                    }
+                    (ReplayFor::CatchUp, _) => {}
                 }
                 self.release_held(&mut out);
             }
@@ -271,6 +307,10 @@ impl KvFeed {
                 bump(&mut self.counters.partial_rejoins);
                 self.release_held(&mut out);
             }
+            State::Replaying {
+                why: ReplayFor::CatchUp,
+                ..
+            } => self.release_held(&mut out),
             State::Live => {}
         }
         out

@@ -278,3 +278,56 @@ fn a_rejoin_into_an_empty_or_partial_buffer_is_no_gap() {
     );
     assert!(!feed.replaying());
 }
+
+#[test]
+fn a_batch_published_before_the_socket_subscribed_is_caught_up_by_replay() {
+    let mut feed = feed();
+    feed.on_live(stored(0, 0));
+    // The socket drops and subscribes again; batch 1 went out meanwhile and no later batch
+    // comes to reveal the gap: the feed asks for everything after batch 0.
+    let out = feed.on_subscribed();
+    assert_eq!(out, vec![FeedAction::RequestReplay { from: 1 }]);
+    assert!(feed.on_subscribed().is_empty(), "one replay at a time");
+    let mut all = feed.on_replay(ReplayFrame::Batch(stored(1, 1)));
+    all.extend(feed.on_replay(ReplayFrame::End));
+    assert!(!feed.replaying());
+    let batches = published(&all);
+    assert!(batches.iter().all(|b| !is_reset(b)), "nothing dropped");
+    assert_eq!(stored_hashes(&batches), vec![our_hash(1)]);
+    assert_eq!(feed.counters().replayed_gaps, 1);
+    // Live batches go on from there.
+    assert_eq!(
+        stored_hashes(&published(&feed.on_live(stored(2, 2)))),
+        vec![our_hash(2)]
+    );
+
+    // Subscribed again with nothing missed: the replay ends empty and changes nothing.
+    let out = feed.on_subscribed();
+    assert_eq!(out, vec![FeedAction::RequestReplay { from: 3 }]);
+    assert!(feed.on_replay(ReplayFrame::End).is_empty());
+    assert!(!feed.replaying());
+    assert_eq!(feed.counters().replayed_gaps, 1);
+    assert_eq!(feed.counters().unrecoverable_gaps, 0);
+}
+
+#[test]
+fn a_catch_up_past_the_engines_buffer_drops_the_workers_blocks() {
+    let mut feed = feed();
+    feed.on_live(stored(0, 0));
+    assert_eq!(
+        feed.on_subscribed(),
+        vec![FeedAction::RequestReplay { from: 1 }]
+    );
+    // The engine's buffer starts at 3: batches 1 and 2 are gone.
+    let mut all = feed.on_replay(ReplayFrame::Batch(stored(3, 3)));
+    all.extend(feed.on_replay(ReplayFrame::End));
+    assert!(
+        is_reset(published(&all)[0]),
+        "the worker's blocks are dropped"
+    );
+    assert_eq!(feed.counters().unrecoverable_gaps, 1);
+    // A replay that fails leaves the feed live, nothing dropped.
+    feed.on_subscribed();
+    assert!(feed.on_replay_failed().is_empty());
+    assert!(!feed.replaying());
+}

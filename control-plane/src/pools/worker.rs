@@ -364,11 +364,15 @@ impl Declared {
 
     async fn on_live(&mut self, message: LiveMessage) {
         match message {
-            Ok(batch) => {
+            LiveMessage::Subscribed => {
+                let actions = self.feed.on_subscribed();
+                self.carry_out(actions).await;
+            }
+            LiveMessage::Batch(Ok(batch)) => {
                 let actions = self.feed.on_live(batch);
                 self.carry_out(actions).await;
             }
-            Err(e) => {
+            LiveMessage::Batch(Err(e)) => {
                 self.cx.metrics.declared_event("kv_malformed", 1);
                 tracing::warn!(worker = %self.worker.id, error = %e, "malformed KV event message skipped");
             }

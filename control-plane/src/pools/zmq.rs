@@ -22,8 +22,15 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// Pause between two connection attempts to a worker that is not listening.
 const RECONNECT_PAUSE: Duration = Duration::from_millis(500);
 
-/// One message from the live stream.
-pub type LiveMessage = Result<VllmBatch, DecodeError>;
+/// What the live stream says.
+#[derive(Debug)]
+pub enum LiveMessage {
+    /// The socket (re)subscribed: batches published while it was not were dropped by the
+    /// publisher ([`KvFeed::on_subscribed`](switchyard_adapters::vllm::feed::KvFeed::on_subscribed)).
+    Subscribed,
+    /// One message, decoded.
+    Batch(Result<VllmBatch, DecodeError>),
+}
 
 /// One answer of a replay, or why it ended without its end marker.
 #[derive(Debug)]
@@ -67,11 +74,15 @@ pub async fn subscribe(events: KvEventsSocket, out: mpsc::Sender<LiveMessage>) {
             continue;
         }
         tracing::info!(%endpoint, "subscribed to KV events");
+        if out.send(LiveMessage::Subscribed).await.is_err() {
+            return;
+        }
         loop {
             match socket.recv().await {
                 Ok(message) => {
                     let frames = message.into_vec();
-                    if out.send(decode_message(&frames)).await.is_err() {
+                    let batch = LiveMessage::Batch(decode_message(&frames));
+                    if out.send(batch).await.is_err() {
                         return;
                     }
                 }
