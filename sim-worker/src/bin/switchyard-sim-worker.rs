@@ -80,10 +80,11 @@ struct Args {
     model_name: String,
     /// The engine whose handoff protocol the workers speak: `vllm` (NIXL connector's
     /// `kv_transfer_params`), `trtllm` (`disaggregated_params`, context-only and
-    /// generation-only legs) or `sglang` (bootstrap rooms, both legs at once). Timings are
-    /// the same model whatever the engine.
-    #[arg(long, env = "SWITCHYARD_ENGINE", default_value = "vllm", value_parser = parse_engine)]
-    engine: Engine,
+    /// generation-only legs) or `sglang` (bootstrap rooms, both legs at once). One for every
+    /// worker, or one per `--worker` in order (comma-separated or repeated). Timings are the
+    /// same model whatever the engine.
+    #[arg(long = "engine", env = "SWITCHYARD_ENGINE", value_delimiter = ',', value_parser = parse_engine)]
+    engines: Vec<Engine>,
     /// A worker to run, `ROLE:ID@HOST:PORT` (role prefill|decode|agg); repeat for several.
     #[arg(long = "worker", required = true, value_parser = parse_spec)]
     workers: Vec<WorkerSpec>,
@@ -243,13 +244,28 @@ impl Args {
             .collect())
     }
 
+    /// Each worker's engine: `--engine` given once (or not: vLLM) for all, or once per worker.
+    fn engines(&self) -> Result<Vec<Engine>, String> {
+        let workers = self.workers.len();
+        match self.engines.as_slice() {
+            [] => Ok(vec![Engine::Vllm; workers]),
+            [one] => Ok(vec![*one; workers]),
+            many if many.len() == workers => Ok(many.to_vec()),
+            many => Err(format!(
+                "--engine: give one for every worker or one per --worker ({workers} workers, {} engines)",
+                many.len()
+            )),
+        }
+    }
+
     /// The per-worker configurations, checked.
     fn worker_configs(&self) -> Result<Vec<WorkerConfig>, String> {
         let wires = self.wires()?;
+        let engines = self.engines()?;
         let mut seen_ids = std::collections::HashSet::new();
         let mut seen_ports = std::collections::HashSet::new();
         let mut out = Vec::new();
-        for (spec, wire) in self.workers.iter().zip(wires) {
+        for ((spec, wire), engine_kind) in self.workers.iter().zip(wires).zip(engines) {
             if !seen_ids.insert(spec.id.clone()) {
                 return Err(format!("worker id {} is given twice", spec.id));
             }
@@ -292,7 +308,7 @@ impl Args {
                 load_interval_ms: self.load_interval_ms,
                 max_model_len: self.max_model_len,
                 wire,
-                engine_kind: self.engine,
+                engine_kind,
                 unavailable_every: self.unavailable_every,
                 spec: spec.clone(),
             };

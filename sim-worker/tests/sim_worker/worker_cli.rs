@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use switchyard_protocol::subjects;
-use switchyard_protocol::worker::{WorkerHeartbeat, WorkerRole};
+use switchyard_protocol::worker::{Engine, WorkerHeartbeat, WorkerRole};
 use worker_support::{free_port, NatsServer};
 
 const BIN: &str = env!("CARGO_BIN_EXE_switchyard-sim-worker");
@@ -29,7 +29,7 @@ fn exit_code(args: &[&str]) -> (i32, String) {
 
 #[test]
 fn bad_flags_exit_64_with_a_clear_message() {
-    let cases: [(&[&str], &str); 7] = [
+    let cases: [(&[&str], &str); 10] = [
         (&[], "--worker"),
         (&["--worker", "agg-0@127.0.0.1:1"], "ROLE:ID@HOST:PORT"),
         (&["--worker", "boss:w@127.0.0.1:1"], "unknown worker role"),
@@ -47,6 +47,36 @@ fn bad_flags_exit_64_with_a_clear_message() {
                 "decode:w@127.0.0.1:0",
             ],
             "twice",
+        ),
+        (
+            &["--worker", "agg:w@127.0.0.1:0", "--engine", "tensorrt"],
+            "expected vllm, trtllm or sglang",
+        ),
+        (
+            &[
+                "--worker",
+                "agg:w@127.0.0.1:0",
+                "--worker",
+                "decode:v@127.0.0.1:0",
+                "--worker",
+                "prefill:p@127.0.0.1:0",
+                "--engine",
+                "trtllm,sglang",
+            ],
+            "one per --worker (3 workers, 2 engines)",
+        ),
+        (
+            &[
+                "--worker",
+                "agg:w@127.0.0.1:0",
+                "--engine",
+                "sglang",
+                "--wire",
+                "vllm",
+                "--kv-events-endpoint",
+                "tcp://127.0.0.1:0",
+            ],
+            "--wire switchyard",
         ),
     ];
     for (args, needle) in cases {
@@ -78,12 +108,18 @@ impl Drop for WorkerProcess {
 async fn a_worker_started_before_nats_serves_http_and_joins_nats_later() {
     let nats_port = free_port();
     let http_port = free_port();
+    let prefill_port = free_port();
     let mut child = Command::new(BIN)
         .args([
             "--nats-url",
             &format!("nats://127.0.0.1:{nats_port}"),
             "--worker",
             &format!("agg:cli-0@127.0.0.1:{http_port}"),
+            // A second worker, speaking SGLang's handoff (one --engine per --worker).
+            "--worker",
+            &format!("prefill:cli-p@127.0.0.1:{prefill_port}"),
+            "--engine",
+            "vllm,sglang",
             "--heartbeat-interval-ms",
             "100",
             "--speed-up",
@@ -131,11 +167,30 @@ async fn a_worker_started_before_nats_serves_http_and_joins_nats_later() {
         .await
         .expect("a heartbeat after NATS came up")
         .unwrap();
-    let hb: WorkerHeartbeat = serde_json::from_slice(&msg.payload).unwrap();
-    assert_eq!(hb.worker.worker_id.0, "cli-0");
-    assert_eq!(hb.worker.role, WorkerRole::Agg);
-    assert_eq!(hb.worker.address, format!("127.0.0.1:{http_port}"));
-    assert_eq!(hb.worker.model, "Qwen/Qwen3-235B-A22B");
+    let mut seen = std::collections::BTreeMap::new();
+    let mut msg = Some(msg);
+    while seen.len() < 2 {
+        let next = match msg.take() {
+            Some(m) => m,
+            None => tokio::time::timeout(Duration::from_secs(15), heartbeats.next())
+                .await
+                .expect("both workers' heartbeats")
+                .unwrap(),
+        };
+        let hb: WorkerHeartbeat = serde_json::from_slice(&next.payload).unwrap();
+        seen.insert(hb.worker.worker_id.0.clone(), hb.worker);
+    }
+    let agg = &seen["cli-0"];
+    assert_eq!(agg.role, WorkerRole::Agg);
+    assert_eq!(agg.address, format!("127.0.0.1:{http_port}"));
+    assert_eq!(agg.model, "Qwen/Qwen3-235B-A22B");
+    assert_eq!((agg.engine, agg.bootstrap_port), (Engine::Vllm, None));
+    // A simulated SGLang prefill worker serves its bootstrap rooms on its HTTP port.
+    let prefill = &seen["cli-p"];
+    assert_eq!(
+        (prefill.engine, prefill.bootstrap_port),
+        (Engine::Sglang, Some(prefill_port))
+    );
 
     // SIGTERM (sent to its PID) stops it cleanly.
     let pid = guard.0.id().to_string();
