@@ -53,5 +53,6 @@
     )
 )]
 
+mod outgoing;
 pub mod trtllm;
 pub mod vllm;

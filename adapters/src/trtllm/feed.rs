@@ -29,6 +29,8 @@ use switchyard_protocol::hash::BlockSize;
 use switchyard_protocol::kv::{KvEvent, KvEventBatch};
 use switchyard_protocol::worker::WorkerId;
 
+use crate::outgoing::{bump, Outgoing};
+
 use super::decode::Decoded;
 use super::mapper::to_mapper_event;
 use super::TrtllmEvent;
@@ -65,16 +67,13 @@ enum Order {
 /// One worker's feed (see the module docs).
 #[derive(Debug, Clone)]
 pub struct TrtllmFeed {
-    worker_id: WorkerId,
-    instance_id: u64,
+    outgoing: Outgoing,
     block_size: BlockSize,
     mapper: HashMapper,
     /// The last event id seen, per attention-DP rank.
     last_ids: BTreeMap<Option<i64>, u64>,
     /// The largest attention window seen.
     window: Option<u64>,
-    /// The last Switchyard sequence number published; 0 before the first.
-    published: u64,
     counters: TrtllmCounters,
 }
 
@@ -82,13 +81,11 @@ impl TrtllmFeed {
     /// A feed for `worker_id` (registered as `instance_id`) that has seen nothing.
     pub fn new(worker_id: WorkerId, instance_id: u64, config: MapperConfig) -> Self {
         TrtllmFeed {
-            worker_id,
-            instance_id,
+            outgoing: Outgoing::new(worker_id, instance_id),
             block_size: config.block_size,
             mapper: HashMapper::new(config),
             last_ids: BTreeMap::new(),
             window: None,
-            published: 0,
             counters: TrtllmCounters::default(),
         }
     }
@@ -102,15 +99,14 @@ impl TrtllmFeed {
     /// mapper's are cleared (nothing can be replayed; see the module docs). The event ids seen
     /// are kept, so the next poll's are still checked for gaps.
     pub fn rejoin(&mut self, instance_id: u64) -> Vec<KvEventBatch> {
-        self.instance_id = instance_id;
-        self.published = 0;
+        self.outgoing.restart(instance_id);
         vec![self.reset_batch()]
     }
 
     /// One poll's events, in the engine's order; the batches to publish.
     pub fn on_poll(&mut self, events: &[Decoded]) -> Vec<KvEventBatch> {
         let mut out = Vec::new();
-        if self.published == 0 {
+        if self.outgoing.nothing_published() {
             out.push(self.reset_batch());
         }
         let mut pending = Vec::new();
@@ -212,26 +208,12 @@ impl TrtllmFeed {
 
     /// A resync batch that clears the worker's blocks in the router (and the mapper's).
     fn reset_batch(&mut self) -> KvEventBatch {
-        let cleared = self.mapper.reset();
-        self.batch(vec![cleared], true)
+        self.outgoing.reset(&mut self.mapper)
     }
 
     fn batch(&mut self, events: Vec<KvEvent>, resync: bool) -> KvEventBatch {
-        bump(&mut self.published);
-        KvEventBatch {
-            v: 1,
-            worker_id: self.worker_id.clone(),
-            instance_id: self.instance_id,
-            seq: self.published,
-            resync,
-            events,
-        }
+        self.outgoing.batch(events, resync)
     }
-}
-
-/// Counters and sequence numbers saturate rather than wrap.
-fn bump(counter: &mut u64) {
-    *counter = counter.saturating_add(1);
 }
 
 #[cfg(test)]

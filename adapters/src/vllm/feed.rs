@@ -27,6 +27,8 @@
 use switchyard_protocol::kv::{KvEvent, KvEventBatch};
 use switchyard_protocol::worker::WorkerId;
 
+use crate::outgoing::{bump, Outgoing};
+
 use super::mapper::{HashMapper, MapperConfig};
 use super::replay::ReplayFrame;
 use super::sequence::{SeqStatus, SequenceTracker};
@@ -100,13 +102,10 @@ enum State {
 /// One publisher's feed (see the module docs). One per (worker, data-parallel rank).
 #[derive(Debug, Clone)]
 pub struct KvFeed {
-    worker_id: WorkerId,
-    instance_id: u64,
+    outgoing: Outgoing,
     tracker: SequenceTracker,
     mapper: HashMapper,
     state: State,
-    /// The last Switchyard sequence number published; 0 before the first.
-    published: u64,
     counters: FeedCounters,
 }
 
@@ -114,12 +113,10 @@ impl KvFeed {
     /// A feed for `worker_id` (registered as `instance_id`) that has seen nothing.
     pub fn new(worker_id: WorkerId, instance_id: u64, config: MapperConfig) -> Self {
         KvFeed {
-            worker_id,
-            instance_id,
+            outgoing: Outgoing::new(worker_id, instance_id),
             tracker: SequenceTracker::new(),
             mapper: HashMapper::new(config),
             state: State::Live,
-            published: 0,
             counters: FeedCounters::default(),
         }
     }
@@ -139,8 +136,7 @@ impl KvFeed {
     /// still buffers, so an idle engine's cache is indexed without waiting for its next
     /// event.
     pub fn rejoin(&mut self, instance_id: u64) -> Vec<FeedAction> {
-        self.instance_id = instance_id;
-        self.published = 0;
+        self.outgoing.restart(instance_id);
         self.tracker.reset();
         self.state = State::Replaying {
             why: ReplayFor::Rejoin,
@@ -179,7 +175,7 @@ impl KvFeed {
     /// A message from the live PUB stream.
     pub fn on_live(&mut self, batch: VllmBatch) -> Vec<FeedAction> {
         let mut out = Vec::new();
-        if self.published == 0 {
+        if self.outgoing.nothing_published() {
             out.push(FeedAction::Publish(self.reset_batch()));
         }
         if let State::Replaying { to, held, why, .. } = &mut self.state {
@@ -360,24 +356,10 @@ impl KvFeed {
 
     /// A resync batch that clears the worker's blocks in the router (and the mapper's).
     fn reset_batch(&mut self) -> KvEventBatch {
-        let cleared = self.mapper.reset();
-        self.batch(vec![cleared], true)
+        self.outgoing.reset(&mut self.mapper)
     }
 
     fn batch(&mut self, events: Vec<KvEvent>, resync: bool) -> KvEventBatch {
-        bump(&mut self.published);
-        KvEventBatch {
-            v: 1,
-            worker_id: self.worker_id.clone(),
-            instance_id: self.instance_id,
-            seq: self.published,
-            resync,
-            events,
-        }
+        self.outgoing.batch(events, resync)
     }
-}
-
-/// Counters and sequence numbers saturate rather than wrap (a u64 of batches never fills).
-fn bump(counter: &mut u64) {
-    *counter = counter.saturating_add(1);
 }
