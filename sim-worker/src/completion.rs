@@ -56,10 +56,6 @@ impl Plan {
             (WorkerRole::Prefill, Some(LegRequest::Prefill { room })) => {
                 Plan::PrefillForRemote { room }
             }
-            (WorkerRole::Prefill, Some(leg)) => match legs::as_prefill(&leg) {
-                Some(LegRequest::Prefill { room }) => Plan::PrefillForRemote { room },
-                _ => Plan::Local,
-            },
             (WorkerRole::Decode | WorkerRole::Agg, Some(LegRequest::Decode(source))) => {
                 Plan::Remote(source)
             }
@@ -96,7 +92,7 @@ pub async fn serve(
     let body: Value = serde_json::from_slice(&body)
         .map_err(|e| ApiError::bad_request(format!("request body is not valid JSON: {e}"), None))?;
     let leg = match &body {
-        Value::Object(fields) => legs::read(ctx.engine_kind, fields)?,
+        Value::Object(fields) => legs::read(ctx.engine_kind, ctx.role, fields)?,
         _ => None,
     };
     let req = parse_request(api, body, ctx.max_model_len)?;

@@ -26,7 +26,7 @@ use switchyard_protocol::handoff::{
     BOOTSTRAP_ROOM, DISAGGREGATED_PARAMS, KV_TRANSFER_PARAMS, TRTLLM_CONTEXT_ONLY,
     TRTLLM_GENERATION_ONLY,
 };
-use switchyard_protocol::worker::Engine;
+use switchyard_protocol::worker::{Engine, WorkerRole};
 
 use super::error::ApiError;
 use super::handoff::{pull_target, PullTarget};
@@ -56,15 +56,20 @@ pub enum KvSource {
     Room(PullTarget),
 }
 
-/// Reads the handoff fields of `body` in `engine`'s protocol.
+/// Reads the handoff fields of `body` in `engine`'s protocol, for a worker of `role` (SGLang's
+/// two legs carry the same fields: the worker's role says which leg it got).
 ///
 /// # Errors
 /// A 400 naming the field when the fields are present but malformed.
-pub fn read(engine: Engine, body: &Map<String, Value>) -> Result<Option<LegRequest>, ApiError> {
+pub fn read(
+    engine: Engine,
+    role: WorkerRole,
+    body: &Map<String, Value>,
+) -> Result<Option<LegRequest>, ApiError> {
     match engine {
         Engine::Vllm => read_vllm(body),
         Engine::Trtllm => read_trtllm(body),
-        Engine::Sglang => read_sglang(body),
+        Engine::Sglang => read_sglang(role, body),
     }
 }
 
@@ -156,7 +161,10 @@ pub fn parse_room_hold_id(id: &str) -> Option<u64> {
     id.strip_prefix("room-")?.parse().ok()
 }
 
-fn read_sglang(body: &Map<String, Value>) -> Result<Option<LegRequest>, ApiError> {
+fn read_sglang(
+    role: WorkerRole,
+    body: &Map<String, Value>,
+) -> Result<Option<LegRequest>, ApiError> {
     let Some(room) = present(body, BOOTSTRAP_ROOM) else {
         return Ok(None);
     };
@@ -176,20 +184,11 @@ fn read_sglang(body: &Map<String, Value>) -> Result<Option<LegRequest>, ApiError
         .and_then(|port| u16::try_from(port).ok())
         .filter(|port| *port != 0)
         .ok_or_else(|| invalid(BOOTSTRAP_PORT, "a port between 1 and 65535"))?;
-    // SGLang sends both legs the same fields: a prefill worker reads them as its leg
-    // ([`as_prefill`]).
+    if role == WorkerRole::Prefill {
+        return Ok(Some(LegRequest::Prefill { room: Some(room) }));
+    }
     let target = PullTarget::new(host, port, room_hold_id(room));
     Ok(Some(LegRequest::Decode(KvSource::Room(target))))
-}
-
-/// The room of an SGLang leg read as a decode leg, for a prefill worker that got it.
-pub fn as_prefill(leg: &LegRequest) -> Option<LegRequest> {
-    match leg {
-        LegRequest::Decode(KvSource::Room(target)) => Some(LegRequest::Prefill {
-            room: parse_room_hold_id(&target.hold_id),
-        }),
-        _ => None,
-    }
 }
 
 /// What a prefill answer carries back, per engine: vLLM's top-level `kv_transfer_params`,
@@ -246,24 +245,23 @@ mod tests {
         let sglang = object(json!({"bootstrap_host": "10.0.0.1", "bootstrap_port": 8998,
             "bootstrap_room": 7}));
         assert_eq!(
-            read(Engine::Vllm, &vllm_prefill).unwrap(),
+            read(Engine::Vllm, WorkerRole::Decode, &vllm_prefill).unwrap(),
             Some(LegRequest::Prefill { room: None })
         );
         assert_eq!(
-            read(Engine::Trtllm, &trtllm_ctx).unwrap(),
+            read(Engine::Trtllm, WorkerRole::Decode, &trtllm_ctx).unwrap(),
             Some(LegRequest::Prefill { room: None })
         );
-        let room = read(Engine::Sglang, &sglang).unwrap().unwrap();
         assert_eq!(
-            room,
-            LegRequest::Decode(KvSource::Room(PullTarget::new(
+            read(Engine::Sglang, WorkerRole::Decode, &sglang).unwrap(),
+            Some(LegRequest::Decode(KvSource::Room(PullTarget::new(
                 "10.0.0.1",
                 8998,
                 "room-7".into()
-            )))
+            ))))
         );
         assert_eq!(
-            as_prefill(&room),
+            read(Engine::Sglang, WorkerRole::Prefill, &sglang).unwrap(),
             Some(LegRequest::Prefill { room: Some(7) })
         );
         for engine in Engine::ALL {
@@ -274,7 +272,7 @@ mod tests {
                     Engine::Sglang => std::ptr::eq(body, &sglang),
                 };
                 assert_eq!(
-                    read(engine, body).unwrap().is_some(),
+                    read(engine, WorkerRole::Decode, body).unwrap().is_some(),
                     own,
                     "{engine} {body:?}"
                 );
@@ -290,7 +288,7 @@ mod tests {
         generation["request_type"] = "generation_only".into();
         let body = object(json!({ "disaggregated_params": generation }));
         assert_eq!(
-            read(Engine::Trtllm, &body).unwrap(),
+            read(Engine::Trtllm, WorkerRole::Decode, &body).unwrap(),
             Some(LegRequest::Decode(KvSource::Hold(Ok(PullTarget::new(
                 "10.0.0.3",
                 8100,
@@ -303,14 +301,17 @@ mod tests {
             "encoded_opaque_state": "AAEC"}}),
         );
         assert_eq!(
-            read(Engine::Trtllm, &foreign).unwrap(),
+            read(Engine::Trtllm, WorkerRole::Decode, &foreign).unwrap(),
             Some(LegRequest::Decode(KvSource::Hold(Err(
                 PullFailure::InvalidParams
             ))))
         );
         let whole =
             object(json!({"disaggregated_params": {"request_type": "context_and_generation"}}));
-        assert_eq!(read(Engine::Trtllm, &whole).unwrap(), None);
+        assert_eq!(
+            read(Engine::Trtllm, WorkerRole::Decode, &whole).unwrap(),
+            None
+        );
     }
 
     #[test]
@@ -348,7 +349,7 @@ mod tests {
             ),
         ];
         for (engine, body, field) in cases {
-            let err = read(engine, &object(body.clone())).unwrap_err();
+            let err = read(engine, WorkerRole::Decode, &object(body.clone())).unwrap_err();
             assert_eq!(err.status, 400, "{body}");
             assert!(
                 err.to_json().to_string().contains(field),

@@ -106,6 +106,7 @@ fn kv_transfer_params_accept_vllm_shapes() {
     // The prefill leg as our filter and vLLM's proxy send it.
     let leg = legs::read(
         Engine::Vllm,
+        WorkerRole::Decode,
         &fields(json!({"kv_transfer_params": {"do_remote_decode": true, "do_remote_prefill": false,
                "remote_engine_id": null, "remote_block_ids": null, "remote_host": null, "remote_port": null}})),
     )
@@ -115,6 +116,7 @@ fn kv_transfer_params_accept_vllm_shapes() {
     // A prefill response's params, including newer vLLM's per-group block lists and extra fields.
     let leg = legs::read(
         Engine::Vllm,
+        WorkerRole::Decode,
         &fields(
             json!({"kv_transfer_params": {"do_remote_prefill": true, "remote_block_ids": [[1, 2]],
                "remote_engine_id": "p", "remote_request_id": "r", "remote_host": "10.0.0.1",
