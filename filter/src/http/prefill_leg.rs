@@ -65,7 +65,11 @@ impl SwitchyardRequest {
         };
         match (prefill.handoff.order(), prefill.bootstrap_port) {
             (LegOrder::Concurrent, Some(port)) => self.start_concurrent_legs(leg, port),
-            _ => {
+            // `PrefillTarget` never lets this through; the legs could not meet without it.
+            (LegOrder::Concurrent, None) => {
+                self.fall_back(leg.decode, leg.prefill, "no bootstrap port")
+            }
+            (LegOrder::Sequential, _) => {
                 let target = leg.prefill.clone();
                 self.dispatch_prefill(leg, Some(&target), None);
             }
