@@ -3,8 +3,9 @@
 //!
 //! Steps: API kind from `x-switchyard-api`, request id from `x-request-id` (made up when
 //! missing), body read with a size limit, JSON parsed with key order kept (chat templates
-//! render the client's key order), prompt tokenized on a blocking thread (bounded by
-//! `--route-tokenize-threads`), then the router owner decides. Each failure is a typed
+//! render the client's key order), prompt rendered and looked up in the segment cache on the
+//! request's task and encoded there when little is uncached, else on a blocking thread
+//! (bounded by `--route-tokenize-threads`), then the router owner decides. Each failure is a typed
 //! [`RouteFailure`] with its own status and code.
 //!
 //! A filter that tokenizes itself sends a [`HashedPrompt`] instead of the body
@@ -31,7 +32,7 @@ use super::{declared_length, error_reply, read_body, ApiState};
 use crate::metrics::{DecisionLabels, ModelDecisionLabels};
 use crate::models::{ModelRefusal, ServedModel};
 use crate::router::{RouteError, Routed};
-use crate::service::tokenizer::TokenizeFailure;
+use crate::service::tokenizer::{TokenizeFailure, Tokenizing};
 use crate::service::{RoutePrompt, RouteRequest};
 use crate::status::DecisionRecord;
 
@@ -214,7 +215,14 @@ fn route_input(headers: &HeaderMap) -> Result<RouteInput, RouteFailure> {
     }
 }
 
-/// Tokenizes `body` (`body_bytes` long) on a blocking thread once its lane has a permit.
+/// Uncached prompt bytes encoded on the request's own task rather than a blocking thread:
+/// about 500 tokens, a few hundred microseconds of BPE, less than the hand-off to a blocking
+/// thread costs (docs/performance.md, "Over HTTP"). A warm multi-turn prompt leaves its new
+/// message to encode; a chunk the last turn ended in (~1 KiB) plus its new text fits.
+const INLINE_ENCODE_BYTES: usize = 2 << 10;
+
+/// Tokenizes `body` (`body_bytes` long): the template and cache lookups here, the encoding
+/// too when little is uncached, else on a blocking thread once its lane has a permit.
 async fn tokenize(
     state: &ApiState,
     model: &ServedModel,
@@ -222,27 +230,27 @@ async fn tokenize(
     body: serde_json::Value,
     body_bytes: usize,
 ) -> Result<Vec<u32>, RouteFailure> {
-    let permit = state
-        .tokenize_lanes
-        .acquire(body_bytes)
-        .await
-        .map_err(|_| RouteFailure::Unavailable)?;
-    let tokenizer = Arc::clone(&model.tokenizer);
-    let joined = tokio::task::spawn_blocking(move || {
-        let _permit = permit;
-        tokenizer.tokenize(api, &body)
-    })
-    .await;
-    match joined {
-        Ok(Ok(tokens)) => Ok(tokens),
-        Ok(Err(TokenizeFailure::InvalidRequest { field, message })) => {
-            Err(RouteFailure::invalid(field, message))
+    let result = match Arc::clone(&model.tokenizer).tokenize_here(api, body, INLINE_ENCODE_BYTES) {
+        Tokenizing::Done(result) => result,
+        Tokenizing::Rest(rest) => {
+            let permit = state
+                .tokenize_lanes
+                .acquire(body_bytes)
+                .await
+                .map_err(|_| RouteFailure::Unavailable)?;
+            let joined = tokio::task::spawn_blocking(move || {
+                let _permit = permit;
+                rest()
+            })
+            .await;
+            joined
+                .map_err(|join| RouteFailure::Tokenizer(format!("tokenizer task failed: {join}")))?
         }
-        Ok(Err(TokenizeFailure::Internal(message))) => Err(RouteFailure::Tokenizer(message)),
-        Err(join) => Err(RouteFailure::Tokenizer(format!(
-            "tokenizer task failed: {join}"
-        ))),
-    }
+    };
+    result.map_err(|failure| match failure {
+        TokenizeFailure::InvalidRequest { field, message } => RouteFailure::invalid(field, message),
+        TokenizeFailure::Internal(message) => RouteFailure::Tokenizer(message),
+    })
 }
 
 async fn decide<S, B>(

@@ -6,6 +6,7 @@
 //! ([`ModelTokenizer`]); a test may pass something simpler.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use switchyard_protocol::route::ApiKind;
 use switchyard_protocol::tokenize::{ModelTokenizer, TokenizeError};
@@ -35,9 +36,26 @@ pub struct SegmentCacheStats {
     pub misses: u64,
 }
 
+/// What [`PromptTokenizer::tokenize_here`] leaves to do.
+pub enum Tokenizing {
+    /// Finished on the calling thread.
+    Done(Result<Vec<u32>, TokenizeFailure>),
+    /// The rest of the work, for a blocking thread.
+    Rest(Box<dyn FnOnce() -> Result<Vec<u32>, TokenizeFailure> + Send>),
+}
+
+impl std::fmt::Debug for Tokenizing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Tokenizing::Done(result) => f.debug_tuple("Done").field(result).finish(),
+            Tokenizing::Rest(_) => f.write_str("Rest(..)"),
+        }
+    }
+}
+
 /// Turns an OpenAI request body into the prompt's token ids, exactly as the worker will.
 ///
-/// Implementations are called from blocking threads, several at once.
+/// [`PromptTokenizer::tokenize`] is called from blocking threads, several at once.
 pub trait PromptTokenizer: Send + Sync + 'static {
     /// Tokenizes the prompt of `body` (a chat or completions request).
     ///
@@ -46,6 +64,20 @@ pub trait PromptTokenizer: Send + Sync + 'static {
     /// [`TokenizeFailure::Internal`] when tokenization itself fails.
     fn tokenize(&self, api: ApiKind, body: &serde_json::Value)
         -> Result<Vec<u32>, TokenizeFailure>;
+
+    /// Does on the calling thread (an async task's) what is cheap: with a cache, the body's
+    /// checks, template and cache lookups, and the encoding itself when at most
+    /// `inline_bytes` of text are left uncached. Anything more is returned as
+    /// [`Tokenizing::Rest`] for a blocking thread. The default leaves everything to it.
+    fn tokenize_here(
+        self: Arc<Self>,
+        api: ApiKind,
+        body: serde_json::Value,
+        inline_bytes: usize,
+    ) -> Tokenizing {
+        let _ = inline_bytes;
+        Tokenizing::Rest(Box::new(move || self.tokenize(api, &body)))
+    }
 
     /// Segment-cache counters, when the tokenizer keeps such a cache.
     fn cache_stats(&self) -> SegmentCacheStats {
@@ -84,18 +116,39 @@ pub fn load_model_tokenizer(
     }
 }
 
+fn failure(e: TokenizeError) -> TokenizeFailure {
+    match e {
+        TokenizeError::InvalidRequest { field, message } => {
+            TokenizeFailure::InvalidRequest { field, message }
+        }
+        other => TokenizeFailure::Internal(other.to_string()),
+    }
+}
+
 impl PromptTokenizer for ModelTokenizer {
     fn tokenize(
         &self,
         api: ApiKind,
         body: &serde_json::Value,
     ) -> Result<Vec<u32>, TokenizeFailure> {
-        self.tokenize_request(api, body).map_err(|e| match e {
-            TokenizeError::InvalidRequest { field, message } => {
-                TokenizeFailure::InvalidRequest { field, message }
-            }
-            other => TokenizeFailure::Internal(other.to_string()),
-        })
+        self.tokenize_request(api, body).map_err(failure)
+    }
+
+    fn tokenize_here(
+        self: Arc<Self>,
+        api: ApiKind,
+        body: serde_json::Value,
+        inline_bytes: usize,
+    ) -> Tokenizing {
+        let planned = match self.plan_request(api, &body) {
+            Ok(planned) => planned,
+            Err(e) => return Tokenizing::Done(Err(failure(e))),
+        };
+        if planned.missing_bytes() <= inline_bytes {
+            return Tokenizing::Done(self.finish(planned).map_err(failure));
+        }
+        let planned = planned.into_owned();
+        Tokenizing::Rest(Box::new(move || self.finish(planned).map_err(failure)))
     }
 
     fn context_length(&self) -> Option<u32> {
@@ -107,6 +160,44 @@ impl PromptTokenizer for ModelTokenizer {
         SegmentCacheStats {
             hits: stats.hits,
             misses: stats.misses,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use switchyard_protocol::tokenize::default_model_dir;
+
+    fn done(step: Tokenizing) -> Option<Vec<u32>> {
+        match step {
+            Tokenizing::Done(ids) => Some(ids.unwrap()),
+            Tokenizing::Rest(_) => None,
+        }
+    }
+
+    #[test]
+    fn a_warm_prompt_is_finished_here_and_a_cold_one_left_for_a_blocking_thread() {
+        let tok = load_model_tokenizer(&default_model_dir()).unwrap();
+        let long = "the router keeps each session near its cache ".repeat(200);
+        let body = serde_json::json!({"messages": [{"role": "user", "content": long}]});
+        let inline = 2 << 10;
+        let rest = match Arc::clone(&tok).tokenize_here(ApiKind::Chat, body.clone(), inline) {
+            Tokenizing::Rest(rest) => rest,
+            Tokenizing::Done(_) => panic!("9 KB of uncached text was encoded inline"),
+        };
+        let ids = rest().unwrap();
+        assert_eq!(ids, tok.tokenize(ApiKind::Chat, &body).unwrap());
+        // Cached now: finished here, to the same ids.
+        let again = Arc::clone(&tok).tokenize_here(ApiKind::Chat, body.clone(), inline);
+        assert_eq!(done(again), Some(ids));
+        // A bad body is answered here, with the field.
+        let bad = serde_json::json!({"messages": [{"role": 1}]});
+        match Arc::clone(&tok).tokenize_here(ApiKind::Chat, bad, inline) {
+            Tokenizing::Done(Err(TokenizeFailure::InvalidRequest { field, .. })) => {
+                assert_eq!(field, "messages[0].role");
+            }
+            other => panic!("{other:?}"),
         }
     }
 }

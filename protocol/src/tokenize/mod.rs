@@ -31,9 +31,11 @@ mod chat_messages;
 mod chat_request;
 mod chunks;
 mod completion_request;
+mod concat_output;
 mod error;
 mod model;
 mod ordered;
+mod planned;
 mod probes;
 mod pyformat;
 mod pyjson;
@@ -41,8 +43,8 @@ mod segments;
 mod strftime;
 mod template;
 
+use std::borrow::Cow;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use tokenizers::Tokenizer;
 
@@ -54,9 +56,10 @@ pub use chunks::DEFAULT_CHUNK_BYTES;
 use completion_request::{prepare_completion, CompletionPrompt};
 pub use error::TokenizeError;
 pub use model::TokenizerFiles;
+pub use planned::PlannedPrompt;
 use probes::{chunks_exactly, special_wrap, splits_exactly, splitter_probes, SpecialWrap};
 pub use segments::SegmentCacheStats;
-use segments::{AddedTokenSplitter, Piece, SegmentCache};
+use segments::{AddedTokenSplitter, SegmentCache};
 use template::ChatTemplate;
 
 /// Default segment cache budget. A cached token costs about 4 bytes (its id; chunks of ~1 KiB
@@ -93,10 +96,6 @@ pub struct ModelTokenizer {
     chunker: Option<ChunkCutter>,
     cache: SegmentCache,
 }
-
-/// Below this many uncached bytes in one prompt, encoding them on the calling thread is
-/// faster than handing chunks to the thread pool.
-const PARALLEL_ENCODE_MIN_BYTES: usize = 16 << 10;
 
 // The control plane shares one tokenizer across request tasks.
 const _: () = {
@@ -198,17 +197,33 @@ impl ModelTokenizer {
         api: ApiKind,
         body: &serde_json::Value,
     ) -> Result<Vec<u32>, TokenizeError> {
+        self.finish(self.plan_request(api, body)?)
+    }
+
+    /// The cheap part of [`ModelTokenizer::tokenize_request`]: the body checked and rendered,
+    /// cut into segments and chunks, and every chunk the segment cache holds looked up.
+    /// [`ModelTokenizer::finish`] encodes the rest; [`PlannedPrompt::missing_bytes`] says how
+    /// much that is, so a caller can finish a warm prompt where it is and hand a cold one to
+    /// another thread.
+    ///
+    /// # Errors
+    /// As [`ModelTokenizer::tokenize_request`].
+    pub fn plan_request<'b>(
+        &self,
+        api: ApiKind,
+        body: &'b serde_json::Value,
+    ) -> Result<PlannedPrompt<'b>, TokenizeError> {
         match api {
             ApiKind::Chat => {
                 let (text, add_special_tokens) = self.render_chat_inner(body)?;
-                self.encode_text(&text, add_special_tokens)
+                self.plan_text(Cow::Owned(text), add_special_tokens)
             }
             ApiKind::Completions => match prepare_completion(body)? {
-                CompletionPrompt::Tokens(ids) => Ok(ids),
+                CompletionPrompt::Tokens(ids) => Ok(PlannedPrompt::ids(ids)),
                 CompletionPrompt::Text {
                     text,
                     add_special_tokens,
-                } => self.encode_text(text, add_special_tokens),
+                } => self.plan_text(Cow::Borrowed(text), add_special_tokens),
             },
         }
     }
@@ -254,7 +269,7 @@ impl ModelTokenizer {
     /// # Errors
     /// [`TokenizeError::Tokenizer`] if the HF tokenizer fails.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>, TokenizeError> {
-        self.encode_text(text, false)
+        self.finish(self.plan_text(Cow::Borrowed(text), false)?)
     }
 
     /// Encodes `text` in one call to the HF tokenizer, bypassing the segment cache: the
@@ -287,88 +302,6 @@ impl ModelTokenizer {
     /// Whether long segments are cut into chunks (see [`DEFAULT_CHUNK_BYTES`]).
     pub fn chunks_segments(&self) -> bool {
         self.chunker.is_some()
-    }
-
-    fn encode_text(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, TokenizeError> {
-        let (prefix, suffix): (&[u32], &[u32]) = match (&self.special_wrap, add_special_tokens) {
-            (_, false) => (&[], &[]),
-            (Some(wrap), true) => (&wrap.prefix, &wrap.suffix),
-            (None, true) => return self.encode_uncached(text, true),
-        };
-        // The text as added-token ids and chunks, in order; then the chunks the cache has.
-        let mut parts: Vec<Part<'_>> = Vec::new();
-        self.splitter.split(text, |piece| {
-            match piece {
-                Piece::Added(id) => parts.push(Part::Added(id)),
-                Piece::Text(segment) => {
-                    let mut add = |chunk| {
-                        parts.push(Part::Missing(chunk));
-                        Ok::<(), TokenizeError>(())
-                    };
-                    match &self.chunker {
-                        Some(chunker) => chunker.cut(segment, add)?,
-                        None => add(segment)?,
-                    }
-                }
-            }
-            Ok::<(), TokenizeError>(())
-        })?;
-        let chunks: Vec<&str> = parts
-            .iter()
-            .filter_map(|p| match p {
-                Part::Missing(chunk) => Some(*chunk),
-                _ => None,
-            })
-            .collect();
-        let mut cached = self.cache.get_many(&chunks).into_iter();
-        let mut missing_bytes = 0;
-        for part in &mut parts {
-            if let Part::Missing(chunk) = *part {
-                match cached.next().flatten() {
-                    Some(ids) => *part = Part::Cached(ids),
-                    None => missing_bytes += chunk.len(),
-                }
-            }
-        }
-        self.encode_missing(&mut parts, missing_bytes)?;
-        // Roughly 4 bytes per token for English text; avoids most regrowth.
-        let mut ids = Vec::with_capacity(text.len() / 3 + prefix.len() + suffix.len() + 8);
-        ids.extend_from_slice(prefix);
-        for part in &parts {
-            match part {
-                Part::Added(id) => ids.push(*id),
-                Part::Cached(chunk_ids) => ids.extend_from_slice(chunk_ids),
-                Part::Missing(_) => unreachable!("encode_missing encodes every missing part"),
-            }
-        }
-        ids.extend_from_slice(suffix);
-        Ok(ids)
-    }
-
-    /// Encodes the parts the cache did not have, in parallel when there is enough of them
-    /// (a cold long prompt), and caches them.
-    fn encode_missing(
-        &self,
-        parts: &mut [Part<'_>],
-        missing_bytes: usize,
-    ) -> Result<(), TokenizeError> {
-        let encode = |part: &mut Part<'_>| -> Result<(), TokenizeError> {
-            if let Part::Missing(text) = *part {
-                let ids: Arc<[u32]> = Arc::from(self.encode_uncached(text, false)?);
-                self.cache.insert(text, ids.clone());
-                *part = Part::Cached(ids);
-            }
-            Ok(())
-        };
-        // wasm32 (the filter's VM) has one thread: no pool to hand chunks to.
-        let parallel =
-            cfg!(not(target_arch = "wasm32")) && missing_bytes >= PARALLEL_ENCODE_MIN_BYTES;
-        if parallel {
-            use rayon::prelude::*;
-            parts.par_iter_mut().try_for_each(encode)
-        } else {
-            parts.iter_mut().try_for_each(encode)
-        }
     }
 
     /// Decodes ids to text, special tokens included.
@@ -412,16 +345,6 @@ impl ModelTokenizer {
     pub fn cache_stats(&self) -> SegmentCacheStats {
         self.cache.stats()
     }
-}
-
-/// One piece of a text on its way to ids.
-enum Part<'t> {
-    /// An added token's id.
-    Added(u32),
-    /// A chunk's ids, from the cache or just encoded.
-    Cached(Arc<[u32]>),
-    /// A chunk still to encode.
-    Missing(&'t str),
 }
 
 /// The chunk cutter for `tokenizer` at `chunk_bytes`, if its configuration is one the cut is

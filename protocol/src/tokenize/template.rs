@@ -9,6 +9,7 @@
 
 use minijinja::{Environment, Error, ErrorKind, Value};
 
+use super::concat_output::split_concatenated_output;
 use super::error::TokenizeError;
 use super::{pyformat, pyjson, strftime};
 
@@ -37,6 +38,17 @@ impl ChatTemplate {
     /// # Errors
     /// [`TokenizeError::Template`] if minijinja cannot parse it.
     pub(crate) fn compile(source: &str) -> Result<Self, TokenizeError> {
+        Self::compile_exactly(split_concatenated_output(&strip_generation_tags(source)))
+    }
+
+    /// Compiles `source` without splitting its concatenating output tags: what the split is
+    /// tested against.
+    #[cfg(test)]
+    pub(crate) fn compile_unsplit(source: &str) -> Result<Self, TokenizeError> {
+        Self::compile_exactly(strip_generation_tags(source))
+    }
+
+    fn compile_exactly(source: String) -> Result<Self, TokenizeError> {
         let mut env = Environment::new();
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
@@ -48,7 +60,7 @@ impl ChatTemplate {
         env.add_filter("join", pyformat::join_filter);
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
-        env.add_template_owned(TEMPLATE_NAME, strip_generation_tags(source))
+        env.add_template_owned(TEMPLATE_NAME, source)
             .map_err(|e| TokenizeError::Template(format!("cannot compile: {e:#}")))?;
         Ok(ChatTemplate { env })
     }

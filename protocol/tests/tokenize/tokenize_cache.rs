@@ -197,3 +197,68 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_plan_leaves_only_the_uncached_text_and_finishes_to_the_same_ids() {
+    let tok = load(64 << 20);
+    let history: Vec<(String, String)> = (0..8)
+        .flat_map(|t| {
+            [
+                (
+                    "user".to_string(),
+                    format!("question {t} about the cache and the router"),
+                ),
+                (
+                    "assistant".to_string(),
+                    format!("answer {t}: the decode worker keeps it"),
+                ),
+            ]
+        })
+        .collect();
+    let first = chat_body(&history, false);
+    let cold = tok.plan_request(ApiKind::Chat, &first).unwrap();
+    let rendered = tok.render_chat(&first).unwrap();
+    // Cold: every text byte is still to encode (the added tokens are not text).
+    assert!(
+        cold.missing_bytes() > rendered.len() / 2,
+        "{}",
+        cold.missing_bytes()
+    );
+    let ids = tok.finish(cold).unwrap();
+    assert_eq!(ids, tok.encode_uncached(&rendered, false).unwrap());
+
+    // The next turn: only its new message is left, and the ids are whole-text ids.
+    let mut next = history.clone();
+    next.push(("user".into(), "one more question".into()));
+    let body = chat_body(&next, false);
+    let warm = tok.plan_request(ApiKind::Chat, &body).unwrap();
+    assert!(
+        (1..128).contains(&warm.missing_bytes()),
+        "{}",
+        warm.missing_bytes()
+    );
+    let expected = tok
+        .encode_uncached(&tok.render_chat(&body).unwrap(), false)
+        .unwrap();
+    assert_eq!(tok.finish(warm).unwrap(), expected);
+    // Asked again, nothing is left.
+    assert_eq!(
+        tok.plan_request(ApiKind::Chat, &body)
+            .unwrap()
+            .missing_bytes(),
+        0
+    );
+
+    // A completions prompt borrowed from its body finishes the same once owned.
+    let completion = json!({"prompt": "a prompt borrowed from the body"});
+    let owned = tok
+        .plan_request(ApiKind::Completions, &completion)
+        .unwrap()
+        .into_owned();
+    drop(completion);
+    assert_eq!(
+        tok.finish(owned).unwrap(),
+        tok.encode_uncached("a prompt borrowed from the body", true)
+            .unwrap()
+    );
+}
