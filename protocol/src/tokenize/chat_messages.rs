@@ -1,6 +1,7 @@
 //! The per-message and per-tool rewrites vLLM applies to a chat body before templating (see
 //! `chat_request` for the overview).
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use minijinja::Value;
@@ -9,11 +10,16 @@ use serde_json::{Map, Value as Json};
 use super::error::TokenizeError;
 use super::ordered::{json_to_value, OrderedMap};
 
-/// One message's keys in vLLM's order; `None` values are dropped later.
-pub(crate) type MessageEntries = Vec<(Arc<str>, Option<Json>)>;
+/// One message's keys in vLLM's order; `None` values are dropped later. Values the body
+/// already holds as they are (a string `content`, `reasoning`, ...) are borrowed from it: a
+/// long message's text is copied once, into its template value, not also into an entry.
+pub(crate) type MessageEntries<'a> = Vec<(Arc<str>, Option<Cow<'a, Json>>)>;
 
 /// Message `i` rebuilt as vLLM rebuilds it (content flattened, only the keys vLLM keeps).
-pub(crate) fn prepare_message(i: usize, message: &Json) -> Result<MessageEntries, TokenizeError> {
+pub(crate) fn prepare_message(
+    i: usize,
+    message: &Json,
+) -> Result<MessageEntries<'_>, TokenizeError> {
     let field = |name: &str| format!("messages[{i}].{name}");
     let message = message
         .as_object()
@@ -24,9 +30,11 @@ pub(crate) fn prepare_message(i: usize, message: &Json) -> Result<MessageEntries
         None => return Err(TokenizeError::invalid(field("role"), "is required")),
     };
     let content = match message.get("content") {
-        None | Some(Json::Null) => String::new(),
-        Some(Json::String(s)) => s.clone(),
-        Some(Json::Array(parts)) => flatten_parts(parts, &field("content"))?,
+        None | Some(Json::Null) => Cow::Owned(Json::String(String::new())),
+        Some(text @ Json::String(_)) => Cow::Borrowed(text),
+        Some(Json::Array(parts)) => {
+            Cow::Owned(Json::String(flatten_parts(parts, &field("content"))?))
+        }
         Some(_) => {
             return Err(TokenizeError::invalid(
                 field("content"),
@@ -34,9 +42,12 @@ pub(crate) fn prepare_message(i: usize, message: &Json) -> Result<MessageEntries
             ))
         }
     };
-    let mut entries: MessageEntries = vec![
-        (Arc::from("role"), Some(Json::String(role.into()))),
-        (Arc::from("content"), Some(Json::String(content))),
+    let mut entries: MessageEntries<'_> = vec![
+        (
+            Arc::from("role"),
+            Some(Cow::Owned(Json::String(role.into()))),
+        ),
+        (Arc::from("content"), Some(content)),
     ];
     if role == "assistant" {
         match message.get("tool_calls") {
@@ -50,7 +61,10 @@ pub(crate) fn prepare_message(i: usize, message: &Json) -> Result<MessageEntries
                         prepare_tool_call(call, &format!("messages[{i}].tool_calls[{j}]"))
                     })
                     .collect::<Result<Vec<_>, _>>()?;
-                entries.push((Arc::from("tool_calls"), Some(Json::Array(calls))));
+                entries.push((
+                    Arc::from("tool_calls"),
+                    Some(Cow::Owned(Json::Array(calls))),
+                ));
             }
             Some(_) => {
                 return Err(TokenizeError::invalid(
@@ -60,22 +74,25 @@ pub(crate) fn prepare_message(i: usize, message: &Json) -> Result<MessageEntries
             }
         }
         if let Some(reasoning) = message.get("reasoning").filter(|r| !r.is_null()) {
-            entries.push((Arc::from("reasoning"), Some(reasoning.clone())));
-            entries.push((Arc::from("reasoning_content"), Some(reasoning.clone())));
+            entries.push((Arc::from("reasoning"), Some(Cow::Borrowed(reasoning))));
+            entries.push((
+                Arc::from("reasoning_content"),
+                Some(Cow::Borrowed(reasoning)),
+            ));
         }
     }
     if role == "tool" {
         if let Some(id) = message.get("tool_call_id") {
-            entries.push((Arc::from("tool_call_id"), Some(id.clone())));
+            entries.push((Arc::from("tool_call_id"), Some(Cow::Borrowed(id))));
         }
     }
     for key in ["name", "task"] {
-        if let Some(Json::String(value)) = message.get(key) {
-            entries.push((Arc::from(key), Some(Json::String(value.clone()))));
+        if let Some(value @ Json::String(_)) = message.get(key) {
+            entries.push((Arc::from(key), Some(Cow::Borrowed(value))));
         }
     }
     if role == "developer" {
-        entries.push((Arc::from("tools"), message.get("tools").cloned()));
+        entries.push((Arc::from("tools"), message.get("tools").map(Cow::Borrowed)));
     }
     Ok(entries)
 }
@@ -164,10 +181,11 @@ pub(crate) fn prepare_tool_call(call: &Json, field: &str) -> Result<Json, Tokeni
 }
 
 /// The template value of a message: `None`s dropped, reasoning aliased (transformers 5).
-pub(crate) fn message_value(entries: MessageEntries) -> Value {
-    let entries: Vec<(Arc<str>, Json)> = entries
+pub(crate) fn message_value(entries: MessageEntries<'_>) -> Value {
+    // Each value converted once; the aliases share it (template values are immutable).
+    let entries: Vec<(Arc<str>, Value)> = entries
         .into_iter()
-        .filter_map(|(k, v)| Some((k, v?)))
+        .filter_map(|(k, v)| Some((k, json_to_value(v.as_deref()?))))
         .collect();
     let reasoning = ["reasoning_content", "thinking", "reasoning"]
         .iter()
@@ -179,13 +197,13 @@ pub(crate) fn message_value(entries: MessageEntries) -> Value {
         });
     let mut map = OrderedMap::default();
     if let Some(reasoning) = &reasoning {
-        map.insert(Arc::from("thinking"), json_to_value(reasoning));
+        map.insert(Arc::from("thinking"), reasoning.clone());
     }
-    for (key, value) in &entries {
-        map.insert(key.clone(), json_to_value(value));
+    for (key, value) in entries {
+        map.insert(key, value);
     }
-    if let Some(reasoning) = &reasoning {
-        map.insert(Arc::from("reasoning_content"), json_to_value(reasoning));
+    if let Some(reasoning) = reasoning {
+        map.insert(Arc::from("reasoning_content"), reasoning);
     }
     map.into_value()
 }

@@ -106,10 +106,12 @@ pub(crate) fn prepare_chat(
     if continue_final_message {
         let last = messages.last_mut().expect("messages is not empty");
         let content = last.iter_mut().find(|(k, _)| &**k == "content");
-        match content {
-            Some((_, Some(Json::String(text)))) => {
-                continue_final = Some(text.clone());
-                text.push_str(CONTINUE_TAG);
+        match content.and_then(|(_, value)| value.as_mut()) {
+            Some(value) if value.is_string() => {
+                if let Json::String(text) = value.to_mut() {
+                    continue_final = Some(text.clone());
+                    text.push_str(CONTINUE_TAG);
+                }
             }
             _ => {
                 return Err(TokenizeError::invalid(
