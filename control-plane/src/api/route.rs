@@ -230,7 +230,13 @@ async fn tokenize(
     body: serde_json::Value,
     body_bytes: usize,
 ) -> Result<Vec<u32>, RouteFailure> {
-    let result = match Arc::clone(&model.tokenizer).tokenize_here(api, body, INLINE_ENCODE_BYTES) {
+    // The work done here is caught like the blocking thread's: a tokenizer panic answers 500
+    // instead of dropping the connection.
+    let here = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        Arc::clone(&model.tokenizer).tokenize_here(api, body, INLINE_ENCODE_BYTES)
+    }))
+    .map_err(|_| RouteFailure::Tokenizer("tokenizer panicked".into()))?;
+    let result = match here {
         Tokenizing::Done(result) => result,
         Tokenizing::Rest(rest) => {
             let permit = state
