@@ -221,6 +221,11 @@ fn route_input(headers: &HeaderMap) -> Result<RouteInput, RouteFailure> {
 /// message to encode; a chunk the last turn ended in (~1 KiB) plus its new text fits.
 const INLINE_ENCODE_BYTES: usize = 2 << 10;
 
+/// Bodies up to this size are planned (template, cache lookups) on the request's task: about
+/// 1 ms of work at 2 MiB. A larger body (up to `--max-route-body-bytes`) goes to a blocking
+/// thread whole, so one huge prompt cannot hold a runtime worker for milliseconds.
+const INLINE_PLAN_MAX_BODY_BYTES: usize = 2 << 20;
+
 /// Tokenizes `body` (`body_bytes` long): the template and cache lookups here, the encoding
 /// too when little is uncached, else on a blocking thread once its lane has a permit.
 async fn tokenize(
@@ -232,10 +237,15 @@ async fn tokenize(
 ) -> Result<Vec<u32>, RouteFailure> {
     // The work done here is caught like the blocking thread's: a tokenizer panic answers 500
     // instead of dropping the connection.
-    let here = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        Arc::clone(&model.tokenizer).tokenize_here(api, body, INLINE_ENCODE_BYTES)
-    }))
-    .map_err(|_| RouteFailure::Tokenizer("tokenizer panicked".into()))?;
+    let tokenizer = Arc::clone(&model.tokenizer);
+    let here = if body_bytes <= INLINE_PLAN_MAX_BODY_BYTES {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            tokenizer.tokenize_here(api, body, INLINE_ENCODE_BYTES)
+        }))
+        .map_err(|_| RouteFailure::Tokenizer("tokenizer panicked".into()))?
+    } else {
+        Tokenizing::Rest(Box::new(move || tokenizer.tokenize(api, &body)))
+    };
     let result = match here {
         Tokenizing::Done(result) => result,
         Tokenizing::Rest(rest) => {
