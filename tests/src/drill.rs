@@ -65,6 +65,8 @@ pub struct Outcome {
     pub worker: Option<String>,
     /// For turns after the first: routed by a verdict to the previous turn's worker.
     pub affinity: Option<bool>,
+    /// The worker that served the conversation's previous turn, if any.
+    pub previous: Option<String>,
     /// What went wrong, when not ok.
     pub error: Option<String>,
 }
@@ -152,6 +154,7 @@ async fn run_client(
                         .as_ref()
                         .map(|p| routed && worker.as_ref() == Some(p));
                     let ok = r.status == 200 && complete;
+                    let previous_worker = previous.clone();
                     if ok {
                         messages.push(json!({"role": "assistant", "content": assistant_text(&r)}));
                         messages.push(
@@ -167,6 +170,7 @@ async fn run_client(
                         route,
                         worker,
                         affinity,
+                        previous: previous_worker,
                         error: (!ok).then(|| format!("{}: {}", r.status, r.body())),
                     }
                 }
@@ -178,6 +182,7 @@ async fn run_client(
                     route: String::new(),
                     worker: None,
                     affinity: None,
+                    previous: previous.clone(),
                     error: Some(e),
                 },
             };
@@ -262,21 +267,29 @@ impl DrillReport {
     /// Share of turns after the first routed with KV affinity among those sent in
     /// `[from, to)`; `None` without such turns.
     pub fn affinity_share(&self, from: Duration, to: Duration) -> Option<f64> {
+        let (kept, turns) = self.affinity_counts(from, to);
+        (turns > 0).then(|| kept as f64 / turns as f64)
+    }
+
+    /// Turns after the first sent in `[from, to)`: how many were routed with KV affinity,
+    /// and how many there were.
+    fn affinity_counts(&self, from: Duration, to: Duration) -> (usize, usize) {
         let turns: Vec<bool> = self
             .outcomes
             .iter()
             .filter(|o| o.at >= from && o.at < to)
             .filter_map(|o| o.affinity)
             .collect();
-        (!turns.is_empty())
-            .then(|| turns.iter().filter(|a| **a).count() as f64 / turns.len() as f64)
+        (turns.iter().filter(|a| **a).count(), turns.len())
     }
 
     /// How long after `from` the routing quality was back: the end of the first one-second
     /// window from `from` on whose affinity share is at least `goal`, and from whose start to
-    /// the end of the load the share stays at `goal` or above (a later unlucky second with a
-    /// handful of turns does not undo a recovery; a relapse does). `None` if it never came
-    /// back.
+    /// the end of the load the share stays at `goal` or above, within two binomial standard
+    /// errors of it. A router at its steady quality moves a few turns per hundred to another
+    /// worker on purpose (a short cached prefix loses to load), so over a few dozen turns the
+    /// share lands a few points either side of the goal by chance; a relapse falls further.
+    /// `None` if it never came back.
     pub fn recovered_after(&self, from: Duration, goal: f64) -> Option<Duration> {
         let end = self.outcomes.last()?.at + Duration::from_secs(1);
         let windows: Vec<(Duration, Option<f64>)> = (0..)
@@ -292,9 +305,10 @@ impl DrillReport {
         let first_good = windows
             .iter()
             .position(|(_, share)| share.is_some_and(|s| s >= goal))?;
-        let stays = self
-            .affinity_share(windows[first_good].0, end)
-            .is_some_and(|s| s >= goal);
+        let (kept, turns) = self.affinity_counts(windows[first_good].0, end);
+        let n = turns as f64;
+        let margin = 2.0 * (goal * (1.0 - goal).max(0.0) / n).sqrt();
+        let stays = turns > 0 && kept as f64 / n >= goal - margin;
         stays.then(|| windows[first_good].0 + Duration::from_secs(1) - from)
     }
 
@@ -312,13 +326,33 @@ impl DrillReport {
                     .iter()
                     .filter(|o| o.at >= from && o.at < to)
                     .collect();
+                // The turns routed away from their previous turn's worker, to tell a
+                // worker change the router chose from a fail-open.
+                let moved: Vec<String> = in_second
+                    .iter()
+                    .filter(|o| o.affinity == Some(false) && !o.failed_open())
+                    .map(|o| {
+                        format!(
+                            "turn {} {} {} after {}",
+                            o.turn,
+                            o.route,
+                            o.worker.as_deref().unwrap_or("?"),
+                            o.previous.as_deref().unwrap_or("?")
+                        )
+                    })
+                    .collect();
                 format!(
-                    "{s}s: {} ({} turns) {} fail-open {} failed",
+                    "{s}s: {} ({} turns) {} fail-open {} failed{}",
                     self.affinity_share(from, to)
                         .map_or("-".into(), |a| format!("{:.0}%", a * 100.0)),
                     in_second.iter().filter(|o| o.affinity.is_some()).count(),
                     in_second.iter().filter(|o| o.failed_open()).count(),
                     in_second.iter().filter(|o| !o.ok).count(),
+                    if moved.is_empty() {
+                        String::new()
+                    } else {
+                        format!("; moved: {}", moved.join(", "))
+                    }
                 )
             })
             .collect::<Vec<_>>()
@@ -384,6 +418,7 @@ mod tests {
             route: "bypass".into(),
             worker: Some("w".into()),
             affinity,
+            previous: None,
             error: None,
         }
     }
@@ -424,17 +459,24 @@ mod tests {
             report.recovered_after(Duration::from_secs(1), 0.5),
             Some(Duration::from_secs(2))
         );
-        let never = DrillReport {
-            outcomes: vec![
-                outcome(100, Some(false)),
-                outcome(1_100, Some(true)),
-                outcome(2_100, Some(false)),
-            ],
-        };
+        // Good in [1, 2), then half the turns move: a relapse, far outside the noise of 20
+        // turns at 90 % (2 standard errors: 13 points).
+        let mut relapse = vec![outcome(100, Some(false)), outcome(1_100, Some(true))];
+        relapse.extend((0..20).map(|i| outcome(2_000 + 40 * i, Some(i % 2 == 0))));
+        let never = DrillReport { outcomes: relapse };
         assert_eq!(
             never.recovered_after(Duration::ZERO, 0.9),
             None,
             "it did not stay good"
+        );
+        // 4 moves in 21 turns (81 %) is within the noise of 90 % (2 standard errors: 13
+        // points): back after 2 s.
+        let mut noisy = vec![outcome(100, Some(false)), outcome(1_100, Some(true))];
+        noisy.extend((0..20).map(|i| outcome(2_000 + 40 * i, Some(i % 5 != 3))));
+        let noisy = DrillReport { outcomes: noisy };
+        assert_eq!(
+            noisy.recovered_after(Duration::ZERO, 0.9),
+            Some(Duration::from_secs(2))
         );
     }
 }
