@@ -315,7 +315,9 @@ async fn two_replicas_share_load_and_config_and_a_replica_lost_or_late_costs_not
     let baseline = report
         .affinity_share(Duration::ZERO, killed_at)
         .expect("turns before the kill");
-    assert!(baseline >= 0.8, "affinity before the kill: {baseline}");
+    // The drills' sanity bar (e2e_drills): random routing over 3 workers keeps ~33 %. Two
+    // replicas each move a few turns per hundred on purpose, so ~40 turns land near 80 %.
+    assert!(baseline >= 0.7, "affinity before the kill: {baseline}");
     let during = report
         .affinity_share(killed_at, restarted_at)
         .expect("turns while replica 1 was down");
