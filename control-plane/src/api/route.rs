@@ -244,7 +244,7 @@ async fn tokenize(
         }))
         .map_err(|_| RouteFailure::Tokenizer("tokenizer panicked".into()))?
     } else {
-        Tokenizing::Rest(Box::new(move || tokenizer.tokenize(api, &body)))
+        Tokenizing::whole(tokenizer, api, body)
     };
     let result = match here {
         Tokenizing::Done(result) => result,

@@ -44,6 +44,17 @@ pub enum Tokenizing {
     Rest(Box<dyn FnOnce() -> Result<Vec<u32>, TokenizeFailure> + Send>),
 }
 
+impl Tokenizing {
+    /// All of `body`'s tokenization, for a blocking thread.
+    pub fn whole<T: PromptTokenizer + ?Sized>(
+        tokenizer: Arc<T>,
+        api: ApiKind,
+        body: serde_json::Value,
+    ) -> Self {
+        Tokenizing::Rest(Box::new(move || tokenizer.tokenize(api, &body)))
+    }
+}
+
 impl std::fmt::Debug for Tokenizing {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
@@ -76,7 +87,7 @@ pub trait PromptTokenizer: Send + Sync + 'static {
         inline_bytes: usize,
     ) -> Tokenizing {
         let _ = inline_bytes;
-        Tokenizing::Rest(Box::new(move || self.tokenize(api, &body)))
+        Tokenizing::whole(self, api, body)
     }
 
     /// Segment-cache counters, when the tokenizer keeps such a cache.

@@ -17,6 +17,7 @@
 //!   `thinking` (first key) and `reasoning_content` (last key).
 //! - `add_generation_prompt` defaults to true; `chat_template_kwargs` override every variable.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use minijinja::Value;
@@ -106,12 +107,13 @@ pub(crate) fn prepare_chat(
     if continue_final_message {
         let last = messages.last_mut().expect("messages is not empty");
         let content = last.iter_mut().find(|(k, _)| &**k == "content");
-        match content.and_then(|(_, value)| value.as_mut()) {
-            Some(value) if value.is_string() => {
-                if let Json::String(text) = value.to_mut() {
-                    continue_final = Some(text.clone());
-                    text.push_str(CONTINUE_TAG);
-                }
+        match content
+            .and_then(|(_, value)| value.as_mut())
+            .map(Cow::to_mut)
+        {
+            Some(Json::String(text)) => {
+                continue_final = Some(text.clone());
+                text.push_str(CONTINUE_TAG);
             }
             _ => {
                 return Err(TokenizeError::invalid(

@@ -36,9 +36,11 @@ pub(crate) fn split_concatenated_output(source: &str) -> String {
                     .map_or(bytes.len(), |end| i + end + 2)
             }
             b'%' => {
-                let end = tag_end(source, i + 2, b'%').unwrap_or(bytes.len());
-                let inner =
-                    source[i + 2..end.saturating_sub(2).max(i + 2)].trim_matches(['-', '+']);
+                // An unterminated tag is minijinja's to report; nothing after it is split.
+                let Some(end) = tag_end(source, i + 2, b'%') else {
+                    break;
+                };
+                let inner = source[i + 2..end - 2].trim_matches(['-', '+']);
                 i = end;
                 if inner.trim() == "raw" {
                     // Nothing in a raw block is a tag; skip to its end tag.
@@ -222,6 +224,8 @@ mod tests {
             "{# {{ 'a' + b }} #}",     // a comment
             "{% raw %}{{ 'a' + b }}{% endraw %}",
             "{% set s = '{{ \\'a\\' + b }}' %}", // a string in a statement
+            "{% if x 中",                        // unterminated: left for minijinja to report
+            "{{ 'a' + b 中",
         ] {
             assert_eq!(split_concatenated_output(src), src, "{src}");
         }

@@ -102,6 +102,8 @@ impl ModelTokenizer {
                 plan: Plan::Whole(text),
             });
         }
+        // The splitter and the cutter hand out slices of `text`: a part keeps its byte range,
+        // so the plan can own the text and move to another thread.
         let base = text.as_ptr() as usize;
         let range = |piece: &str| {
             let start = piece.as_ptr() as usize - base;
@@ -132,7 +134,6 @@ impl ModelTokenizer {
             })
             .collect();
         let mut cached = self.cache.get_many(&chunks).into_iter();
-        drop(chunks);
         let mut missing_bytes = 0;
         for part in &mut parts {
             if let Part::Missing(r) = part {
