@@ -53,9 +53,13 @@ use worker_set::{PackedSet, SetArena};
 
 pub use worker_set::MAX_SLOT;
 
-/// Blocks whose cache misses are started together (see `U64Table::prefetch`): enough to
-/// keep a core's outstanding-miss buffers busy.
-const PREFETCH: usize = 16;
+/// Blocks whose cache misses are started together (see `U64Table::prefetch`). A stored block
+/// loads two lines (its home line and the next) in each of two tables (its worker's engine
+/// ids, the hashes), so 8 blocks put 32 line loads in flight. 16 blocks overflowed the core's
+/// miss buffers on an AMD EPYC VM with a 32 MiB L3, where the 60 MB hash table lives in DRAM:
+/// ingest at 4 M pairs ran at 16 M blocks/s against 26 M with 8; 4 gave 25 M and 12 gave 18 M
+/// (`docs/kv-index-vs-dynamo.md`, 2026-12-04).
+const PREFETCH: usize = 8;
 
 /// Dead records whose hash-table entries are removed together (see `KvIndex::flush_dead`):
 /// enough that their misses overlap, few enough that the table barely fills with them.
