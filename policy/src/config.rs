@@ -58,8 +58,9 @@ impl PolicyKind {
 }
 
 /// The fields `slo_cost` reads: the SLOs and the timing model's coefficients.
-pub const SLO_COST_KNOBS: [&str; 9] = [
+pub const SLO_COST_KNOBS: [&str; 10] = [
     "slo_itl_ms",
+    "slo_ttft_ms",
     "prefill_iteration_ms",
     "prefill_ms_per_token",
     "prefill_attention_ms_per_token_pair",
@@ -97,6 +98,10 @@ pub struct ConditionalDisaggConfig {
     /// `slo_cost`: the ITL objective (ms), a stream's mean time per output token, as goodput
     /// counts it. Default 25.
     pub slo_itl_ms: f64,
+    /// `slo_cost`: the TTFT objective (ms). A request that disaggregation would bring to its
+    /// first token later than this is lost that way, so its bypass may use the learned rescue
+    /// budget (`slo_cost.rs`). Default 2000.
+    pub slo_ttft_ms: f64,
     /// `slo_cost`'s timing model: fixed cost of an iteration holding prefill work (ms), paid
     /// per chunk. Default 19.5 (GB200 FP8 TEP4's `a0`, docs/sim-model.md "Prefill").
     pub prefill_iteration_ms: f64,
@@ -130,6 +135,7 @@ impl Default for ConditionalDisaggConfig {
             prefill_queue_budget_tokens: 32_768,
             decode_busy_threshold: None,
             slo_itl_ms: 25.0,
+            slo_ttft_ms: 2000.0,
             prefill_iteration_ms: 19.5,
             prefill_ms_per_token: 0.01489,
             prefill_attention_ms_per_token_pair: 5.42e-7,
@@ -172,11 +178,16 @@ impl ConditionalDisaggConfig {
         ] {
             non_negative(field, x)?;
         }
-        if !(self.slo_itl_ms.is_finite() && self.slo_itl_ms > 0.0) {
-            return Err(ConfigError::new(
-                "slo_itl_ms",
-                format!("must be finite and positive, got {}", self.slo_itl_ms),
-            ));
+        for (field, x) in [
+            ("slo_itl_ms", self.slo_itl_ms),
+            ("slo_ttft_ms", self.slo_ttft_ms),
+        ] {
+            if !(x.is_finite() && x > 0.0) {
+                return Err(ConfigError::new(
+                    field,
+                    format!("must be finite and positive, got {x}"),
+                ));
+            }
         }
         if self.prefill_chunk_tokens == 0 {
             return Err(ConfigError::new(
@@ -287,6 +298,13 @@ mod tests {
                     ..base
                 },
                 "slo_itl_ms",
+            ),
+            (
+                ConditionalDisaggConfig {
+                    slo_ttft_ms: -1.0,
+                    ..base
+                },
+                "slo_ttft_ms",
             ),
             (
                 ConditionalDisaggConfig {

@@ -27,6 +27,16 @@
 //! [`STEP_SLO_SHARE`] of `slo_itl_ms`: a worker slower than that cannot meet the objective
 //! whatever the policy does, and the policy keeps a slack to split between streams.
 //!
+//! **The rescue factor** (`RescueScale`) is learned from the same `done` reports, but against
+//! the ITL objective itself rather than a prediction. `slo_cost` multiplies a stall budget by
+//! it only for requests that disaggregation would bring to the first token after the TTFT
+//! objective (lost that way; see `slo_cost.rs`). It is a quantile tracker: each finished
+//! stream moves the factor's logarithm up by `RESCUE_STEP · RESCUE_MISS_SHARE` when it met the
+//! ITL objective and down by `RESCUE_STEP · (1 − RESCUE_MISS_SHARE)` when it missed, so it
+//! settles where [`RESCUE_MISS_SHARE`] of the streams miss: while streams have slack the rescue
+//! grows, and as soon as its bypasses break more streams than that it shrinks back towards 1
+//! (no rescue). Bounded to [1, [`RESCUE_MAX`]].
+//!
 //! Pure and deterministic: the router feeds it; the same code runs behind the control plane
 //! and in the virtual-time replay.
 
@@ -45,6 +55,15 @@ pub const MIN_SAMPLES: u64 = 8;
 pub const STEP_SLO_SHARE: f64 = 0.8;
 /// Weight the past keeps per sample: about the last 1 / (1 − decay) = 50 samples count.
 pub const DECAY: f64 = 0.98;
+/// Share of finished streams missing the ITL objective at which the rescue factor stops
+/// moving. 5 %: goodput loses those streams, but a request the rescue does not bypass is lost
+/// for TTFT anyway (10 % did as well in virtual time, docs/benchmarks.md).
+pub const RESCUE_MISS_SHARE: f64 = 0.05;
+/// Step of the rescue factor's natural logarithm per finished stream: from 1 to its bound in
+/// about 1,700 streams that all meet the objective, back in about 90 that miss it.
+pub const RESCUE_STEP: f64 = 0.05;
+/// Largest rescue factor (a budget 64 times the `1/B` share).
+pub const RESCUE_MAX: f64 = 64.0;
 
 /// One exponentially weighted ratio `Σ w·observed / Σ w·predicted`.
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
@@ -80,7 +99,42 @@ impl Ratio {
     }
 }
 
-/// The two learned factors.
+/// `slo_cost`'s rescue factor: a quantile tracker over finished streams' ITL (module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub struct RescueScale {
+    /// Natural logarithm of the factor, in [0, ln `RESCUE_MAX`].
+    log: f64,
+    samples: u64,
+}
+
+impl RescueScale {
+    /// One finished stream's mean time per output token against the ITL objective; non-finite
+    /// values are ignored.
+    pub fn observe(&mut self, itl_ms: f64, slo_itl_ms: f64) {
+        if !(itl_ms.is_finite() && slo_itl_ms.is_finite()) {
+            return;
+        }
+        let step = if itl_ms > slo_itl_ms {
+            -RESCUE_STEP * (1.0 - RESCUE_MISS_SHARE)
+        } else {
+            RESCUE_STEP * RESCUE_MISS_SHARE
+        };
+        self.log = (self.log + step).clamp(0.0, RESCUE_MAX.ln());
+        self.samples += 1;
+    }
+
+    /// The factor, in [1, [`RESCUE_MAX`]].
+    pub fn scale(&self) -> f64 {
+        self.log.exp()
+    }
+
+    /// Streams observed so far.
+    pub fn samples(&self) -> u64 {
+        self.samples
+    }
+}
+
+/// The learned factors.
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
 pub struct TimingScales {
     /// On the prefill coefficients (`prefill_iteration_ms`, `prefill_ms_per_token`,
@@ -88,6 +142,9 @@ pub struct TimingScales {
     pub prefill: Ratio,
     /// On the decode step (`decode_step_ms`, `decode_step_ms_per_stream`).
     pub decode: Ratio,
+    /// On the stall budget of requests that disaggregation would lose for TTFT.
+    #[serde(default)]
+    pub rescue: RescueScale,
 }
 
 impl TimingScales {
@@ -98,9 +155,11 @@ impl TimingScales {
             .observe(scaled_ms, (observed_ms - fixed_ms).max(0.0));
     }
 
-    /// A stream's mean time per output token, against the configured model's step for it.
-    pub fn observe_itl(&mut self, predicted_step_ms: f64, observed_ms: f64) {
+    /// A stream's mean time per output token, against the configured model's step for it and
+    /// against the ITL objective (the rescue factor).
+    pub fn observe_itl(&mut self, predicted_step_ms: f64, observed_ms: f64, slo_itl_ms: f64) {
         self.decode.observe(predicted_step_ms, observed_ms);
+        self.rescue.observe(observed_ms, slo_itl_ms);
     }
 
     /// `cfg` with its timing coefficients corrected by the learned factors, the decode step
@@ -135,7 +194,7 @@ mod tests {
         for i in 0..200 {
             let predicted = 100.0 + f64::from(i % 7) * 50.0;
             s.observe_ttft(predicted, 5.0, 5.0 + predicted / 2.0);
-            s.observe_itl(20.0, 10.0);
+            s.observe_itl(20.0, 10.0, 25.0);
         }
         assert!((s.prefill.scale() - 0.5).abs() < 1e-9);
         assert!((s.decode.scale() - 0.5).abs() < 1e-9);
@@ -154,7 +213,7 @@ mod tests {
         }
         s.observe_ttft(0.0, 0.0, 300.0);
         s.observe_ttft(f64::NAN, 0.0, 300.0);
-        s.observe_itl(10.0, f64::INFINITY);
+        s.observe_itl(10.0, f64::INFINITY, 25.0);
         assert_eq!(s.prefill.scale(), 1.0);
         assert_eq!(s.prefill.samples(), MIN_SAMPLES - 1);
         assert_eq!(s.decode.samples(), 0);
@@ -167,7 +226,7 @@ mod tests {
         let mut s = TimingScales::default();
         for _ in 0..100 {
             s.observe_ttft(10.0, 0.0, 10_000.0);
-            s.observe_itl(16.0, 160.0);
+            s.observe_itl(16.0, 160.0, 25.0);
         }
         assert_eq!(s.prefill.scale(), MAX_SCALE);
         let cfg = ConditionalDisaggConfig::default();
@@ -185,5 +244,54 @@ mod tests {
             t.observe_ttft(100.0, 50.0, 20.0);
         }
         assert_eq!(t.prefill.scale(), MIN_SCALE);
+    }
+
+    #[test]
+    fn the_rescue_factor_settles_where_its_share_of_streams_misses_the_objective() {
+        let mut r = RescueScale::default();
+        assert_eq!(r.scale(), 1.0);
+        // Streams within the objective raise it, up to its bound and no further.
+        for _ in 0..10_000 {
+            r.observe(20.0, 25.0);
+        }
+        assert!((r.scale() - RESCUE_MAX).abs() < 1e-9);
+        // Misses bring it back to 1 (no rescue), and never below.
+        for _ in 0..1_000 {
+            r.observe(30.0, 25.0);
+        }
+        assert_eq!(r.scale(), 1.0);
+        // Exactly the target share of misses leaves it where it was: one miss in 20.
+        for _ in 0..200 {
+            r.observe(20.0, 25.0);
+        }
+        let before = r.scale();
+        for _ in 0..50 {
+            for _ in 0..19 {
+                r.observe(20.0, 25.0);
+            }
+            r.observe(26.0, 25.0);
+        }
+        assert!(
+            (r.scale() / before - 1.0).abs() < 1e-9,
+            "{} {before}",
+            r.scale()
+        );
+        // More misses than that lower it; non-finite observations are ignored.
+        let n = r.samples();
+        r.observe(f64::NAN, 25.0);
+        assert_eq!(r.samples(), n);
+        for _ in 0..10 {
+            r.observe(26.0, 25.0);
+        }
+        assert!(r.scale() < before);
+    }
+
+    #[test]
+    fn scales_from_before_the_rescue_factor_read_with_none() {
+        let s = TimingScales::default();
+        let mut json = serde_json::to_value(s).unwrap();
+        json.as_object_mut().unwrap().remove("rescue");
+        let back: TimingScales = serde_json::from_value(json).unwrap();
+        assert_eq!(back.rescue.scale(), 1.0);
     }
 }

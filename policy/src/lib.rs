@@ -55,6 +55,11 @@ pub struct PolicyInput {
     /// done), before this request: the ones a local prefill stalls.
     #[serde(default)]
     pub decode_running_streams: u32,
+    /// `slo_cost`'s learned rescue factor (`learn::RescueScale`) at the time: the stall budget's
+    /// multiplier for a request that disaggregation would lose for TTFT. Values below 1 (0 in
+    /// records from before it) mean no rescue.
+    #[serde(default)]
+    pub stall_rescue_scale: f64,
 }
 
 /// Bypass or disaggregate, with the reason.

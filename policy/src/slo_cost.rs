@@ -13,13 +13,19 @@
 //! step(B)       = decode_step_ms + decode_step_ms_per_stream·B      (0 for B = 0)
 //! ```
 //!
-//! Queued prefill tokens are costed as cold `prefill(q, 0)`: the router does not know the
-//! context of the work ahead, so a queue of long-context prompts is underestimated.
+//! Queued prefill tokens are costed by `queue(q)`: as cold prompts of one chunk each,
+//! `chunks(q)·prefill_iteration_ms + prefill_ms_per_token·q + pair·q·min(q, chunk)/2`. A queue
+//! is many prompts, and the router does not know their contexts; costing it as *one* prompt of
+//! `q` tokens (what this did before) made its attention term quadratic in the queue: a 2 M-token
+//! queue came out at 18 minutes against 5 of real work, and the learned prefill factor, fitted
+//! to that, sank to its floor and shrank every bypass's predicted stall with it
+//! (docs/benchmarks.md, "Agentic sessions that saturate 4 workers"). Linear, the queue of
+//! long-context prompts is underestimated instead, and the learned factor makes up for it.
 //!
-//! - **Disagg TTFT** = prefill worker's queue + `prefill(isl − p_cached, p_cached)` + the
+//! - **Disagg TTFT** = `queue(q_p)` of the prefill worker + `prefill(isl − p_cached, p_cached)` + the
 //!   whole prompt's KV transfer (`kv_transfer_ms_per_token·isl`) + one decode step on the
 //!   decode worker with this stream added.
-//! - **Bypass TTFT** = the decode worker's own prefill queue + `prefill(eff_isl, isl −
+//! - **Bypass TTFT** = `queue(q_d)` of the decode worker + `prefill(eff_isl, isl −
 //!   eff_isl)`, where every prefill iteration also carries the running streams' decode step
 //!   (a mixed iteration costs the sum, docs/sim-model.md).
 //! - **Stall**: the prefill time a bypass puts in the decode worker's iterations, its queue
@@ -44,11 +50,24 @@
 //! streams past their first token only: a request still waiting for its prefill stalls
 //! nothing, and counting it starved saturated runs of bypasses.
 //!
+//! **The rescue.** When disaggregation would bring the request to its first token after
+//! `slo_ttft_ms`, the request is lost that way (a prefill pool past saturation, its queue
+//! minutes long), while the `1/B` share above still assumes the alternative is free. Such a
+//! request may then stall its decode worker by up to `budget · rescue`, where `rescue`
+//! (`PolicyInput::stall_rescue_scale`, ≥ 1) is learned online from finished streams' ITL
+//! (`crate::learn::RescueScale`): it grows while streams meet the ITL objective and shrinks as
+//! soon as more than 5 % miss it. So the rescue spends exactly the ITL slack the streams have
+//! left, which the fixed `1/B` split cannot know. Without it, past saturation the ITL rule
+//! sent the turns with the largest local prefills — the longest contexts — to a prefill worker
+//! whose queue was minutes long, where each was lost and kept its whole session waiting.
+//!
 //! Decision: disagg (`disagg:slo_cost_ttft`) when the bypass TTFT is strictly larger; else
-//! disagg (`disagg:slo_cost_itl_stall`) when the stall exceeds the budget; else bypass
-//! (`bypass:slo_cost`). The TTFT objective needs no field: "disagg would break it while
-//! bypass would not" implies the bypass TTFT is the smaller one, which the comparison already
-//! bypasses; and when both would break it, the faster choice is still the better one.
+//! bypass (`bypass:slo_cost`) when the stall fits the budget; else bypass
+//! (`bypass:slo_cost_rescue`) when disagg would miss the TTFT objective and the stall fits the
+//! rescued budget; else disagg (`disagg:slo_cost_itl_stall`). "Disagg would break the TTFT
+//! objective while bypass would not" needs no rule of its own: it implies the bypass TTFT is
+//! the smaller one, which the comparison already bypasses; and when both would break it, the
+//! faster choice is still the better one.
 
 use crate::config::ConditionalDisaggConfig;
 use crate::{BypassPolicy, Decision, PolicyInput, Reason};
@@ -68,6 +87,9 @@ pub struct Prediction {
     pub bypass_stall_ms: f64,
     /// Stall the running streams can absorb within the ITL objective (infinite with none).
     pub stall_budget_ms: f64,
+    /// The budget with the learned rescue applied when disagg would miss the TTFT objective;
+    /// else equal to `stall_budget_ms`.
+    pub rescue_budget_ms: f64,
 }
 
 /// Prefill iterations (chunks) for `new` tokens.
@@ -81,6 +103,16 @@ pub fn prefill_ms(new: u64, cached: u64, cfg: &ConditionalDisaggConfig) -> f64 {
     chunks(new, cfg) as f64 * cfg.prefill_iteration_ms
         + cfg.prefill_ms_per_token * n
         + cfg.prefill_attention_ms_per_token_pair * n * (cached as f64 + n / 2.0)
+}
+
+/// Time (ms) to work through `queued` prefill tokens of unknown prompts, costed as cold prompts
+/// of one chunk each: linear in the queue (see the module docs for why not one prompt).
+pub fn queue_ms(queued: u64, cfg: &ConditionalDisaggConfig) -> f64 {
+    let chunk = u64::from(cfg.prefill_chunk_tokens.max(1));
+    let n = queued as f64;
+    chunks(queued, cfg) as f64 * cfg.prefill_iteration_ms
+        + cfg.prefill_ms_per_token * n
+        + cfg.prefill_attention_ms_per_token_pair * n * (queued.min(chunk) as f64 / 2.0)
 }
 
 /// One decode iteration (ms) of `streams` running streams; 0 without any.
@@ -99,13 +131,13 @@ pub fn predict(input: &PolicyInput, cfg: &ConditionalDisaggConfig) -> Prediction
     let p_cached = u64::from(input.prefill_cached_tokens.min(input.isl));
     let running = input.decode_running_streams;
 
-    let disagg_ttft_ms = prefill_ms(input.prefill_queued_tokens, 0, cfg)
+    let disagg_ttft_ms = queue_ms(input.prefill_queued_tokens, cfg)
         + prefill_ms(isl - p_cached, p_cached, cfg)
         + cfg.kv_transfer_ms_per_token * isl as f64
         + step_ms(running.saturating_add(1), cfg);
 
     let queue = input.decode_queued_tokens;
-    let bypass_stall_ms = prefill_ms(queue, 0, cfg) + prefill_ms(eff_isl, isl - eff_isl, cfg);
+    let bypass_stall_ms = queue_ms(queue, cfg) + prefill_ms(eff_isl, isl - eff_isl, cfg);
     let iterations = chunks(queue, cfg) + chunks(eff_isl, cfg).max(1);
     let bypass_ttft_ms = bypass_stall_ms + iterations as f64 * step_ms(running, cfg);
 
@@ -117,11 +149,19 @@ pub fn predict(input: &PolicyInput, cfg: &ConditionalDisaggConfig) -> Prediction
         (cfg.slo_itl_ms - step_ms(running, cfg)).max(0.0) * f64::from(cfg.itl_stall_horizon_tokens)
             / f64::from(running)
     };
+    // Disaggregation would lose the request for TTFT: its bypass may spend the learned
+    // rescue of the streams' slack (a scale below 1, as an absent field reads, is none).
+    let rescue_budget_ms = if disagg_ttft_ms > cfg.slo_ttft_ms {
+        stall_budget_ms * input.stall_rescue_scale.max(1.0)
+    } else {
+        stall_budget_ms
+    };
     Prediction {
         bypass_ttft_ms,
         disagg_ttft_ms,
         bypass_stall_ms,
         stall_budget_ms,
+        rescue_budget_ms,
     }
 }
 
@@ -130,10 +170,12 @@ impl BypassPolicy for SloCost {
         let p = predict(input, cfg);
         if p.bypass_ttft_ms > p.disagg_ttft_ms {
             Decision::Disagg(Reason::DisaggSloCostTtft)
-        } else if p.bypass_stall_ms > p.stall_budget_ms {
-            Decision::Disagg(Reason::DisaggSloCostItlStall)
-        } else {
+        } else if p.bypass_stall_ms <= p.stall_budget_ms {
             Decision::Bypass(Reason::BypassSloCost)
+        } else if p.bypass_stall_ms <= p.rescue_budget_ms {
+            Decision::Bypass(Reason::BypassSloCostRescue)
+        } else {
+            Decision::Disagg(Reason::DisaggSloCostItlStall)
         }
     }
 }
@@ -271,6 +313,71 @@ mod tests {
             SloCost.decide(&i, &tight),
             Decision::Bypass(Reason::BypassSloCost)
         );
+    }
+
+    #[test]
+    fn a_queue_costs_in_proportion_to_its_tokens() {
+        let c = cfg();
+        let chunk = u64::from(c.prefill_chunk_tokens);
+        // Whole chunks: each costs what one cold chunk-sized prompt does.
+        assert!((queue_ms(chunk, &c) - prefill_ms(chunk, 0, &c)).abs() < 1e-9);
+        assert!((queue_ms(100 * chunk, &c) - 100.0 * queue_ms(chunk, &c)).abs() < 1e-6);
+        // Below a chunk it is one cold prompt; above, never more than one long prompt would be.
+        assert!((queue_ms(1_000, &c) - prefill_ms(1_000, 0, &c)).abs() < 1e-9);
+        assert!(queue_ms(2_000_000, &c) < prefill_ms(2_000_000, 0, &c) / 10.0);
+        assert_eq!(queue_ms(0, &c), 0.0);
+    }
+
+    #[test]
+    fn the_rescue_applies_only_when_disagg_would_miss_the_ttft_objective() {
+        let c = cfg();
+        // A warm turn next to 40 streams: its ~200 ms stall is over the 1/B share (~51 ms).
+        let base = PolicyInput {
+            stall_rescue_scale: 8.0,
+            ..req(60_000, 4_000, 56_000, 40)
+        };
+        let p = predict(&base, &c);
+        assert!(p.bypass_stall_ms > p.stall_budget_ms, "{p:?}");
+        assert!(p.bypass_stall_ms < 8.0 * p.stall_budget_ms, "{p:?}");
+        // The prefill worker is idle: disagg meets the objective, no rescue.
+        assert!(p.disagg_ttft_ms <= c.slo_ttft_ms);
+        assert_eq!(p.rescue_budget_ms, p.stall_budget_ms);
+        assert_eq!(
+            SloCost.decide(&base, &c),
+            Decision::Disagg(Reason::DisaggSloCostItlStall)
+        );
+        // Its queue is minutes long: disagg loses the request, the rescued budget takes it.
+        let hopeless = PolicyInput {
+            prefill_queued_tokens: 5_000_000,
+            ..base
+        };
+        let p = predict(&hopeless, &c);
+        assert!(p.disagg_ttft_ms > c.slo_ttft_ms);
+        assert!(p.bypass_ttft_ms <= p.disagg_ttft_ms);
+        assert_eq!(p.rescue_budget_ms, 8.0 * p.stall_budget_ms);
+        assert_eq!(
+            SloCost.decide(&hopeless, &c),
+            Decision::Bypass(Reason::BypassSloCostRescue)
+        );
+        // No learned rescue (1, or 0 as an old record reads): the ITL rule as before.
+        for scale in [1.0, 0.0] {
+            let none = PolicyInput {
+                stall_rescue_scale: scale,
+                ..hopeless
+            };
+            assert_eq!(
+                SloCost.decide(&none, &c),
+                Decision::Disagg(Reason::DisaggSloCostItlStall)
+            );
+        }
+        // A stall beyond even the rescued budget still disaggregates.
+        let cold = PolicyInput {
+            eff_isl: 60_000,
+            ..hopeless
+        };
+        let p = predict(&cold, &c);
+        assert!(p.bypass_stall_ms > p.rescue_budget_ms, "{p:?}");
+        assert!(!SloCost.decide(&cold, &c).is_bypass());
     }
 
     #[test]

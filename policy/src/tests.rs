@@ -17,6 +17,7 @@ pub(crate) fn input(isl: u32, eff_isl: u32) -> PolicyInput {
         prefill_cached_tokens: 0,
         decode_queued_tokens: 0,
         decode_running_streams: 0,
+        stall_rescue_scale: 0.0,
     }
 }
 
@@ -27,18 +28,21 @@ fn any_input() -> impl Strategy<Value = PolicyInput> {
         0u64..100_000,
         0u64..20_000,
         0u64..20_000,
-        (0u32..=100, 0u64..100_000, 0u32..300),
+        (0u32..=100, 0u64..100_000, 0u32..300, 0.0f64..64.0),
     )
         .prop_map(
-            |(isl, pct, queued, projected, capacity, (p_pct, d_queued, running))| PolicyInput {
-                isl,
-                eff_isl: (u64::from(isl) * u64::from(pct) / 100) as u32,
-                prefill_queued_tokens: queued,
-                decode_projected_blocks: projected,
-                decode_capacity_blocks: capacity,
-                prefill_cached_tokens: (u64::from(isl) * u64::from(p_pct) / 100) as u32,
-                decode_queued_tokens: d_queued,
-                decode_running_streams: running,
+            |(isl, pct, queued, projected, capacity, (p_pct, d_queued, running, rescue))| {
+                PolicyInput {
+                    isl,
+                    eff_isl: (u64::from(isl) * u64::from(pct) / 100) as u32,
+                    prefill_queued_tokens: queued,
+                    decode_projected_blocks: projected,
+                    decode_capacity_blocks: capacity,
+                    prefill_cached_tokens: (u64::from(isl) * u64::from(p_pct) / 100) as u32,
+                    decode_queued_tokens: d_queued,
+                    decode_running_streams: running,
+                    stall_rescue_scale: rescue,
+                }
             },
         )
 }
@@ -74,14 +78,19 @@ fn any_config() -> impl Strategy<Value = ConditionalDisaggConfig> {
 /// `slo_cost`'s SLOs and coefficients around the GB200 defaults (the other fields default).
 fn any_timing() -> impl Strategy<Value = ConditionalDisaggConfig> {
     (
-        (1.0f64..100.0, 0.0f64..50.0),
+        (1.0f64..100.0, 0.0f64..50.0, 1.0f64..10_000.0),
         (0.0f64..0.05, 0.0f64..2e-6, 1u32..20_000),
         (0.0f64..30.0, 0.0f64..0.05, 0.0f64..1e-3, 0u32..2_000),
     )
         .prop_map(
-            |((itl, iteration), (per_token, attention, chunk), (step, per_stream, kv, horizon))| {
+            |(
+                (itl, iteration, ttft),
+                (per_token, attention, chunk),
+                (step, per_stream, kv, horizon),
+            )| {
                 ConditionalDisaggConfig {
                     slo_itl_ms: itl,
+                    slo_ttft_ms: ttft,
                     prefill_iteration_ms: iteration,
                     prefill_ms_per_token: per_token,
                     prefill_attention_ms_per_token_pair: attention,
@@ -140,11 +149,32 @@ proptest! {
     fn slo_cost_bypasses_only_within_both_predictions(i in any_input(), cfg in any_timing()) {
         let p = slo_cost::predict(&i, &cfg);
         prop_assert!(p.bypass_ttft_ms.is_finite() && p.disagg_ttft_ms.is_finite());
-        let bypass = slo_cost::SloCost.decide(&i, &cfg).is_bypass();
+        prop_assert!(p.rescue_budget_ms >= p.stall_budget_ms);
+        if p.disagg_ttft_ms <= cfg.slo_ttft_ms || i.stall_rescue_scale <= 1.0 {
+            prop_assert_eq!(p.rescue_budget_ms, p.stall_budget_ms);
+        }
+        let d = slo_cost::SloCost.decide(&i, &cfg);
         prop_assert_eq!(
-            bypass,
-            p.bypass_ttft_ms <= p.disagg_ttft_ms && p.bypass_stall_ms <= p.stall_budget_ms
+            d.is_bypass(),
+            p.bypass_ttft_ms <= p.disagg_ttft_ms && p.bypass_stall_ms <= p.rescue_budget_ms
         );
+        // The rescue reason marks exactly the bypasses beyond the unrescued budget.
+        prop_assert_eq!(
+            d == Decision::Bypass(Reason::BypassSloCostRescue),
+            d.is_bypass() && p.bypass_stall_ms > p.stall_budget_ms
+        );
+    }
+
+    #[test]
+    fn slo_cost_more_rescue_or_a_tighter_ttft_objective_never_turns_a_bypass_into_disagg(
+        i in any_input(), cfg in any_timing(), more in 0.0f64..64.0, tighter in 0.0f64..=1.0
+    ) {
+        let rescued = PolicyInput { stall_rescue_scale: i.stall_rescue_scale + more, ..i };
+        let tight = ConditionalDisaggConfig { slo_ttft_ms: (cfg.slo_ttft_ms * tighter).max(1e-3), ..cfg };
+        if slo_cost::SloCost.decide(&i, &cfg).is_bypass() {
+            prop_assert!(slo_cost::SloCost.decide(&rescued, &cfg).is_bypass());
+            prop_assert!(slo_cost::SloCost.decide(&i, &tight).is_bypass());
+        }
     }
 }
 
@@ -238,6 +268,7 @@ fn with_knob(
         }
         "decode_busy_threshold" => c.decode_busy_threshold = from.decode_busy_threshold,
         "slo_itl_ms" => c.slo_itl_ms = from.slo_itl_ms,
+        "slo_ttft_ms" => c.slo_ttft_ms = from.slo_ttft_ms,
         "prefill_iteration_ms" => c.prefill_iteration_ms = from.prefill_iteration_ms,
         "prefill_ms_per_token" => c.prefill_ms_per_token = from.prefill_ms_per_token,
         "prefill_attention_ms_per_token_pair" => {

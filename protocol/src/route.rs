@@ -224,6 +224,9 @@ pub enum Reason {
     /// Bypassed: `slo_cost` predicts a TTFT no worse than disagg's and a decode stall within
     /// the running streams' ITL budget.
     BypassSloCost,
+    /// Bypassed: `slo_cost` predicts disaggregation would miss the TTFT objective, and the
+    /// stall fits the running streams' budget times the learned rescue factor.
+    BypassSloCostRescue,
     /// Bypassed: the client asked for several choices (`n > 1`), which handoffs cannot carry.
     BypassMultipleChoices,
     /// Disaggregated: `eff_isl >= eff_isl_threshold`.
@@ -257,10 +260,11 @@ pub enum Reason {
 
 impl Reason {
     /// Every reason a verdict can carry, in a fixed order.
-    pub const ALL: [Reason; 15] = [
+    pub const ALL: [Reason; 16] = [
         Reason::BypassIslBounding,
         Reason::BypassPrefillBusy,
         Reason::BypassSloCost,
+        Reason::BypassSloCostRescue,
         Reason::BypassMultipleChoices,
         Reason::DisaggEffIslAboveThreshold,
         Reason::DisaggEffIslRatioAboveThreshold,
@@ -281,6 +285,7 @@ impl Reason {
             Reason::BypassIslBounding => "bypass:isl_bounding",
             Reason::BypassPrefillBusy => "bypass:prefill_busy",
             Reason::BypassSloCost => "bypass:slo_cost",
+            Reason::BypassSloCostRescue => "bypass:slo_cost_rescue",
             Reason::BypassMultipleChoices => "bypass:multiple_choices",
             Reason::DisaggEffIslAboveThreshold => "disagg:eff_isl_above_threshold",
             Reason::DisaggEffIslRatioAboveThreshold => "disagg:eff_isl_ratio_above_threshold",

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use crate::index::WorkerSlot;
 use crate::policy::config::ConditionalDisaggConfig;
 use crate::policy::learn::TimingScales;
-use crate::policy::slo_cost::{prefill_ms, step_ms};
+use crate::policy::slo_cost::{prefill_ms, queue_ms, step_ms};
 
 /// More requests awaiting their reports than this, and those older than the load's request
 /// timeout are dropped (reports that never came).
@@ -77,7 +77,7 @@ impl Learning {
         }
         let cached = path.isl.saturating_sub(path.new_tokens);
         let scaled_ms =
-            prefill_ms(path.queued_tokens, 0, cfg) + prefill_ms(path.new_tokens, cached, cfg);
+            queue_ms(path.queued_tokens, cfg) + prefill_ms(path.new_tokens, cached, cfg);
         let fixed_ms = if path.disagg {
             cfg.kv_transfer_ms_per_token * path.isl as f64
                 + step_ms(path.streams.saturating_add(1), cfg)
@@ -140,6 +140,7 @@ impl Learning {
             return;
         }
         let itl = now_ms.saturating_sub(first_ms) as f64 / f64::from(tokens - 1);
-        self.scales.observe_itl(step_ms(streams.max(1), cfg), itl);
+        self.scales
+            .observe_itl(step_ms(streams.max(1), cfg), itl, cfg.slo_itl_ms);
     }
 }

@@ -288,6 +288,11 @@ impl Router {
                         prefill_cached_tokens: cached_tokens(p, isl),
                         decode_queued_tokens: d.load.prefill_tokens,
                         decode_running_streams: d.load.decoding,
+                        stall_rescue_scale: if self.learns_timing() {
+                            self.learning.scales().rescue.scale()
+                        } else {
+                            1.0
+                        },
                     },
                     config: self.effective_conditional(),
                 });

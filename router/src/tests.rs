@@ -327,6 +327,8 @@ fn the_policy_call_is_traced_when_the_policy_decides_and_decides_the_same_again(
             prefill_cached_tokens: 0,
             decode_queued_tokens: 0,
             decode_running_streams: 0,
+            // Only slo_cost learns a rescue factor; this router runs isl_bounding.
+            stall_rescue_scale: 1.0,
         }
     );
     assert_eq!(call.decide().reason(), routed.verdict.reason);
@@ -1039,16 +1041,26 @@ fn slo_cost_learns_a_preset_twice_too_slow_from_the_lifecycle_reports() {
         ) < 0.04
     );
     assert!(rel(eff.decode_step_ms, truth.conditional.decode_step_ms) < 0.04);
-    // The policy decides under the learned coefficients, and says so in its call.
+    // Every stream met the ITL objective (a 16 ms step against 25 ms): the rescue factor
+    // grew, one step per stream.
+    assert_eq!(learned.rescue.samples(), 40);
+    assert!(learned.rescue.scale() > 1.0, "{learned:?}");
+    // The policy decides under the learned coefficients and rescue, and says so in its call.
     let routed = r
         .route_traced("x", &prompt(1, 3_000), 1, None, now)
         .unwrap();
-    assert_eq!(routed.policy.unwrap().config, eff);
-    // Learning off, or new coefficients: the configured model as it is.
+    let call = routed.policy.unwrap();
+    assert_eq!(call.config, eff);
+    assert_eq!(call.input.stall_rescue_scale, learned.rescue.scale());
+    // Learning off, or new coefficients: the configured model as it is, and no rescue.
     let mut no = off.clone();
     no.learn_timing = false;
     r.set_config(no.clone()).unwrap();
     assert_eq!(r.effective_conditional(), off.conditional);
+    let routed = r
+        .route_traced("y", &prompt(2, 3_000), 1, None, now)
+        .unwrap();
+    assert_eq!(routed.policy.unwrap().input.stall_rescue_scale, 1.0);
     r.set_config(truth.clone()).unwrap();
     assert_eq!(r.learned_timing().prefill.samples(), 0);
 }

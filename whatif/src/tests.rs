@@ -189,7 +189,7 @@ fn the_knobs_are_each_rules_fields() {
             "prefill_load": ["prefill_busy_threshold", "prefill_queue_budget_tokens"],
             "isl_or_load": ["eff_isl_threshold", "eff_isl_ratio_threshold",
                             "prefill_busy_threshold", "prefill_queue_budget_tokens"],
-            "slo_cost": ["slo_itl_ms", "prefill_iteration_ms", "prefill_ms_per_token",
+            "slo_cost": ["slo_itl_ms", "slo_ttft_ms", "prefill_iteration_ms", "prefill_ms_per_token",
                          "prefill_attention_ms_per_token_pair", "prefill_chunk_tokens",
                          "decode_step_ms", "decode_step_ms_per_stream",
                          "kv_transfer_ms_per_token", "itl_stall_horizon_tokens"],

@@ -153,8 +153,9 @@ fn check(cli: &Cli) -> Result<Checked> {
     base.preset = preset;
     base.seed = cli.workload.seed;
     base.arrival_scale = cli.arrival_scale;
-    // slo_cost weighs a bypass's stall against the ITL objective the plan scores against.
+    // slo_cost decides against the objectives the plan scores against.
     base.router.conditional.slo_itl_ms = cli.slo_itl_ms;
+    base.router.conditional.slo_ttft_ms = cli.slo_ttft_ms;
     Ok(Checked {
         workload,
         base,

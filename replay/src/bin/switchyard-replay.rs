@@ -205,10 +205,17 @@ fn plan(cli: &Cli) -> Result<Plan> {
         }
         None => serde_json::json!({}),
     };
-    // slo_cost decides against the ITL objective the run is scored against, unless the
-    // config names its own.
-    if let (Some(itl), Some(obj)) = (cli.slo_itl_ms, router_json.as_object_mut()) {
-        obj.entry("slo_itl_ms").or_insert(itl.into());
+    // slo_cost decides against the objectives the run is scored against, unless the config
+    // names its own.
+    if let Some(obj) = router_json.as_object_mut() {
+        for (field, objective) in [
+            ("slo_itl_ms", cli.slo_itl_ms),
+            ("slo_ttft_ms", cli.slo_ttft_ms),
+        ] {
+            if let Some(ms) = objective {
+                obj.entry(field).or_insert(ms.into());
+            }
+        }
     }
     let router = RouterConfig::from_json(&router_json).context("--conditional-disagg-config")?;
     if cli.sweep {
