@@ -1,5 +1,7 @@
 //! Learning `slo_cost`'s timing model online: two correction factors, one on the prefill
-//! coefficients and one on the decode step, estimated from what requests actually took.
+//! coefficients and one on the decode step, estimated from what requests actually took; and
+//! the rescue factor on its stall budget, from how streams fared against the ITL objective
+//! (below).
 //!
 //! The configured coefficients (the preset's, `ConditionalDisaggConfig`) may be off: another
 //! GPU, another parallelism, a model the fit never saw. Each finished observation compares a
