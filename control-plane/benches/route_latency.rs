@@ -207,6 +207,7 @@ async fn hold_prompt(
         resync: false,
         events: vec![KvEvent::Stored {
             parent: None,
+            parent_block_id: None,
             blocks,
             block_size: worker.block_size,
         }],

@@ -149,6 +149,11 @@ pub struct Metrics {
     pub index_hashes: Gauge,
     /// Approximate heap bytes of the KV index.
     pub index_bytes: Gauge,
+    /// Entries of the KV index's hash table (the heads of stored chains, or every hash once
+    /// an engine's event did not name its parent's engine id).
+    pub index_table_hashes: Gauge,
+    /// 1 once the KV index keeps every hash in its table (see `index_table_hashes`).
+    pub index_every_hash: Gauge,
     /// `slo_cost`'s learned correction factors on its timing model (1 = the configured
     /// coefficients), by `part` (`prefill`, `decode`).
     pub slo_cost_learned_scale: Family<PartLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
@@ -229,6 +234,8 @@ impl Default for Metrics {
             model_index_blocks: Family::default(),
             index_hashes: Gauge::default(),
             index_bytes: Gauge::default(),
+            index_table_hashes: Gauge::default(),
+            index_every_hash: Gauge::default(),
             slo_cost_learned_scale: Family::default(),
             kv_batches_applied: Counter::default(),
             kv_batches_rejected: Family::default(),
@@ -357,6 +364,16 @@ impl Metrics {
             "index_bytes",
             "Approximate heap bytes of the KV index",
             self.index_bytes.clone(),
+        );
+        r.add(
+            "index_table_hashes",
+            "Entries of the KV index's hash table: stored chains' heads, or every hash",
+            self.index_table_hashes.clone(),
+        );
+        r.add(
+            "index_every_hash",
+            "1 once the KV index keeps every hash (an event without its parent's engine id)",
+            self.index_every_hash.clone(),
         );
         r.add(
             "slo_cost_learned_scale",

@@ -6,8 +6,12 @@
 //! batch carries at most [`MAX_BLOCKS_PER_BATCH`] blocks; a larger event is split (a `Stored`
 //! chain continues from the last block of the previous piece).
 
+use std::collections::HashMap;
+
 use switchyard_protocol::hash::SequenceHash;
-use switchyard_protocol::kv::{KvEvent, KvEventBatch, StoredBlock, MAX_BLOCKS_PER_BATCH};
+use switchyard_protocol::kv::{
+    EngineBlockId, KvEvent, KvEventBatch, StoredBlock, MAX_BLOCKS_PER_BATCH,
+};
 use switchyard_protocol::worker::WorkerId;
 use switchyard_protocol::PROTOCOL_VERSION;
 
@@ -56,6 +60,12 @@ impl KvBatcher {
         blocks: Vec<(Option<SequenceHash>, StoredBlock)>,
     ) -> Vec<KvEventBatch> {
         let mut events = vec![KvEvent::Cleared];
+        // Each chain's parent by its engine id too, when the dump has it (see
+        // `KvEvent::Stored::parent_block_id`).
+        let ids: HashMap<SequenceHash, EngineBlockId> = blocks
+            .iter()
+            .map(|(_, b)| (b.seq_hash, b.block_id))
+            .collect();
         let mut chain: Vec<StoredBlock> = Vec::new();
         let mut chain_parent: Option<SequenceHash> = None;
         for (parent, block) in blocks {
@@ -65,7 +75,8 @@ impl KvBatcher {
                 .map(|b| Some(b.seq_hash) == parent)
                 .unwrap_or(false);
             if !continues && !chain.is_empty() {
-                events.push(self.stored(chain_parent, std::mem::take(&mut chain)));
+                let parent_id = chain_parent.and_then(|p| ids.get(&p).copied());
+                events.push(self.stored(chain_parent, parent_id, std::mem::take(&mut chain)));
             }
             if chain.is_empty() {
                 chain_parent = parent;
@@ -73,14 +84,21 @@ impl KvBatcher {
             chain.push(block);
         }
         if !chain.is_empty() {
-            events.push(self.stored(chain_parent, chain));
+            let parent_id = chain_parent.and_then(|p| ids.get(&p).copied());
+            events.push(self.stored(chain_parent, parent_id, chain));
         }
         self.pack(events, true)
     }
 
-    fn stored(&self, parent: Option<SequenceHash>, blocks: Vec<StoredBlock>) -> KvEvent {
+    fn stored(
+        &self,
+        parent: Option<SequenceHash>,
+        parent_block_id: Option<EngineBlockId>,
+        blocks: Vec<StoredBlock>,
+    ) -> KvEvent {
         KvEvent::Stored {
             parent,
+            parent_block_id,
             blocks,
             block_size: self.block_size,
         }
@@ -137,19 +155,22 @@ fn split_event(event: KvEvent, max: usize) -> Vec<KvEvent> {
     match event {
         KvEvent::Stored {
             parent,
+            parent_block_id,
             blocks,
             block_size,
         } if blocks.len() > max => {
-            let mut parent = parent;
+            let (mut parent, mut parent_block_id) = (parent, parent_block_id);
             blocks
                 .chunks(max)
                 .map(|chunk| {
                     let piece = KvEvent::Stored {
                         parent,
+                        parent_block_id,
                         blocks: chunk.to_vec(),
                         block_size,
                     };
                     parent = chunk.last().map(|b| b.seq_hash);
+                    parent_block_id = chunk.last().map(|b| b.block_id);
                     piece
                 })
                 .collect()

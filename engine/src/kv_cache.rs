@@ -186,8 +186,15 @@ impl KvCache {
             depth,
         });
         self.by_hash.insert(hash, b);
+        // The parent's engine id: of the block registered under its hash (this request's
+        // block, or the one it shares a hash with).
+        let parent_block_id = parent
+            .and_then(|p| self.by_hash.get(&p))
+            .and_then(|&pb| self.blocks[pb as usize].cached)
+            .map(|c| c.engine_id);
         self.record_stored(
             parent,
+            parent_block_id,
             StoredBlock {
                 seq_hash: hash,
                 block_id: engine_id,
@@ -239,7 +246,12 @@ impl KvCache {
             .collect()
     }
 
-    fn record_stored(&mut self, parent: Option<SequenceHash>, block: StoredBlock) {
+    fn record_stored(
+        &mut self,
+        parent: Option<SequenceHash>,
+        parent_block_id: Option<EngineBlockId>,
+        block: StoredBlock,
+    ) {
         // Extend the previous event when this block continues its chain, as vLLM batches a
         // request's blocks into one BlockStored.
         if let Some(KvEvent::Stored { blocks, .. }) = self.events.last_mut() {
@@ -250,6 +262,7 @@ impl KvCache {
         }
         self.events.push(KvEvent::Stored {
             parent,
+            parent_block_id,
             blocks: vec![block],
             block_size: self.block_size,
         });

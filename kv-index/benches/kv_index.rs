@@ -35,20 +35,26 @@ impl Hashes {
 
 /// One worker's stored events, and the prompts (shared prefix + conversation) it holds.
 struct Workload {
-    /// Per worker: `Stored` events as (slot, blocks).
-    events: Vec<(WorkerSlot, Vec<StoredBlock>)>,
+    /// Per worker: `Stored` events as (slot, parent block, blocks).
+    events: Vec<Event>,
     /// Full 512-block prompts that are stored (each on one worker).
     prompts: Vec<Vec<SequenceHash>>,
     pairs: usize,
     workers: u16,
-    /// The shared prompt's first block: the one block stored as a prompt's first.
-    first: SequenceHash,
 }
 
-/// The parent `store_after` is told (the index only uses whether there is one): none for
-/// the shared prompt's event, which starts every prompt.
-fn parent_of(w: &Workload, blocks: &[StoredBlock]) -> Option<SequenceHash> {
-    (blocks.first().map(|b| b.seq_hash) != Some(w.first)).then_some(SequenceHash(1))
+/// A `Stored` event: the worker, the block it continues after (none for the shared prompt,
+/// which starts every prompt), the blocks.
+type Event = (WorkerSlot, Option<StoredBlock>, Vec<StoredBlock>);
+
+/// Applies one `Stored` event as the router does (the parent's hash and engine id).
+fn store(index: &mut KvIndex, (slot, parent, blocks): &Event) {
+    index.store_after(
+        *slot,
+        parent.map(|p| p.seq_hash),
+        parent.map(|p| p.block_id),
+        blocks,
+    );
 }
 
 fn workload() -> Workload {
@@ -73,11 +79,16 @@ fn workload_with(workers: u16, chains_per_worker: usize) -> Workload {
         };
         let shared_blocks: Vec<StoredBlock> = shared.iter().map(|&h| block(h)).collect();
         pairs += shared_blocks.len();
-        events.push((slot, shared_blocks));
+        let shared_last = shared_blocks.last().copied();
+        events.push((slot, None, shared_blocks));
         for _ in 0..chains_per_worker {
             let private: Vec<u64> = (0..PRIVATE_BLOCKS).map(|_| rng.next()).collect();
+            let mut parent = shared_last;
             for chunk in private.chunks(EVENT_BLOCKS) {
-                events.push((slot, chunk.iter().map(|&h| block(h)).collect()));
+                let blocks: Vec<StoredBlock> = chunk.iter().map(|&h| block(h)).collect();
+                let last = blocks.last().copied();
+                events.push((slot, parent, blocks));
+                parent = last;
             }
             pairs += private.len();
             prompts.push(
@@ -94,7 +105,6 @@ fn workload_with(workers: u16, chains_per_worker: usize) -> Workload {
         prompts,
         pairs,
         workers,
-        first: SequenceHash(shared[0]),
     }
 }
 
@@ -119,8 +129,8 @@ fn setup(w: &Workload) -> KvIndex {
 
 /// Applies every `Stored` event of the workload.
 fn ingest(index: &mut KvIndex, w: &Workload) {
-    for (slot, blocks) in &w.events {
-        index.store_after(*slot, parent_of(w, blocks), blocks);
+    for event in &w.events {
+        store(index, event);
     }
 }
 
@@ -331,20 +341,20 @@ fn main() {
     });
     scaling(&w, &index);
     let mut churn_index = build(&w);
-    let private_events: Vec<&(WorkerSlot, Vec<StoredBlock>)> = w
+    let private_events: Vec<&Event> = w
         .events
         .iter()
-        .filter(|(_, b)| b.len() == EVENT_BLOCKS && b[0].block_id.0 > SHARED_BLOCKS as u64)
+        .filter(|(_, _, b)| b.len() == EVENT_BLOCKS && b[0].block_id.0 > SHARED_BLOCKS as u64)
         .collect();
     cpu_time(
         "steady_state_evict_and_store_64_blocks",
         100_000,
         2 * EVENT_BLOCKS,
         |i| {
-            let (slot, blocks) = private_events[(i * 7919) % private_events.len()];
-            let ids: Vec<EngineBlockId> = blocks.iter().map(|b| b.block_id).collect();
-            churn_index.remove(*slot, &ids);
-            churn_index.store_after(*slot, parent_of(&w, blocks), blocks);
+            let event = private_events[(i * 7919) % private_events.len()];
+            let ids: Vec<EngineBlockId> = event.2.iter().map(|b| b.block_id).collect();
+            churn_index.remove(event.0, &ids);
+            store(&mut churn_index, event);
         },
     );
     drop(churn_index);
@@ -384,19 +394,19 @@ fn main() {
     let mut churn_index = build(&w);
     let mut churn = c.benchmark_group("ingest");
     let mut round = 0usize;
-    let private_events: Vec<&(WorkerSlot, Vec<StoredBlock>)> = w
+    let private_events: Vec<&Event> = w
         .events
         .iter()
-        .filter(|(_, b)| b.len() == EVENT_BLOCKS && b[0].block_id.0 > SHARED_BLOCKS as u64)
+        .filter(|(_, _, b)| b.len() == EVENT_BLOCKS && b[0].block_id.0 > SHARED_BLOCKS as u64)
         .collect();
     churn.throughput(Throughput::Elements(2 * EVENT_BLOCKS as u64));
     churn.bench_function("steady_state_evict_and_store_64_blocks", |b| {
         b.iter(|| {
-            let (slot, blocks) = private_events[round % private_events.len()];
+            let event = private_events[round % private_events.len()];
             round += 1;
-            let ids: Vec<EngineBlockId> = blocks.iter().map(|b| b.block_id).collect();
-            churn_index.remove(*slot, &ids);
-            churn_index.store_after(*slot, parent_of(&w, blocks), blocks);
+            let ids: Vec<EngineBlockId> = event.2.iter().map(|b| b.block_id).collect();
+            churn_index.remove(event.0, &ids);
+            store(&mut churn_index, event);
         })
     });
     churn.finish();

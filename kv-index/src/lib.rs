@@ -12,8 +12,18 @@
 //!   order blocks were first stored, so a stored chain is contiguous and a query follows it
 //!   sequentially; holders are up to two worker slots inline, larger sets bitsets in a
 //!   `worker_set::SetArena`;
-//! - one `table::U64Table` `sequence hash -> record index` (64-byte lines of 5 slots), consulted
-//!   where a prompt leaves a stored chain;
+//! - one `table::U64Table` `sequence hash -> record index` (64-byte lines of 5 slots) holding
+//!   only the *heads*: records the record before them does not lead to. A record that is not
+//!   a head sits right after its parent block's record (a `Stored` event's blocks are
+//!   appended in a row), so a query or a store reaches it by stepping from the parent, and
+//!   the table is consulted only where a prompt leaves a stored chain. When a record dies,
+//!   the record after it, if it was its child, becomes a head. A store finds its parent's
+//!   record through the worker's engine ids (the event names the parent's engine id), so a
+//!   block already stored after it is found without a table of every hash. An event whose
+//!   parent cannot be found that way (an engine that does not send the parent's id, or
+//!   `KvIndex::store`) turns that off for good: from then on every hash is in the table.
+//!   With a table of every hash, ~60 MB at 4 M blocks, each stored and each dying block cost a
+//!   random DRAM line; heads are about one per event;
 //! - per worker slot, a table `engine block id -> record index` (same table type), because
 //!   removal events name blocks by the engine's own id; plus a rarely used count of records
 //!   the worker stored under more than one engine id, so removing one copy keeps the other.
@@ -95,6 +105,12 @@ pub struct IndexStats {
     pub pairs: u64,
     /// Distinct sequence hashes.
     pub distinct_hashes: u64,
+    /// Entries of the hash table: the heads (see the module docs), plus dead ones not yet
+    /// removed.
+    pub table_hashes: u64,
+    /// Whether the table keeps every hash, since a store whose parent could not be found
+    /// (an engine that does not send the parent's engine id, or lost events).
+    pub every_hash: bool,
     /// Bytes held by the index's tables and sets (heap allocations, excluding allocator
     /// overhead).
     pub approx_bytes: u64,
@@ -140,11 +156,31 @@ pub struct KvIndex {
     /// Set by a [`KvIndex::store`] (which does not say which blocks start a prompt): from
     /// then on `roots` is incomplete and queries skip it.
     roots_unknown: bool,
-    /// Kept between [`KvIndex::clear_worker`] calls: a bitmap over the records (all zero
-    /// between calls) and the worker's record indices.
+    /// Every live record is a head (in the hash table), not only those the record before
+    /// does not lead to: set for good by the first store whose parent's record cannot be
+    /// found (see the module docs).
+    every_hash: bool,
+    /// Kept between [`KvIndex::clear_worker`] calls: a bitmap over the records and one bit
+    /// per word of it that has a bit set (all zero between calls).
     scratch_bits: Vec<u64>,
-    scratch_records: Vec<u32>,
+    scratch_words: Vec<u64>,
+    scratch_word_list: Vec<u32>,
 }
+
+/// Where a `Stored` event's first block goes: what the index knows of its parent.
+#[derive(Clone, Copy)]
+enum After {
+    /// A prompt's first block: no parent.
+    Start,
+    /// The parent's live record.
+    Record(u32),
+    /// A parent whose record cannot be found (or a store that does not say).
+    Unknown,
+}
+
+/// Heads expected per stored block, for the hash table's reservation: a `Stored` event is one
+/// head and usually many blocks (a prefill chunk); decode steps' one-block events are more.
+const BLOCKS_PER_HEAD: usize = 8;
 
 impl KvIndex {
     /// An empty index.
@@ -174,17 +210,22 @@ impl KvIndex {
         self.sets.ensure_slot(slot.0);
     }
 
-    /// Makes room for `blocks` distinct blocks in total without rehashing the hash table.
-    /// The router reserves the cluster's total KV capacity as workers register, so the table
-    /// never rehashes on the event path (a rehash of millions of blocks stalls routing, and
-    /// growing from empty costs about half of the ingest time; see `docs/kv-index.md`).
+    /// Makes room for `blocks` distinct blocks in total: the records, and the hash table for
+    /// the heads they are expected to have (all of them once every hash is kept). The router
+    /// reserves the cluster's total KV capacity as workers register, so that the table
+    /// rarely rehashes on the event path (growing a table of every hash from empty cost about
+    /// half of the ingest time; see `docs/kv-index.md`).
     /// The record vector is reserved too, so it is not copied while it grows (at 4 M pairs
     /// the copies cost ~10 % of ingest). Both have their pages faulted in here (2 MiB pages
     /// once they are big, see `pages`) rather than by page faults on the event path.
     pub fn reserve_total(&mut self, blocks: usize) {
-        self.holders
-            .reserve(blocks.saturating_sub(self.records.all.len() - self.records.dead));
         let missing = blocks.saturating_sub(self.records.all.len() - self.records.dead);
+        let heads = if self.every_hash {
+            missing
+        } else {
+            missing / BLOCKS_PER_HEAD
+        };
+        self.holders.reserve(heads);
         self.records.all.reserve_and_fault_in(missing);
     }
 
@@ -200,11 +241,12 @@ impl KvIndex {
     ///
     /// The worker's records are visited in record order, not in its engine-id table's (hash)
     /// order: a bitmap over the records marks the worker's (and drops duplicates, a block
-    /// held under several engine ids), and a scan of it yields them ascending, so that the
-    /// records of a stored chain are read one after the other instead of one cache miss
-    /// each. The hash-table entries of the records that die are removed in prefetched
-    /// batches (`flush_dead`). Removing a worker of ~31 k blocks from 4 M pairs went from
-    /// ~5 to ~1.5 ms, most of it those removals (`docs/kv-index-vs-dynamo.md`).
+    /// held under several engine ids), a second bitmap marks the words of the first that have
+    /// a bit set, and a scan of them yields the records without reading the whole bitmap, so
+    /// that the records of a stored chain are read one after the other instead of one cache
+    /// miss each. The scan runs backwards, children before parents, so that a dying parent
+    /// does not make a head of a child that dies next. Only the dying heads' hash-table
+    /// entries are removed, in batches (`flush_dead`).
     pub fn clear_worker(&mut self, slot: WorkerSlot) {
         let Some(Some(worker)) = self.workers.get_mut(usize::from(slot.0)) else {
             return;
@@ -214,38 +256,72 @@ impl KvIndex {
         if engine.is_empty() {
             return;
         }
-        // The bitmap is kept between calls (1 bit per record): a fresh one would be a new
-        // mapping, its pages faulted in one by one. The scan leaves it zeroed.
+        // The bitmaps are kept between calls: a fresh one would be a new mapping, its pages
+        // faulted in one by one. The scan leaves them zeroed.
+        let words = self.records.all.len().div_ceil(64);
         let mut marked = std::mem::take(&mut self.scratch_bits);
-        marked.resize(self.records.all.len().div_ceil(64), 0);
-        for (_, record) in engine.iter() {
-            marked[record as usize / 64] |= 1 << (record % 64);
-        }
+        marked.resize(words, 0);
+        let mut marked_words = std::mem::take(&mut self.scratch_words);
+        marked_words.resize(words.div_ceil(64), 0);
+        engine.for_each_value(|record| {
+            let word = record as usize / 64;
+            marked[word] |= 1 << (record % 64);
+            marked_words[word / 64] |= 1 << (word % 64);
+        });
         drop(engine);
-        let mut mine = std::mem::take(&mut self.scratch_records);
-        mine.clear();
-        for (word, bits) in marked.iter_mut().enumerate() {
-            let mut bits = std::mem::take(bits);
-            while bits != 0 {
-                mine.push((word * 64) as u32 + bits.trailing_zeros());
-                bits &= bits - 1;
-            }
-        }
         let mut d = Dropped::default();
         let all: &mut [Record] = &mut self.records.all;
-        for &record in &mine {
-            drop_holder_in(
-                all,
-                &mut self.sets,
-                record,
-                slot.0,
-                &mut d,
-                &mut self.pending,
-            );
+        // The marked words, last first; each one's records load (a prefetch) two words ahead
+        // of their turn, so that a run's first lines are not waited for.
+        let mut words_todo = std::mem::take(&mut self.scratch_word_list);
+        words_todo.clear();
+        for (high, word_bits) in marked_words.iter_mut().enumerate().rev() {
+            let mut word_bits = std::mem::take(word_bits);
+            while word_bits != 0 {
+                let top = 63 - word_bits.leading_zeros();
+                word_bits &= !(1 << top);
+                words_todo.push((high * 64 + top as usize) as u32);
+            }
         }
+        let load_word = |all: &[Record], marked: &[u64], word: u32| {
+            let bits = marked[word as usize];
+            let (lo, hi) = (bits.trailing_zeros(), 63 - bits.leading_zeros());
+            let base = word as usize * 64;
+            for r in all[base + lo as usize..=base + hi as usize]
+                .iter()
+                .step_by(5)
+            {
+                prefetch::prefetch(r);
+            }
+            prefetch::prefetch(&all[base + hi as usize]);
+        };
+        for &w in words_todo.iter().take(2) {
+            load_word(all, &marked, w);
+        }
+        for (i, &word) in words_todo.iter().enumerate() {
+            if let Some(&ahead) = words_todo.get(i + 2) {
+                load_word(all, &marked, ahead);
+            }
+            let word = word as usize;
+            let mut bits = std::mem::take(&mut marked[word]);
+            while bits != 0 {
+                let bit = 63 - bits.leading_zeros();
+                bits &= !(1 << bit);
+                drop_holder_in(
+                    all,
+                    &mut self.sets,
+                    &mut self.holders,
+                    (word * 64) as u32 + bit,
+                    slot.0,
+                    &mut d,
+                    &mut self.pending,
+                );
+            }
+        }
+        self.scratch_word_list = words_todo;
         d.apply(&mut self.records, &mut self.pairs);
         self.scratch_bits = marked;
-        self.scratch_records = mine;
+        self.scratch_words = marked_words;
         self.maybe_compact();
     }
 
@@ -255,16 +331,30 @@ impl KvIndex {
     }
 
     /// Records `blocks`, a chain continuing after `parent` (`None`: `blocks[0]` is a
-    /// prompt's first block), as cached on `slot`: a `Stored` event. The parent's only use is
-    /// to know the prompts' first blocks, which make misses cheap (see `roots`); a sequence
-    /// hash already names its whole prefix. Untracked slots are ignored.
+    /// prompt's first block), as cached on `slot`: a `Stored` event. `parent_block` is the
+    /// parent's engine id on this worker; it finds the parent's record, so that a block
+    /// already stored right after it (by another worker) is found without a table of every
+    /// hash. Without it, or if the worker does not hold it, the parent is looked up among the
+    /// heads; failing that, the index keeps every hash from then on (see the module docs).
+    /// A prompt's first blocks also make misses cheap (see `roots`). Untracked slots are
+    /// ignored.
     pub fn store_after(
         &mut self,
         slot: WorkerSlot,
         parent: Option<SequenceHash>,
+        parent_block: Option<EngineBlockId>,
         blocks: &[StoredBlock],
     ) -> ApplyCounts {
-        let counts = self.store_blocks(slot, blocks);
+        if !self.has_worker(slot) {
+            return ApplyCounts::default();
+        }
+        let after = match parent {
+            None => After::Start,
+            Some(p) => self
+                .parent_record(slot, p.0, parent_block)
+                .map_or(After::Unknown, After::Record),
+        };
+        let counts = self.store_blocks(slot, after, blocks);
         if let (None, Some(first)) = (parent, blocks.first()) {
             if let Some(record) = self.lookup(first.seq_hash.0) {
                 self.roots.insert(first.seq_hash.0, record);
@@ -273,25 +363,81 @@ impl KvIndex {
         counts
     }
 
-    /// Records `blocks` as cached on `slot` without saying whether `blocks[0]` starts a
-    /// prompt. Correct, but it turns the index's check of a query's first block off for good
-    /// (see `roots`): a caller that knows the parent uses [`KvIndex::store_after`].
+    /// Records `blocks` as cached on `slot` without saying what they continue. Correct, but
+    /// it turns off for good the index's check of a query's first block (see `roots`) and
+    /// its table of heads only (every hash is kept from then on): a caller that knows the
+    /// parent uses [`KvIndex::store_after`].
     pub fn store(&mut self, slot: WorkerSlot, blocks: &[StoredBlock]) -> ApplyCounts {
+        if !self.has_worker(slot) {
+            return ApplyCounts::default();
+        }
         self.roots_unknown = true;
-        self.store_blocks(slot, blocks)
+        self.store_blocks(slot, After::Unknown, blocks)
     }
 
-    /// A block whose parent the index lacks is simply never reached by a query (matching
-    /// stops at the first miss).
-    fn store_blocks(&mut self, slot: WorkerSlot, blocks: &[StoredBlock]) -> ApplyCounts {
-        let mut counts = ApplyCounts::default();
-        if !self.has_worker(slot) {
-            return counts;
+    /// The live record of `parent`: through the worker's engine id for it, else among the
+    /// heads.
+    fn parent_record(
+        &self,
+        slot: WorkerSlot,
+        parent: u64,
+        parent_block: Option<EngineBlockId>,
+    ) -> Option<u32> {
+        let is_parent = |record: u32| {
+            let r = self.records.all[record as usize];
+            r.is_live() && r.hash() == parent
+        };
+        let by_id = parent_block.and_then(|id| match self.workers.get(usize::from(slot.0)) {
+            Some(Some(w)) => w.engine.get(id.0),
+            _ => None,
+        });
+        by_id
+            .filter(|&r| is_parent(r))
+            .or_else(|| self.holders.get(parent).filter(|&r| is_parent(r)))
+    }
+
+    /// Puts every live record's hash in the hash table, for good: a store whose parent's
+    /// record cannot be found could otherwise record a block a second time (its record, if
+    /// any, is right after the parent's, which is unknown).
+    fn keep_every_hash(&mut self) {
+        if self.every_hash {
+            return;
         }
+        self.every_hash = true;
+        let live = self.records.all.len() - self.records.dead;
+        self.holders
+            .reserve(live.saturating_sub(self.holders.len()));
+        let all: &mut [Record] = &mut self.records.all;
+        for (i, r) in all.iter_mut().enumerate() {
+            if r.is_live() && !r.is_head() {
+                r.mark_head();
+                self.holders.insert(r.hash(), i as u32);
+            }
+        }
+    }
+
+    /// The blocks of a `Stored` event, after what `after` says.
+    fn store_blocks(
+        &mut self,
+        slot: WorkerSlot,
+        after: After,
+        blocks: &[StoredBlock],
+    ) -> ApplyCounts {
+        let mut counts = ApplyCounts::default();
+        // The record of the block before the next one (its parent), if known.
+        let mut prev = match after {
+            After::Start => None,
+            After::Record(r) => Some(r),
+            After::Unknown => {
+                self.keep_every_hash();
+                None
+            }
+        };
         if !self.pending.is_empty() && self.holders.spare() < blocks.len() {
             // Dead entries fill the table: remove them rather than grow it.
             self.flush_dead();
         }
+        let every_hash = self.every_hash;
         let Some(Some(worker)) = self.workers.get_mut(usize::from(slot.0)) else {
             return counts;
         };
@@ -300,24 +446,25 @@ impl KvIndex {
             extra_copies,
         } = worker;
         let mut p = Parts {
+            holders: &mut self.holders,
             records: &mut self.records,
             sets: &mut self.sets,
             pairs: &mut self.pairs,
             pending: &mut self.pending,
         };
-        // Start every cache miss of a chunk at once (see `U64Table::prefetch`), one chunk
-        // ahead of the one being applied, so that misses are always in flight.
+        // Start the engine-id table's cache misses of a chunk at once (see
+        // `U64Table::prefetch`), one chunk ahead of the one being applied, so that misses are
+        // always in flight. (The hash table holds heads only, and its lines are mostly
+        // cached; a new block's record is the one after its parent's.)
         let first = &blocks[..blocks.len().min(PREFETCH)];
         engine.prefetch(first.iter().map(|b| b.block_id.0));
-        self.holders.prefetch(first.iter().map(|b| b.seq_hash.0));
         for (c, chunk) in blocks.chunks(PREFETCH).enumerate() {
             let next = blocks.get((c + 1) * PREFETCH..).unwrap_or_default();
             let next = &next[..next.len().min(PREFETCH)];
             engine.prefetch(next.iter().map(|b| b.block_id.0));
-            // The hash table is viewed once per chunk (see `U64Table::batch`); the view ends
-            // where dropping a replaced block may remove keys from it.
-            let mut holders = self.holders.batch(chunk.len());
-            holders.prefetch(next.iter().map(|b| b.seq_hash.0));
+            if every_hash {
+                p.holders.prefetch(next.iter().map(|b| b.seq_hash.0));
+            }
             for b in chunk {
                 let hash = b.seq_hash.0;
                 let (engine_slot, fresh_id) = engine.entry(b.block_id.0);
@@ -325,6 +472,7 @@ impl KvIndex {
                     let old = *engine_slot;
                     let r = p.records.all[old as usize];
                     if r.is_live() && r.hash() == hash {
+                        prev = Some(old);
                         continue; // duplicate event: already recorded
                     }
                     // The engine reused an id for other content: the old block is gone.
@@ -333,21 +481,29 @@ impl KvIndex {
                     }
                     counts.removed += 1;
                 }
-                let (record_slot, new_hash) = holders.entry(hash);
-                // A hash whose record died is new again (its entry is reused).
-                let reused = !new_hash && !p.records.all[*record_slot as usize].is_live();
-                let (record, already) = if new_hash || reused {
-                    let i = p.records.push(Record::new(hash, PackedSet::one(slot.0)));
-                    *record_slot = i;
-                    (i, false)
-                } else {
-                    let i = *record_slot;
-                    let r = &mut p.records.all[i as usize];
-                    let (grown, had) = p.sets.insert(r.set, slot.0);
-                    r.set = grown;
-                    (i, had)
+                let (record, already) = match p.find(prev, hash) {
+                    Some(i) => {
+                        let r = &mut p.records.all[i as usize];
+                        let (grown, had) = p.sets.insert(r.holders(), slot.0);
+                        r.set_holders(grown);
+                        (i, had)
+                    }
+                    None => {
+                        // A new record is a head unless it lands right after its parent's.
+                        let at = p.records.all.len() as u32;
+                        let head = every_hash || prev.map(|r| r + 1) != Some(at);
+                        let i = p
+                            .records
+                            .push(Record::new(hash, PackedSet::one(slot.0), head));
+                        if head {
+                            // Replaces an entry left pointing at a dead record, if any.
+                            p.holders.insert(hash, i);
+                        }
+                        (i, false)
+                    }
                 };
                 *engine_slot = record;
+                prev = Some(record);
                 if already {
                     *extra_copies.entry(record).or_insert(0) += 1;
                 } else {
@@ -396,6 +552,7 @@ impl KvIndex {
                     drop_holder_in(
                         all,
                         &mut self.sets,
+                        &mut self.holders,
                         record,
                         slot.0,
                         &mut d,
@@ -460,13 +617,15 @@ impl KvIndex {
         }
     }
 
-    /// Number of workers holding `hash`.
-    pub fn holders_of(&self, hash: SequenceHash) -> usize {
-        self.lookup(hash.0)
-            .map_or(0, |i| self.sets.count(self.records.all[i as usize].set))
+    /// Number of workers holding `hash`, a head's (a prompt's first block, say).
+    #[cfg(test)]
+    fn holders_of(&self, hash: SequenceHash) -> usize {
+        self.lookup(hash.0).map_or(0, |i| {
+            self.sets.count(self.records.all[i as usize].holders())
+        })
     }
 
-    /// The live record of `hash`, if any (the table may point at a dead one, see
+    /// The live record of `hash` if it is a head (the table may point at a dead one, see
     /// [`drop_holder`]).
     fn lookup(&self, hash: u64) -> Option<u32> {
         let i = self.holders.get(hash)?;
@@ -498,14 +657,16 @@ impl KvIndex {
         IndexStats {
             pairs: self.pairs,
             distinct_hashes: (self.records.all.len() - self.records.dead) as u64,
+            table_hashes: self.holders.len() as u64,
+            every_hash: self.every_hash,
             approx_bytes: bytes as u64,
         }
     }
 }
 
-/// The shared structures a worker's update touches, borrowed apart from the worker table
-/// and the hash table.
+/// The shared structures a worker's update touches, borrowed apart from the worker table.
 struct Parts<'a> {
+    holders: &'a mut U64Table,
     records: &'a mut Records,
     sets: &'a mut SetArena,
     pairs: &'a mut u64,
@@ -515,11 +676,29 @@ struct Parts<'a> {
 impl Parts<'_> {
     fn reborrow(&mut self) -> Parts<'_> {
         Parts {
+            holders: self.holders,
             records: self.records,
             sets: self.sets,
             pairs: self.pairs,
             pending: self.pending,
         }
+    }
+
+    /// The live record of `hash`, whose parent's record is `prev` (`None`: no parent, or an
+    /// unknown one while every hash is kept): the record right after the parent's if that
+    /// is it, else a head's.
+    #[inline(always)]
+    fn find(&self, prev: Option<u32>, hash: u64) -> Option<u32> {
+        let all: &[Record] = &self.records.all;
+        let follows = prev.map(|r| r + 1).filter(|&i| {
+            all.get(i as usize)
+                .is_some_and(|r| r.is_live() && r.hash() == hash)
+        });
+        follows.or_else(|| {
+            self.holders
+                .get(hash)
+                .filter(|&i| all[i as usize].is_live())
+        })
     }
 }
 
@@ -550,7 +729,15 @@ fn release_copy(extra: &mut HashMap<u32, u32>, record: u32) -> bool {
 /// on the removal's path: most of the cost of removals and of removing a worker.
 fn drop_holder(p: Parts<'_>, record: u32, slot: u16) {
     let mut d = Dropped::default();
-    drop_holder_in(&mut p.records.all, p.sets, record, slot, &mut d, p.pending);
+    drop_holder_in(
+        &mut p.records.all,
+        p.sets,
+        p.holders,
+        record,
+        slot,
+        &mut d,
+        p.pending,
+    );
     d.apply(p.records, p.pairs);
 }
 
@@ -570,10 +757,14 @@ impl Dropped {
 
 /// [`drop_holder`] on a view of the records taken once by the caller (each view of a
 /// mapping checks its layout), counting into `d`.
+///
+/// A record that dies makes a head of the record after it if that one was reached only by
+/// stepping from it (it is its child, see the module docs).
 #[inline(always)]
 fn drop_holder_in(
     all: &mut [Record],
     sets: &mut SetArena,
+    holders: &mut U64Table,
     record: u32,
     slot: u16,
     d: &mut Dropped,
@@ -583,14 +774,28 @@ fn drop_holder_in(
     if !r.is_live() {
         return;
     }
-    let (new, had) = sets.remove(r.set, slot);
-    match new {
-        Some(set) => r.set = set,
-        None => {
+    let (new, had) = sets.remove(r.holders(), slot);
+    d.pairs += u64::from(had);
+    let Some(set) = new else {
+        if r.is_head() {
             pending.push((r.hash(), record));
-            *r = Record::new(0, records::DEAD);
-            d.dead += 1;
+        }
+        *r = Record::dead();
+        d.dead += 1;
+        promote_child(all, holders, record);
+        return;
+    };
+    r.set_holders(set);
+}
+
+/// After `record` died: the record after it, if it was its child (not a head: reached only by
+/// stepping from it), becomes a head.
+#[inline(always)]
+fn promote_child(all: &mut [Record], holders: &mut U64Table, record: u32) {
+    if let Some(child) = all.get_mut(record as usize + 1) {
+        if child.is_live() && !child.is_head() {
+            child.mark_head();
+            holders.insert(child.hash(), record + 1);
         }
     }
-    d.pairs += u64::from(had);
 }

@@ -51,7 +51,7 @@ impl KvIndex {
         // One view of the records for the whole walk (each view checks the mapping's layout),
         // taken after the first lookup so that a miss does not pay for it.
         let records: &[Record] = &self.records.all;
-        let mut cand = match records[at as usize].set.view() {
+        let mut cand = match records[at as usize].holders().view() {
             SetView::Inline(a, None) => Cand::Small([a, 0], 1),
             SetView::Inline(a, Some(b)) => Cand::Small([a, b], 2),
             SetView::Arena(n) => {
@@ -83,7 +83,7 @@ impl KvIndex {
                 // vectorises it), then one by one from the first chunk that differs.
                 for (rs, hs) in ahead.chunks_exact(8).zip(rest.chunks_exact(8)) {
                     let same = rs.iter().zip(hs).fold(true, |all, (r, h)| {
-                        all & (r.hash() == h.0) & (r.set == only_w)
+                        all & (r.hash() == h.0) & (r.holders() == only_w)
                     });
                     if !same {
                         break;
@@ -94,7 +94,8 @@ impl KvIndex {
                     if r.hash() != h.0 {
                         break;
                     }
-                    if r.set != only_w && !(r.is_live() && self.holds(r.set.view(), w)) {
+                    if r.holders() != only_w && !(r.is_live() && self.holds(r.holders().view(), w))
+                    {
                         break;
                     }
                     skipped += 1;
@@ -114,7 +115,7 @@ impl KvIndex {
                     if r.hash() != h.0 || !r.is_live() {
                         break;
                     }
-                    let SetView::Arena(n) = r.set.view() else {
+                    let SetView::Arena(n) = r.holders().view() else {
                         break;
                     };
                     let keeps_all = out
@@ -134,7 +135,9 @@ impl KvIndex {
                     continue;
                 }
             }
-            // Still on the stored chain? (A dead record has hash 0 and never holds a set.)
+            // Still on the stored chain? (A dead record has hash 0 and never holds a set.) If
+            // not, the block's record, if any, is a head: the one after its parent's record
+            // is not it.
             let next = records
                 .get(at as usize + 1)
                 .filter(|r| r.hash() == h.0 && r.is_live());
@@ -146,7 +149,7 @@ impl KvIndex {
                     _ => break,
                 },
             };
-            match self.step(cand, records[at as usize].set, depth, out) {
+            match self.step(cand, records[at as usize].holders(), depth, out) {
                 Some(c) => cand = c,
                 // Every candidate dropped out (and was recorded) at this block.
                 None => return,

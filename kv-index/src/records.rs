@@ -12,6 +12,11 @@
 //! the live ones the vector is compacted (order kept, so chains stay contiguous) and every
 //! index pointing into it is rewritten through a remapping table.
 //!
+//! A record is a *head* when its hash is in the index's hash table: when the record before it
+//! is not its parent block, so that a query or a store cannot reach it by stepping from its
+//! parent's record (see `KvIndex`'s docs). Most records are not: a `Stored` event's blocks
+//! are appended one after the other.
+//!
 //! Once the vector reaches [`MAP_MIN_BYTES`] it lives on 2 MiB pages (`super::pages`), like
 //! the hash table: a query's jump into a chain is a random access into ~50 MB of records.
 
@@ -25,6 +30,10 @@ use super::worker_set::PackedSet;
 /// `set` value of a dead record (an arena index no arena reaches).
 pub(crate) const DEAD: PackedSet = PackedSet(u32::MAX);
 
+/// Bit of `set` that marks a head (a bit no set uses: inline sets take 30 bits, arena ones the
+/// tag bit and 30 bits of index, see `worker_set`).
+const HEAD: u32 = 1 << 30;
+
 /// Dead records below which compaction is not worth a pass (tiny in tests, so property tests
 /// exercise it).
 const MIN_DEAD: usize = if cfg!(test) { 4 } else { 1024 };
@@ -36,17 +45,50 @@ const MIN_DEAD: usize = if cfg!(test) { 4 } else { 1024 };
 pub(crate) struct Record {
     hash_lo: u32,
     hash_hi: u32,
-    /// Holders, or [`DEAD`].
-    pub(crate) set: PackedSet,
+    /// Holders, plus the [`HEAD`] bit; or [`DEAD`].
+    set: PackedSet,
 }
 
 impl Record {
-    pub(crate) fn new(hash: u64, set: PackedSet) -> Self {
+    pub(crate) fn new(hash: u64, holders: PackedSet, head: bool) -> Self {
         Record {
             hash_lo: hash as u32,
             hash_hi: (hash >> 32) as u32,
-            set,
+            set: PackedSet(holders.0 | if head { HEAD } else { 0 }),
         }
+    }
+
+    /// A dead record: hash 0, no holders.
+    pub(crate) const fn dead() -> Self {
+        Record {
+            hash_lo: 0,
+            hash_hi: 0,
+            set: DEAD,
+        }
+    }
+
+    /// Who holds the block (meaningless for a dead record, whose set no arena reaches).
+    #[inline(always)]
+    pub(crate) fn holders(&self) -> PackedSet {
+        PackedSet(self.set.0 & !HEAD)
+    }
+
+    /// Replaces the holders, keeping the head bit.
+    #[inline(always)]
+    pub(crate) fn set_holders(&mut self, holders: PackedSet) {
+        self.set = PackedSet(holders.0 | (self.set.0 & HEAD));
+    }
+
+    /// Whether the record's hash is in the hash table (a live record only).
+    #[inline(always)]
+    pub(crate) fn is_head(&self) -> bool {
+        self.set.0 & HEAD != 0
+    }
+
+    /// Marks a live record as a head (its hash is going into the hash table).
+    #[inline(always)]
+    pub(crate) fn mark_head(&mut self) {
+        self.set.0 |= HEAD;
     }
 
     #[inline]
@@ -121,7 +163,7 @@ impl RecordVec {
         self.reserve_exact(additional);
         if self.map.is_none() {
             let len = self.heap.len();
-            self.heap.resize(self.heap.capacity(), Record::new(0, DEAD));
+            self.heap.resize(self.heap.capacity(), Record::dead());
             self.heap.truncate(len);
         }
     }
@@ -209,7 +251,7 @@ impl Records {
     /// Marks record `i` dead (the index does it in place, see `drop_holder_in`).
     #[cfg(test)]
     pub(crate) fn kill(&mut self, i: u32) {
-        self.all[i as usize] = Record::new(0, DEAD);
+        self.all[i as usize] = Record::dead();
         self.dead += 1;
     }
 
@@ -282,7 +324,7 @@ mod tests {
         let mut records = Records::default();
         for i in 0..n as u64 {
             assert_eq!(
-                records.push(Record::new(i * 7 + 1, PackedSet(i as u32))),
+                records.push(Record::new(i * 7 + 1, PackedSet(i as u32), i % 2 == 0)),
                 i as u32
             );
         }
@@ -298,7 +340,10 @@ mod tests {
         for (new, &old) in live.iter().enumerate() {
             let r = records.all[new];
             assert_eq!(remap.get(old), new as u32);
-            assert_eq!((r.hash(), r.set), (u64::from(old) * 7 + 1, PackedSet(old)));
+            assert_eq!(
+                (r.hash(), r.holders(), r.is_head()),
+                (u64::from(old) * 7 + 1, PackedSet(old), old % 2 == 0)
+            );
         }
     }
 }

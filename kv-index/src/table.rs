@@ -504,6 +504,21 @@ impl U64Table {
         }
     }
 
+    /// Calls `f` with every value, in table order.
+    #[inline]
+    pub fn for_each_value(&self, mut f: impl FnMut(u32)) {
+        if let Some(v) = self.zero {
+            f(v);
+        }
+        for line in self.lines.get() {
+            for s in 0..SLOTS {
+                if line.keys[s] != 0 {
+                    f(line.vals[s]);
+                }
+            }
+        }
+    }
+
     /// Every (key, value).
     pub fn iter(&self) -> impl Iterator<Item = (u64, u32)> + '_ {
         self.zero.map(|v| (0, v)).into_iter().chain(

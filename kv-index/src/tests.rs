@@ -215,16 +215,21 @@ fn op() -> impl proptest::strategy::Strategy<Value = Op> {
 
 proptest::proptest! {
     #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2000))]
-    /// With `with_parents`, stores say which blocks start a prompt (`store_after`), as the
-    /// router's do: hashes below 4 are prompts' first blocks (only ever `blocks[0]` of an
-    /// event without parent), every other hash sits after one. A query can then only start
-    /// with a first block; one that starts with another hash is a miss.
+    /// Hashes here are arbitrary: one may follow different blocks in different events, which
+    /// sequence hashes never do. So the index keeps every hash in its table (as it does once
+    /// a parent cannot be found); `agrees_with_a_naive_model_on_chained_events` covers the
+    /// table of heads. With `with_parents`, stores say which blocks start a prompt
+    /// (`store_after`), as the router's do: hashes below 4 are prompts' first blocks (only
+    /// ever `blocks[0]` of an event without parent), every other hash sits after one. A
+    /// query can then only start with a first block; one that starts with another hash is a
+    /// miss.
     #[test]
     fn agrees_with_a_naive_model(
         ops in proptest::collection::vec(op(), 1..120),
         with_parents in proptest::bool::ANY,
     ) {
         let mut index = KvIndex::new();
+        index.keep_every_hash();
         let mut model = Model::default();
         for w in [0u16, 1, 2, 3, 64, 65, 66] {
             index.add_worker(WorkerSlot(w));
@@ -244,7 +249,7 @@ proptest::proptest! {
                     if with_parents {
                         let first = stored.first().map_or(0, |s| s.seq_hash.0);
                         let parent = (first >= 4).then_some(SequenceHash(7));
-                        index.store_after(WorkerSlot(w), parent, &stored);
+                        index.store_after(WorkerSlot(w), parent, None, &stored);
                     } else {
                         index.store(WorkerSlot(w), &stored);
                     }
@@ -351,8 +356,8 @@ fn dead_entries_are_flushed_before_the_table_grows() {
 #[test]
 fn prompt_first_blocks_gate_queries() {
     let mut index = index_with(2);
-    index.store_after(WorkerSlot(0), None, &blocks(&[1, 2, 3], 0));
-    index.store_after(WorkerSlot(1), Some(SequenceHash(3)), &blocks(&[4], 0));
+    index.store_after(WorkerSlot(0), None, None, &blocks(&[1, 2, 3], 0));
+    index.store_after(WorkerSlot(1), Some(SequenceHash(3)), None, &blocks(&[4], 0));
     assert_eq!(index.roots.len(), 1);
     assert_eq!(query(&index, &[1, 2, 3, 4]), BTreeMap::from([(0, 3)]));
     // Hash 4 is held, but no prompt starts with it.
@@ -361,7 +366,7 @@ fn prompt_first_blocks_gate_queries() {
     index.compact();
     assert_eq!(index.roots.len(), 0);
     assert!(query(&index, &[1, 2]).is_empty());
-    index.store_after(WorkerSlot(1), None, &blocks(&[1], 9));
+    index.store_after(WorkerSlot(1), None, None, &blocks(&[1], 9));
     assert_eq!(query(&index, &[1, 2]), BTreeMap::from([(1, 1)]));
     index.store(WorkerSlot(1), &blocks(&[4], 10));
     assert_eq!(query(&index, &[4]), BTreeMap::from([(1, 1)]));
@@ -373,15 +378,300 @@ fn prompt_first_blocks_gate_queries() {
 #[test]
 fn a_root_entry_names_the_live_record_or_misses() {
     let mut index = index_with(2);
-    index.store_after(WorkerSlot(0), None, &blocks(&[1, 2], 0));
+    index.store_after(WorkerSlot(0), None, None, &blocks(&[1, 2], 0));
     assert_eq!(index.root(1), index.lookup(1));
     index.remove(WorkerSlot(0), &[EngineBlockId(0)]); // hash 1 dies, its entry stays
     assert_eq!(index.roots.len(), 1);
     assert_eq!(index.root(1), None);
     assert!(query(&index, &[1, 2]).is_empty());
-    index.store_after(WorkerSlot(1), None, &blocks(&[1], 5));
+    index.store_after(WorkerSlot(1), None, None, &blocks(&[1], 5));
     let live = index.lookup(1);
     assert!(live.is_some());
     assert_eq!(index.root(1), live);
     assert_eq!(query(&index, &[1, 2]), BTreeMap::from([(1, 1)]));
+}
+
+/// Prompts whose blocks' hashes name their prefix, as sequence hashes do: prompt 1 shares
+/// prompt 0's first 3 blocks, prompts 2 and 3 its first 20, and 2 and 3 part at block 30.
+const PROMPTS: u64 = 4;
+const PROMPT_BLOCKS: u64 = 50;
+
+fn token(prompt: u64, block: u64) -> u64 {
+    let shared = [PROMPT_BLOCKS, 3, 20, 20][prompt as usize];
+    match prompt {
+        3 if (20..30).contains(&block) => 2_000 + block, // prompt 2's, after the parting
+        _ if block < shared => block,
+        _ => 1_000 * (prompt + 1) + block,
+    }
+}
+
+/// The sequence hash of `prompt`'s first `block + 1` blocks.
+fn chained_hash(prompt: u64, block: u64) -> u64 {
+    (0..=block).fold(0x5eed_u64, |h, b| {
+        let mut x = (h ^ token(prompt, b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        x ^= x >> 29;
+        x.wrapping_mul(0xBF58_476D_1CE4_E5B9) | 1 // never 0, the dead records' hash
+    })
+}
+
+/// A worker's engine id for a block: ids of different prompts collide (an engine reusing an
+/// id for other content), and the shared blocks of two prompts get two ids (two copies).
+fn engine_id(prompt: u64, block: u64) -> u64 {
+    20 * prompt + block
+}
+
+#[derive(Debug, Clone)]
+enum ChainOp {
+    /// Store the next `len` blocks of `prompt` after what the worker holds of it.
+    StoreNext(u16, u64, u64),
+    /// Store `len` blocks of `prompt` from a block the worker holds the parent of (`at` picks
+    /// it), so some are stored again.
+    StoreAgain(u16, u64, u64, u64),
+    /// Remove the last `n` blocks the worker holds of `prompt`, last first (an engine evicts
+    /// a sequence's tail first).
+    RemoveTail(u16, u64, u64),
+    /// Remove these engine ids, in this order (parents before children, sometimes).
+    Remove(u16, Vec<u64>),
+    Clear(u16),
+    /// Query the first `len` blocks of `prompt`.
+    Query(u64, u64),
+    Reserve(usize),
+}
+
+fn chain_op() -> impl proptest::strategy::Strategy<Value = ChainOp> {
+    use proptest::prelude::*;
+    let worker = prop_oneof![0u16..3, 64u16..66];
+    let prompt = 0..PROMPTS;
+    prop_oneof![
+        5 => (worker.clone(), prompt.clone(), 1u64..30).prop_map(|(w, p, n)| ChainOp::StoreNext(w, p, n)),
+        2 => (worker.clone(), prompt.clone(), 0u64..50, 1u64..30)
+            .prop_map(|(w, p, at, n)| ChainOp::StoreAgain(w, p, at, n)),
+        2 => (worker.clone(), prompt.clone(), 1u64..20).prop_map(|(w, p, n)| ChainOp::RemoveTail(w, p, n)),
+        2 => (worker.clone(), proptest::collection::vec(0u64..110, 1..12))
+            .prop_map(|(w, ids)| ChainOp::Remove(w, ids)),
+        1 => worker.prop_map(ChainOp::Clear),
+        4 => (prompt, 1u64..=PROMPT_BLOCKS).prop_map(|(p, n)| ChainOp::Query(p, n)),
+        1 => (0usize..300).prop_map(ChainOp::Reserve),
+    ]
+}
+
+impl Model {
+    /// How many leading blocks of `prompt` worker `w` holds.
+    fn held_prefix(&self, w: u16, prompt: u64) -> u64 {
+        (0..PROMPT_BLOCKS)
+            .take_while(|&b| self.holds(w, chained_hash(prompt, b)))
+            .count() as u64
+    }
+
+    /// An engine id under which `w` holds `hash`.
+    fn id_of(&self, w: u16, hash: u64) -> Option<u64> {
+        self.workers[&w]
+            .iter()
+            .find(|(_, &h)| h == hash)
+            .map(|(&id, _)| id)
+    }
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(1000))]
+    /// Events as engines send them (sequence hashes that name their prefix, the parent's
+    /// engine id, tails evicted first or anything removed in any order): the index keeps
+    /// heads only and answers every query and count as the model does.
+    #[test]
+    fn agrees_with_a_naive_model_on_chained_events(
+        ops in proptest::collection::vec(chain_op(), 1..100),
+    ) {
+        let mut index = KvIndex::new();
+        let mut model = Model::default();
+        for w in [0u16, 1, 2, 64, 65] {
+            index.add_worker(WorkerSlot(w));
+            model.workers.insert(w, BTreeMap::new());
+        }
+        for op in ops {
+            let store = |from: u64, n: u64, w: u16, prompt: u64, index: &mut KvIndex, model: &mut Model| {
+                let to = (from + n).min(PROMPT_BLOCKS);
+                if from >= to {
+                    return;
+                }
+                let parent = (from > 0).then(|| chained_hash(prompt, from - 1));
+                let parent_block = parent.and_then(|h| model.id_of(w, h)).map(EngineBlockId);
+                let stored: Vec<StoredBlock> = (from..to).map(|b| StoredBlock {
+                    seq_hash: SequenceHash(chained_hash(prompt, b)),
+                    block_id: EngineBlockId(engine_id(prompt, b)),
+                }).collect();
+                index.store_after(WorkerSlot(w), parent.map(SequenceHash), parent_block, &stored);
+                let m = model.workers.get_mut(&w).unwrap();
+                for b in &stored {
+                    m.insert(b.block_id.0, b.seq_hash.0);
+                }
+            };
+            match op {
+                ChainOp::StoreNext(w, prompt, n) => {
+                    let from = model.held_prefix(w, prompt);
+                    store(from, n, w, prompt, &mut index, &mut model);
+                }
+                ChainOp::StoreAgain(w, prompt, at, n) => {
+                    let from = at % (model.held_prefix(w, prompt) + 1);
+                    store(from, n, w, prompt, &mut index, &mut model);
+                }
+                ChainOp::RemoveTail(w, prompt, n) => {
+                    let held = model.held_prefix(w, prompt);
+                    let ids: Vec<EngineBlockId> = (held.saturating_sub(n)..held)
+                        .rev()
+                        .filter_map(|b| model.id_of(w, chained_hash(prompt, b)))
+                        .map(EngineBlockId)
+                        .collect();
+                    index.remove(WorkerSlot(w), &ids);
+                    let m = model.workers.get_mut(&w).unwrap();
+                    for id in ids {
+                        m.remove(&id.0);
+                    }
+                }
+                ChainOp::Remove(w, ids) => {
+                    let ids: Vec<EngineBlockId> = ids.into_iter().map(EngineBlockId).collect();
+                    index.remove(WorkerSlot(w), &ids);
+                    let m = model.workers.get_mut(&w).unwrap();
+                    for id in ids {
+                        m.remove(&id.0);
+                    }
+                }
+                ChainOp::Clear(w) => {
+                    index.clear_worker(WorkerSlot(w));
+                    model.workers.get_mut(&w).unwrap().clear();
+                }
+                ChainOp::Query(prompt, n) => {
+                    let q: Vec<u64> = (0..n).map(|b| chained_hash(prompt, b)).collect();
+                    proptest::prop_assert_eq!(query(&index, &q), model.query(&q));
+                }
+                ChainOp::Reserve(n) => index.reserve_total(n),
+            }
+            proptest::prop_assert_eq!(index.stats().pairs, model.pairs());
+            // Every parent was found through its engine id: heads only.
+            proptest::prop_assert!(!index.every_hash);
+        }
+        for prompt in 0..PROMPTS {
+            let q: Vec<u64> = (0..PROMPT_BLOCKS).map(|b| chained_hash(prompt, b)).collect();
+            proptest::prop_assert_eq!(query(&index, &q), model.query(&q));
+        }
+        for w in [0u16, 1, 2, 64, 65] {
+            index.remove_worker(WorkerSlot(w));
+        }
+        proptest::prop_assert_eq!(index.stats().distinct_hashes, 0);
+    }
+}
+
+/// A stored chain is one head however many workers store it, and one more per event that
+/// does not land right after its parent's record.
+#[test]
+fn a_chain_is_one_head() {
+    let mut index = index_with(3);
+    let chain: Vec<u64> = (1..=40).collect();
+    index.store_after(WorkerSlot(0), None, None, &blocks(&chain, 0));
+    index.store_after(WorkerSlot(1), None, None, &blocks(&chain[..20], 100));
+    assert_eq!(index.holders.len(), 1);
+    // Worker 1 goes on where worker 0's chain went: it steps from its parent's record.
+    index.store_after(
+        WorkerSlot(1),
+        Some(SequenceHash(20)),
+        Some(EngineBlockId(119)),
+        &blocks(&chain[20..], 120),
+    );
+    assert_eq!(index.holders.len(), 1);
+    // A branch after block 20: new records, after another chain's; one head.
+    index.store_after(WorkerSlot(2), None, None, &blocks(&chain[..20], 200));
+    index.store_after(
+        WorkerSlot(2),
+        Some(SequenceHash(20)),
+        Some(EngineBlockId(219)),
+        &blocks(&[900, 901, 902], 220),
+    );
+    assert_eq!(index.holders.len(), 2);
+    assert!(!index.every_hash);
+    assert_eq!(
+        query(&index, &chain),
+        BTreeMap::from([(0, 40), (1, 40), (2, 20)])
+    );
+    let branch: Vec<u64> = chain[..20].iter().copied().chain([900, 901, 902]).collect();
+    assert_eq!(
+        query(&index, &branch),
+        BTreeMap::from([(0, 20), (1, 20), (2, 23)])
+    );
+}
+
+/// A block whose parent dies first becomes a head, so that a later store after the parent's
+/// new record, and queries through it, still find it (rather than storing it twice).
+#[test]
+fn a_dying_parent_makes_its_child_a_head() {
+    let mut index = index_with(2);
+    index.store_after(WorkerSlot(0), None, None, &blocks(&[1, 2, 3, 4], 0));
+    assert_eq!(index.holders.len(), 1);
+    index.remove(WorkerSlot(0), &[EngineBlockId(1)]); // hash 2 dies; 3 is reached from 2
+    assert_eq!(index.holders.len(), 2);
+    assert!(index.lookup(3).is_some());
+    assert_eq!(query(&index, &[1, 2, 3]), BTreeMap::from([(0, 1)]));
+    index.store_after(WorkerSlot(1), None, None, &blocks(&[1], 10));
+    index.store_after(
+        WorkerSlot(1),
+        Some(SequenceHash(1)),
+        Some(EngineBlockId(10)),
+        &blocks(&[2], 11),
+    );
+    index.store_after(
+        WorkerSlot(1),
+        Some(SequenceHash(2)),
+        Some(EngineBlockId(11)),
+        &blocks(&[3], 12),
+    );
+    assert_eq!(index.stats().distinct_hashes, 4, "hash 3 has one record");
+    assert_eq!(
+        query(&index, &[1, 2, 3, 4]),
+        BTreeMap::from([(0, 1), (1, 3)])
+    );
+    // Worker 0 stores 2 again: the chain is whole on it once more.
+    index.store_after(
+        WorkerSlot(0),
+        Some(SequenceHash(1)),
+        Some(EngineBlockId(0)),
+        &blocks(&[2], 1),
+    );
+    assert_eq!(
+        query(&index, &[1, 2, 3, 4]),
+        BTreeMap::from([(0, 4), (1, 3)])
+    );
+    // Removing a worker's whole chain promotes nothing of it (children go first).
+    index.remove_worker(WorkerSlot(1));
+    index.remove_worker(WorkerSlot(0));
+    assert_eq!(index.stats().distinct_hashes, 0);
+}
+
+/// A parent the index cannot find (no engine id, or one the worker does not hold, and not a
+/// head) could hide an earlier record of the block: the index keeps every hash from then on,
+/// and answers stay right.
+#[test]
+fn an_unknown_parent_keeps_every_hash() {
+    let mut index = index_with(2);
+    index.store_after(WorkerSlot(0), None, None, &blocks(&[1, 2, 3, 4], 0));
+    assert!(!index.every_hash);
+    // Worker 1 stores 3 after 2 without saying which engine id 2 has.
+    index.store_after(
+        WorkerSlot(1),
+        Some(SequenceHash(2)),
+        None,
+        &blocks(&[3, 4], 10),
+    );
+    assert!(index.every_hash);
+    assert_eq!(index.holders.len(), 4);
+    assert_eq!(
+        index.stats().distinct_hashes,
+        4,
+        "3 and 4 are not recorded twice"
+    );
+    assert_eq!(index.stats().pairs, 6);
+    index.store_after(WorkerSlot(1), None, None, &blocks(&[1, 2], 20));
+    assert_eq!(
+        query(&index, &[1, 2, 3, 4]),
+        BTreeMap::from([(0, 4), (1, 4)])
+    );
+    index.remove_worker(WorkerSlot(0));
+    assert_eq!(query(&index, &[1, 2, 3, 4]), BTreeMap::from([(1, 4)]));
 }

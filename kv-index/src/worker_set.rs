@@ -6,7 +6,8 @@
 //! in a [`SetArena`] (one flat `Vec<u64>` with a fixed number of words per set, so a set of
 //! 128 workers costs 16 bytes and intersecting it is two `AND`s).
 
-/// Largest worker slot (15 bits; `0x7FFF` marks an empty inline field).
+/// Largest worker slot (15 bits; `0x7FFF` marks an empty inline field). Bit 30 of a packed
+/// set is never used by the set: the record keeps its head bit there (`records`).
 pub const MAX_SLOT: u16 = 0x7FFE;
 const EMPTY: u32 = 0x7FFF;
 const ARENA_TAG: u32 = 1 << 31;
@@ -104,6 +105,9 @@ impl SetArena {
             Some(n) => n,
             None => {
                 let n = (self.bits.len() / self.words) as u32;
+                // Bit 30 of a packed set is the record's head bit (`records`): 2^30 sets of
+                // three or more workers is far beyond any index's blocks.
+                debug_assert!(n < 1 << 30, "arena set index overflows 30 bits");
                 self.bits.resize(self.bits.len() + self.words, 0);
                 n
             }
@@ -177,6 +181,7 @@ impl SetArena {
     }
 
     /// Number of slots in `set`.
+    #[cfg(test)]
     pub(crate) fn count(&self, set: PackedSet) -> usize {
         match set.view() {
             SetView::Inline(_, None) => 1,

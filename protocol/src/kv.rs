@@ -44,6 +44,11 @@ pub enum KvEvent {
         /// Sequence hash of the block before `blocks[0]`, if any.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         parent: Option<SequenceHash>,
+        /// The engine's id of that block on this worker. With it the KV index finds the
+        /// parent without keeping every block's hash in a table (see `switchyard-kv-index`);
+        /// an engine that does not send it is indexed correctly, with a table of every hash.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        parent_block_id: Option<EngineBlockId>,
         /// The blocks, in prompt order.
         blocks: Vec<StoredBlock>,
         /// Block size in tokens.

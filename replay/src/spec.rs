@@ -123,6 +123,10 @@ pub struct ReplayCounters {
     pub transfer_tokens: u64,
     /// Discrete event times processed.
     pub event_steps: u64,
+    /// Whether the KV index ended up keeping every hash in its table, because a `Stored`
+    /// event's parent could not be found by its engine id (should stay `false`: the
+    /// simulated engines name every parent).
+    pub index_every_hash: bool,
 }
 
 /// Everything one run produced.

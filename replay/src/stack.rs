@@ -264,6 +264,7 @@ impl<'a> VirtualStack<'a> {
             now = now.max(self.cluster.now_ms());
         }
         let (records, notes, not_sent) = self.tracker.finish();
+        self.counters.index_every_hash = self.control.router().index_stats().every_hash;
         Ok(ReplayRun {
             spec: self.spec,
             records,

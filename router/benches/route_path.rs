@@ -67,6 +67,7 @@ fn warm_router(history: &[u32]) -> Router {
         resync: false,
         events: vec![KvEvent::Stored {
             parent: None,
+            parent_block_id: None,
             blocks: hashes
                 .iter()
                 .enumerate()

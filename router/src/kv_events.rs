@@ -57,8 +57,15 @@ impl Router {
         let slot = worker.slot;
         for event in &batch.events {
             match event {
-                KvEvent::Stored { parent, blocks, .. } => {
-                    let c = self.index.store_after(slot, *parent, blocks);
+                KvEvent::Stored {
+                    parent,
+                    parent_block_id,
+                    blocks,
+                    ..
+                } => {
+                    let c = self
+                        .index
+                        .store_after(slot, *parent, *parent_block_id, blocks);
                     self.kv_counters.blocks_stored += c.stored;
                     self.kv_counters.blocks_removed += c.removed;
                 }

@@ -64,6 +64,7 @@ fn stored_in_blocks_of(block_size: u32, worker: &str, seq: u64, tokens: &[u32]) 
         seq,
         vec![KvEvent::Stored {
             parent: None,
+            parent_block_id: None,
             blocks: hashes
                 .iter()
                 .enumerate()
@@ -655,6 +656,7 @@ fn any_event() -> impl Strategy<Value = KvEvent> {
         3 => (proptest::option::of(0u64..50), proptest::collection::vec((0u64..50, 0u64..50), 0..8), prop_oneof![Just(16u32), 0u32..70])
             .prop_map(|(parent, b, block_size)| KvEvent::Stored {
                 parent: parent.map(SequenceHash),
+                parent_block_id: None,
                 blocks: b.into_iter().map(|(h, id)| StoredBlock { seq_hash: SequenceHash(h), block_id: EngineBlockId(id) }).collect(),
                 block_size,
             }),

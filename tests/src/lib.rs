@@ -308,6 +308,29 @@ pub async fn get_json(client: &reqwest::Client, url: &str) -> Result<Value, Stri
     serde_json::from_str(&text).map_err(|e| format!("GET {url}: {e}"))
 }
 
+/// Checks, from the control plane's `/metrics`, that its KV index holds stored chains' heads
+/// only in its hash table: every `Stored` event so far named its parent's engine id (see
+/// `docs/kv-index.md`, "Heads only"), and some chain is longer than its head.
+///
+/// # Errors
+/// What the metrics showed otherwise, or why they could not be read.
+pub async fn index_keeps_heads_only(
+    client: &reqwest::Client,
+    control_plane_url: &str,
+) -> Result<(), String> {
+    let metrics = get_text(client, &format!("{control_plane_url}/metrics")).await?;
+    let table = prom_sum(&metrics, "switchyard_index_table_hashes");
+    let hashes = prom_sum(&metrics, "switchyard_index_hashes");
+    let every_hash = prom_sum(&metrics, "switchyard_index_every_hash");
+    if every_hash != 0.0 || table < 1.0 || table >= hashes {
+        return Err(format!(
+            "the index keeps every hash ({every_hash}), or not only heads: {table} table \
+             entries for {hashes} hashes"
+        ));
+    }
+    Ok(())
+}
+
 /// The sum of every sample of metric `name` (any labels) in Prometheus text; 0 when absent.
 pub fn prom_sum(text: &str, name: &str) -> f64 {
     text.lines()

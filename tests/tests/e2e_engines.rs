@@ -30,8 +30,8 @@ use switchyard_e2e::probe::{
     PREFILL_HEADER,
 };
 use switchyard_e2e::{
-    client, envoy_stats, eventually, get_text, post_observed, start_stack, worker_addresses,
-    DESTINATION_RESPONSE_HEADER, WORKER_HEADER,
+    client, envoy_stats, eventually, get_text, index_keeps_heads_only, post_observed, start_stack,
+    worker_addresses, DESTINATION_RESPONSE_HEADER, WORKER_HEADER,
 };
 use switchyard_protocol::route::ROUTE_HEADER;
 use switchyard_protocol::worker::Engine;
@@ -147,6 +147,9 @@ async fn cold_disaggregates_and_next_turn_bypasses(stack: &Stack, http: &reqwest
     );
     assert_eq!(response.header(DESTINATION_RESPONSE_HEADER), destination);
     assert_eq!(response.header(PREFILL_HEADER), "");
+    index_keeps_heads_only(http, &stack.control_plane_url())
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
     let stats = envoy_stats(http, &stack.admin_url()).await.expect("stats");
     assert_eq!(stat(&stats, "prefill.handoffs_total"), 1);
     assert_eq!(stat(&stats, "prefill.failures_total"), 0);

@@ -26,7 +26,8 @@ use switchyard_e2e::vllm::{
     EngineSpec, VllmEngine, VllmInstall, BLOCK_SIZE, MAX_MODEL_LEN, MODEL_NAME,
 };
 use switchyard_e2e::{
-    admin_get_json, client, eventually, post_observed, prom_sum, start_stack, Observed,
+    admin_get_json, client, eventually, index_keeps_heads_only, post_observed, prom_sum,
+    start_stack, Observed,
 };
 use switchyard_e2e::{worker_metrics, DESTINATION_RESPONSE_HEADER};
 use switchyard_protocol::route::ROUTE_HEADER;
@@ -286,6 +287,11 @@ async fn a_real_vllm_prefill_decode_pair_behind_switchyard() {
     // takes the prefill engine away).
     let before = indexed_blocks(&http, &stack, "decode-0").await;
     assert!(before > 0);
+    // vLLM's events name each chain's parent by its block hash, which is its engine id:
+    // the index keeps only the heads of stored chains in its hash table, not every hash.
+    index_keeps_heads_only(&http, &stack.control_plane_url())
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
     // The direct request just stored the third turn's blocks too.
     let estimate = verdict(&http, &control_plane, &third).await;
     stack

@@ -302,6 +302,7 @@ mod tests {
                 KvEvent::Cleared,
                 KvEvent::Stored {
                     parent: None,
+                    parent_block_id: None,
                     blocks: vec![
                         StoredBlock {
                             seq_hash: want[0],

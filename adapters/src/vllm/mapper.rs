@@ -246,6 +246,8 @@ impl HashMapper {
         Outcome::Forward {
             event: KvEvent::Stored {
                 parent: parent_seq,
+                // vLLM names blocks by their hash, the parent too: it is the parent's engine id.
+                parent_block_id: parent_seq.and(parent).map(EngineBlockId),
                 blocks,
                 block_size: self.config.block_size.get(),
             },

@@ -48,12 +48,15 @@ fn stored(
             event:
                 KvEvent::Stored {
                     parent,
+                    parent_block_id,
                     blocks,
                     block_size,
                 },
             ..
         }) => {
             assert_eq!(block_size, BS);
+            // The parent's engine id comes with its hash (vLLM's id is its block hash).
+            assert_eq!(parent_block_id.is_some(), parent.is_some());
             (
                 parent,
                 blocks.iter().map(|b| b.seq_hash).collect(),
@@ -111,6 +114,7 @@ fn the_captured_31_block_prompt_gets_switchyards_hashes() {
         mapped.kv_events().collect::<Vec<_>>(),
         [&KvEvent::Stored {
             parent: None,
+            parent_block_id: None,
             blocks: expected,
             block_size: 32
         }]

@@ -100,8 +100,11 @@ fn chain(first: u64, len: usize, parent: Option<u64>) -> Vec<Block> {
 /// A `Stored` event in neutral form: both sides' events are made from it.
 struct StoreEv {
     worker: u16,
-    /// Sequence hash of the parent block (Dynamo needs it; Switchyard does not).
+    /// Sequence hash of the parent block.
     parent: Option<u64>,
+    /// The parent's engine id on this worker (Switchyard's index finds the parent's record
+    /// by it; Dynamo's events name blocks by sequence hash, so its parent is `parent`).
+    parent_id: Option<u64>,
     /// (block, engine id on this worker)
     blocks: Vec<(Block, u64)>,
 }
@@ -138,6 +141,13 @@ fn systems_of(w: u16) -> impl Iterator<Item = usize> {
     base..base + SYSTEMS_PER_WORKER
 }
 
+/// Engine id on worker `w` of the last block of system prompt `system`: each worker stores
+/// its system prompts first, in `systems_of` order, from engine id 0.
+fn system_last_id(w: u16, system: usize) -> Option<u64> {
+    let k = systems_of(w).position(|s| s == system)?;
+    Some(((k + 1) * SYSTEM_BLOCKS - 1) as u64)
+}
+
 fn workload() -> Workload {
     let mut next_no = 0u64;
     let systems: Vec<Vec<Block>> = (0..SYSTEMS)
@@ -163,6 +173,7 @@ fn workload() -> Workload {
             ingest.push(StoreEv {
                 worker: w,
                 parent: None,
+                parent_id: None,
                 blocks: systems[s].iter().copied().zip(ids).collect(),
             });
         }
@@ -189,21 +200,27 @@ fn workload() -> Workload {
     for turn in TURNS {
         for conv in &mut convs {
             let part = &conv.blocks[start..start + turn];
-            let mut parent = if start == 0 {
-                conv.system_last(&systems)
+            let (mut parent, mut parent_id) = if start == 0 {
+                (
+                    conv.system_last(&systems),
+                    system_last_id(conv.worker, conv.system),
+                )
             } else {
-                Some(conv.blocks[start - 1].seq)
+                (Some(conv.blocks[start - 1].seq), Some(conv.engine[start - 1]))
             };
             for chunk in part.chunks(EVENT_BLOCKS) {
                 let ids = take_ids(conv.worker, chunk.len(), &mut next_engine);
                 conv.engine.extend_from_slice(&ids);
                 pairs += chunk.len();
+                let last_id = ids.last().copied();
                 ingest.push(StoreEv {
                     worker: conv.worker,
                     parent,
+                    parent_id,
                     blocks: chunk.iter().copied().zip(ids).collect(),
                 });
                 parent = chunk.last().map(|b| b.seq);
+                parent_id = last_id;
             }
         }
         start += turn;
@@ -212,15 +229,19 @@ fn workload() -> Workload {
     for conv in &convs {
         let Some(d) = conv.dup else { continue };
         let mut parent = conv.system_last(&systems);
+        let mut parent_id = system_last_id(d, conv.system);
         for chunk in conv.blocks.chunks(EVENT_BLOCKS) {
             let ids = take_ids(d, chunk.len(), &mut next_engine);
             pairs += chunk.len();
+            let last_id = ids.last().copied();
             ingest.push(StoreEv {
                 worker: d,
                 parent,
+                parent_id,
                 blocks: chunk.iter().copied().zip(ids).collect(),
             });
             parent = chunk.last().map(|b| b.seq);
+            parent_id = last_id;
         }
     }
     Workload {
@@ -247,8 +268,14 @@ impl Conv {
 // ---------------------------------------------------------------------------------------
 // The two sides.
 
-/// A `Stored` event as the router hands it to the index: worker, parent, blocks.
-type SyStore = (WorkerSlot, Option<SequenceHash>, Vec<StoredBlock>);
+/// A `Stored` event as the router hands it to the index: worker, parent, the parent's
+/// engine id, blocks.
+type SyStore = (
+    WorkerSlot,
+    Option<SequenceHash>,
+    Option<EngineBlockId>,
+    Vec<StoredBlock>,
+);
 
 fn sy_events(w: &Workload) -> Vec<SyStore> {
     w.ingest.iter().map(sy_store).collect()
@@ -263,7 +290,12 @@ fn sy_store(e: &StoreEv) -> SyStore {
             block_id: EngineBlockId(*id),
         })
         .collect();
-    (WorkerSlot(e.worker), e.parent.map(SequenceHash), blocks)
+    (
+        WorkerSlot(e.worker),
+        e.parent.map(SequenceHash),
+        e.parent_id.map(EngineBlockId),
+        blocks,
+    )
 }
 
 fn sy_new(w: &Workload) -> KvIndex {
@@ -575,8 +607,8 @@ fn run(plan: &Plan) {
         let mut index = sy_new(&w);
         let setup_ms = (cpu_ns() - t) as f64 / 1e6;
         let t = cpu_ns();
-        for (slot, parent, blocks) in &sy_evs {
-            index.store_after(*slot, *parent, blocks);
+        for (slot, parent, parent_id, blocks) in &sy_evs {
+            index.store_after(*slot, *parent, *parent_id, blocks);
         }
         let ns = cpu_ns() - t;
         assert_eq!(
@@ -584,6 +616,15 @@ fn run(plan: &Plan) {
             w.pairs,
             "Switchyard pair count"
         );
+        // Every event named its parent's engine id: the table holds heads only.
+        let stats = index.stats();
+        assert!(!stats.every_hash, "Switchyard's index fell back to every hash");
+        if rep == 0 {
+            println!(
+                "switchyard's hash table: {} heads for {} distinct blocks",
+                stats.table_hashes, stats.distinct_hashes
+            );
+        }
         ingest.sy.push(w.pairs as f64 / ns as f64 * 1e3);
         sy_index = Some(index);
 
@@ -807,6 +848,7 @@ fn run(plan: &Plan) {
         churn_stores.push(StoreEv {
             worker: wk,
             parent,
+            parent_id: system_last_id(wk, system),
             blocks: blocks.into_iter().zip(ids).collect(),
         });
     }
@@ -818,8 +860,8 @@ fn run(plan: &Plan) {
         }
     };
     for s in &churn_stores[..warm] {
-        let (slot, parent, blocks) = sy_store(s);
-        index.store_after(slot, parent, &blocks);
+        let (slot, parent, parent_id, blocks) = sy_store(s);
+        index.store_after(slot, parent, parent_id, &blocks);
         event_id += 1;
         dy_apply(&mut tree, dy_store(event_id, s));
     }
@@ -835,8 +877,8 @@ fn run(plan: &Plan) {
             .map(|r| (sy_store(&churn_stores[r]), churn_remove(r)))
             .collect();
         let t = cpu_ns();
-        for ((slot, parent, blocks), rm) in &sy_in {
-            index.store_after(*slot, *parent, blocks);
+        for ((slot, parent, parent_id, blocks), rm) in &sy_in {
+            index.store_after(*slot, *parent, *parent_id, blocks);
             sy_remove(&mut index, rm);
         }
         let blocks = (plan.churn_rounds * CHURN_BLOCKS * 2) as f64;
@@ -1026,8 +1068,8 @@ fn memory_child(side: &str) {
         "switchyard" => {
             let mut index = sy_new(&w);
             for e in &w.ingest {
-                let (slot, parent, blocks) = sy_store(e);
-                index.store_after(slot, parent, &blocks);
+                let (slot, parent, parent_id, blocks) = sy_store(e);
+                index.store_after(slot, parent, parent_id, &blocks);
             }
             let after = rss_bytes();
             assert_eq!(index.stats().pairs as usize, w.pairs);

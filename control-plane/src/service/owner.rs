@@ -252,6 +252,12 @@ impl Owner {
         self.metrics.index_blocks.set(gauge(stats.pairs));
         self.metrics.index_hashes.set(gauge(stats.distinct_hashes));
         self.metrics.index_bytes.set(gauge(stats.approx_bytes));
+        self.metrics
+            .index_table_hashes
+            .set(gauge(stats.table_hashes));
+        self.metrics
+            .index_every_hash
+            .set(i64::from(stats.every_hash));
         let learned = self.router().learned_timing();
         for (part, ratio) in [("prefill", learned.prefill), ("decode", learned.decode)] {
             self.metrics

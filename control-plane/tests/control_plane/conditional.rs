@@ -85,6 +85,7 @@ async fn publish_stored(
         resync: false,
         events: vec![KvEvent::Stored {
             parent: None,
+            parent_block_id: None,
             blocks,
             block_size: worker.block_size,
         }],

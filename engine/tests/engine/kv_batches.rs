@@ -17,6 +17,7 @@ fn block(i: u64) -> StoredBlock {
 fn stored(parent: Option<u64>, range: std::ops::Range<u64>) -> KvEvent {
     KvEvent::Stored {
         parent: parent.map(|p| SequenceHash(1_000 + p)),
+        parent_block_id: parent.map(EngineBlockId),
         blocks: range.map(block).collect(),
         block_size: 64,
     }

@@ -95,6 +95,9 @@ fn full_trace_in_all_three_modes_is_sane() {
             "{mode}"
         );
         assert_eq!(run.counters.kv_batch_problems, 0, "{mode}");
+        // Every simulated `Stored` event named its parent's engine id: the index's hash
+        // table kept heads only.
+        assert!(!run.counters.index_every_hash, "{mode}");
         assert_eq!(report.tokens.output_count_mismatches, 0, "{mode}");
         assert_eq!(report.tokens.prompt_count_mismatches, 0, "{mode}");
         for s in [&report.ttft_ms, &report.itl_ms, &report.e2e_ms] {

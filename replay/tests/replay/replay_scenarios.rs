@@ -93,6 +93,7 @@ fn conditional_bypasses_a_second_turn_and_disaggregates_cold_prompts() {
     assert_eq!(run.counters.transfers, 2);
     assert_eq!(run.counters.transfer_tokens, 8_192 + 12_000);
     assert_eq!(run.counters.kv_batch_problems, 0);
+    assert!(!run.counters.index_every_hash);
     // A bypass prefills 300 tokens locally: its TTFT is far below the cold prompts'.
     let ttft: Vec<f64> = run.records.iter().map(|r| r.ttft_ms.unwrap()).collect();
     assert!(ttft[1] < ttft[0] && ttft[1] < ttft[2], "{ttft:?}");

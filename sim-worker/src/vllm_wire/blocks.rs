@@ -206,6 +206,7 @@ mod tests {
     fn stored(parent: Option<SequenceHash>, blocks: &[(SequenceHash, u64)]) -> KvEvent {
         KvEvent::Stored {
             parent,
+            parent_block_id: None,
             blocks: blocks
                 .iter()
                 .map(|&(seq_hash, id)| StoredBlock {
