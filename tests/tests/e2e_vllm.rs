@@ -26,8 +26,8 @@ use switchyard_e2e::vllm::{
     EngineSpec, VllmEngine, VllmInstall, BLOCK_SIZE, MAX_MODEL_LEN, MODEL_NAME,
 };
 use switchyard_e2e::{
-    admin_get_json, client, eventually, index_keeps_heads_only, post_observed, prom_sum,
-    start_stack, Observed,
+    admin_get_json, client, eventually, eventually_ok, index_keeps_heads_only, post_observed,
+    prom_sum, start_stack, Observed,
 };
 use switchyard_e2e::{worker_metrics, DESTINATION_RESPONSE_HEADER};
 use switchyard_protocol::route::ROUTE_HEADER;
@@ -306,6 +306,14 @@ async fn a_real_vllm_prefill_decode_pair_behind_switchyard() {
     .await;
     let again = verdict(&http, &control_plane, &third).await;
     assert_eq!(again["cached_tokens"], estimate["cached_tokens"]);
+    // vLLM's replay names every chain's parent too.
+    let control_plane_url = stack.control_plane_url();
+    eventually_ok(
+        "the rebuilt index keeps heads only",
+        Duration::from_secs(5),
+        || index_keeps_heads_only(&http, &control_plane_url),
+    )
+    .await;
 
     // 4. Without the prefill engine, a cold prompt is still served (local prefill).
     drop(prefill);
