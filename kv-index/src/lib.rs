@@ -21,7 +21,8 @@
 //!   record through the worker's engine ids (the event names the parent's engine id), so a
 //!   block already stored after it is found without a table of every hash. An event whose
 //!   parent cannot be found that way (an engine that does not send the parent's id, or
-//!   `KvIndex::store`) turns that off for good: from then on every hash is in the table.
+//!   `KvIndex::store`) turns that off: from then on every hash is in the table, until the
+//!   index holds nothing again.
 //!   With a table of every hash, ~60 MB at 4 M blocks, each stored and each dying block cost a
 //!   random DRAM line; heads are about one per event;
 //! - per worker slot, a table `engine block id -> record index` (same table type), because
@@ -157,8 +158,8 @@ pub struct KvIndex {
     /// then on `roots` is incomplete and queries skip it.
     roots_unknown: bool,
     /// Every live record is a head (in the hash table), not only those the record before
-    /// does not lead to: set for good by the first store whose parent's record cannot be
-    /// found (see the module docs).
+    /// does not lead to: set by the first store whose parent's record cannot be found (see
+    /// the module docs), until the index holds nothing.
     every_hash: bool,
     /// Kept between [`KvIndex::clear_worker`] calls: a bitmap over the records and one bit
     /// per word of it that has a bit set (all zero between calls).
@@ -335,7 +336,8 @@ impl KvIndex {
     /// parent's engine id on this worker; it finds the parent's record, so that a block
     /// already stored right after it (by another worker) is found without a table of every
     /// hash. Without it, or if the worker does not hold it, the parent is looked up among the
-    /// heads; failing that, the index keeps every hash from then on (see the module docs).
+    /// heads; failing that, the index keeps every hash from then on, until it holds nothing
+    /// (see the module docs).
     /// A prompt's first blocks also make misses cheap (see `roots`). Untracked slots are
     /// ignored.
     pub fn store_after(
@@ -396,9 +398,9 @@ impl KvIndex {
             .or_else(|| self.holders.get(parent).filter(|&r| is_parent(r)))
     }
 
-    /// Puts every live record's hash in the hash table, for good: a store whose parent's
-    /// record cannot be found could otherwise record a block a second time (its record, if
-    /// any, is right after the parent's, which is unknown).
+    /// Puts every live record's hash in the hash table, from now until the index holds
+    /// nothing: a store whose parent's record cannot be found could otherwise record a block
+    /// a second time (its record, if any, is right after the parent's, which is unknown).
     fn keep_every_hash(&mut self) {
         if self.every_hash {
             return;
@@ -574,6 +576,11 @@ impl KvIndex {
             self.compact();
         } else if self.pending.len() >= FLUSH_DEAD {
             self.flush_dead();
+        }
+        if self.pairs == 0 {
+            // No live record is left to be reached only through the table: a table of heads
+            // only is right again (after every worker was cleared, say for a resync).
+            self.every_hash = false;
         }
     }
 

@@ -216,8 +216,8 @@ fn op() -> impl proptest::strategy::Strategy<Value = Op> {
 proptest::proptest! {
     #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2000))]
     /// Hashes here are arbitrary: one may follow different blocks in different events, which
-    /// sequence hashes never do. So the index keeps every hash in its table (as it does once
-    /// a parent cannot be found); `agrees_with_a_naive_model_on_chained_events` covers the
+    /// sequence hashes never do. So the index is made to keep every hash in its table before
+    /// each store (as it does once a parent cannot be found); `agrees_with_a_naive_model_on_chained_events` covers the
     /// table of heads. With `with_parents`, stores say which blocks start a prompt
     /// (`store_after`), as the router's do: hashes below 4 are prompts' first blocks (only
     /// ever `blocks[0]` of an event without parent), every other hash sits after one. A
@@ -229,7 +229,6 @@ proptest::proptest! {
         with_parents in proptest::bool::ANY,
     ) {
         let mut index = KvIndex::new();
-        index.keep_every_hash();
         let mut model = Model::default();
         for w in [0u16, 1, 2, 3, 64, 65, 66] {
             index.add_worker(WorkerSlot(w));
@@ -246,6 +245,9 @@ proptest::proptest! {
                         seq_hash: SequenceHash(h),
                         block_id: EngineBlockId(id),
                     }).collect();
+                    // Every hash in the table (the index goes back to heads only
+                    // whenever it empties).
+                    index.keep_every_hash();
                     if with_parents {
                         let first = stored.first().map_or(0, |s| s.seq_hash.0);
                         let parent = (first >= 4).then_some(SequenceHash(7));
@@ -674,4 +676,12 @@ fn an_unknown_parent_keeps_every_hash() {
     );
     index.remove_worker(WorkerSlot(0));
     assert_eq!(query(&index, &[1, 2, 3, 4]), BTreeMap::from([(1, 4)]));
+    assert!(index.every_hash);
+    // Once nothing is held (every worker cleared, as for a resync), heads only again.
+    index.clear_worker(WorkerSlot(1));
+    assert!(!index.every_hash);
+    index.store_after(WorkerSlot(1), None, None, &blocks(&[1, 2, 3], 30));
+    index.flush_dead();
+    assert_eq!(index.stats().table_hashes, 1, "one chain, one head");
+    assert_eq!(query(&index, &[1, 2, 3]), BTreeMap::from([(1, 3)]));
 }
