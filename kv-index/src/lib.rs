@@ -65,11 +65,12 @@ use worker_set::{PackedSet, SetArena};
 pub use worker_set::MAX_SLOT;
 
 /// Blocks whose cache misses are started together (see `U64Table::prefetch`). A stored block
-/// loads two lines (its home line and the next) in each of two tables (its worker's engine
-/// ids, the hashes), so 8 blocks put 32 line loads in flight. 16 blocks overflowed the core's
-/// miss buffers on an AMD EPYC VM with a 32 MiB L3, where the 60 MB hash table lives in DRAM:
-/// ingest at 4 M pairs ran at 16 M blocks/s against 26 M with 8; 4 gave 25 M and 12 gave 18 M
-/// (`docs/kv-index-vs-dynamo.md`, 2026-12-04).
+/// loads two lines (its home line and the next) of its worker's engine-id table, and of the
+/// hash table while that keeps every hash. With a table of every hash (60 MB, in DRAM on an
+/// AMD EPYC VM with a 32 MiB L3), 16 blocks overflowed the core's miss buffers: ingest at 4 M
+/// pairs ran at 16 M blocks/s against 26 M with 8; 4 gave 25 M and 12 gave 18 M
+/// (`docs/kv-index-vs-dynamo.md`, 2026-12-04). With heads only, 8 and 16 ingest alike (29–31
+/// M blocks/s, quick runs of 2026-12-05) and 4 is slower (26 M).
 const PREFETCH: usize = 8;
 
 /// Dead records whose hash-table entries are removed together (see `KvIndex::flush_dead`):
@@ -337,9 +338,8 @@ impl KvIndex {
     /// already stored right after it (by another worker) is found without a table of every
     /// hash. Without it, or if the worker does not hold it, the parent is looked up among the
     /// heads; failing that, the index keeps every hash from then on, until it holds nothing
-    /// (see the module docs).
-    /// A prompt's first blocks also make misses cheap (see `roots`). Untracked slots are
-    /// ignored.
+    /// (see the module docs). A prompt's first blocks also make misses cheap (see `roots`).
+    /// Untracked slots are ignored.
     pub fn store_after(
         &mut self,
         slot: WorkerSlot,
@@ -366,9 +366,9 @@ impl KvIndex {
     }
 
     /// Records `blocks` as cached on `slot` without saying what they continue. Correct, but
-    /// it turns off for good the index's check of a query's first block (see `roots`) and
-    /// its table of heads only (every hash is kept from then on): a caller that knows the
-    /// parent uses [`KvIndex::store_after`].
+    /// it turns off for good the index's check of a query's first block (see `roots`), and
+    /// its table of heads only until the index holds nothing: a caller that knows the parent
+    /// uses [`KvIndex::store_after`].
     pub fn store(&mut self, slot: WorkerSlot, blocks: &[StoredBlock]) -> ApplyCounts {
         if !self.has_worker(slot) {
             return ApplyCounts::default();
