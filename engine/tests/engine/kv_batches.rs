@@ -68,13 +68,21 @@ fn large_events_split_into_chains_of_at_most_the_limit() {
     assert!(batches.iter().all(|x| blocks_in(x) <= 4));
     let seqs: Vec<u64> = batches.iter().map(|x| x.seq).collect();
     assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>());
-    // The Stored pieces chain: each continues from the previous piece's last block.
+    // The Stored pieces chain: each continues from the previous piece's last block, named by
+    // its hash and its engine id.
     let mut expected_parent = None;
     let mut all = Vec::new();
     for e in batches.iter().flat_map(|x| &x.events) {
-        if let KvEvent::Stored { parent, blocks, .. } = e {
-            assert_eq!(*parent, expected_parent);
-            expected_parent = blocks.last().map(|b| b.seq_hash);
+        if let KvEvent::Stored {
+            parent,
+            parent_block_id,
+            blocks,
+            ..
+        } = e
+        {
+            assert_eq!(*parent, expected_parent.map(|b: StoredBlock| b.seq_hash));
+            assert_eq!(*parent_block_id, expected_parent.map(|b| b.block_id));
+            expected_parent = blocks.last().copied();
             all.extend(blocks.iter().copied());
         }
     }
@@ -121,10 +129,18 @@ fn resync_dump_is_cleared_then_chains_with_consecutive_seqs() {
     }
     assert_eq!(dump[0].events[0], KvEvent::Cleared);
     assert!(dump.iter().all(|x| blocks_in(x) <= 3));
-    // Replaying the Stored events rebuilds every (parent, block) edge of the input.
+    // Replaying the Stored events rebuilds every (parent, block) edge of the input; each
+    // chain names its parent's engine id too (block `i`'s is `i`).
     let mut edges = Vec::new();
     for e in dump.iter().flat_map(|x| &x.events) {
-        if let KvEvent::Stored { parent, blocks, .. } = e {
+        if let KvEvent::Stored {
+            parent,
+            parent_block_id,
+            blocks,
+            ..
+        } = e
+        {
+            assert_eq!(*parent_block_id, parent.map(|p| EngineBlockId(p.0 - 1_000)));
             let mut p = *parent;
             for blk in blocks {
                 edges.push((p, blk.seq_hash));
