@@ -16,6 +16,36 @@ pub fn free_port() -> u16 {
         .expect("bind 127.0.0.1:0 to find a free port")
 }
 
+/// Ports that [`free_listen_port`] draws from: this many below the kernel's ephemeral range.
+const LISTEN_PORTS: u16 = 8_192;
+
+/// A port free right now on 127.0.0.1, below the kernel's ephemeral port range, for a server
+/// that binds it seconds later (a Python engine starting up). A [`free_port`] port is in the
+/// ephemeral range, so until the server binds it an outgoing connection's source port may
+/// take it (a real vLLM's NIXL side channel once failed with "Address already in use" that
+/// way); a port below the range is only ever taken by an explicit bind. Drawn from a random
+/// place in the [`LISTEN_PORTS`] below the range, so that parallel callers rarely meet.
+///
+/// # Panics
+/// If no port can be bound on 127.0.0.1 (no loopback interface).
+pub fn free_listen_port() -> u16 {
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32_768);
+    let Some(low) = ephemeral_low
+        .checked_sub(LISTEN_PORTS)
+        .filter(|&l| l >= 1_024)
+    else {
+        return free_port();
+    };
+    let start = u16::from_str_radix(&random_token()[..4], 16).unwrap_or(0) % LISTEN_PORTS;
+    (0..LISTEN_PORTS)
+        .map(|i| low + (start + i) % LISTEN_PORTS)
+        .find(|&port| TcpListener::bind((Ipv4Addr::LOCALHOST, port)).is_ok())
+        .unwrap_or_else(free_port)
+}
+
 /// A random 128-bit token as 32 hex digits (NATS tokens, registration secrets of a local
 /// stack). Drawn from the OS-seeded keys of std's `RandomState`, so it needs no RNG crate;
 /// good for one run's credentials, not for long-lived keys.
@@ -82,6 +112,21 @@ mod tests {
     }
 
     use super::*;
+
+    #[test]
+    fn listen_ports_are_free_and_below_the_ephemeral_range() {
+        let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+            .ok()
+            .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok())
+            .unwrap_or(32_768);
+        for _ in 0..8 {
+            let port = free_listen_port();
+            if low >= 1_024 + LISTEN_PORTS {
+                assert!((low - LISTEN_PORTS..low).contains(&port), "{port} vs {low}");
+            }
+            TcpListener::bind((Ipv4Addr::LOCALHOST, port)).expect("the port is free");
+        }
+    }
 
     #[test]
     fn scratch_dirs_are_distinct_and_removed_on_drop() {

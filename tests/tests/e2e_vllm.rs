@@ -33,7 +33,7 @@ use switchyard_e2e::{worker_metrics, DESTINATION_RESPONSE_HEADER};
 use switchyard_protocol::route::ROUTE_HEADER;
 use switchyard_protocol::worker::{WorkerId, WorkerRole};
 use switchyard_stack::{Stack, StackBuilder, WorkerSpec};
-use switchyard_support::{free_port, TempDir};
+use switchyard_support::{free_listen_port, TempDir};
 
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
 /// Cold prompts above this many uncached tokens disaggregate; the next turns stay below.
@@ -67,11 +67,12 @@ fn chat(messages: &Value, max_tokens: u32) -> Value {
 fn engine(name: &str, kv_role: Option<&'static str>, core: u32) -> EngineSpec {
     EngineSpec {
         name: name.into(),
-        port: free_port(),
-        kv_events_port: free_port(),
-        kv_replay_port: free_port(),
+        // Below the ephemeral range: vLLM binds these seconds after they are chosen.
+        port: free_listen_port(),
+        kv_events_port: free_listen_port(),
+        kv_replay_port: free_listen_port(),
         kv_role,
-        nixl_port: free_port(),
+        nixl_port: free_listen_port(),
         core,
         num_blocks: 256,
     }
