@@ -31,7 +31,7 @@
 //! - the hash table and the records, once 2 MiB or more, on 2 MiB pages (`pages`), so that
 //!   their random accesses do not each pay a TLB miss;
 //! - a small table of prompts' first blocks (`roots`), so that a miss does not touch the big
-//!   table, and a list of dead records whose hash-table entries are removed in batches
+//!   table, and a list of dead heads whose hash-table entries are removed in batches
 //!   (`pending`, see `drop_holder`).
 //!
 //! Workers are addressed by a dense [`WorkerSlot`] the owner (the router) allocates, so sets
@@ -146,7 +146,7 @@ pub struct KvIndex {
     sets: SetArena,
     workers: Vec<Option<WorkerBlocks>>,
     pairs: u64,
-    /// `(hash, record)` of records that died since the last flush: their hash-table entries
+    /// `(hash, record)` of heads that died since the last flush: their hash-table entries
     /// still point at them (see [`drop_holder`]) until [`KvIndex::flush_dead`] removes them.
     pending: Vec<(u64, u32)>,
     /// Hashes stored as a prompt's first block (a `Stored` event without parent, see
@@ -729,11 +729,11 @@ fn release_copy(extra: &mut HashMap<u32, u32>, record: u32) -> bool {
 
 /// Takes `slot` out of `record`'s holders; a record left without holders dies.
 ///
-/// Its hash stays in the hash table, pointing at the dead record, and goes on the pending
-/// list; [`KvIndex::flush_dead`] removes a few thousand at once, their cache misses
-/// overlapped. Meanwhile every lookup checks that the record it reaches is live. Removing
-/// it here was a probe of a random line of a table of tens of MB per dying block, its miss
-/// on the removal's path: most of the cost of removals and of removing a worker.
+/// A dying head's hash stays in the hash table, pointing at the dead record, and goes on the
+/// pending list; [`KvIndex::flush_dead`] removes a few thousand at once, their cache misses
+/// overlapped. Meanwhile every lookup checks that the record it reaches is live. Removing it
+/// here was a probe of a random line of a table of tens of MB per dying block when the table
+/// held every hash, its miss on the removal's path.
 fn drop_holder(p: Parts<'_>, record: u32, slot: u16) {
     let mut d = Dropped::default();
     drop_holder_in(
