@@ -29,11 +29,7 @@ const LISTEN_PORTS: u16 = 8_192;
 /// # Panics
 /// If no port can be bound on 127.0.0.1 (no loopback interface).
 pub fn free_listen_port() -> u16 {
-    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-        .ok()
-        .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok())
-        .unwrap_or(32_768);
-    let Some(low) = ephemeral_low
+    let Some(low) = ephemeral_low()
         .checked_sub(LISTEN_PORTS)
         .filter(|&l| l >= 1_024)
     else {
@@ -44,6 +40,14 @@ pub fn free_listen_port() -> u16 {
         .map(|i| low + (start + i) % LISTEN_PORTS)
         .find(|&port| TcpListener::bind((Ipv4Addr::LOCALHOST, port)).is_ok())
         .unwrap_or_else(free_port)
+}
+
+/// The first port of the kernel's ephemeral range (Linux's default when it cannot be read).
+fn ephemeral_low() -> u16 {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32_768)
 }
 
 /// A random 128-bit token as 32 hex digits (NATS tokens, registration secrets of a local
@@ -115,10 +119,7 @@ mod tests {
 
     #[test]
     fn listen_ports_are_free_and_below_the_ephemeral_range() {
-        let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-            .ok()
-            .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok())
-            .unwrap_or(32_768);
+        let low = ephemeral_low();
         for _ in 0..8 {
             let port = free_listen_port();
             if low >= 1_024 + LISTEN_PORTS {
