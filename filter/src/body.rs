@@ -129,11 +129,17 @@ pub fn model_of(body: &[u8]) -> Option<String> {
     }
     // A derived struct also reads a JSON array positionally (`["m"]`); only an object is a
     // request body.
-    if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+    if !starts_as_object(body) {
         return None;
     }
     let model = serde_json::from_slice::<ModelProbe>(body).ok()?.model?;
     is_header_safe_model(&model).then_some(model)
+}
+
+/// Whether `body`'s first non-whitespace byte opens a JSON object: what a request body can be,
+/// before a parse says whether it is one.
+pub fn starts_as_object(body: &[u8]) -> bool {
+    body.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{')
 }
 
 /// Whether a body that is not a JSON object might still carry a steering key for a parser

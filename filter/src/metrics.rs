@@ -21,6 +21,9 @@ pub const STRIPPED_HEADERS_TOTAL: &str = "switchyard.stripped_headers_total";
 pub const REJECTED_TOTAL: &str = "switchyard.rejected_total";
 /// Client bodies that carried steering keys (`kv_transfer_params`, ...), which were removed.
 pub const CLIENT_STEERING_STRIPPED_TOTAL: &str = "switchyard.client_steering_stripped_total";
+/// Routed bodies screened after the route call, because the verdict did not vouch for them
+/// (`Verdict::steering_free`) or none came. A body the verdict vouches for is not screened.
+pub const DEFERRED_SCREENS_TOTAL: &str = "switchyard.deferred_screens_total";
 /// Prefill holds released because their decode leg failed or never came.
 pub const PREFILL_RELEASES_TOTAL: &str = "switchyard.prefill.releases_total";
 /// Release calls that were refused or failed (a real vLLM has no release endpoint: its own
@@ -105,6 +108,8 @@ pub struct StatIds {
     pub rejected: Vec<u32>,
     /// Id of [`CLIENT_STEERING_STRIPPED_TOTAL`].
     pub client_steering_stripped_total: u32,
+    /// Id of [`DEFERRED_SCREENS_TOTAL`].
+    pub deferred_screens_total: u32,
     /// Id of [`PREFILL_RELEASES_TOTAL`].
     pub prefill_releases_total: u32,
     /// Id of [`PREFILL_RELEASE_FAILURES_TOTAL`].
@@ -225,6 +230,7 @@ mod tests {
             destination: "a:1".into(),
             prefill: None,
             on_prefill_pool: true,
+            steering_free: true,
         };
         assert_eq!(ids().for_outcome(&outcome), vec![22]);
     }

@@ -242,6 +242,7 @@ mod tests {
                 bootstrap_port: None,
             }),
             on_prefill_pool: false,
+            steering_free: false,
         };
         assert_eq!(
             Served::from_outcome(&outcome),

@@ -106,6 +106,9 @@ pub enum RouteOutcome {
         /// `destination` is a prefill worker serving the request whole (the verdict's
         /// `decode_on_prefill`): the request goes to the prefill cluster.
         on_prefill_pool: bool,
+        /// The control plane found the body free of steering keys (the verdict's
+        /// `steering_free`): the filter need not screen it.
+        steering_free: bool,
     },
     /// Leave the destination unset: Envoy's fallback load balancer picks a worker.
     FailOpen(FailOpenReason),
@@ -168,6 +171,7 @@ pub fn classify_route_response(
                         .prefill
                         .and_then(|p| PrefillTarget::from_verdict(p, verdict.engine)),
                     on_prefill_pool: verdict.decode_on_prefill,
+                    steering_free: verdict.steering_free,
                 }
             }
             _ => RouteOutcome::FailOpen(FailOpenReason::BadVerdict),
@@ -240,6 +244,7 @@ mod tests {
                     bootstrap_port: None,
                 }),
                 on_prefill_pool: false,
+                steering_free: false,
             }
         );
         assert_eq!(outcome.route_header_value(), "disagg");
@@ -296,6 +301,7 @@ mod tests {
             serde_json::from_slice(&verdict_json("agg", "10.0.0.3:81")).unwrap();
         verdict["reason"] = "agg:decode_pool_full".into();
         verdict["decode_on_prefill"] = true.into();
+        verdict["steering_free"] = true.into();
         let outcome = classify_route_response(Some("200"), None, verdict.to_string().as_bytes());
         assert_eq!(
             outcome,
@@ -304,6 +310,7 @@ mod tests {
                 destination: "10.0.0.3:81".into(),
                 prefill: None,
                 on_prefill_pool: true,
+                steering_free: true,
             }
         );
         assert_eq!(outcome.route_header_value(), "agg");

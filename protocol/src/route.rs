@@ -386,6 +386,13 @@ pub struct Verdict {
     /// ([`Engine::handoff`]). Absent (vLLM) in verdicts from before other engines.
     #[serde(default, skip_serializing_if = "Engine::is_vllm")]
     pub engine: Engine,
+    /// The route call's body was a JSON object naming none of the keys only the gateway may
+    /// set ([`crate::openai::CLIENT_STEERING_KEYS`]), as the control plane found when it
+    /// parsed it, so the filter passes the body on without screening it itself. Absent
+    /// (false) when the route input was a hashed prompt, and in verdicts from before it: the
+    /// filter screens the body.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub steering_free: bool,
 }
 
 fn is_false(b: &bool) -> bool {

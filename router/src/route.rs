@@ -357,6 +357,8 @@ impl Router {
             reason,
             decode_on_prefill: keeper.is_some(),
             engine: d.engine,
+            // The router never sees the body; the control plane's API sets it.
+            steering_free: false,
         };
         let ttl = self.config.load.kv_prediction_ms;
         self.predictions

@@ -66,10 +66,17 @@ async fn bad_input_and_a_failing_prefill_pool_never_fail_a_request() {
     }
     assert_eq!(failures, 0.0, "a forged pull was attempted");
 
-    // (2) Bodies the filter cannot screen get its own 400 without reaching anyone; bodies the
-    // engine would refuse get the control plane's 400, relayed as it is; oversized ones get
-    // the filter's 413.
+    // (2) Bodies the filter cannot screen get its own 400 without reaching a worker: one that
+    // does not even start as an object before any route call, a truncated object once the
+    // control plane could not parse it (its verdict never vouches for a body it could not
+    // read, so the filter screens it). Bodies the engine would refuse get the control plane's
+    // 400, relayed as it is; oversized ones get the filter's 413.
     let before = envoy_stats(&http, &stack.admin_url()).await.expect("stats");
+    assert_eq!(
+        stat(&before, "deferred_screens_total"),
+        1,
+        "the forged body was screened after its route call"
+    );
     for (bad, reason) in [
         (&b"{\"model\": \"qwen3\", "[..], "not_json"),
         (&b"[1,2]"[..], "not_an_object"),
@@ -115,8 +122,13 @@ async fn bad_input_and_a_failing_prefill_pool_never_fail_a_request() {
     assert_eq!(stat(&after, "client_steering_stripped_total"), 1);
     assert_eq!(
         stat(&after, "route_calls_total"),
-        stat(&before, "route_calls_total") + 1,
-        "only the JSON object went to the control plane"
+        stat(&before, "route_calls_total") + 2,
+        "the array did not go to the control plane"
+    );
+    assert_eq!(
+        stat(&after, "deferred_screens_total"),
+        3,
+        "bodies with a refusal for a verdict are screened"
     );
     assert_eq!(
         stat(&after, "fail_open_total"),
@@ -217,4 +229,9 @@ async fn bad_input_and_a_failing_prefill_pool_never_fail_a_request() {
         "a 503 is retried"
     );
     assert_eq!(stat(&stats, "fail_open_total"), 0, "{stats:?}");
+    assert_eq!(
+        stat(&stats, "deferred_screens_total"),
+        3,
+        "a routed body the verdict vouches for is not screened by the filter"
+    );
 }

@@ -146,6 +146,11 @@ async fn attacks_and_bad_input_are_refused_and_cost_nothing() {
     assert_eq!(trap.hits(), 0, "nobody connected to the client's host");
     let stats = envoy_stats(&http, &stack.admin_url()).await.unwrap();
     assert_eq!(stat(&stats, "client_steering_stripped_total"), 4);
+    assert_eq!(
+        stat(&stats, "deferred_screens_total"),
+        4,
+        "no verdict vouched for a body naming a steering key"
+    );
 
     // (2) Worker-internal endpoints are not part of the gateway, whatever the method.
     for (method, path) in [

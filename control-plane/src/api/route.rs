@@ -21,7 +21,9 @@ use warp::http::{HeaderMap, StatusCode};
 use warp::reply::Response;
 use warp::Reply;
 
-use switchyard_protocol::openai::{check_prompt_length, generation_params, InvalidRequest};
+use switchyard_protocol::openai::{
+    check_prompt_length, generation_params, InvalidRequest, CLIENT_STEERING_KEYS,
+};
 use switchyard_protocol::route::{
     is_usable_request_id, ApiKind, RejectReason, API_HEADER, MAX_REQUEST_ID_LEN, REJECT_HEADER,
     REQUEST_ID_HEADER,
@@ -301,6 +303,11 @@ where
     let Some(object) = json.as_object() else {
         return Err(fail(RouteFailure::invalid("body", "must be a JSON object")));
     };
+    // The filter passes such a body on without screening it again (`Verdict::steering_free`).
+    let steering_free = hashed.is_none()
+        && !CLIENT_STEERING_KEYS
+            .iter()
+            .any(|key| object.contains_key(*key));
     let model = state.models.resolve(object).map_err(|refusal| {
         fail(match refusal {
             ModelRefusal::Unknown(name) => RouteFailure::UnknownModel(name),
@@ -343,7 +350,10 @@ where
         model: model.name.clone(),
     };
     match state.service.route(request).await {
-        Ok(Ok(routed)) => Ok((routed, model.name.clone())),
+        Ok(Ok(mut routed)) => {
+            routed.verdict.steering_free = steering_free;
+            Ok((routed, model.name.clone()))
+        }
         Ok(Err(RouteError::NoDecodeWorkers)) => Err(fail(RouteFailure::NoWorkers)),
         Err(_) => Err(fail(RouteFailure::Unavailable)),
     }

@@ -7,7 +7,7 @@ use common::*;
 use serde_json::json;
 use std::time::Duration;
 use switchyard_control_plane::settings::{Redacted, Settings};
-use switchyard_protocol::route::{ApiError, Reason, REJECT_HEADER};
+use switchyard_protocol::route::{ApiError, Reason, Verdict, REJECT_HEADER};
 use switchyard_protocol::worker::WorkerRole;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -173,6 +173,34 @@ async fn bad_route_bodies_get_400_naming_the_problem() {
         .unwrap();
     assert_eq!(resp.status(), 405);
     svc.stop().await;
+}
+
+/// The verdict vouches for a body only when the control plane's parse of it found no key only
+/// the gateway may set (the filter then passes it on without screening it itself), however
+/// the key is spelled in JSON.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_verdict_vouches_only_for_a_body_without_steering_keys() {
+    let (_server, svc, nats) = service_with_nats(Settings::for_tests()).await;
+    register_worker(&svc, &nats, "decode-0", WorkerRole::Decode, 9001).await;
+    let verdict = |body: String| {
+        let base = svc.base.clone();
+        async move {
+            let response = route(&base, "chat", None, body).await;
+            assert_eq!(response.status(), 200);
+            response.json::<Verdict>().await.expect("a verdict")
+        }
+    };
+    let clean = verdict(chat("hello")).await;
+    assert!(clean.steering_free, "{clean:?}");
+    for key in switchyard_protocol::openai::CLIENT_STEERING_KEYS {
+        let mut body: serde_json::Value = serde_json::from_str(&chat("hello")).unwrap();
+        body[key] = json!({"remote_host": "10.9.9.9"});
+        let named = verdict(body.to_string()).await;
+        assert!(!named.steering_free, "{key}: {named:?}");
+    }
+    // `\u005f` is `_`: the same key to any JSON parser.
+    let escaped = r#"{"model": "qwen3", "messages": [{"role": "user", "content": "hi"}], "kv\u005ftransfer_params": {}}"#;
+    assert!(!verdict(escaped.to_string()).await.steering_free);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -109,6 +109,8 @@ async fn a_hashed_prompt_is_routed_and_refused_as_its_body_is() {
         )
     };
     assert!(by_body.cached_tokens > 0, "{by_body:?}");
+    // Only a body the control plane parsed can be vouched for.
+    assert!(by_body.steering_free && !by_hashes.steering_free);
     assert_eq!(essentials(&by_hashes), essentials(&by_body));
 
     // Refusals come from the same checks: a field the engine refuses, a prompt too long.

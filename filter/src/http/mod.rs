@@ -87,8 +87,14 @@ enum Phase {
     Screening,
     /// An API request whose body is buffering.
     Buffering(ApiKind),
-    /// Waiting for the answer to route call `token`; `doc` is the body if screening parsed it.
-    AwaitingVerdict { token: u32, doc: Option<RequestDoc> },
+    /// Waiting for the answer to route call `token`; `doc` is the body if screening parsed it,
+    /// `screened` whether the body was screened before the call (else the verdict may vouch
+    /// for it, or it is screened when the answer comes).
+    AwaitingVerdict {
+        token: u32,
+        doc: Option<RequestDoc>,
+        screened: bool,
+    },
     /// The prefill leg's attempt `token` is in flight.
     Prefilling { token: u32, leg: PrefillLeg },
     /// Handed to Envoy (or answered by the filter) as `served`. `prefill` is the verdict's
@@ -283,10 +289,14 @@ impl Context for SwitchyardRequest {
             .get_http_call_response_body(0, body_size)
             .unwrap_or_default();
         match std::mem::replace(&mut self.phase, Phase::Passing) {
-            Phase::AwaitingVerdict { token, doc } if token == token_id => {
+            Phase::AwaitingVerdict {
+                token,
+                doc,
+                screened,
+            } if token == token_id => {
                 let reject = self.get_http_call_response_header(REJECT_HEADER);
                 let outcome = classify_route_response(status.as_deref(), reject.as_deref(), &body);
-                self.apply_verdict(outcome, doc, &body);
+                self.apply_verdict(outcome, doc, screened, &body);
             }
             Phase::Prefilling { token, leg } if token == token_id => {
                 self.on_prefill_answer(status.as_deref(), &body, leg);
