@@ -7,9 +7,7 @@ use anyhow::{bail, Context as _};
 use switchyard_stack::{Component, Stack};
 use tokio::time::Instant;
 
-use crate::probes::{
-    clock_ticks, filter_stats, route_latency_totals, stat, timed, worker_cpu_seconds,
-};
+use crate::probes::{filter_stats, route_latency_totals, stat, timed, worker_cpu_seconds};
 use crate::prompts::chat_of;
 
 /// Small-request repetitions of the interference measurement.
@@ -103,15 +101,14 @@ pub(crate) async fn measure(
     }
     row.control_plane_ms = (sum_after - sum_before) * 1e3 / (count_after - count_before).max(1.0);
     let pid = stack.pid(Component::Envoy).context("envoy runs")?;
-    let ticks = clock_ticks();
     for (url, slot) in [(&plain_url, 0), (&filtered_url, 1)] {
-        let before = worker_cpu_seconds(pid, ticks);
+        let before = worker_cpu_seconds(pid);
         let mut sent = 0;
         while sent < requests && Instant::now() < deadline {
             timed(http, url, &take()).await?;
             sent += 1;
         }
-        let per_request_ms = (worker_cpu_seconds(pid, ticks) - before) * 1e3 / sent.max(1) as f64;
+        let per_request_ms = (worker_cpu_seconds(pid) - before) * 1e3 / sent.max(1) as f64;
         if slot == 0 {
             row.cpu_plain_ms = per_request_ms;
         } else {
@@ -143,8 +140,7 @@ pub(crate) async fn load_tokenizer(
 ) -> anyhow::Result<(f64, f64)> {
     let (filtered_url, _) = urls(stack)?;
     let pid = stack.pid(Component::Envoy).context("envoy runs")?;
-    let ticks = clock_ticks();
-    let cpu_before = worker_cpu_seconds(pid, ticks);
+    let cpu_before = worker_cpu_seconds(pid);
     let started = Instant::now();
     timed(http, &filtered_url, body).await?;
     loop {
@@ -162,7 +158,7 @@ pub(crate) async fn load_tokenizer(
     }
     Ok((
         started.elapsed().as_secs_f64(),
-        worker_cpu_seconds(pid, ticks) - cpu_before,
+        worker_cpu_seconds(pid) - cpu_before,
     ))
 }
 

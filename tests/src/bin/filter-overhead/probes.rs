@@ -9,32 +9,43 @@ use switchyard_e2e::{envoy_stats, prom_sum};
 use switchyard_stack::Stack;
 use tokio::time::Instant;
 
-/// CPU time (user + system) of the process's threads whose name starts with `wrk:` (Envoy's
-/// worker threads), in seconds.
-pub(crate) fn worker_cpu_seconds(pid: u32, ticks_per_second: f64) -> f64 {
+/// CPU time of the process's threads whose name starts with `wrk:` (Envoy's worker threads),
+/// in seconds: the scheduler's nanosecond count (`/proc/<pid>/task/<tid>/schedstat`), so a
+/// block of 20 requests resolves tenths of a millisecond per request, where `stat`'s clock
+/// ticks (10 ms) resolved 0.5 ms. Falls back to those ticks where schedstat is missing.
+pub(crate) fn worker_cpu_seconds(pid: u32) -> f64 {
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
         return 0.0;
     };
     tasks
         .filter_map(Result::ok)
-        .filter_map(|task| std::fs::read_to_string(task.path().join("stat")).ok())
-        .filter_map(|stat| {
-            // `pid (comm) state ...`: comm may hold spaces, so split at the last ')'.
-            let (head, rest) = stat.rsplit_once(')')?;
-            let comm = head.split_once('(')?.1;
-            if !comm.starts_with("wrk:") {
-                return None;
-            }
-            let fields: Vec<&str> = rest.split_whitespace().collect();
-            // After the comm: state is field 3, utime 14 and stime 15 (1-based in proc(5)).
-            let utime: f64 = fields.get(11)?.parse().ok()?;
-            let stime: f64 = fields.get(12)?.parse().ok()?;
-            Some((utime + stime) / ticks_per_second)
+        .filter(|task| {
+            std::fs::read_to_string(task.path().join("comm"))
+                .is_ok_and(|comm| comm.starts_with("wrk:"))
+        })
+        .filter_map(|task| {
+            let from_schedstat = std::fs::read_to_string(task.path().join("schedstat"))
+                .ok()
+                .and_then(|s| s.split_whitespace().next()?.parse::<f64>().ok())
+                .map(|ns| ns / 1e9);
+            from_schedstat.or_else(|| ticks_seconds(&task.path()))
         })
         .sum()
 }
 
-pub(crate) fn clock_ticks() -> f64 {
+/// User + system time from a task's `stat`, in seconds.
+fn ticks_seconds(task: &std::path::Path) -> Option<f64> {
+    let stat = std::fs::read_to_string(task.join("stat")).ok()?;
+    // `pid (comm) state ...`: comm may hold spaces, so split at the last ')'.
+    let (_, rest) = stat.rsplit_once(')')?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // After the comm: state is field 3, utime 14 and stime 15 (1-based in proc(5)).
+    let utime: f64 = fields.get(11)?.parse().ok()?;
+    let stime: f64 = fields.get(12)?.parse().ok()?;
+    Some((utime + stime) / clock_ticks())
+}
+
+fn clock_ticks() -> f64 {
     std::process::Command::new("getconf")
         .arg("CLK_TCK")
         .output()
