@@ -33,9 +33,8 @@ impl SwitchyardRequest {
         // When the control plane tokenizes, it parses the body anyway and says in its verdict
         // whether the body names a steering key. So an object's screen waits for the verdict
         // and runs only if the verdict does not vouch for the body, or if none comes: a pass
-        // over the body less on the Envoy worker thread, in series before the route call
-        // (~0.25 ms per MB in V8). A body that does not even start as an object is screened,
-        // and refused, now.
+        // over the body less on the Envoy worker thread, in series before the route call. A
+        // body that does not even start as an object is screened, and refused, now.
         let deferred = self.shared.config.tokenize == TokenizeMode::ControlPlane
             && body::starts_as_object(&body);
         let (body, doc) = if deferred {
