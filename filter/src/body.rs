@@ -7,7 +7,10 @@
 //! filter passes — on every path, routed or not — is screened: a JSON object loses those keys;
 //! a body that is not a JSON object cannot be stripped, so on the API paths it is refused with
 //! a 400, and elsewhere it is refused only when it might still carry such a key for a more
-//! lenient parser (Python's `json` reads `NaN`, for one) ([`may_steer`]).
+//! lenient parser (Python's `json` reads `NaN`, for one) ([`may_steer`]). A routed body the
+//! control plane parsed may skip the filter's own screen: its verdict vouches that the body
+//! named none of those keys (`Verdict::steering_free`), and without that the filter screens it
+//! when the answer comes, before any worker sees it.
 //!
 //! Screening costs one pass over the bytes when no steering key is present: a probe
 //! deserializes only those keys and skips the rest without building a tree. Anything else
