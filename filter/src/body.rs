@@ -296,6 +296,15 @@ mod tests {
     use super::*;
 
     #[test]
+    fn only_a_body_opening_an_object_can_wait_for_the_verdict() {
+        assert!(starts_as_object(b"{}"));
+        assert!(starts_as_object(b" \r\n\t{\"model\": "));
+        for body in [&b""[..], b"   ", b"[{}]", b"\"{\"", b"null", b"x{"] {
+            assert!(!starts_as_object(body), "{body:?}");
+        }
+    }
+
+    #[test]
     fn the_model_is_read_when_it_can_be_a_header() {
         let chat = br#"{"messages":[{"role":"user","content":"hi"}],"model":"org/m-1.0"}"#;
         assert_eq!(model_of(chat).as_deref(), Some("org/m-1.0"));
