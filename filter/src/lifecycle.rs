@@ -2,10 +2,11 @@
 //! response's tail (pure).
 //!
 //! Requests only push events (never block, never wait for the control plane); the root
-//! context's timer drains the queue in batches. When the control plane is away the queue fills
-//! up to its bound and further events are dropped and counted: lost reports are tolerated
-//! (the control plane expires predicted load after a timeout), a filter that grows without
-//! bound is not.
+//! context's timer drains the queue in batches. A batch the control plane did not take (no
+//! answer, a 5xx) goes back to the front and is sent again: a `done` lost there would leave its
+//! request counted in flight until the control plane's request timeout, minutes later. When
+//! the control plane is away the queue fills up to its bound and further events are dropped
+//! and counted: a filter that grows without bound is worse than load expired late.
 
 use std::collections::VecDeque;
 
@@ -50,6 +51,19 @@ impl LifecycleQueue {
         })
     }
 
+    /// Puts a batch whose POST failed back at the front, in order, as far as the bound
+    /// allows (the newest of it are dropped first); returns how many were dropped. The control
+    /// plane applies each event once per request id, so a batch it did get is harmless again.
+    pub fn requeue(&mut self, events: Vec<LifecycleEvent>) -> usize {
+        let room = self.max.saturating_sub(self.events.len());
+        let kept = events.len().min(room);
+        let dropped = events.len() - kept;
+        for event in events.into_iter().take(kept).rev() {
+            self.events.push_front(event);
+        }
+        dropped
+    }
+
     /// Changes the bound (events already queued stay, even above a lower bound).
     pub fn set_max(&mut self, max: usize) {
         self.max = max.max(1);
@@ -63,6 +77,28 @@ impl LifecycleQueue {
     /// Whether nothing waits.
     pub fn is_empty(&self) -> bool {
         self.events.is_empty()
+    }
+}
+
+/// What became of a lifecycle POST, from its `:status`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Answer {
+    /// A 2xx: the events are applied.
+    Taken,
+    /// No answer (the call failed), or a 502/503/504 (Envoy's own when the control plane is
+    /// unreachable or too slow, or the control plane unavailable): worth sending again.
+    NotTaken,
+    /// Anything else: the control plane refused the batch, and would again.
+    Refused,
+}
+
+/// Classifies a lifecycle POST's `:status`.
+pub fn answer(status: Option<&str>) -> Answer {
+    match status.map(|s| s.trim().parse::<u16>()) {
+        None | Some(Err(_)) => Answer::NotTaken,
+        Some(Ok(200..=299)) => Answer::Taken,
+        Some(Ok(502..=504)) => Answer::NotTaken,
+        Some(Ok(_)) => Answer::Refused,
     }
 }
 
@@ -176,6 +212,44 @@ mod tests {
         assert_eq!(queue.take_batch(10).unwrap().events, vec![first("c")]);
         assert!(queue.take_batch(10).is_none());
         assert!(queue.is_empty());
+    }
+
+    #[test]
+    fn only_a_batch_the_control_plane_did_not_get_is_sent_again() {
+        assert_eq!(answer(Some("200")), Answer::Taken);
+        assert_eq!(answer(Some("204")), Answer::Taken);
+        for status in [None, Some("503"), Some("504"), Some("502"), Some("")] {
+            assert_eq!(answer(status), Answer::NotTaken, "{status:?}");
+        }
+        for status in ["400", "413", "500", "301"] {
+            assert_eq!(answer(Some(status)), Answer::Refused, "{status}");
+        }
+    }
+
+    #[test]
+    fn a_failed_batch_goes_back_first_and_in_order_as_far_as_the_bound_allows() {
+        let mut queue = LifecycleQueue::new(4);
+        for id in ["a", "b", "c"] {
+            assert!(queue.push(first(id)));
+        }
+        let batch = queue.take_batch(2).expect("batch");
+        assert!(queue.push(first("d")));
+        assert_eq!(queue.requeue(batch.events), 0);
+        let order: Vec<_> = queue.take_batch(10).unwrap().events;
+        assert_eq!(order, vec![first("a"), first("b"), first("c"), first("d")]);
+        // Full meanwhile: the oldest of the batch go back, its newest are dropped.
+        let mut queue = LifecycleQueue::new(3);
+        for id in ["a", "b", "c"] {
+            assert!(queue.push(first(id)));
+        }
+        let batch = queue.take_batch(3).expect("batch");
+        assert!(queue.push(first("x")));
+        assert!(queue.push(first("y")));
+        assert_eq!(queue.requeue(batch.events), 2);
+        assert_eq!(
+            queue.take_batch(10).unwrap().events,
+            vec![first("a"), first("x"), first("y")]
+        );
     }
 
     #[test]

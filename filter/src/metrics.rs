@@ -46,8 +46,11 @@ pub const PREFILL_LOST_TOTAL: &str = "switchyard.prefill.lost_total";
 pub const PREFILL_LATENCY_MS: &str = "switchyard.prefill.latency_ms";
 /// Lifecycle events sent to the control plane (accepted with 2xx).
 pub const REPORTS_SENT_TOTAL: &str = "switchyard.lifecycle.reports_sent_total";
-/// Lifecycle events dropped: queue full, or the POST failed.
+/// Lifecycle events dropped: queue full, or the control plane refused their POST.
 pub const REPORTS_DROPPED_TOTAL: &str = "switchyard.lifecycle.reports_dropped_total";
+/// Lifecycle events whose POST the control plane did not take (no answer, 502/503/504), put
+/// back at the front of the queue to be sent again.
+pub const REPORTS_REQUEUED_TOTAL: &str = "switchyard.lifecycle.reports_requeued_total";
 
 /// Route calls that carried block hashes (the filter tokenized).
 pub const ROUTE_INPUT_HASHES_TOTAL: &str = "switchyard.route_input.hashes_total";
@@ -132,6 +135,8 @@ pub struct StatIds {
     pub reports_sent_total: u32,
     /// Id of [`REPORTS_DROPPED_TOTAL`].
     pub reports_dropped_total: u32,
+    /// Id of [`REPORTS_REQUEUED_TOTAL`].
+    pub reports_requeued_total: u32,
     /// Id of [`ROUTE_INPUT_HASHES_TOTAL`].
     pub route_input_hashes_total: u32,
     /// Ids of the per-reason body-fallback counters, in [`BodyFallback::ALL`] order.

@@ -10,13 +10,13 @@ use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, ContextType, MetricType};
 use switchyard_protocol::handoff::{release_body, RELEASE_PATH};
-use switchyard_protocol::lifecycle::LIFECYCLE_PATH;
+use switchyard_protocol::lifecycle::{LifecycleEvent, LIFECYCLE_PATH};
 use switchyard_protocol::route::{DESTINATION_HEADER, MODEL_HEADER};
 use switchyard_protocol::route_input::TOKENIZER_PATH;
 
 use crate::config::{Config, TokenizeMode};
 use crate::http::SwitchyardRequest;
-use crate::lifecycle::LifecycleQueue;
+use crate::lifecycle::{self, Answer, LifecycleQueue};
 use crate::metrics::{self, StatIds};
 use crate::outcome::{FallbackReason, Rejection};
 use crate::request::headers_to_strip;
@@ -37,9 +37,10 @@ pub(crate) struct SwitchyardRoot {
     shared: Option<Rc<Shared>>,
     /// Survives reconfiguration, so events queued by requests of the old config are sent.
     reports: Rc<RefCell<LifecycleQueue>>,
-    /// The lifecycle POST in flight (token, events in it). One at a time: a slow control plane
-    /// then backs the queue up to its bound instead of piling calls onto Envoy.
-    in_flight: Option<(u32, usize)>,
+    /// The lifecycle POST in flight (token, its events, to requeue if it fails). One at a
+    /// time: a slow control plane then backs the queue up to its bound instead of piling calls
+    /// onto Envoy.
+    in_flight: Option<(u32, Vec<LifecycleEvent>)>,
     /// Release calls in flight.
     releases: Rc<RefCell<VecDeque<Release>>>,
     releases_in_flight: Vec<u32>,
@@ -198,7 +199,7 @@ impl SwitchyardRoot {
             vec![],
             config.lifecycle_timeout(),
         ) {
-            Ok(token) => self.in_flight = Some((token, count)),
+            Ok(token) => self.in_flight = Some((token, batch.events)),
             Err(status) => {
                 debug!(
                     "#{} lifecycle dispatch refused: {status:?}",
@@ -276,6 +277,7 @@ fn define_stats() -> StatIds {
         prefill_latency_ms: define(MetricType::Histogram, metrics::PREFILL_LATENCY_MS),
         reports_sent_total: define_counter(metrics::REPORTS_SENT_TOTAL),
         reports_dropped_total: define_counter(metrics::REPORTS_DROPPED_TOTAL),
+        reports_requeued_total: define_counter(metrics::REPORTS_REQUEUED_TOTAL),
         route_input_hashes_total: define_counter(metrics::ROUTE_INPUT_HASHES_TOTAL),
         route_input_body: BodyFallback::ALL
             .iter()
@@ -333,26 +335,44 @@ impl Context for SwitchyardRoot {
             }
             return;
         }
-        let Some((token, count)) = self.in_flight else {
+        let Some((_, events)) = self.in_flight.take_if(|(token, _)| *token == token_id) else {
             return;
         };
-        if token != token_id {
-            return;
-        }
-        self.in_flight = None;
         let Some(shared) = self.shared.clone() else {
             return;
         };
-        if call_succeeded() {
-            increment(shared.stats.reports_sent_total, count as i64);
-            // Drain a backlog promptly instead of one batch per tick.
-            self.flush_reports(&shared);
-        } else {
-            debug!(
-                "#{} lifecycle batch of {count} dropped: not a 2xx",
-                self.context_id
-            );
-            increment(shared.stats.reports_dropped_total, count as i64);
+        let count = events.len();
+        let status = self.get_http_call_response_header(":status");
+        match lifecycle::answer(status.as_deref()) {
+            Answer::Taken => {
+                increment(shared.stats.reports_sent_total, count as i64);
+                // Drain a backlog promptly instead of one batch per tick.
+                self.flush_reports(&shared);
+            }
+            Answer::NotTaken => {
+                // The control plane was stopped, busy or gone: the timer sends it again.
+                let dropped = self
+                    .reports
+                    .try_borrow_mut()
+                    .map_or(count, |mut queue| queue.requeue(events));
+                debug!(
+                    "#{} lifecycle batch of {count} not taken ({status:?}): {} requeued",
+                    self.context_id,
+                    count - dropped
+                );
+                increment(
+                    shared.stats.reports_requeued_total,
+                    (count - dropped) as i64,
+                );
+                increment(shared.stats.reports_dropped_total, dropped as i64);
+            }
+            Answer::Refused => {
+                debug!(
+                    "#{} lifecycle batch of {count} dropped: refused ({status:?})",
+                    self.context_id
+                );
+                increment(shared.stats.reports_dropped_total, count as i64);
+            }
         }
     }
 }

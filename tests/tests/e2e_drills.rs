@@ -31,6 +31,7 @@ use switchyard_e2e::probe::{filter_stat, worker_metric};
 use switchyard_e2e::{
     admin_get_json, client, envoy_stats, eventually_ok, get_text, prom_sum, start_stack, Signal,
 };
+use switchyard_e2e::{chat_body, post_observed};
 use switchyard_stack::{Component, ServingMode, Stack, StackBuilder};
 
 /// Load before a fault, to measure the routing quality it starts from.
@@ -153,6 +154,49 @@ async fn fault_drills_on_one_control_plane() {
         "every fail-open counted"
     );
     assert_back_within_5_s(&report, recovery);
+
+    // 1b. Requests routed before the control plane stops and finished while it is stopped:
+    // their `done` reports cannot be taken then, and are sent again once it runs, so none
+    // stays counted in flight (the router would steer turns away from its worker until the
+    // request timeout, minutes later).
+    let requeued_before = filter_stat(
+        &envoy_stats(&http, &stack.admin_url()).await.unwrap(),
+        "lifecycle.reports_requeued_total",
+    );
+    let url = format!("{}/v1/chat/completions", stack.gateway_url());
+    let streams: Vec<_> = (0..3)
+        .map(|i| {
+            let (http, url) = (http.clone(), url.clone());
+            let body = chat_body(
+                &format!("Tell me about lighthouse optics, part {i}."),
+                64,
+                true,
+            );
+            tokio::spawn(async move {
+                post_observed(&http, &url, &body, &[], Duration::from_secs(30)).await
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stack.freeze(Component::ControlPlane).expect("SIGSTOP");
+    for stream in streams {
+        let answer = stream
+            .await
+            .expect("joins")
+            .expect("answered while the control plane is stopped");
+        assert_eq!(answer.status, 200, "{}", answer.body());
+    }
+    // Past the lifecycle POST's timeout (1 s): the reports were sent and not taken.
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    stack
+        .signal(Component::ControlPlane, Signal::Cont)
+        .expect("SIGCONT");
+    no_request_left_in_flight(&http, &stack).await;
+    let requeued = filter_stat(
+        &envoy_stats(&http, &stack.admin_url()).await.unwrap(),
+        "lifecycle.reports_requeued_total",
+    );
+    assert!(requeued > requeued_before, "the reports were sent again");
 
     // 2. Killed and started again (one replica: the filter fails open meanwhile).
     let run = baseline(&http, &stack).await;
@@ -321,6 +365,26 @@ async fn fault_drills_on_one_control_plane() {
         prom_sum(&metrics, "switchyard_workers_expired_total") >= 1.0,
         "{metrics}"
     );
+}
+
+/// Waits until the control plane counts no request in flight on any worker: every lifecycle
+/// `done` of the drill's finished load has reached it.
+async fn no_request_left_in_flight(http: &reqwest::Client, stack: &Stack) {
+    let metrics = format!("{}/metrics", stack.control_plane_url());
+    eventually_ok(
+        "every finished request reported done",
+        Duration::from_secs(10),
+        || async {
+            let text = get_text(http, &metrics).await?;
+            let in_flight = prom_sum(&text, "switchyard_worker_in_flight");
+            if in_flight == 0.0 {
+                Ok(())
+            } else {
+                Err(format!("{in_flight} in flight"))
+            }
+        },
+    )
+    .await;
 }
 
 fn assert_back_within_5_s(report: &DrillReport, recovery: Option<Duration>) {
