@@ -17,6 +17,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, linear_buckets, Histogram};
 use prometheus_client::registry::Registry;
+use switchyard_protocol::lifecycle::LifecycleEvent;
 use switchyard_protocol::route::{Reason, RouteMode};
 
 /// Labels of a routing decision.
@@ -43,6 +44,14 @@ impl DecisionLabels {
 pub struct ReasonLabels {
     /// Why.
     pub reason: String,
+}
+
+/// A single `event` label (a lifecycle report's kind).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EventLabels {
+    /// `first_token`, `done`, or `failed_open` (a `done` the filter sent when it failed the
+    /// request open).
+    pub event: String,
 }
 
 /// A single `code` label (the `ApiError::code` of a rejected request).
@@ -169,6 +178,11 @@ pub struct Metrics {
     pub kv_unknown_removals: Counter,
     /// `cleared` events applied (cache resets and resync dumps).
     pub kv_clears: Counter,
+    /// Lifecycle events received, by kind.
+    pub lifecycle_events: Family<EventLabels, Counter>,
+    /// Route calls that came after the filter had failed their request open (they waited in
+    /// this process's socket): answered, not counted as load.
+    pub late_route_calls: Counter,
     /// Resync requests published to workers, by reason (`new_worker`, `restarted`, `gap`).
     pub resync_requests: Family<ReasonLabels, Counter>,
     /// Resync requests suppressed by the per-worker rate limit.
@@ -243,6 +257,8 @@ impl Default for Metrics {
             kv_blocks_removed: Counter::default(),
             kv_unknown_removals: Counter::default(),
             kv_clears: Counter::default(),
+            lifecycle_events: Family::default(),
+            late_route_calls: Counter::default(),
             resync_requests: Family::default(),
             resync_suppressed: Counter::default(),
             bad_messages: Family::default(),
@@ -411,6 +427,16 @@ impl Metrics {
             self.kv_clears.clone(),
         );
         r.add(
+            "lifecycle_events",
+            "Lifecycle events received from the filter, by kind",
+            self.lifecycle_events.clone(),
+        );
+        r.add(
+            "late_route_calls",
+            "Route calls that came after the filter had failed their request open; not counted as load",
+            self.late_route_calls.clone(),
+        );
+        r.add(
             "resync_requests",
             "KV resync requests sent to workers, by reason",
             self.resync_requests.clone(),
@@ -509,6 +535,24 @@ impl Metrics {
         };
         Metrics::default().add_all(&mut r);
         r.families
+    }
+
+    /// Counts lifecycle events received, by kind.
+    pub fn lifecycle_events(&self, events: &[LifecycleEvent]) {
+        for event in events {
+            let kind = match event {
+                LifecycleEvent::FirstToken { .. } => "first_token",
+                LifecycleEvent::Done {
+                    failed_open: true, ..
+                } => "failed_open",
+                LifecycleEvent::Done { .. } => "done",
+            };
+            self.lifecycle_events
+                .get_or_create(&EventLabels {
+                    event: kind.to_string(),
+                })
+                .inc();
+        }
     }
 
     /// Counts a rejected route request.

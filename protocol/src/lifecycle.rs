@@ -3,6 +3,9 @@
 //! The filter queues one [`LifecycleEvent`] per milestone of a request and POSTs them in a
 //! [`LifecycleBatch`] to [`LIFECYCLE_PATH`] from a timer. Lost reports are tolerated: the
 //! control plane also expires predicted load after a timeout.
+//!
+//! The control plane applies each event once per request id, so a batch sent twice is
+//! harmless. A `done` may come before the route call it closes (`failed_open`).
 
 use serde::{Deserialize, Serialize};
 
@@ -30,6 +33,13 @@ pub enum LifecycleEvent {
         completion_tokens: Option<u32>,
         /// Whether the response completed successfully (2xx and end of stream).
         ok: bool,
+        /// The filter sent the request on without a verdict (it failed open) after its route
+        /// call went out: the control plane may still route that call, late (it waited in a
+        /// stopped control plane's socket), and must not count the request then. Sent when
+        /// the request fails open, not when it ends; older control planes ignore the field
+        /// and the unknown id.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        failed_open: bool,
     },
 }
 
@@ -41,4 +51,34 @@ pub struct LifecycleBatch {
     pub v: u32,
     /// Events in the order they happened.
     pub events: Vec<LifecycleEvent>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failed_open_is_sent_only_when_set_and_defaults_to_false() {
+        let done = |failed_open| LifecycleEvent::Done {
+            request_id: "r".into(),
+            prompt_tokens: None,
+            completion_tokens: None,
+            ok: false,
+            failed_open,
+        };
+        let plain = serde_json::to_string(&done(false)).unwrap();
+        assert!(!plain.contains("failed_open"), "{plain}");
+        let marked = serde_json::to_string(&done(true)).unwrap();
+        assert!(marked.contains(r#""failed_open":true"#), "{marked}");
+        // What an older filter sends still parses, as a plain `done`.
+        let old = r#"{"event":"done","request_id":"r","ok":false}"#;
+        assert_eq!(
+            serde_json::from_str::<LifecycleEvent>(old).unwrap(),
+            done(false)
+        );
+        assert_eq!(
+            serde_json::from_str::<LifecycleEvent>(&marked).unwrap(),
+            done(true)
+        );
+    }
 }

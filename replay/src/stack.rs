@@ -414,6 +414,7 @@ impl<'a> VirtualStack<'a> {
             prompt_tokens: usage.map(|u| u.0),
             completion_tokens: usage.map(|u| u.1),
             ok,
+            failed_open: false,
         };
         self.control.lifecycle(&event, router_ms(at_ms));
     }

@@ -96,6 +96,7 @@ fn done(id: &str) -> LifecycleEvent {
         prompt_tokens: None,
         completion_tokens: None,
         ok: true,
+        failed_open: false,
     }
 }
 

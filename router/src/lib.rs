@@ -193,6 +193,8 @@ pub struct Router {
     load: LoadTracker,
     scores: OverlapScores,
     kv_counters: KvCounters,
+    /// Route calls answered but not tracked: their requests had failed open already.
+    late_routes: u64,
     /// Blocks just routed to workers whose events have not told yet (see [`crate::predict`]).
     predictions: Predictions,
     /// Whether heartbeats can arrive at all (the caller's NATS connection is up). While they
@@ -233,6 +235,7 @@ impl Router {
             load: LoadTracker::new(),
             scores: OverlapScores::default(),
             kv_counters: KvCounters::default(),
+            late_routes: 0,
             predictions: Predictions::new(),
             heartbeats_reachable: true,
             grace_from_ms: 0,
@@ -289,7 +292,8 @@ impl Router {
     }
 
     /// Frees predicted load on lifecycle milestones: `first_token` frees prefill tokens,
-    /// `done` frees the request's KV blocks. Unknown request ids are ignored.
+    /// `done` frees the request's KV blocks. Unknown request ids are ignored, except a
+    /// `done` with `failed_open`, remembered until its late route call comes.
     pub fn apply_lifecycle(&mut self, event: &LifecycleEvent, now_ms: u64) {
         match event {
             LifecycleEvent::FirstToken { request_id } => {
@@ -303,9 +307,14 @@ impl Router {
                 request_id,
                 completion_tokens,
                 ok,
+                failed_open,
                 ..
             } => {
-                self.load.on_done(request_id);
+                if *failed_open {
+                    self.load.on_failed_open(request_id, now_ms);
+                } else {
+                    self.load.on_done(request_id);
+                }
                 self.learning.on_done(
                     request_id,
                     *completion_tokens,
@@ -375,6 +384,12 @@ impl Router {
     /// Cumulative KV block counters.
     pub fn kv_counters(&self) -> KvCounters {
         self.kv_counters
+    }
+
+    /// Route calls (own or a peer's) that came after the filter had failed their request
+    /// open: answered, not tracked. Cumulative.
+    pub fn late_routes(&self) -> u64 {
+        self.late_routes
     }
 
     /// Requests whose load is currently tracked (routed, not done, not expired).

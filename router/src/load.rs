@@ -21,6 +21,13 @@
 //! **Lost reports**: a request's prefill tokens are freed after `prefill_timeout_ms` without
 //! `first_token`, and the whole request after `request_timeout_ms` without `done`
 //! ([`LoadTracker::expire`]), so predictions never leak.
+//!
+//! **Late route calls**: a route call can wait in a stopped control plane's socket past the
+//! filter's timeout; the filter fails the request open and reports it done with
+//! `failed_open`, which may arrive before the call itself. The id is remembered (bounded, and
+//! for `request_timeout_ms` at most), and the call, when it comes, is answered but not
+//! tracked ([`LoadTracker::take_failed_open`]): otherwise nothing would free it before the
+//! timeout, and the router would steer turns away from that worker meanwhile.
 
 use std::collections::{HashMap, VecDeque};
 
@@ -136,7 +143,15 @@ pub struct LoadTracker {
     /// Same, for prefill expiry (entries leave when prefill is done or expired).
     prefill_order: VecDeque<(u64, u64, String)>,
     next_ticket: u64,
+    /// Requests failed open before their route call was seen, by id, with when.
+    failed_open: HashMap<String, u64>,
+    /// (reported at, id), in report order, for expiry and the bound.
+    failed_open_order: VecDeque<(u64, String)>,
 }
+
+/// How many failed-open ids are remembered: a long control-plane outage fails every request
+/// open; past this the oldest are forgotten (their late calls are tracked until the timeout).
+const MAX_FAILED_OPEN: usize = 16_384;
 
 fn clamp(base: u64, delta: i64) -> u64 {
     (base as i128 + delta as i128).clamp(0, u64::MAX as i128) as u64
@@ -279,6 +294,33 @@ impl LoadTracker {
         }
     }
 
+    /// The filter failed `request_id` open after sending its route call: frees the request if
+    /// that call was routed already, else remembers the id so the call, if it still comes, is
+    /// not tracked.
+    pub fn on_failed_open(&mut self, request_id: &str, now_ms: u64) {
+        if self.requests.contains_key(request_id) {
+            self.on_done(request_id);
+            return;
+        }
+        while self.failed_open.len() >= MAX_FAILED_OPEN {
+            let Some((at, id)) = self.failed_open_order.pop_front() else {
+                break;
+            };
+            if self.failed_open.get(&id) == Some(&at) {
+                self.failed_open.remove(&id);
+            }
+        }
+        self.failed_open.insert(request_id.to_string(), now_ms);
+        self.failed_open_order
+            .push_back((now_ms, request_id.to_string()));
+    }
+
+    /// Whether `request_id` was failed open before this route call of it came (the id is
+    /// forgotten then: the call is the one the report was about).
+    pub fn take_failed_open(&mut self, request_id: &str) -> bool {
+        self.failed_open.remove(request_id).is_some()
+    }
+
     /// A worker's own report: the new baseline (see the module docs).
     pub fn on_report(&mut self, slot: WorkerSlot, report: &LoadReport) {
         if let Some(w) = self.worker_mut(slot) {
@@ -309,6 +351,20 @@ impl LoadTracker {
             if self.requests.get(&id).is_some_and(|a| a.ticket == ticket) {
                 self.on_done(&id);
             }
+        }
+        while let Some((at, id)) = self.failed_open_order.front() {
+            if now_ms.saturating_sub(*at) < cfg.request_timeout_ms {
+                break;
+            }
+            if self.failed_open.get(id) == Some(at) {
+                self.failed_open.remove(id);
+            }
+            self.failed_open_order.pop_front();
+        }
+        if self.failed_open_order.len() > 2 * self.failed_open.len() + 1024 {
+            let failed_open = &self.failed_open;
+            self.failed_open_order
+                .retain(|(at, id)| failed_open.get(id) == Some(at));
         }
         // Done requests leave stale entries behind; drop them when they dominate, so the
         // queues stay proportional to the live requests.

@@ -56,6 +56,10 @@ impl Router {
     ) -> Result<(), PeerRouteError> {
         let decode = self.local_leg(decode)?;
         let prefill = prefill.map(|p| self.local_leg(p)).transpose()?;
+        if self.load.take_failed_open(request_id) {
+            self.late_routes += 1;
+            return Ok(());
+        }
         let ttl = self.config.load.kv_prediction_ms;
         for leg in std::iter::once(&decode).chain(prefill.as_ref()) {
             self.predictions.predict(leg.slot, &leg.blocks, now_ms, ttl);
@@ -152,12 +156,38 @@ mod tests {
             prompt_tokens: None,
             completion_tokens: None,
             ok: true,
+            failed_open: false,
         };
         a.apply_lifecycle(&done, 20);
         b.apply_lifecycle(&done, 20);
         assert_eq!(load(&a), load(&b));
         assert!(load(&b).iter().all(|(_, l)| l.in_flight == 0));
         assert!(b.shared_route("r-1").is_none());
+    }
+
+    #[test]
+    fn a_peers_late_route_of_a_failed_open_request_is_not_counted() {
+        let (mut a, mut b) = two_replicas();
+        // The filter's report reached `b` (shared from `a`) before `a` routed the late call.
+        let failed_open = LifecycleEvent::Done {
+            request_id: "r-1".into(),
+            prompt_tokens: None,
+            completion_tokens: None,
+            ok: false,
+            failed_open: true,
+        };
+        b.apply_lifecycle(&failed_open, 5);
+        let tokens: Vec<u32> = (0..100).collect();
+        a.route("r-1", &tokens, 10).unwrap();
+        let (decode, prefill) = a.shared_route("r-1").expect("tracked");
+        b.apply_peer_route("r-1", &decode, prefill.as_ref(), 11)
+            .unwrap();
+        assert!(b.shared_route("r-1").is_none());
+        assert!(b.worker_stats().iter().all(|w| w.load.in_flight == 0));
+        assert_eq!(b.late_routes(), 1);
+        // And `a`, when the shared report reaches it, frees its own.
+        a.apply_lifecycle(&failed_open, 12);
+        assert!(a.worker_stats().iter().all(|w| w.load.in_flight == 0));
     }
 
     #[test]

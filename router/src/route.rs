@@ -360,6 +360,15 @@ impl Router {
             // The router never sees the body; the control plane's API sets it.
             steering_free: false,
         };
+        if self.load.take_failed_open(request_id) {
+            // A late call: the filter failed the request open and sent it to a worker of
+            // Envoy's choosing already. Nothing here will be freed by a report.
+            self.late_routes += 1;
+            return Ok(Routed {
+                verdict,
+                policy: call,
+            });
+        }
         let ttl = self.config.load.kv_prediction_ms;
         self.predictions
             .predict(d.slot, &by_size[d.hashes].1, now_ms, ttl);

@@ -95,6 +95,7 @@ fn done(id: &str) -> LifecycleEvent {
         prompt_tokens: None,
         completion_tokens: None,
         ok: true,
+        failed_open: false,
     }
 }
 
@@ -163,6 +164,48 @@ fn predicted_load_spreads_cold_requests() {
         .worker_stats()
         .iter()
         .all(|w| w.load.active_blocks == 0 && w.load.in_flight == 0));
+}
+
+fn failed_open(id: &str) -> LifecycleEvent {
+    LifecycleEvent::Done {
+        request_id: id.into(),
+        prompt_tokens: None,
+        completion_tokens: None,
+        ok: false,
+        failed_open: true,
+    }
+}
+
+#[test]
+fn a_route_call_after_its_request_failed_open_is_answered_but_not_counted() {
+    let mut r = pool();
+    let idle = |r: &Router| {
+        r.worker_stats().iter().all(|w| {
+            w.load.active_blocks == 0 && w.load.in_flight == 0 && w.load.prefill_tokens == 0
+        })
+    };
+    // The report first (the call waited in a stopped control plane's socket), then the call.
+    r.apply_lifecycle(&failed_open("late"), 0);
+    let v = r.route("late", &prompt(1, 3000), 1).unwrap();
+    assert_eq!(v.request_id, "late", "answered all the same");
+    assert_eq!(r.tracked_requests(), 0);
+    assert!(idle(&r), "{:?}", r.worker_stats());
+    assert_eq!(r.late_routes(), 1);
+    // Its blocks are not predicted on the verdict's workers either: the request went where
+    // Envoy sent it.
+    let next = r.route("next", &prompt(1, 3000), 2).unwrap();
+    assert_eq!(next.cached_tokens, 0);
+    r.apply_lifecycle(&done("next"), 3);
+    // The call first (a verdict the filter could not use), then the report: freed.
+    r.route("early", &prompt(2, 3000), 4).unwrap();
+    assert_eq!(r.tracked_requests(), 1);
+    r.apply_lifecycle(&failed_open("early"), 5);
+    assert_eq!(r.tracked_requests(), 0);
+    assert!(idle(&r), "{:?}", r.worker_stats());
+    assert_eq!(r.late_routes(), 1);
+    // A new request reusing an id is tracked again once the late call took the report.
+    r.route("late", &prompt(3, 3000), 6).unwrap();
+    assert_eq!(r.tracked_requests(), 1);
 }
 
 #[test]
@@ -1026,6 +1069,7 @@ fn slo_cost_learns_a_preset_twice_too_slow_from_the_lifecycle_reports() {
                 prompt_tokens: None,
                 completion_tokens: Some(100),
                 ok: true,
+                failed_open: false,
             },
             now,
         );

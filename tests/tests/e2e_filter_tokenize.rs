@@ -119,6 +119,7 @@ async fn report_done(http: &reqwest::Client, control_plane: &str, request_id: &s
             prompt_tokens: None,
             completion_tokens: None,
             ok: true,
+            failed_open: false,
         }],
     };
     let response = http

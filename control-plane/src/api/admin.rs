@@ -79,6 +79,7 @@ where
         );
     }
     let accepted = batch.events.len();
+    state.metrics.lifecycle_events(&batch.events);
     match state.service.lifecycle(batch).await {
         Ok(()) => warp::reply::json(&serde_json::json!({ "accepted": accepted })).into_response(),
         Err(_) => unavailable(&state),

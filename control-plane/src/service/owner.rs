@@ -24,6 +24,7 @@ pub(super) struct Owner {
     started: Instant,
     /// Router KV counters and stalls already folded into the metrics.
     kv_seen: KvCounters,
+    late_routes_seen: u64,
     stalls_seen: u64,
     /// Per-model gauges set so far (removed once their model has no live worker).
     model_workers_seen: BTreeSet<ModelRoleLabels>,
@@ -49,6 +50,7 @@ impl Owner {
             metrics,
             started,
             kv_seen: KvCounters::default(),
+            late_routes_seen: 0,
             stalls_seen: 0,
             model_workers_seen: BTreeSet::new(),
             model_blocks_seen: BTreeSet::new(),
@@ -247,6 +249,11 @@ impl Owner {
         self.metrics
             .kv_clears
             .inc_by(kv.clears.saturating_sub(seen.clears));
+        let late = self.router().late_routes();
+        let seen = std::mem::replace(&mut self.late_routes_seen, late);
+        self.metrics
+            .late_route_calls
+            .inc_by(late.saturating_sub(seen));
         let stats = self.router().index_stats();
         let gauge = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
         self.metrics.index_blocks.set(gauge(stats.pairs));

@@ -165,6 +165,7 @@ async fn second_turn_goes_home_and_bypasses_cold_prompts_disaggregate_busy_decod
                 prompt_tokens: Some(v1.isl),
                 completion_tokens: Some(12),
                 ok: true,
+                failed_open: false,
             },
         ],
     };

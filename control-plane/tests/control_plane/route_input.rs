@@ -39,6 +39,7 @@ async fn done(base: &str, request_id: &str) {
             prompt_tokens: None,
             completion_tokens: None,
             ok: true,
+            failed_open: false,
         }],
     };
     let response = reqwest::Client::new()

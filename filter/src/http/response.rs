@@ -143,6 +143,20 @@ impl SwitchyardRequest {
             prompt_tokens: usage.prompt_tokens,
             completion_tokens: usage.completion_tokens,
             ok,
+            failed_open: false,
+        });
+    }
+
+    /// Reports `done` for a request whose route call went out but which will not be served as
+    /// its verdict said (`failed_open`: it fails open instead; else it was refused), so the
+    /// control plane does not count it in flight until its request timeout.
+    pub(super) fn report_unserved(&mut self, failed_open: bool) {
+        self.shared.report(LifecycleEvent::Done {
+            request_id: self.request_id.clone(),
+            prompt_tokens: None,
+            completion_tokens: None,
+            ok: false,
+            failed_open,
         });
     }
 

@@ -269,7 +269,14 @@ impl SwitchyardRequest {
         } else {
             match self.screen_buffered_body() {
                 Some(doc) => doc,
-                None => return, // refused: the client has its 400
+                None => {
+                    // Refused: the client has its 400. A verdict's request is tracked by
+                    // the control plane, and no response will report it done.
+                    if matches!(outcome, RouteOutcome::Routed { .. }) {
+                        self.report_unserved(false);
+                    }
+                    return;
+                }
             }
         };
         match outcome {
@@ -304,6 +311,9 @@ impl SwitchyardRequest {
                 }
             }
             RouteOutcome::FailOpen(reason) => {
+                // The call went out: the control plane may have routed it (a verdict that
+                // did not parse) or may yet (it waited in a stopped control plane's socket).
+                self.report_unserved(true);
                 self.fail_open(reason);
                 self.resume_http_request();
             }

@@ -182,6 +182,59 @@ fn rerouting_an_id_replaces_it_and_stale_expiry_entries_do_not_free_the_new_one(
 }
 
 #[test]
+fn a_failed_open_report_frees_a_routed_request_or_waits_for_its_late_call() {
+    let cfg = TIMEOUTS;
+    let mut t = tracker();
+    // The call was routed before the report: the report frees it.
+    t.on_route("early", disagg(0..4, 256), 0);
+    t.on_failed_open("early", 10);
+    assert_eq!(t.active_requests(), 0);
+    assert_eq!(t.load(D), tracker().load(D));
+    assert_eq!(t.load(P), tracker().load(P));
+    assert!(!t.take_failed_open("early"), "nothing left to wait for");
+    // The report came first: its late call is recognised, once.
+    t.on_failed_open("late", 20);
+    assert!(t.take_failed_open("late"));
+    assert!(
+        !t.take_failed_open("late"),
+        "a later call of that id is a new request"
+    );
+    // Remembered for the request timeout, no longer.
+    t.on_failed_open("never", 30);
+    t.expire(30 + cfg.request_timeout_ms - 1, &cfg);
+    assert!(t.failed_open.contains_key("never"));
+    t.expire(30 + cfg.request_timeout_ms, &cfg);
+    assert!(!t.take_failed_open("never"));
+    assert!(t.failed_open_order.is_empty());
+}
+
+#[test]
+fn failed_open_ids_are_bounded_oldest_first() {
+    let mut t = tracker();
+    for i in 0..MAX_FAILED_OPEN + 10 {
+        t.on_failed_open(&format!("r{i}"), i as u64);
+    }
+    assert_eq!(t.failed_open.len(), MAX_FAILED_OPEN);
+    assert!(!t.take_failed_open("r9"), "the oldest went first");
+    assert!(t.take_failed_open("r10"));
+    assert!(t.take_failed_open(&format!("r{}", MAX_FAILED_OPEN + 9)));
+    // Taken ids leave order entries behind; expiry keeps them proportional.
+    for i in 0..MAX_FAILED_OPEN + 10 {
+        t.take_failed_open(&format!("r{i}"));
+    }
+    let patient = LoadConfig {
+        request_timeout_ms: u64::MAX,
+        ..TIMEOUTS
+    };
+    t.expire(MAX_FAILED_OPEN as u64, &patient);
+    assert!(
+        t.failed_open_order.is_empty(),
+        "{}",
+        t.failed_open_order.len()
+    );
+}
+
+#[test]
 fn removing_a_worker_drops_requests_that_touch_it() {
     let mut t = tracker();
     t.on_route("r", disagg(0..4, 256), 0);
