@@ -24,10 +24,10 @@
 //!
 //! **Late route calls**: a route call can wait in a stopped control plane's socket past the
 //! filter's timeout; the filter fails the request open and reports it done with
-//! `failed_open`, which may arrive before the call itself. The id is remembered (bounded, and
-//! for `request_timeout_ms` at most), and the call, when it comes, is answered but not
-//! tracked ([`LoadTracker::take_failed_open`]): otherwise nothing would free it before the
-//! timeout, and the router would steer turns away from that worker meanwhile.
+//! `failed_open`, which may arrive before the call itself. The id is remembered (bounded, for
+//! [`FAILED_OPEN_MEMORY_MS`]), and the call, when it comes, is answered but not tracked
+//! ([`LoadTracker::take_failed_open`]): otherwise nothing would free it before the timeout,
+//! and the router would steer turns away from that worker meanwhile.
 
 use std::collections::{HashMap, VecDeque};
 
@@ -152,6 +152,13 @@ pub struct LoadTracker {
 /// How many failed-open ids are remembered: a long control-plane outage fails every request
 /// open; past this the oldest are forgotten (their late calls are tracked until the timeout).
 const MAX_FAILED_OPEN: usize = 16_384;
+
+/// How long a failed-open id is remembered, from when its report was applied. A late call and
+/// its report wait out the same stall (this process stopped, or a replica's shared report
+/// queued with it) and are applied within moments of each other, however long the stall; a
+/// short memory keeps a client that reuses its `x-request-id` later from having that request
+/// taken for the late call.
+pub const FAILED_OPEN_MEMORY_MS: u64 = 60_000;
 
 fn clamp(base: u64, delta: i64) -> u64 {
     (base as i128 + delta as i128).clamp(0, u64::MAX as i128) as u64
@@ -353,7 +360,7 @@ impl LoadTracker {
             }
         }
         while let Some((at, id)) = self.failed_open_order.front() {
-            if now_ms.saturating_sub(*at) < cfg.request_timeout_ms {
+            if now_ms.saturating_sub(*at) < FAILED_OPEN_MEMORY_MS {
                 break;
             }
             if self.failed_open.get(id) == Some(at) {

@@ -199,11 +199,11 @@ fn a_failed_open_report_frees_a_routed_request_or_waits_for_its_late_call() {
         !t.take_failed_open("late"),
         "a later call of that id is a new request"
     );
-    // Remembered for the request timeout, no longer.
+    // Remembered for a minute, no longer.
     t.on_failed_open("never", 30);
-    t.expire(30 + cfg.request_timeout_ms - 1, &cfg);
+    t.expire(30 + FAILED_OPEN_MEMORY_MS - 1, &cfg);
     assert!(t.failed_open.contains_key("never"));
-    t.expire(30 + cfg.request_timeout_ms, &cfg);
+    t.expire(30 + FAILED_OPEN_MEMORY_MS, &cfg);
     assert!(!t.take_failed_open("never"));
     assert!(t.failed_open_order.is_empty());
 }
@@ -222,11 +222,7 @@ fn failed_open_ids_are_bounded_oldest_first() {
     for i in 0..MAX_FAILED_OPEN + 10 {
         t.take_failed_open(&format!("r{i}"));
     }
-    let patient = LoadConfig {
-        request_timeout_ms: u64::MAX,
-        ..TIMEOUTS
-    };
-    t.expire(MAX_FAILED_OPEN as u64, &patient);
+    t.expire(MAX_FAILED_OPEN as u64, &TIMEOUTS);
     assert!(
         t.failed_open_order.is_empty(),
         "{}",
