@@ -29,6 +29,7 @@ use serde_json::{json, Value};
 use switchyard_control_plane::settings::Settings;
 use switchyard_protocol::hash::{sequence_hashes, BlockSize, HashSeed};
 use switchyard_protocol::kv::{EngineBlockId, KvEvent, KvEventBatch, StoredBlock};
+use switchyard_protocol::lifecycle::{LifecycleBatch, LifecycleEvent, LIFECYCLE_PATH};
 use switchyard_protocol::route::{ApiKind, Verdict};
 use switchyard_protocol::subjects;
 use switchyard_protocol::worker::{WorkerInfo, WorkerRole};
@@ -238,8 +239,40 @@ async fn run_case(base: &str, n: usize, mut make: impl FnMut(usize) -> Value) ->
         let (ms, v) = timed_route(base, &body).await;
         isl = v.isl;
         samples.push(ms);
+        if reports_done() {
+            report_done(base, &v.request_id).await;
+        }
     }
     stats(samples, isl)
+}
+
+/// Whether each routed request is reported done after its call (untimed), as the filter does
+/// when its response ends: a multi-turn session's turn is over before its next one is routed,
+/// so the router tracks about one request per session, not every call of the run.
+/// `SWITCHYARD_BENCH_NO_DONE=1` leaves every call in flight, as the bench did before
+/// 2026-12-06 (docs/performance.md compares both).
+fn reports_done() -> bool {
+    std::env::var_os("SWITCHYARD_BENCH_NO_DONE").is_none()
+}
+
+async fn report_done(base: &str, request_id: &str) {
+    let batch = LifecycleBatch {
+        v: switchyard_protocol::PROTOCOL_VERSION,
+        events: vec![LifecycleEvent::Done {
+            request_id: request_id.to_string(),
+            prompt_tokens: None,
+            completion_tokens: None,
+            ok: true,
+            failed_open: false,
+        }],
+    };
+    let resp = client()
+        .post(format!("{base}{LIFECYCLE_PATH}"))
+        .json(&batch)
+        .send()
+        .await
+        .expect("lifecycle call");
+    assert_eq!(resp.status(), 200);
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
