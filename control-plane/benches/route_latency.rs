@@ -256,16 +256,7 @@ fn reports_done() -> bool {
 }
 
 async fn report_done(base: &str, request_id: &str) {
-    let batch = LifecycleBatch {
-        v: switchyard_protocol::PROTOCOL_VERSION,
-        events: vec![LifecycleEvent::Done {
-            request_id: request_id.to_string(),
-            prompt_tokens: None,
-            completion_tokens: None,
-            ok: true,
-            failed_open: false,
-        }],
-    };
+    let batch = LifecycleBatch::new(vec![LifecycleEvent::completed(request_id)]);
     let resp = client()
         .post(format!("{base}{LIFECYCLE_PATH}"))
         .json(&batch)

@@ -14,7 +14,9 @@ use switchyard_protocol::hash::{
 };
 
 fn bench_hashing(c: &mut Criterion) {
-    let tokens: Vec<u32> = (0..8_192u32).map(|i| i.wrapping_mul(2_654_435_761)).collect();
+    let tokens: Vec<u32> = (0..8_192u32)
+        .map(|i| i.wrapping_mul(2_654_435_761))
+        .collect();
     let block_size = BlockSize::try_new(16).expect("16 is a block size");
     let seed = HashSeed::default();
     let locals = local_block_hashes(&tokens, block_size, seed);

@@ -43,6 +43,20 @@ pub enum LifecycleEvent {
     },
 }
 
+impl LifecycleEvent {
+    /// A `done` for a request that completed, without token counts (what a client of the
+    /// control plane other than the filter reports, e.g. a bench or a test).
+    pub fn completed(request_id: impl Into<String>) -> Self {
+        LifecycleEvent::Done {
+            request_id: request_id.into(),
+            prompt_tokens: None,
+            completion_tokens: None,
+            ok: true,
+            failed_open: false,
+        }
+    }
+}
+
 /// What the filter POSTs.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LifecycleBatch {
@@ -51,6 +65,16 @@ pub struct LifecycleBatch {
     pub v: u32,
     /// Events in the order they happened.
     pub events: Vec<LifecycleEvent>,
+}
+
+impl LifecycleBatch {
+    /// `events` at this protocol version.
+    pub fn new(events: Vec<LifecycleEvent>) -> Self {
+        LifecycleBatch {
+            v: crate::PROTOCOL_VERSION,
+            events,
+        }
+    }
 }
 
 #[cfg(test)]

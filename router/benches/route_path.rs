@@ -91,13 +91,7 @@ fn warm_router(history: &[u32]) -> Router {
 }
 
 fn done(id: &str) -> LifecycleEvent {
-    LifecycleEvent::Done {
-        request_id: id.into(),
-        prompt_tokens: None,
-        completion_tokens: None,
-        ok: true,
-        failed_open: false,
-    }
+    LifecycleEvent::completed(id)
 }
 
 fn route_path(c: &mut Criterion) {

@@ -151,13 +151,7 @@ mod tests {
         assert_eq!(load(&a), load(&b), "same load, whatever the slots");
         assert!(load(&b).iter().any(|(_, l)| l.in_flight == 1));
         // The filter's lifecycle report, wherever it lands, frees it on both.
-        let done = LifecycleEvent::Done {
-            request_id: "r-1".into(),
-            prompt_tokens: None,
-            completion_tokens: None,
-            ok: true,
-            failed_open: false,
-        };
+        let done = LifecycleEvent::completed("r-1");
         a.apply_lifecycle(&done, 20);
         b.apply_lifecycle(&done, 20);
         assert_eq!(load(&a), load(&b));

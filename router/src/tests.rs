@@ -90,13 +90,7 @@ fn batch(worker: &str, seq: u64, events: Vec<KvEvent>) -> KvEventBatch {
 }
 
 fn done(id: &str) -> LifecycleEvent {
-    LifecycleEvent::Done {
-        request_id: id.into(),
-        prompt_tokens: None,
-        completion_tokens: None,
-        ok: true,
-        failed_open: false,
-    }
+    LifecycleEvent::completed(id)
 }
 
 #[test]

@@ -112,16 +112,7 @@ async fn route_call(
 /// Tells the control plane request `request_id` is done, as the filter's lifecycle report
 /// would (route calls made here have no filter to report them).
 async fn report_done(http: &reqwest::Client, control_plane: &str, request_id: &str) {
-    let batch = LifecycleBatch {
-        v: 1,
-        events: vec![LifecycleEvent::Done {
-            request_id: request_id.to_string(),
-            prompt_tokens: None,
-            completion_tokens: None,
-            ok: true,
-            failed_open: false,
-        }],
-    };
+    let batch = LifecycleBatch::new(vec![LifecycleEvent::completed(request_id)]);
     let response = http
         .post(format!("{control_plane}{LIFECYCLE_PATH}"))
         .json(&batch)

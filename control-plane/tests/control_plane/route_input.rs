@@ -32,16 +32,7 @@ async fn route_hashed(base: &str, request_id: &str, bytes: Vec<u8>) -> reqwest::
 
 /// Frees a routed request's load, as the filter's lifecycle report would.
 async fn done(base: &str, request_id: &str) {
-    let batch = LifecycleBatch {
-        v: 1,
-        events: vec![LifecycleEvent::Done {
-            request_id: request_id.into(),
-            prompt_tokens: None,
-            completion_tokens: None,
-            ok: true,
-            failed_open: false,
-        }],
-    };
+    let batch = LifecycleBatch::new(vec![LifecycleEvent::completed(request_id)]);
     let response = reqwest::Client::new()
         .post(format!("{base}{LIFECYCLE_PATH}"))
         .json(&batch)
