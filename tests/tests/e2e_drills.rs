@@ -159,7 +159,9 @@ async fn fault_drills_on_one_control_plane() {
     // stopped control plane's socket is answered after the thaw although its request failed
     // open, and the filter's `failed_open` report keeps it from being counted (the router
     // would steer turns away from that worker until the request timeout, minutes later).
-    // Each fail-open followed a route call, so each is reported `failed_open`.
+    // Each fail-open followed a route call, so each is reported `failed_open` (a batch whose
+    // POST timed out while the control plane was stopped may be read late and then sent again:
+    // counted twice, applied once).
     eventually_ok(
         "every fail-open reported",
         Duration::from_secs(5),
@@ -169,7 +171,7 @@ async fn fault_drills_on_one_control_plane() {
                 &metrics,
                 r#"switchyard_lifecycle_events_total{event="failed_open"}"#,
             );
-            (reported == counted as f64)
+            (reported >= counted as f64)
                 .then_some(())
                 .ok_or(format!("{reported} of {counted} reported"))
         },
