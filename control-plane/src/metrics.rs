@@ -46,6 +46,9 @@ pub struct ReasonLabels {
     pub reason: String,
 }
 
+/// The `event` label's values, each present from the start.
+const LIFECYCLE_EVENT_KINDS: [&str; 3] = ["first_token", "done", "failed_open"];
+
 /// A single `event` label (a lifecycle report's kind).
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct EventLabels {
@@ -291,6 +294,11 @@ impl Metrics {
             if let Some(mode) = reason.mode() {
                 let _ = m.decisions.get_or_create(&DecisionLabels::of(mode, reason));
             }
+        }
+        for event in LIFECYCLE_EVENT_KINDS {
+            let _ = m.lifecycle_events.get_or_create(&EventLabels {
+                event: event.to_string(),
+            });
         }
         for refusal in crate::api::auth::Refusal::ALL {
             let _ = m.admin_refusals.get_or_create(&ReasonLabels {
@@ -541,11 +549,13 @@ impl Metrics {
     pub fn lifecycle_events(&self, events: &[LifecycleEvent]) {
         for event in events {
             let kind = match event {
-                LifecycleEvent::FirstToken { .. } => "first_token",
+                LifecycleEvent::FirstToken { .. } => LIFECYCLE_EVENT_KINDS[0],
+                LifecycleEvent::Done {
+                    failed_open: false, ..
+                } => LIFECYCLE_EVENT_KINDS[1],
                 LifecycleEvent::Done {
                     failed_open: true, ..
-                } => "failed_open",
-                LifecycleEvent::Done { .. } => "done",
+                } => LIFECYCLE_EVENT_KINDS[2],
             };
             self.lifecycle_events
                 .get_or_create(&EventLabels {
