@@ -30,9 +30,24 @@ impl LifecycleQueue {
         }
     }
 
-    /// Queues an event; false (the event is dropped) when the queue is full.
+    /// Queues an event; false (the event is dropped) when the queue is full. A `failed_open`
+    /// report may fill only half of it: such a report matters only when the control plane
+    /// holds a late route call, and an outage makes one for every request, which would
+    /// otherwise crowd out the `done` reports that free load counted on a worker.
     pub fn push(&mut self, event: LifecycleEvent) -> bool {
-        if self.events.len() >= self.max {
+        let failed_open = matches!(
+            event,
+            LifecycleEvent::Done {
+                failed_open: true,
+                ..
+            }
+        );
+        let room = if failed_open {
+            (self.max / 2).max(1)
+        } else {
+            self.max
+        };
+        if self.events.len() >= room {
             return false;
         }
         self.events.push_back(event);
@@ -212,6 +227,30 @@ mod tests {
         assert_eq!(queue.take_batch(10).unwrap().events, vec![first("c")]);
         assert!(queue.take_batch(10).is_none());
         assert!(queue.is_empty());
+    }
+
+    fn failed_open(id: &str) -> LifecycleEvent {
+        LifecycleEvent::Done {
+            request_id: id.into(),
+            prompt_tokens: None,
+            completion_tokens: None,
+            ok: false,
+            failed_open: true,
+        }
+    }
+
+    #[test]
+    fn failed_open_reports_leave_half_the_queue_to_the_others() {
+        let mut queue = LifecycleQueue::new(4);
+        assert!(queue.push(failed_open("a")));
+        assert!(queue.push(failed_open("b")));
+        assert!(!queue.push(failed_open("c")), "half full of them: dropped");
+        assert!(queue.push(LifecycleEvent::completed("d")));
+        assert!(queue.push(first("e")));
+        assert!(!queue.push(first("f")), "full");
+        assert_eq!(queue.len(), 4);
+        // A queue of one still takes one.
+        assert!(LifecycleQueue::new(1).push(failed_open("x")));
     }
 
     #[test]
