@@ -229,28 +229,21 @@ mod tests {
         assert!(queue.is_empty());
     }
 
-    fn failed_open(id: &str) -> LifecycleEvent {
-        LifecycleEvent::Done {
-            request_id: id.into(),
-            prompt_tokens: None,
-            completion_tokens: None,
-            ok: false,
-            failed_open: true,
-        }
-    }
-
     #[test]
     fn failed_open_reports_leave_half_the_queue_to_the_others() {
         let mut queue = LifecycleQueue::new(4);
-        assert!(queue.push(failed_open("a")));
-        assert!(queue.push(failed_open("b")));
-        assert!(!queue.push(failed_open("c")), "half full of them: dropped");
+        assert!(queue.push(LifecycleEvent::failed_open("a")));
+        assert!(queue.push(LifecycleEvent::failed_open("b")));
+        assert!(
+            !queue.push(LifecycleEvent::failed_open("c")),
+            "half full of them: dropped"
+        );
         assert!(queue.push(LifecycleEvent::completed("d")));
         assert!(queue.push(first("e")));
         assert!(!queue.push(first("f")), "full");
         assert_eq!(queue.len(), 4);
         // A queue of one still takes one.
-        assert!(LifecycleQueue::new(1).push(failed_open("x")));
+        assert!(LifecycleQueue::new(1).push(LifecycleEvent::failed_open("x")));
     }
 
     #[test]

@@ -55,6 +55,17 @@ impl LifecycleEvent {
             failed_open: false,
         }
     }
+
+    /// A `done` for a request the filter failed open after its route call went out.
+    pub fn failed_open(request_id: impl Into<String>) -> Self {
+        LifecycleEvent::Done {
+            request_id: request_id.into(),
+            prompt_tokens: None,
+            completion_tokens: None,
+            ok: false,
+            failed_open: true,
+        }
+    }
 }
 
 /// What the filter POSTs.
@@ -83,26 +94,23 @@ mod tests {
 
     #[test]
     fn failed_open_is_sent_only_when_set_and_defaults_to_false() {
-        let done = |failed_open| LifecycleEvent::Done {
+        let plain = LifecycleEvent::Done {
             request_id: "r".into(),
             prompt_tokens: None,
             completion_tokens: None,
             ok: false,
-            failed_open,
+            failed_open: false,
         };
-        let plain = serde_json::to_string(&done(false)).unwrap();
-        assert!(!plain.contains("failed_open"), "{plain}");
-        let marked = serde_json::to_string(&done(true)).unwrap();
+        let text = serde_json::to_string(&plain).unwrap();
+        assert!(!text.contains("failed_open"), "{text}");
+        let marked = serde_json::to_string(&LifecycleEvent::failed_open("r")).unwrap();
         assert!(marked.contains(r#""failed_open":true"#), "{marked}");
         // What an older filter sends still parses, as a plain `done`.
         let old = r#"{"event":"done","request_id":"r","ok":false}"#;
-        assert_eq!(
-            serde_json::from_str::<LifecycleEvent>(old).unwrap(),
-            done(false)
-        );
+        assert_eq!(serde_json::from_str::<LifecycleEvent>(old).unwrap(), plain);
         assert_eq!(
             serde_json::from_str::<LifecycleEvent>(&marked).unwrap(),
-            done(true)
+            LifecycleEvent::failed_open("r")
         );
     }
 }

@@ -163,13 +163,7 @@ mod tests {
     fn a_peers_late_route_of_a_failed_open_request_is_not_counted() {
         let (mut a, mut b) = two_replicas();
         // The filter's report reached `b` (shared from `a`) before `a` routed the late call.
-        let failed_open = LifecycleEvent::Done {
-            request_id: "r-1".into(),
-            prompt_tokens: None,
-            completion_tokens: None,
-            ok: false,
-            failed_open: true,
-        };
+        let failed_open = LifecycleEvent::failed_open("r-1");
         b.apply_lifecycle(&failed_open, 5);
         let tokens: Vec<u32> = (0..100).collect();
         a.route("r-1", &tokens, 10).unwrap();

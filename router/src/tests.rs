@@ -160,16 +160,6 @@ fn predicted_load_spreads_cold_requests() {
         .all(|w| w.load.active_blocks == 0 && w.load.in_flight == 0));
 }
 
-fn failed_open(id: &str) -> LifecycleEvent {
-    LifecycleEvent::Done {
-        request_id: id.into(),
-        prompt_tokens: None,
-        completion_tokens: None,
-        ok: false,
-        failed_open: true,
-    }
-}
-
 #[test]
 fn a_route_call_after_its_request_failed_open_is_answered_but_not_counted() {
     let mut r = pool();
@@ -179,7 +169,7 @@ fn a_route_call_after_its_request_failed_open_is_answered_but_not_counted() {
         })
     };
     // The report first (the call waited in a stopped control plane's socket), then the call.
-    r.apply_lifecycle(&failed_open("late"), 0);
+    r.apply_lifecycle(&LifecycleEvent::failed_open("late"), 0);
     let v = r.route("late", &prompt(1, 3000), 1).unwrap();
     assert_eq!(v.request_id, "late", "answered all the same");
     assert_eq!(r.tracked_requests(), 0);
@@ -193,7 +183,7 @@ fn a_route_call_after_its_request_failed_open_is_answered_but_not_counted() {
     // The call first (a verdict the filter could not use), then the report: freed.
     r.route("early", &prompt(2, 3000), 4).unwrap();
     assert_eq!(r.tracked_requests(), 1);
-    r.apply_lifecycle(&failed_open("early"), 5);
+    r.apply_lifecycle(&LifecycleEvent::failed_open("early"), 5);
     assert_eq!(r.tracked_requests(), 0);
     assert!(idle(&r), "{:?}", r.worker_stats());
     assert_eq!(r.late_routes(), 1);
