@@ -46,9 +46,6 @@ pub struct ReasonLabels {
     pub reason: String,
 }
 
-/// The `event` label's values, each present from the start.
-const LIFECYCLE_EVENT_KINDS: [&str; 3] = ["first_token", "done", "failed_open"];
-
 /// A single `event` label (a lifecycle report's kind).
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct EventLabels {
@@ -295,7 +292,7 @@ impl Metrics {
                 let _ = m.decisions.get_or_create(&DecisionLabels::of(mode, reason));
             }
         }
-        for event in LIFECYCLE_EVENT_KINDS {
+        for event in LifecycleEvent::KINDS {
             let _ = m.lifecycle_events.get_or_create(&EventLabels {
                 event: event.to_string(),
             });
@@ -548,18 +545,9 @@ impl Metrics {
     /// Counts lifecycle events received, by kind.
     pub fn lifecycle_events(&self, events: &[LifecycleEvent]) {
         for event in events {
-            let kind = match event {
-                LifecycleEvent::FirstToken { .. } => LIFECYCLE_EVENT_KINDS[0],
-                LifecycleEvent::Done {
-                    failed_open: false, ..
-                } => LIFECYCLE_EVENT_KINDS[1],
-                LifecycleEvent::Done {
-                    failed_open: true, ..
-                } => LIFECYCLE_EVENT_KINDS[2],
-            };
             self.lifecycle_events
                 .get_or_create(&EventLabels {
-                    event: kind.to_string(),
+                    event: event.kind().to_string(),
                 })
                 .inc();
         }

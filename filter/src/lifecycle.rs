@@ -3,10 +3,11 @@
 //!
 //! Requests only push events (never block, never wait for the control plane); the root
 //! context's timer drains the queue in batches. A batch the control plane did not take (no
-//! answer, a 502, 503 or 504: [`answer`]) goes back to the front and is sent again: a `done` lost there would leave its
-//! request counted in flight until the control plane's request timeout, minutes later. When
-//! the control plane is away the queue fills up to its bound and further events are dropped
-//! and counted: a filter that grows without bound is worse than load expired late.
+//! answer, a 502, 503 or 504: [`answer`]) goes back to the front and is sent again: a `done`
+//! lost there would leave its request counted in flight until the control plane's request
+//! timeout, minutes later. When the control plane is away the queue fills up to its bound and
+//! further events are dropped and counted: a filter that grows without bound is worse than
+//! load expired late.
 
 use std::collections::VecDeque;
 
@@ -35,14 +36,7 @@ impl LifecycleQueue {
     /// holds a late route call, and an outage makes one for every request, which would
     /// otherwise crowd out the `done` reports that free load counted on a worker.
     pub fn push(&mut self, event: LifecycleEvent) -> bool {
-        let failed_open = matches!(
-            event,
-            LifecycleEvent::Done {
-                failed_open: true,
-                ..
-            }
-        );
-        let room = if failed_open {
+        let room = if event.is_failed_open() {
             (self.max / 2).max(1)
         } else {
             self.max

@@ -44,6 +44,34 @@ pub enum LifecycleEvent {
 }
 
 impl LifecycleEvent {
+    /// Every [`LifecycleEvent::kind`], for labels known before any event arrives.
+    pub const KINDS: [&'static str; 3] = ["first_token", "done", "failed_open"];
+
+    /// What the event reports: `first_token`, `done`, or `failed_open` (a `done` with the
+    /// flag set).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            LifecycleEvent::FirstToken { .. } => Self::KINDS[0],
+            LifecycleEvent::Done {
+                failed_open: false, ..
+            } => Self::KINDS[1],
+            LifecycleEvent::Done {
+                failed_open: true, ..
+            } => Self::KINDS[2],
+        }
+    }
+
+    /// Whether this is a `done` for a request the filter failed open.
+    pub fn is_failed_open(&self) -> bool {
+        matches!(
+            self,
+            LifecycleEvent::Done {
+                failed_open: true,
+                ..
+            }
+        )
+    }
+
     /// A `done` for a request that completed, without token counts (what a client of the
     /// control plane other than the filter reports, e.g. a bench or a test).
     pub fn completed(request_id: impl Into<String>) -> Self {
@@ -112,5 +140,21 @@ mod tests {
             serde_json::from_str::<LifecycleEvent>(&marked).unwrap(),
             LifecycleEvent::failed_open("r")
         );
+    }
+
+    #[test]
+    fn each_event_names_its_kind() {
+        let first = LifecycleEvent::FirstToken {
+            request_id: "r".into(),
+        };
+        let kinds = [
+            first.kind(),
+            LifecycleEvent::completed("r").kind(),
+            LifecycleEvent::failed_open("r").kind(),
+        ];
+        assert_eq!(kinds, LifecycleEvent::KINDS);
+        assert!(LifecycleEvent::failed_open("r").is_failed_open());
+        assert!(!LifecycleEvent::completed("r").is_failed_open());
+        assert!(!first.is_failed_open());
     }
 }
