@@ -5,7 +5,10 @@
 //! - **growing**: one user message that gains a sentence every call (trace replays and many
 //!   agent frameworks: no special tokens between turns);
 //! - **cold**: a chat of the same size that nobody has seen;
-//! - at 32k, warm calls while cold prompts are routed back to back alongside.
+//! - at 32k, warm calls while cold prompts are routed back to back alongside;
+//! - **HTTP floor**: the warm case's bodies made invalid by one leading byte, which the
+//!   service reads whole and refuses at the parser's first byte: what moving the body and an
+//!   answer over loopback HTTP costs with no prompt work at all, in the same run.
 //!
 //! A real nats-server and the real Qwen3 tokenizer; the service runs in-process. The decode
 //! worker's KV for each conversation is published on NATS first, so the index match walks the
@@ -121,24 +124,83 @@ fn stats(mut samples: Vec<f64>, isl: u32) -> Stats {
 
 /// One client for every call, its connections kept alive: Envoy's filter reaches the control
 /// plane through a cluster's connection pool, so a route call does not pay a TCP handshake.
+/// Used only on [`on_client`]'s runtime, where its connections live.
 fn client() -> &'static reqwest::Client {
     static CLIENT: std::sync::OnceLock<reqwest::Client> = std::sync::OnceLock::new();
     CLIENT.get_or_init(reqwest::Client::new)
 }
 
+/// Runs a client call on a runtime of its own thread. The filter's route calls come from
+/// Envoy's worker thread, outside the control plane's process, so the service's two runtime
+/// threads here serve the service alone, as in production; before 2026-12-06 the bench's
+/// client tasks shared them (`SWITCHYARD_BENCH_SHARED_RUNTIME=1` keeps that, for comparison).
+async fn on_client<F>(call: F) -> F::Output
+where
+    F: std::future::Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    static CLIENT_RUNTIME: std::sync::OnceLock<tokio::runtime::Handle> = std::sync::OnceLock::new();
+    if std::env::var_os("SWITCHYARD_BENCH_SHARED_RUNTIME").is_some() {
+        return call.await;
+    }
+    let runtime = CLIENT_RUNTIME.get_or_init(|| {
+        let (handle_tx, handle_rx) = std::sync::mpsc::channel();
+        std::thread::Builder::new()
+            .name("bench-client".into())
+            .spawn(move || {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("the client's runtime");
+                handle_tx
+                    .send(runtime.handle().clone())
+                    .expect("the bench waits for the handle");
+                runtime.block_on(std::future::pending::<()>());
+            })
+            .expect("the client's thread");
+        handle_rx.recv().expect("the client's runtime starts")
+    });
+    runtime.spawn(call).await.expect("a client call")
+}
+
 async fn timed_route(base: &str, body: &Value) -> (f64, Verdict) {
     let text = body.to_string();
-    let start = tokio::time::Instant::now();
-    let resp = client()
-        .post(format!("{base}/v1/route"))
-        .header(switchyard_protocol::route::API_HEADER, "chat")
-        .body(text)
-        .send()
-        .await
-        .expect("route call");
-    assert_eq!(resp.status(), 200);
-    let verdict: Verdict = resp.json().await.unwrap();
-    (start.elapsed().as_secs_f64() * 1e3, verdict)
+    let url = format!("{base}/v1/route");
+    on_client(async move {
+        let start = tokio::time::Instant::now();
+        let resp = client()
+            .post(url)
+            .header(switchyard_protocol::route::API_HEADER, "chat")
+            .body(text)
+            .send()
+            .await
+            .expect("route call");
+        assert_eq!(resp.status(), 200);
+        let verdict: Verdict = resp.json().await.unwrap();
+        (start.elapsed().as_secs_f64() * 1e3, verdict)
+    })
+    .await
+}
+
+/// Posts `body` with one byte put in front, so the service reads it whole and refuses it at
+/// the JSON parser's first byte: the HTTP floor of a route call of that size.
+async fn timed_refusal(base: &str, body: &Value) -> f64 {
+    let text = format!("x{body}");
+    let url = format!("{base}/v1/route");
+    on_client(async move {
+        let start = tokio::time::Instant::now();
+        let resp = client()
+            .post(url)
+            .header(switchyard_protocol::route::API_HEADER, "chat")
+            .body(text)
+            .send()
+            .await
+            .expect("route call");
+        assert_eq!(resp.status(), 400, "a body that is not JSON is refused");
+        resp.bytes().await.expect("the refusal's body");
+        start.elapsed().as_secs_f64() * 1e3
+    })
+    .await
 }
 
 fn count(var: &str, default: usize) -> usize {
@@ -226,8 +288,15 @@ async fn hold_prompt(
     .await;
 }
 
-/// Routes `n` bodies made by `make(i)`, bounded by [`CASE_TIME_LIMIT`].
-async fn run_case(base: &str, n: usize, mut make: impl FnMut(usize) -> Value) -> Stats {
+/// Routes `n` bodies made by `make(i)`, bounded by [`CASE_TIME_LIMIT`]. With `floor`, each
+/// call is followed by the same body refused once read ([`timed_refusal`]), so the HTTP floor
+/// is measured alternating with the calls, through the same machine noise.
+async fn run_case(
+    base: &str,
+    n: usize,
+    mut make: impl FnMut(usize) -> Value,
+    mut floor: Option<&mut Vec<f64>>,
+) -> Stats {
     let case_start = tokio::time::Instant::now();
     let mut samples = Vec::new();
     let mut isl = 0;
@@ -241,6 +310,9 @@ async fn run_case(base: &str, n: usize, mut make: impl FnMut(usize) -> Value) ->
         samples.push(ms);
         if reports_done() {
             report_done(base, &v.request_id).await;
+        }
+        if let Some(floor) = floor.as_deref_mut() {
+            floor.push(timed_refusal(base, &body).await);
         }
     }
     stats(samples, isl)
@@ -257,13 +329,17 @@ fn reports_done() -> bool {
 
 async fn report_done(base: &str, request_id: &str) {
     let batch = LifecycleBatch::new(vec![LifecycleEvent::completed(request_id)]);
-    let resp = client()
-        .post(format!("{base}{LIFECYCLE_PATH}"))
-        .json(&batch)
-        .send()
-        .await
-        .expect("lifecycle call");
-    assert_eq!(resp.status(), 200);
+    let url = format!("{base}{LIFECYCLE_PATH}");
+    on_client(async move {
+        let resp = client()
+            .post(url)
+            .json(&batch)
+            .send()
+            .await
+            .expect("lifecycle call");
+        assert_eq!(resp.status(), 200);
+    })
+    .await;
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -319,10 +395,15 @@ async fn main() {
             seq,
         )
         .await;
-        let warm = run_case(&svc.base, warm_requests, |i| {
-            with_question(&history, &format!("new question {i}?"))
-        })
+        let mut floor = Vec::new();
+        let warm = run_case(
+            &svc.base,
+            warm_requests,
+            |i| with_question(&history, &format!("new question {i}?")),
+            Some(&mut floor),
+        )
         .await;
+        let floor = stats(floor, 0);
 
         // One message growing by a sentence per call, its start held by the decode worker.
         let opening = words(&format!("grow{}", size.label), size.words_per_msg * 65);
@@ -331,22 +412,32 @@ async fn main() {
         seq += 1;
         hold_prompt(&svc, &nats, &decode, &single(&opening), seq).await;
         let mut grown = opening.clone();
-        let growing = run_case(&svc.base, warm_requests, |i| {
-            grown.push_str(&format!(" and then step {i} of the plan ran"));
-            single(&grown)
-        })
+        let growing = run_case(
+            &svc.base,
+            warm_requests,
+            |i| {
+                grown.push_str(&format!(" and then step {i} of the plan ran"));
+                single(&grown)
+            },
+            None,
+        )
         .await;
 
-        let cold = run_case(&svc.base, cold_requests, |i| {
-            let fresh = conversation(
-                &format!("x{}{}", size.label, tag(i)),
-                EXCHANGES,
-                size.words_per_msg,
-            );
-            with_question(&fresh, "first question?")
-        })
+        let cold = run_case(
+            &svc.base,
+            cold_requests,
+            |i| {
+                let fresh = conversation(
+                    &format!("x{}{}", size.label, tag(i)),
+                    EXCHANGES,
+                    size.words_per_msg,
+                );
+                with_question(&fresh, "first question?")
+            },
+            None,
+        )
         .await;
-        rows.push((size.label, warm, growing, cold));
+        rows.push((size.label, warm, growing, cold, floor));
     }
 
     // Warm requests while cold prompts are tokenized back to back on another connection:
@@ -405,13 +496,17 @@ async fn main() {
             s.n, s.isl, s.p50_ms, s.p99_ms, s.mean_ms
         );
     };
-    for (label, warm, growing, cold) in &rows {
+    for (label, warm, growing, cold, floor) in &rows {
         print(
             format!("{label} chat, 64 turns, earlier turns cached"),
             warm,
         );
         print(format!("{label} single message growing each call"), growing);
         print(format!("{label} chat, cold (never seen)"), cold);
+        print(
+            format!("{label} warm chat's body refused once read (the HTTP floor)"),
+            floor,
+        );
     }
     print(
         "32k chat, cached turns, while cold 32k prompts run alongside".into(),
