@@ -9,6 +9,10 @@ use tokio::time::Instant;
 
 use crate::probes::{filter_stats, route_latency_totals, stat, timed, worker_cpu_seconds};
 use crate::prompts::chat_of;
+use crate::stub::StubControlPlane;
+
+/// The mode column of the floor's rows.
+const FLOOR_MODE: &str = "floor (stand-in control plane)";
 
 /// Small-request repetitions of the interference measurement.
 const INTERFERENCE_REPETITIONS: usize = 10;
@@ -118,6 +122,70 @@ pub(crate) async fn measure(
     row.plain.sort_by(f64::total_cmp);
     row.filtered.sort_by(f64::total_cmp);
     Ok(row)
+}
+
+/// The floor ([`StubControlPlane`]): takes one verdict from the real control plane for a
+/// warm chat, stops it, starts the stand-in on its port with that verdict, and measures each
+/// size's warm case again through both listeners. The control plane stays stopped.
+pub(crate) async fn floor_rows(
+    stack: &mut Stack,
+    http: &reqwest::Client,
+    sizes: &[(&'static str, usize, usize)],
+    requests: usize,
+    deadline: Instant,
+    rows: &mut Vec<Row>,
+) -> anyhow::Result<()> {
+    let probe = chat_of(sizes.first().map_or(8_192, |s| s.1), "floor", 0);
+    let verdict = http
+        .post(format!("{}/v1/route", stack.control_plane_url()))
+        .header(switchyard_protocol::route::API_HEADER, "chat")
+        .json(&probe)
+        .send()
+        .await?
+        .error_for_status()
+        .context("the control plane routes the floor's probe")?
+        .bytes()
+        .await?
+        .to_vec();
+    let port: u16 = stack
+        .control_plane_url()
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .context("the control plane's port")?;
+    stack.stop_component(Component::ControlPlane);
+    let stand_in = StubControlPlane::start(port, verdict).await?;
+    // Envoy's health check must see the stand-in before route calls reach it again.
+    let (filtered_url, _) = urls(stack)?;
+    let started = Instant::now();
+    loop {
+        let (_, routed) = timed(http, &filtered_url, &probe.to_string().into_bytes()).await?;
+        if routed {
+            break;
+        }
+        if started.elapsed() > Duration::from_secs(30) {
+            bail!("the gateway did not route through the stand-in within 30 s");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    for &(size, bytes, isl) in sizes {
+        eprintln!("{FLOOR_MODE}: {size} warm...");
+        let salt = format!("floor{size}");
+        let warm = |i: usize| chat_of(bytes, &salt, i).to_string().into_bytes();
+        let row = measure(
+            stack,
+            http,
+            FLOOR_MODE,
+            format!("{size} warm"),
+            isl,
+            warm,
+            requests,
+            deadline,
+        );
+        rows.push(row.await?);
+    }
+    stand_in.stop().await;
+    Ok(())
 }
 
 /// What a mode's stack showed besides the cases.

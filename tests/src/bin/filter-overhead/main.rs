@@ -29,6 +29,7 @@
 mod cases;
 mod probes;
 mod prompts;
+mod stub;
 
 use std::path::Path;
 use std::time::Duration;
@@ -39,12 +40,14 @@ use switchyard_protocol::tokenize::{default_model_dir, ModelTokenizer};
 use switchyard_stack::{Component, Profile, SpeedUp, StackBuilder};
 use tokio::time::Instant;
 
-use cases::{interference, load_tokenizer, measure, ModeSummary, Row};
+use cases::{floor_rows, interference, load_tokenizer, measure, ModeSummary, Row};
 use probes::{percentile, rss_mib};
 use prompts::{calibrate, chat_of};
 
 /// The `tokenize` modes, in the order they run.
-const MODES: [&str; 2] = ["filter", "control_plane"];
+const MODES: [&str; 2] = ["filter", CONTROL_PLANE_MODE];
+/// The mode in which the filter sends the body; its stack also measures the floor.
+const CONTROL_PLANE_MODE: &str = "control_plane";
 /// Prompt sizes in tokens. "1 MB" is a ~240k-token chat, about 1 MB of JSON: the largest
 /// agentic turn the gateway-overhead target names.
 const SIZES: [(&str, usize); 4] = [
@@ -62,6 +65,8 @@ struct Args {
     max_seconds: u64,
     release: bool,
     modes: Vec<&'static str>,
+    /// Whether the `control_plane` stack ends with the floor's warm cases.
+    floor: bool,
 }
 
 fn parse_args() -> anyhow::Result<Args> {
@@ -70,6 +75,7 @@ fn parse_args() -> anyhow::Result<Args> {
         max_seconds: 1_800,
         release: false,
         modes: MODES.to_vec(),
+        floor: true,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -77,6 +83,7 @@ fn parse_args() -> anyhow::Result<Args> {
             "--requests" => args.requests = it.next().context("--requests N")?.parse()?,
             "--max-seconds" => args.max_seconds = it.next().context("--max-seconds S")?.parse()?,
             "--release" => args.release = true,
+            "--no-floor" => args.floor = false,
             "--tokenize" => {
                 let mode = it.next().context("--tokenize control_plane|filter|both")?;
                 args.modes = match mode.as_str() {
@@ -89,7 +96,7 @@ fn parse_args() -> anyhow::Result<Args> {
             }
             "-h" | "--help" => {
                 println!(
-                    "filter-overhead [--requests N (20)] [--max-seconds S (1800)] [--release] [--tokenize control_plane|filter|both (both)]"
+                    "filter-overhead [--requests N (20)] [--max-seconds S (1800)] [--release] [--tokenize control_plane|filter|both (both)] [--no-floor]"
                 );
                 std::process::exit(0);
             }
@@ -114,7 +121,7 @@ async fn run_mode(
     } else {
         Profile::Debug
     };
-    let stack = start_stack(
+    let mut stack = start_stack(
         StackBuilder::new()
             .decode_workers(1)
             .profile(profile)
@@ -185,6 +192,10 @@ async fn run_mode(
         .map_or(0, |s| s.1);
     let (small_alone_ms, small_contended_ms) = interference(&stack, &http, mode, big_bytes).await?;
     let rss_end_mib = rss_mib(pid);
+    if mode == CONTROL_PLANE_MODE && args.floor {
+        eprintln!("{mode}: the floor, a control plane that does no prompt work...");
+        floor_rows(&mut stack, &http, sizes, args.requests, deadline, rows).await?;
+    }
     let run_dir: &Path = stack.run_dir();
     eprintln!("{mode}: logs in {}", run_dir.display());
     Ok(ModeSummary {
