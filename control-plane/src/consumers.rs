@@ -190,6 +190,14 @@ impl Consumer {
                             self.metrics.worker_rejected("invalid");
                             tracing::warn!(worker = %worker, "heartbeat refused: invalid block size or too many workers");
                         }
+                        WorkerChange::Declared => {
+                            self.metrics.worker_rejected("declared");
+                            if self.warned.len() < MAX_WARNED_REFUSALS
+                                && self.warned.insert(worker.clone())
+                            {
+                                tracing::warn!(worker = %worker, "heartbeat refused: a worker of this id is declared in the pool file and keeps it; give the self-registering worker another id");
+                            }
+                        }
                     }
                     self.carry_out(outcome.resync).await;
                 }
@@ -221,15 +229,25 @@ impl Consumer {
         Ok(())
     }
 
-    /// Whether the admission policy refuses `hb` (counted, and warned once per worker id).
+    /// Whether `hb` is refused: by the admission policy, or as a worker the pools cannot hold
+    /// (an id that is not one subject token, an address Envoy cannot take, an interval above
+    /// the bound). Counted, and warned once per worker id.
     fn refuse(&mut self, hb: &WorkerHeartbeat) -> bool {
-        let Err(reason) = self.admission.check(hb, unix_now_ms()) else {
-            return false;
+        let (reason, why) = match self.admission.check(hb, unix_now_ms()) {
+            Err(reason) => (
+                reason,
+                "not a registration this control plane accepts (see --registration-secret-file)"
+                    .to_owned(),
+            ),
+            Ok(()) => match hb.check() {
+                Ok(()) => return false,
+                Err(invalid) => ("invalid", invalid.to_string()),
+            },
         };
         self.metrics.worker_rejected(reason);
         let id = &hb.worker.worker_id;
         if self.warned.len() < MAX_WARNED_REFUSALS && self.warned.insert(id.clone()) {
-            tracing::warn!(worker = %id, address = %hb.worker.address, reason, "heartbeat refused: not a registration this control plane accepts (see --registration-secret-file)");
+            tracing::warn!(worker = %id, address = %hb.worker.address, reason, "heartbeat refused: {why}");
         } else {
             tracing::debug!(worker = %id, reason, "heartbeat refused");
         }

@@ -358,7 +358,7 @@ impl Metrics {
         );
         r.add(
             "workers_rejected",
-            "Heartbeats refused, by reason (invalid, unsigned, bad_signature, stale)",
+            "Heartbeats refused, by reason (invalid, unsigned, bad_signature, stale, declared)",
             self.workers_rejected.clone(),
         );
         r.add(

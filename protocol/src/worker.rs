@@ -14,6 +14,38 @@ use serde::{Deserialize, Serialize};
 pub const DEFAULT_HEARTBEAT_INTERVAL_MS: u64 = 1_000;
 /// Heartbeats a worker may miss before the control plane expires it.
 pub const DEFAULT_HEARTBEAT_MISSES: u32 = 3;
+/// Longest interval a heartbeat may promise. The interval sets how long the worker stays in
+/// the pools without another heartbeat, and the signature does not cover it: unbounded, one
+/// heartbeat (or a recorded one sent again) could keep a dead worker in Envoy's pools for
+/// ever.
+pub const MAX_HEARTBEAT_INTERVAL_MS: u64 = 60_000;
+/// Longest worker id a heartbeat may carry.
+pub const MAX_WORKER_ID_LEN: usize = 128;
+
+/// Why a heartbeat cannot register its worker, whoever signed it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidWorker {
+    /// The id cannot name the worker's NATS subjects.
+    #[error("worker id {0:?} must be 1 to {MAX_WORKER_ID_LEN} ASCII letters, digits, '-' or '_' (it names NATS subjects)")]
+    Id(String),
+    /// The address is not one Envoy can take as an endpoint.
+    #[error("address {0:?} must be ip:port with a port above 0: it becomes an Envoy endpoint, which takes an IP address, not a host name")]
+    Address(String),
+    /// The promised interval is longer than [`MAX_HEARTBEAT_INTERVAL_MS`].
+    #[error("interval_ms {0} is above {MAX_HEARTBEAT_INTERVAL_MS}")]
+    Interval(u64),
+}
+
+/// Checks that `address` is `ip:port` (port above 0), the form of an Envoy endpoint.
+///
+/// # Errors
+/// [`InvalidWorker::Address`].
+pub fn check_endpoint_address(address: &str) -> Result<std::net::SocketAddr, InvalidWorker> {
+    match address.parse::<std::net::SocketAddr>() {
+        Ok(socket) if socket.port() > 0 => Ok(socket),
+        _ => Err(InvalidWorker::Address(address.to_owned())),
+    }
+}
 
 /// Stable name of a worker, unique in the deployment (e.g. `decode-0`).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -136,8 +168,8 @@ pub struct WorkerInfo {
     pub instance_id: u64,
     /// The worker's role.
     pub role: WorkerRole,
-    /// `host:port` of the worker's OpenAI HTTP API; this is also the Envoy endpoint address
-    /// that `x-gateway-destination-endpoint` names.
+    /// `ip:port` of the worker's OpenAI HTTP API; this is also the Envoy endpoint address
+    /// that `x-gateway-destination-endpoint` names (see [`check_endpoint_address`]).
     pub address: String,
     /// Model name served (as in `/v1/models`).
     pub model: String,
@@ -152,6 +184,25 @@ pub struct WorkerInfo {
     /// `--disaggregation-bootstrap-port`): the decode leg's `bootstrap_port`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bootstrap_port: Option<u16>,
+}
+
+impl WorkerHeartbeat {
+    /// Checks what the control plane needs of a worker that registers over NATS: an id that
+    /// is one subject token, an endpoint address, an interval within bounds.
+    ///
+    /// # Errors
+    /// The first [`InvalidWorker`] found.
+    pub fn check(&self) -> Result<(), InvalidWorker> {
+        let id = &self.worker.worker_id.0;
+        if id.len() > MAX_WORKER_ID_LEN || !crate::subjects::is_valid_worker_token(id) {
+            return Err(InvalidWorker::Id(id.clone()));
+        }
+        check_endpoint_address(&self.worker.address)?;
+        if self.interval_ms > MAX_HEARTBEAT_INTERVAL_MS {
+            return Err(InvalidWorker::Interval(self.interval_ms));
+        }
+        Ok(())
+    }
 }
 
 /// Periodic liveness message; doubles as registration (see module docs).
@@ -204,4 +255,69 @@ pub struct LoadReport {
     /// from workers that do not report it.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub kv_waiting_blocks: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn heartbeat(id: &str, address: &str, interval_ms: u64) -> WorkerHeartbeat {
+        WorkerHeartbeat {
+            v: 1,
+            worker: WorkerInfo {
+                worker_id: WorkerId(id.into()),
+                instance_id: 1,
+                role: WorkerRole::Decode,
+                address: address.into(),
+                model: "m".into(),
+                block_size: 16,
+                kv_capacity_blocks: 0,
+                engine: Engine::default(),
+                bootstrap_port: None,
+            },
+            interval_ms,
+            sent_at_ms: 0,
+            signature: None,
+        }
+    }
+
+    #[test]
+    fn a_heartbeat_needs_a_subject_token_id_an_endpoint_address_and_a_bounded_interval() {
+        assert_eq!(
+            heartbeat("decode-0", "127.0.0.1:8000", 1_000).check(),
+            Ok(())
+        );
+        assert_eq!(
+            heartbeat("d_1", "[::1]:8000", MAX_HEARTBEAT_INTERVAL_MS).check(),
+            Ok(())
+        );
+        for id in [
+            "",
+            "bad.id",
+            "sp ace",
+            "a*",
+            &"x".repeat(MAX_WORKER_ID_LEN + 1),
+        ] {
+            assert_eq!(
+                heartbeat(id, "127.0.0.1:8000", 1_000).check(),
+                Err(InvalidWorker::Id(id.into()))
+            );
+        }
+        for address in [
+            "localhost:8000",
+            "127.0.0.1",
+            "127.0.0.1:0",
+            "10.0.0.1:99999",
+            "",
+        ] {
+            assert_eq!(
+                heartbeat("decode-0", address, 1_000).check(),
+                Err(InvalidWorker::Address(address.into()))
+            );
+        }
+        assert_eq!(
+            heartbeat("decode-0", "127.0.0.1:8000", u64::MAX).check(),
+            Err(InvalidWorker::Interval(u64::MAX))
+        );
+    }
 }

@@ -14,7 +14,7 @@
 //! heartbeats sent meanwhile could not be processed, so every worker gets a fresh expiry
 //! window (counted in [`ControlCore::stalls`]).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use switchyard_protocol::kv::KvEventBatch;
 use switchyard_protocol::lifecycle::LifecycleEvent;
@@ -104,6 +104,9 @@ pub struct ControlCore {
     resyncs: HashMap<WorkerId, (u64, u64)>,
     /// New workers asked for their first KV dump, and when; left when a dump batch arrives.
     awaiting_dump: HashMap<WorkerId, u64>,
+    /// Workers registered by [`ControlCore::declared`] (the pool file), until withdrawn or
+    /// expired: a heartbeat under one of these ids is refused.
+    declared_ids: HashSet<WorkerId>,
     /// Whether the event bus was reachable at the last report of it.
     reachable: bool,
     /// When the core was last called.
@@ -119,6 +122,7 @@ impl ControlCore {
             heartbeat_misses: heartbeat_misses.max(1),
             resyncs: HashMap::new(),
             awaiting_dump: HashMap::new(),
+            declared_ids: HashSet::new(),
             reachable: true,
             last_active_ms: None,
             stalls: 0,
@@ -158,10 +162,18 @@ impl ControlCore {
             .saturating_mul(u64::from(self.heartbeat_misses))
     }
 
-    /// A heartbeat (registration or refresh). Its authenticity is the caller's to check.
+    /// A heartbeat (registration or refresh). Its authenticity is the caller's to check. A
+    /// heartbeat under the id of a declared worker is refused ([`WorkerChange::Declared`]).
     pub fn heartbeat(&mut self, hb: &WorkerHeartbeat, now_ms: u64) -> HeartbeatOutcome {
+        if self.declared_ids.contains(&hb.worker.worker_id) {
+            self.observe(now_ms);
+            return HeartbeatOutcome {
+                change: WorkerChange::Declared,
+                resync: None,
+            };
+        }
         let expires = self.expiry_ms(hb.interval_ms);
-        let outcome = self.declared(&hb.worker, expires, now_ms);
+        let outcome = self.register(&hb.worker, expires, now_ms);
         if let Some(Resync::Send {
             reason: ResyncReason::NewWorker,
             ..
@@ -204,8 +216,24 @@ impl ControlCore {
     /// A worker known to be up without a heartbeat of its own — a declared engine whose
     /// health check passed — live for `expires_after_ms` unless confirmed again. The same
     /// registration as a heartbeat's; the resync it asks for is the caller's to carry out
-    /// (a declared vLLM has no dump: its KV feed replays instead).
+    /// (a declared vLLM has no dump: its KV feed replays instead). From then on the id is
+    /// the declared worker's: heartbeats under it are refused until it is withdrawn or
+    /// expires.
     pub fn declared(
+        &mut self,
+        worker: &WorkerInfo,
+        expires_after_ms: u64,
+        now_ms: u64,
+    ) -> HeartbeatOutcome {
+        let outcome = self.register(worker, expires_after_ms, now_ms);
+        if outcome.change != WorkerChange::Rejected {
+            self.declared_ids.insert(worker.worker_id.clone());
+        }
+        outcome
+    }
+
+    /// Registers or refreshes `worker`, live for `expires_after_ms`.
+    fn register(
         &mut self,
         worker: &WorkerInfo,
         expires_after_ms: u64,
@@ -216,7 +244,7 @@ impl ControlCore {
         let reason = match change {
             WorkerChange::New => Some(ResyncReason::NewWorker),
             WorkerChange::Restarted => Some(ResyncReason::Restarted),
-            WorkerChange::Refreshed | WorkerChange::Rejected => None,
+            WorkerChange::Refreshed | WorkerChange::Rejected | WorkerChange::Declared => None,
         };
         let resync = reason.map(|r| self.resync(&worker.worker_id, worker.instance_id, r, now_ms));
         HeartbeatOutcome { change, resync }
@@ -228,6 +256,7 @@ impl ControlCore {
         self.observe(now_ms);
         self.resyncs.remove(worker);
         self.awaiting_dump.remove(worker);
+        self.declared_ids.remove(worker);
         let known = self
             .router
             .workers()
@@ -348,6 +377,7 @@ impl ControlCore {
         for id in &expired {
             self.resyncs.remove(id);
             self.awaiting_dump.remove(id);
+            self.declared_ids.remove(id);
         }
         expired
     }
@@ -542,5 +572,38 @@ mod tests {
             WorkerChange::New,
             "back as new: its old blocks are gone"
         );
+    }
+
+    #[test]
+    fn a_heartbeat_under_a_declared_workers_id_is_refused_until_that_worker_goes() {
+        let mut core = ControlCore::new(Router::new(), 3);
+        let declared = hb("vd0", 1).worker;
+        core.declared(&declared, 5_000, 0);
+        // A self-registering process under the same id, another instance and address.
+        let mut intruder = hb("vd0", 2);
+        intruder.worker.address = "127.0.0.1:2".into();
+        for t in [100, 200, 300] {
+            let outcome = core.heartbeat(&intruder, t);
+            assert_eq!(outcome.change, WorkerChange::Declared);
+            assert_eq!(outcome.resync, None);
+            assert_eq!(
+                core.declared(&declared, 5_000, t).change,
+                WorkerChange::Refreshed,
+                "the declared worker keeps its registration and its cache"
+            );
+        }
+        assert_eq!(core.router().workers()[0].info.address, "127.0.0.1:1");
+        // Withdrawn (unhealthy, or gone from the file): the id is free again.
+        core.withdraw(&declared.worker_id, 400);
+        assert_eq!(core.heartbeat(&intruder, 500).change, WorkerChange::New);
+        // A declared worker that expires frees its id too.
+        let mut core = ControlCore::new(Router::new(), 3);
+        core.declared(&declared, 1_000, 0);
+        let mut t = 0;
+        while core.tick(t).is_empty() {
+            t += 200;
+            assert!(t < 5_000, "expires");
+        }
+        assert_eq!(core.heartbeat(&intruder, t).change, WorkerChange::New);
     }
 }

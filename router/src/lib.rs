@@ -80,6 +80,10 @@ pub enum WorkerChange {
     /// [`switchyard_protocol::hash::BlockSize::MAX`]), or the router already tracks
     /// [`MAX_WORKERS`] workers. Count it and log it; the worker is not routed to.
     Rejected,
+    /// Not registered from this heartbeat: a worker of the same id is declared (the pool
+    /// file) and live, and keeps the id. Two processes under one id would otherwise replace
+    /// each other's registration on every message, resetting its cache each time.
+    Declared,
 }
 
 /// Most workers one router tracks (the KV index stores 15-bit worker slots).

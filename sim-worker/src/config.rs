@@ -45,6 +45,9 @@ pub enum SpecError {
     /// The port is not a number.
     #[error("worker spec {0:?}: the port must be a number between 0 and 65535")]
     Port(String),
+    /// The host is not an IP address.
+    #[error("worker spec {0:?}: HOST must be an IP address (it is advertised as the worker's Envoy endpoint, which takes an IP address, not a host name)")]
+    Host(String),
 }
 
 impl FromStr for WorkerSpec {
@@ -71,6 +74,9 @@ impl FromStr for WorkerSpec {
             .trim_start_matches('[')
             .trim_end_matches(']')
             .to_owned();
+        if host.parse::<std::net::IpAddr>().is_err() {
+            return Err(SpecError::Host(s.to_owned()));
+        }
         Ok(WorkerSpec {
             role,
             id: WorkerId(id.to_owned()),

@@ -45,7 +45,7 @@ use serde::Deserialize;
 
 use switchyard_protocol::hash::BlockSize;
 use switchyard_protocol::route::{is_usable_request_id, model_cluster, DECODE_CLUSTER};
-use switchyard_protocol::worker::{Engine, WorkerId, WorkerRole};
+use switchyard_protocol::worker::{check_endpoint_address, Engine, WorkerId, WorkerRole};
 
 /// Largest pool file read; a pool of thousands of workers is far below it.
 pub const MAX_POOL_FILE_BYTES: u64 = 4 * 1024 * 1024;
@@ -472,7 +472,9 @@ fn validate_worker(
             "a worker id of 1 to 128 printable characters without spaces",
         ));
     }
-    check_host_port(&raw.address).map_err(|m| invalid(format!("{at}.address"), m))?;
+    // The address becomes the worker's Envoy endpoint, which takes an IP address.
+    check_endpoint_address(&raw.address)
+        .map_err(|e| invalid(format!("{at}.address"), e.to_string()))?;
     check_bootstrap_port(raw.engine, raw.role, raw.bootstrap_port, &raw.id)
         .map_err(|m| invalid(format!("{at}.bootstrap_port"), m))?;
     let kv_events = match raw.engine {
@@ -726,7 +728,7 @@ models:
     #[test]
     fn json_is_accepted_too() {
         let json = r#"{"models": [{"name": "m", "block_size": 16, "workers": [
-            {"id": "d", "role": "agg", "address": "h:1", "engine": "vllm",
+            {"id": "d", "role": "agg", "address": "10.0.0.1:1", "engine": "vllm",
              "kv_events": "tcp://h:2"}]}]}"#;
         assert_eq!(parse(json).unwrap().workers.len(), 1);
     }
@@ -749,6 +751,12 @@ models:
         assert!(e.contains("not *"), "{e}");
         let e = error(&GOOD.replace("127.0.0.1:8101", "127.0.0.1:8100"));
         assert!(e.contains("workers[1].address"), "{e}");
+        // Envoy's endpoints are IP addresses: a host name would get verdicts no route serves.
+        let e = error(&GOOD.replace("127.0.0.1:8101", "vllm-decode:8101"));
+        assert!(
+            e.contains("workers[1].address") && e.contains("not a host name"),
+            "{e}"
+        );
         let e = error(&GOOD.replace("prefill-0", "decode-0"));
         assert!(e.contains("declared twice"), "{e}");
         let e = error(&GOOD.replace("unhealthy_after: 2", "unhealthy_after: 0"));

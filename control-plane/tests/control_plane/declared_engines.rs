@@ -237,3 +237,58 @@ async fn sglang_verdicts_name_the_engine_and_the_prefill_workers_bootstrap_port(
     assert_eq!(verdict["prefill"]["bootstrap_port"], 8998, "{verdict}");
     svc.stop().await;
 }
+
+/// A self-registering worker under a declared worker's id is refused (counted as `declared`)
+/// and the declared worker keeps its registration: before, each replaced the other on every
+/// heartbeat and health poll, resetting the worker's cache each time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_heartbeat_under_a_declared_workers_id_is_refused_and_counted() {
+    let state = Arc::new(Mutex::new(Engine::default()));
+    let engine = start_engine(Arc::clone(&state)).await;
+    let dir = TempDir::new("declared-clash").unwrap();
+    let pool_file = dir.path().join("pools.yaml");
+    std::fs::write(
+        &pool_file,
+        format!(
+            "health: {{ interval_ms: 100, timeout_ms: 500 }}\nmetrics: {{ interval_ms: 100 }}\nmodels:\n  - name: qwen3\n    model_dir: {}\n    block_size: {BLOCK}\n    workers:\n      - {{ id: trt-0, role: agg, address: \"{engine}\", engine: trtllm }}\n",
+            model_dir().display()
+        ),
+    )
+    .unwrap();
+    let mut settings = Settings::for_tests();
+    settings.pool_file = Some(pool_file);
+    let (_nats_server, svc, nats) = service_with_nats(settings).await;
+    let address = |workers: &Value| workers["workers"][0]["info"]["address"].clone();
+    eventually(
+        Duration::from_secs(4),
+        "the declared worker is up",
+        || async { address(&svc.get_json("/v1/workers").await) == json!(engine.to_string()) },
+    )
+    .await;
+
+    let mut clash = worker(
+        "trt-0",
+        switchyard_protocol::worker::WorkerRole::Agg,
+        9050,
+        7,
+    );
+    clash.model = "qwen3".into();
+    // Sent until counted: the consumer's subscription may not have reached NATS yet.
+    eventually(Duration::from_secs(4), "the clash is counted", || async {
+        heartbeat(&nats, &clash, 1_000).await;
+        nats.flush().await.unwrap();
+        metric_value(
+            &svc.metrics().await,
+            "switchyard_workers_rejected_total{reason=\"declared\"}",
+        ) >= 2.0
+    })
+    .await;
+    let workers = svc.get_json("/v1/workers").await;
+    assert_eq!(
+        workers["workers"].as_array().map(Vec::len),
+        Some(1),
+        "{workers}"
+    );
+    assert_eq!(address(&workers), json!(engine.to_string()), "{workers}");
+    svc.stop().await;
+}

@@ -115,6 +115,18 @@ async fn malformed_nats_messages_are_counted_and_harmless() {
     let mut broken = worker("broken", WorkerRole::Decode, 9010, 1);
     broken.block_size = 0;
     heartbeat(&nats, &broken, 60_000).await;
+    // So are workers the pools cannot hold: a host name Envoy's endpoints cannot take, an id
+    // that is no NATS subject token, an interval that would keep a silent worker for ever.
+    let mut named = worker("named", WorkerRole::Decode, 9011, 1);
+    named.address = "localhost:9011".into();
+    heartbeat(&nats, &named, 1_000).await;
+    heartbeat(&nats, &worker("bad.id", WorkerRole::Decode, 9012, 1), 1_000).await;
+    heartbeat(
+        &nats,
+        &worker("forever", WorkerRole::Decode, 9013, 1),
+        u64::MAX,
+    )
+    .await;
     nats.flush().await.unwrap();
 
     eventually(WAIT, "bad messages counted", || async {
@@ -122,10 +134,13 @@ async fn malformed_nats_messages_are_counted_and_harmless() {
         metric_value(&m, "switchyard_bad_messages_total{kind=\"heartbeat\"}") == 2.0
             && metric_value(&m, "switchyard_bad_messages_total{kind=\"load\"}") == 1.0
             && metric_value(&m, "switchyard_bad_messages_total{kind=\"kv_events\"}") == 2.0
-            && metric_value(&m, "switchyard_workers_rejected_total{reason=\"invalid\"}") == 1.0
+            && metric_value(&m, "switchyard_workers_rejected_total{reason=\"invalid\"}") == 4.0
     })
     .await;
-    assert!(!svc.worker_ids().await.contains(&"broken".to_string()));
+    let ids = svc.worker_ids().await;
+    for refused in ["broken", "named", "bad.id", "forever"] {
+        assert!(!ids.contains(&refused.to_string()), "{refused} in {ids:?}");
+    }
 
     // Still alive: a new worker registers and routing works.
     register_worker(&svc, &nats, "decode-1", WorkerRole::Decode, 9002).await;

@@ -33,6 +33,11 @@ fn worker_specs_parse_role_id_host_and_port() {
     assert!(matches!(refused("agg:w.x@h:1"), SpecError::Id(_)));
     assert!(matches!(refused("agg:@h:1"), SpecError::Id(_)));
     assert!(matches!(refused("agg:w@h:70000"), SpecError::Port(_)));
+    // Advertised as an Envoy endpoint, which takes an IP address.
+    assert!(matches!(
+        refused("decode:d@localhost:8001"),
+        SpecError::Host(_)
+    ));
 }
 
 #[test]
