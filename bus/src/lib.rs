@@ -267,12 +267,39 @@ pub async fn connect(
         .await?
         .event_callback(move |event| async move { on_event(event) });
     options
-        .connect(args.nats_url.as_str())
+        .connect(server_addrs(&args.nats_url)?)
         .await
         .map_err(|e| BusError::Url {
             url: args.nats_url.clone(),
             message: e.to_string(),
         })
+}
+
+/// The servers of a `--nats-url`: one URL, or several separated by commas (the client tries
+/// them in turn, and reconnects to whichever answers).
+///
+/// # Errors
+/// [`BusError::Url`] naming the server that does not parse.
+pub fn server_addrs(urls: &str) -> Result<Vec<async_nats::ServerAddr>, BusError> {
+    let servers = urls
+        .split(',')
+        .map(str::trim)
+        .filter(|url| !url.is_empty())
+        .map(|url| {
+            url.parse::<async_nats::ServerAddr>()
+                .map_err(|e| BusError::Url {
+                    url: urls.to_owned(),
+                    message: format!("server {url:?}: {e}"),
+                })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    if servers.is_empty() {
+        return Err(BusError::Url {
+            url: urls.to_owned(),
+            message: "no server given".into(),
+        });
+    }
+    Ok(servers)
 }
 
 /// A connection-event callback for [`connect`] that does nothing.
@@ -318,6 +345,20 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("switchyard-bus-test-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         dir
+    }
+
+    #[test]
+    fn a_nats_url_may_list_several_servers() {
+        let two = server_addrs("nats://127.0.0.1:4223, nats://127.0.0.1:4222").unwrap();
+        assert_eq!(two.len(), 2);
+        assert_eq!(two[1].port(), 4222);
+        assert_eq!(
+            server_addrs("127.0.0.1:4222,127.0.0.1:4223").unwrap().len(),
+            2
+        );
+        let e = server_addrs("nats://127.0.0.1:4222,nats://x:notaport").unwrap_err();
+        assert!(e.to_string().contains("\"nats://x:notaport\""), "{e}");
+        assert!(server_addrs(" , ").is_err());
     }
 
     #[test]

@@ -189,11 +189,13 @@ async fn main() -> ExitCode {
         };
     match service::run(settings, listeners, nats, Box::pin(shutdown_signal())).await {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e @ RunError::Config(_)) => {
-            eprintln!("error: {e}");
-            ExitCode::from(EXIT_USAGE)
-        }
-        Err(e @ (RunError::Tokenizer(_) | RunError::Registration(_) | RunError::AdminToken(_))) => {
+        Err(
+            e @ (RunError::Config(_)
+            | RunError::Tokenizer(_)
+            | RunError::Registration(_)
+            | RunError::AdminToken(_)
+            | RunError::Pools(_)),
+        ) => {
             eprintln!("error: {e}");
             ExitCode::from(EXIT_USAGE)
         }

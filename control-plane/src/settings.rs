@@ -84,7 +84,12 @@ pub struct Settings {
     /// development only: anyone who can publish on NATS can then add a worker to Envoy's
     /// pools and receive client prompts. Without it (and without a secret) the control plane
     /// registers no worker from NATS.
-    #[arg(long, env = "SWITCHYARD_ALLOW_UNSIGNED_REGISTRATIONS")]
+    /// The environment variable takes `true`/`false`, `1`/`0`, `yes`/`no`, `on`/`off`.
+    #[arg(
+        long,
+        env = "SWITCHYARD_ALLOW_UNSIGNED_REGISTRATIONS",
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
     pub allow_unsigned_registrations: bool,
 
     /// The model's context length in tokens: longer prompts and larger `max_tokens` get a

@@ -45,3 +45,60 @@ fn bad_admin_settings_exit_64_naming_the_setting() {
         "{missing}"
     );
 }
+
+/// Runs the binary with `args` and `env`, an admin token and loopback listeners on free
+/// ports; returns its exit code and stderr.
+fn run_with(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String) {
+    let (listen, admin) = (
+        format!("127.0.0.1:{}", crate::common::free_port()),
+        format!("127.0.0.1:{}", crate::common::free_port()),
+    );
+    let output = Command::new(env!("CARGO_BIN_EXE_switchyard-control-plane"))
+        .args(["--listen", &listen, "--admin-listen", &admin])
+        .args(args)
+        .env("SWITCHYARD_ADMIN_TOKEN", "a-long-enough-admin-token")
+        .envs(env.iter().copied())
+        .output()
+        .expect("the binary runs");
+    (
+        output.status.code(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn a_pool_file_or_nats_url_that_cannot_be_used_exits_64_naming_it() {
+    let (code, stderr) = run_with(&["--pool-file", "/nonexistent/pools.yaml"], &[]);
+    assert_eq!(code, Some(64), "{stderr}");
+    assert!(stderr.contains("/nonexistent/pools.yaml"), "{stderr}");
+
+    let (code, stderr) = run_with(
+        &[
+            "--nats-url",
+            "nats://127.0.0.1:4222,nats://127.0.0.1:notaport",
+        ],
+        &[],
+    );
+    assert_eq!(code, Some(64), "{stderr}");
+    assert!(stderr.contains("notaport"), "{stderr}");
+}
+
+#[test]
+fn allow_unsigned_registrations_takes_the_usual_boolean_words_from_the_environment() {
+    // A missing pool file stops the binary once its flags parsed: exit 64 naming the file,
+    // not the variable.
+    for word in ["1", "0", "true", "yes", "off"] {
+        let (code, stderr) = run_with(
+            &["--pool-file", "/nonexistent/pools.yaml"],
+            &[("SWITCHYARD_ALLOW_UNSIGNED_REGISTRATIONS", word)],
+        );
+        assert_eq!(code, Some(64), "{word}: {stderr}");
+        assert!(
+            stderr.contains("/nonexistent/pools.yaml"),
+            "{word}: {stderr}"
+        );
+    }
+    let (code, stderr) = run_with(&[], &[("SWITCHYARD_ALLOW_UNSIGNED_REGISTRATIONS", "maybe")]);
+    assert_eq!(code, Some(64), "{stderr}");
+    assert!(stderr.contains("allow-unsigned-registrations"), "{stderr}");
+}

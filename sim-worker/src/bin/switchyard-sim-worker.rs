@@ -338,6 +338,16 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_USAGE);
         }
     };
+    // The NATS servers and the registration secret are flags too: a mistake in them is a
+    // usage error, found before anything starts.
+    if let Err(e) = switchyard_bus::server_addrs(&args.nats.nats_url) {
+        eprintln!("error: {e}");
+        return ExitCode::from(EXIT_USAGE);
+    }
+    if let Err(e) = args.registration.secret() {
+        eprintln!("error: {e}");
+        return ExitCode::from(EXIT_USAGE);
+    }
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {

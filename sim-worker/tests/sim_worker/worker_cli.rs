@@ -29,8 +29,27 @@ fn exit_code(args: &[&str]) -> (i32, String) {
 
 #[test]
 fn bad_flags_exit_64_with_a_clear_message() {
-    let cases: [(&[&str], &str); 10] = [
+    let cases: [(&[&str], &str); 13] = [
         (&[], "--worker"),
+        (&["--worker", "agg:w@localhost:1"], "IP address"),
+        (
+            &[
+                "--worker",
+                "agg:w@127.0.0.1:0",
+                "--nats-url",
+                "nats://127.0.0.1:4222,nats://127.0.0.1:notaport",
+            ],
+            "notaport",
+        ),
+        (
+            &[
+                "--worker",
+                "agg:w@127.0.0.1:0",
+                "--registration-secret-file",
+                "/nonexistent/secret",
+            ],
+            "/nonexistent/secret",
+        ),
         (&["--worker", "agg-0@127.0.0.1:1"], "ROLE:ID@HOST:PORT"),
         (&["--worker", "boss:w@127.0.0.1:1"], "unknown worker role"),
         (&["--worker", "agg:a.b@127.0.0.1:1"], "NATS"),
