@@ -13,7 +13,7 @@
 //! (`"5"`), and a boolean field also takes `0`/`1` and the strings pydantic reads as
 //! booleans (`"yes"`, `"off"`, ...). Then: `max_tokens` (or chat's `max_completion_tokens`,
 //! which wins) at least 1 and at most the model's context; `n` at least 1; `stream_options`
-//! only with `stream: true`; a prompt no longer than the model's context.
+//! only with `stream: true`; a prompt that is not empty and shorter than the model's context.
 
 use serde_json::{json, Map, Value};
 
@@ -179,16 +179,24 @@ pub fn generation_params(
     })
 }
 
-/// Checks that a prompt of `prompt_tokens` fits the model's context.
+/// Checks that a prompt of `prompt_tokens` can be served: not empty, and leaving room in the
+/// model's context for at least one generated token (vLLM 0.32 refuses an empty prompt and
+/// one of `max_model_len` tokens or more; a larger `max_tokens` it clamps to what is left).
 ///
 /// # Errors
-/// [`InvalidRequest`] (400, param `input_tokens`) when it does not.
+/// [`InvalidRequest`] (400, param `input_tokens`) when it cannot.
 pub fn check_prompt_length(prompt_tokens: usize, max_model_len: u32) -> Result<(), InvalidRequest> {
-    if prompt_tokens > max_model_len as usize {
+    if prompt_tokens == 0 {
+        return Err(InvalidRequest::bad(
+            "input_tokens",
+            "the prompt is empty: it has no tokens to generate from",
+        ));
+    }
+    if prompt_tokens >= max_model_len as usize {
         return Err(InvalidRequest::bad(
             "input_tokens",
             format!(
-                "this model's maximum context length is {max_model_len} tokens, but the prompt has {prompt_tokens} tokens; shorten the prompt"
+                "this model's maximum context length is {max_model_len} tokens, and the prompt has {prompt_tokens}, which leaves no room for a generated token; shorten the prompt"
             ),
         ));
     }
@@ -223,13 +231,11 @@ fn lax_int(body: &Map<String, Value>, field: &str) -> Result<Option<i128>, Inval
     })
 }
 
-/// A boolean field as pydantic's lax mode reads it.
-fn lax_bool(body: &Map<String, Value>, field: &str) -> Result<Option<bool>, InvalidRequest> {
-    let value = match body.get(field) {
-        None | Some(Value::Null) => return Ok(None),
-        Some(v) => v,
-    };
-    let parsed = match value {
+/// A boolean value as pydantic's lax mode reads it: a JSON boolean, `0`/`1`, or a string
+/// such as `"yes"`/`"off"`; `None` for anything else. Every boolean field of vLLM's request
+/// models reads this way (`stream`, `add_special_tokens`, `add_generation_prompt`, ...).
+pub fn lax_bool_value(value: &Value) -> Option<bool> {
+    match value {
         Value::Bool(b) => Some(*b),
         Value::Number(n) => match n.as_u64() {
             Some(0) => Some(false),
@@ -242,8 +248,16 @@ fn lax_bool(body: &Map<String, Value>, field: &str) -> Result<Option<bool>, Inva
             _ => None,
         },
         _ => None,
+    }
+}
+
+/// A boolean field as pydantic's lax mode reads it ([`lax_bool_value`]).
+fn lax_bool(body: &Map<String, Value>, field: &str) -> Result<Option<bool>, InvalidRequest> {
+    let value = match body.get(field) {
+        None | Some(Value::Null) => return Ok(None),
+        Some(v) => v,
     };
-    parsed.map(Some).ok_or_else(|| {
+    lax_bool_value(value).map(Some).ok_or_else(|| {
         InvalidRequest::bad(
             field,
             format!("{field} must be a boolean, got {}", short(value)),
@@ -367,11 +381,16 @@ mod tests {
     }
 
     #[test]
-    fn prompts_longer_than_the_context_are_refused() {
-        assert!(check_prompt_length(CONTEXT as usize, CONTEXT).is_ok());
-        let err = check_prompt_length(CONTEXT as usize + 1, CONTEXT).unwrap_err();
+    fn prompts_that_leave_no_room_to_generate_or_are_empty_are_refused() {
+        assert!(check_prompt_length(1, CONTEXT).is_ok());
+        assert!(check_prompt_length(CONTEXT as usize - 1, CONTEXT).is_ok());
+        let err = check_prompt_length(CONTEXT as usize, CONTEXT).unwrap_err();
         assert_eq!(err.param.as_deref(), Some("input_tokens"));
+        assert!(err.message.contains("4096"), "{err}");
+        let err = check_prompt_length(CONTEXT as usize + 1, CONTEXT).unwrap_err();
         assert!(err.message.contains("4097"), "{err}");
+        let err = check_prompt_length(0, CONTEXT).unwrap_err();
+        assert!(err.message.contains("empty"), "{err}");
     }
 
     #[test]

@@ -192,7 +192,6 @@ async fn tokenize(ctx: &WorkerContext, api: ApiKind, body: &Value) -> Result<Vec
         .await
         .map_err(|e| ApiError::internal(format!("tokenizer task failed: {e}")))?;
     match result {
-        Ok(tokens) if tokens.is_empty() => Err(ApiError::bad_request("the prompt is empty", None)),
         Ok(tokens) => Ok(tokens),
         Err(TokenizeError::InvalidRequest { field, message }) => Err(ApiError::bad_request(
             format!("`{field}`: {message}"),

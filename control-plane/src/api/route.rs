@@ -335,14 +335,18 @@ where
             hashes: h.hashes,
         },
     };
-    check_prompt_length(prompt.as_prompt().isl() as usize, model.max_model_len).map_err(
-        |error| {
-            fail(RouteFailure::Client {
-                reason: RejectReason::PromptTooLong,
-                error,
-            })
-        },
-    )?;
+    let isl = prompt.as_prompt().isl() as usize;
+    check_prompt_length(isl, model.max_model_len).map_err(|error| {
+        fail(RouteFailure::Client {
+            // An empty prompt is a malformed request, not a long one.
+            reason: if isl == 0 {
+                RejectReason::InvalidRequest
+            } else {
+                RejectReason::PromptTooLong
+            },
+            error,
+        })
+    })?;
     let request = RouteRequest {
         request_id,
         prompt,

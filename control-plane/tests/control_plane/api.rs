@@ -631,11 +631,51 @@ async fn prompts_beyond_the_context_are_refused_before_routing() {
         route(&svc.base, "chat", None, chat("short")).await.status(),
         200
     );
+    // As vLLM 0.32: an empty prompt has nothing to generate from, and one that fills the
+    // context leaves no room for a generated token.
+    for empty in [json!({"prompt": ""}), json!({"prompt": [""]})] {
+        let refused = route(&svc.base, "completions", None, empty.to_string()).await;
+        assert_eq!(refused.status(), 400, "{empty}");
+        assert_eq!(
+            refused
+                .headers()
+                .get(REJECT_HEADER)
+                .and_then(|v| v.to_str().ok()),
+            Some("invalid_request"),
+            "{empty}"
+        );
+        let body: serde_json::Value = refused.json().await.unwrap();
+        assert!(
+            body["error"]["message"].as_str().unwrap().contains("empty"),
+            "{body}"
+        );
+    }
+    let full: Vec<u32> = (1..=64).collect();
+    let filled = route(
+        &svc.base,
+        "completions",
+        None,
+        json!({"prompt": full}).to_string(),
+    )
+    .await;
+    assert_eq!(filled.status(), 400);
+    let almost: Vec<u32> = (1..=63).collect();
+    assert_eq!(
+        route(
+            &svc.base,
+            "completions",
+            None,
+            json!({"prompt": almost}).to_string()
+        )
+        .await
+        .status(),
+        200
+    );
     let m = svc.metrics().await;
     assert_metric(
         &m,
         "switchyard_route_bad_requests_total{code=\"prompt_too_long\"}",
-        1.0,
+        2.0,
     );
     // Refused requests are not routed: nothing is predicted or tracked for them.
     let decisions: f64 = m
@@ -643,7 +683,10 @@ async fn prompts_beyond_the_context_are_refused_before_routing() {
         .filter(|l| l.starts_with("switchyard_route_decisions_total{"))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum();
-    assert_eq!(decisions, 1.0, "{m}");
+    assert_eq!(
+        decisions, 2.0,
+        "the short chat and the 63-token prompt: {m}"
+    );
     svc.stop().await;
 }
 

@@ -204,10 +204,19 @@ impl TrueIsh for Json {
     }
 }
 
-fn bool_field(body: &Map<String, Json>, field: &str, default: bool) -> Result<bool, TokenizeError> {
+/// A boolean field read as vLLM's pydantic models read it (`crate::openai::lax_bool_value`).
+pub(crate) fn bool_field(
+    body: &Map<String, Json>,
+    field: &str,
+    default: bool,
+) -> Result<bool, TokenizeError> {
     match body.get(field) {
         None | Some(Json::Null) => Ok(default),
-        Some(Json::Bool(b)) => Ok(*b),
-        Some(_) => Err(TokenizeError::invalid(field, "must be a boolean")),
+        Some(value) => crate::openai::lax_bool_value(value).ok_or_else(|| {
+            TokenizeError::invalid(
+                field,
+                "must be a boolean (true or false, 0 or 1, or a string such as \"yes\" or \"off\")",
+            )
+        }),
     }
 }

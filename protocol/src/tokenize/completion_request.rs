@@ -7,6 +7,7 @@
 
 use serde_json::Value as Json;
 
+use super::chat_request::bool_field;
 use super::error::TokenizeError;
 
 /// What a completions prompt asks to tokenize.
@@ -26,16 +27,7 @@ pub(crate) fn prepare_completion(body: &Json) -> Result<CompletionPrompt<'_>, To
     let body = body
         .as_object()
         .ok_or_else(|| TokenizeError::invalid("body", "must be a JSON object"))?;
-    let add_special_tokens = match body.get("add_special_tokens") {
-        None | Some(Json::Null) => true,
-        Some(Json::Bool(b)) => *b,
-        Some(_) => {
-            return Err(TokenizeError::invalid(
-                "add_special_tokens",
-                "must be a boolean",
-            ))
-        }
-    };
+    let add_special_tokens = bool_field(body, "add_special_tokens", true)?;
     let prompt = match body.get("prompt") {
         None | Some(Json::Null) => return Err(TokenizeError::invalid("prompt", "is required")),
         Some(prompt) => prompt,
@@ -150,8 +142,32 @@ mod tests {
             "prompt[1][0]"
         );
         assert_eq!(
-            field_of(json!({"prompt": "x", "add_special_tokens": "yes"})),
+            field_of(json!({"prompt": "x", "add_special_tokens": "maybe"})),
             "add_special_tokens"
         );
+        assert_eq!(
+            field_of(json!({"prompt": "x", "add_special_tokens": 2})),
+            "add_special_tokens"
+        );
+    }
+
+    #[test]
+    fn add_special_tokens_is_read_as_vllms_lax_booleans() {
+        for (given, read) in [
+            (json!("yes"), true),
+            (json!(0), false),
+            (json!("off"), false),
+            (json!("TRUE"), true),
+        ] {
+            let body = json!({"prompt": "x", "add_special_tokens": given});
+            assert_eq!(
+                prepare_completion(&body).unwrap(),
+                CompletionPrompt::Text {
+                    text: "x",
+                    add_special_tokens: read
+                },
+                "{given}"
+            );
+        }
     }
 }

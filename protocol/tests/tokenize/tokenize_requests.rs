@@ -96,7 +96,7 @@ fn bad_chat_bodies_name_the_field() {
         "tools[0].type"
     );
     assert_eq!(
-        chat(json!({"messages": [user], "add_generation_prompt": "yes"})),
+        chat(json!({"messages": [user], "add_generation_prompt": "maybe"})),
         "add_generation_prompt"
     );
     assert_eq!(
@@ -340,4 +340,35 @@ fn missing_model_files_are_server_side_errors() {
         "{err}"
     );
     assert!(!err.is_client_error());
+}
+
+/// Boolean fields read as vLLM's pydantic models read them: `0`/`1` and words such as
+/// `"yes"`/`"off"` mean what `true`/`false` mean.
+#[test]
+fn chat_booleans_take_vllms_lax_forms() {
+    let tok = qwen();
+    let user = json!({"role": "user", "content": "hi"});
+    let ids = |field: &str, value: Value| {
+        tok.tokenize_request(ApiKind::Chat, &json!({"messages": [user], field: value}))
+            .unwrap()
+    };
+    for (lax, strict) in [("yes", true), ("off", false), ("1", true), ("0", false)] {
+        assert_eq!(
+            ids("add_generation_prompt", json!(lax)),
+            ids("add_generation_prompt", json!(strict)),
+            "{lax}"
+        );
+    }
+    assert_eq!(
+        ids("add_generation_prompt", json!(0)),
+        ids("add_generation_prompt", json!(false))
+    );
+    assert_ne!(
+        ids("add_generation_prompt", json!("no")),
+        ids("add_generation_prompt", json!(true))
+    );
+    assert_eq!(
+        ids("continue_final_message", json!("false")),
+        ids("continue_final_message", json!(false))
+    );
 }
