@@ -122,6 +122,7 @@ fn with_state(state: ApiState) -> impl Filter<Extract = (ApiState,), Error = Inf
 pub fn route_api(
     state: ApiState,
 ) -> impl Filter<Extract = (Response,), Error = Infallible> + Clone {
+    let counted = unmatched(state.metrics.clone());
     let route = warp::path!("v1" / "route")
         .and(warp::post())
         .and(warp::header::headers_cloned())
@@ -170,7 +171,7 @@ pub fn route_api(
         .unify()
         .or(observability(state))
         .unify()
-        .recover(unmatched)
+        .recover(counted)
         .unify()
 }
 
@@ -180,6 +181,7 @@ pub fn route_api(
 pub fn admin_api(
     state: ApiState,
 ) -> impl Filter<Extract = (Response,), Error = Infallible> + Clone {
+    let counted = unmatched(state.metrics.clone());
     let workers = warp::path!("v1" / "workers")
         .and(warp::get())
         .and(warp::header::headers_cloned())
@@ -226,7 +228,7 @@ pub fn admin_api(
         .unify()
         .or(observability(state))
         .unify()
-        .recover(unmatched)
+        .recover(counted)
         .unify()
 }
 
@@ -250,23 +252,34 @@ fn observability(
     metrics.or(health).unify().or(ready).unify()
 }
 
-async fn unmatched(rejection: warp::Rejection) -> Result<Response, Infallible> {
-    let reply = if rejection.is_not_found() {
-        error_reply(StatusCode::NOT_FOUND, "not_found", "no such endpoint")
-    } else if rejection.find::<warp::reject::MethodNotAllowed>().is_some() {
-        error_reply(
-            StatusCode::METHOD_NOT_ALLOWED,
-            "method_not_allowed",
-            "method not allowed on this endpoint",
-        )
-    } else {
-        error_reply(
-            StatusCode::BAD_REQUEST,
-            "bad_request",
-            format!("{rejection:?}"),
-        )
-    };
-    Ok(reply)
+/// Answers a request no endpoint took (unknown path, wrong method, a header or body warp
+/// could not read), counted like every other refused request.
+fn unmatched(
+    metrics: Metrics,
+) -> impl Fn(warp::Rejection) -> std::future::Ready<Result<Response, Infallible>> + Clone {
+    move |rejection: warp::Rejection| {
+        let (status, code, message) = if rejection.is_not_found() {
+            (
+                StatusCode::NOT_FOUND,
+                "not_found",
+                "no such endpoint".to_owned(),
+            )
+        } else if rejection.find::<warp::reject::MethodNotAllowed>().is_some() {
+            (
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                "method not allowed on this endpoint".to_owned(),
+            )
+        } else {
+            (
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+                format!("{rejection:?}"),
+            )
+        };
+        metrics.bad_request(code);
+        std::future::ready(Ok(error_reply(status, code, message)))
+    }
 }
 
 /// The body length a request declares (`content-length`), 0 when absent or unreadable.

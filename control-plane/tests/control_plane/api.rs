@@ -733,6 +733,24 @@ async fn the_status_pages_what_if_module_is_served_without_the_token_or_said_una
         assert_eq!(resp.status(), 404, "{base} {name}");
         assert_eq!(resp.json::<ApiError>().await.unwrap().code, "not_found");
     }
+    // Unknown paths and wrong methods are counted like every refused request.
+    let wrong_method = http
+        .get(format!("{}/v1/route", svc.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(wrong_method.status(), 405);
+    let m = svc.metrics().await;
+    assert_metric(
+        &m,
+        "switchyard_route_bad_requests_total{code=\"not_found\"}",
+        3.0,
+    );
+    assert_metric(
+        &m,
+        "switchyard_route_bad_requests_total{code=\"method_not_allowed\"}",
+        1.0,
+    );
     // A file gone: unavailable, counted, and the answer names no server path.
     std::fs::remove_file(dir.path().join("switchyard_whatif_bg.wasm")).unwrap();
     let resp = get(&svc.admin_base, "switchyard_whatif_bg.wasm")
