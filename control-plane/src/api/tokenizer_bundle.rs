@@ -71,15 +71,21 @@ pub async fn handle(headers: HeaderMap, state: ApiState) -> Response {
             files,
         })
         .into_response(),
-        Ok(Err(e)) => error_reply(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "tokenizer",
-            e.to_string(),
-        ),
-        Err(join) => error_reply(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "tokenizer",
-            format!("reading the model folder failed: {join}"),
-        ),
+        Ok(Err(e)) => {
+            state.metrics.bad_request("tokenizer");
+            error_reply(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "tokenizer",
+                e.to_string(),
+            )
+        }
+        Err(join) => {
+            state.metrics.bad_request("tokenizer");
+            error_reply(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "tokenizer",
+                format!("reading the model folder failed: {join}"),
+            )
+        }
     }
 }

@@ -36,6 +36,7 @@ pub fn is_complete(dir: &Path) -> bool {
 /// `GET /whatif/<name>`.
 pub async fn file(name: String, state: ApiState) -> Response {
     let Some((name, content_type)) = FILES.iter().find(|(known, _)| *known == name) else {
+        state.metrics.bad_request("not_found");
         return error_reply(StatusCode::NOT_FOUND, "not_found", "no such endpoint");
     };
     let unavailable = |why: String| {
