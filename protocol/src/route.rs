@@ -412,6 +412,21 @@ pub struct ApiError {
 mod tests {
     use super::*;
 
+    /// The reasons table users read (`docs/policies.md`, "Reasons") lists every reason a
+    /// verdict can carry.
+    #[test]
+    fn the_policies_doc_lists_every_reason() {
+        let doc = include_str!("../../docs/policies.md");
+        let table = &doc[doc.find("## Reasons").expect("a Reasons section")..];
+        for r in Reason::ALL {
+            assert!(
+                table.contains(&format!("| `{}` |", r.as_str())),
+                "docs/policies.md's Reasons table does not list {}",
+                r.as_str()
+            );
+        }
+    }
+
     #[test]
     fn reasons_round_trip_and_name_their_mode() {
         for r in Reason::ALL {

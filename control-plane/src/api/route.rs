@@ -86,7 +86,7 @@ impl RouteFailure {
         }
     }
 
-    /// HTTP status and stable error code (the `switchyard_route_errors_total` label).
+    /// HTTP status and stable error code (the `switchyard_route_bad_requests_total` label).
     pub fn status_and_code(&self) -> (StatusCode, &'static str) {
         match self {
             RouteFailure::UnknownApi(_) => (StatusCode::BAD_REQUEST, "unknown_api"),
