@@ -179,6 +179,22 @@ pub fn generation_params(
     })
 }
 
+/// How many prompts a body carries: a completions body's `prompt` may be a batch (an array
+/// of strings, or of token-id arrays), each prompt generating `n` sequences of its own; a chat
+/// body, a single completions prompt (a string, or one array of token ids) or anything
+/// malformed counts as one. The route treats `n` times this as the request's sequences, and
+/// a KV handoff carries one, so a batch is never disaggregated.
+pub fn prompt_count(api: ApiKind, body: &Map<String, Value>) -> u32 {
+    match (api, body.get("prompt")) {
+        (ApiKind::Completions, Some(Value::Array(items)))
+            if matches!(items.first(), Some(Value::String(_) | Value::Array(_))) =>
+        {
+            u32::try_from(items.len()).unwrap_or(u32::MAX)
+        }
+        _ => 1,
+    }
+}
+
 /// Checks that a prompt of `prompt_tokens` can be served: not empty, and leaving room in the
 /// model's context for at least one generated token (vLLM 0.32 refuses an empty prompt and
 /// one of `max_model_len` tokens or more; a larger `max_tokens` it clamps to what is left).
@@ -302,6 +318,26 @@ mod tests {
 
     fn chat(body: Value) -> Result<GenerationParams, InvalidRequest> {
         params(ApiKind::Chat, body)
+    }
+
+    #[test]
+    fn a_completions_batch_counts_its_prompts() {
+        let count = |api, body: Value| prompt_count(api, body.as_object().unwrap());
+        assert_eq!(
+            count(ApiKind::Completions, json!({"prompt": ["a", "b", "c"]})),
+            3
+        );
+        assert_eq!(
+            count(ApiKind::Completions, json!({"prompt": [[1, 2], [3]]})),
+            2
+        );
+        assert_eq!(
+            count(ApiKind::Completions, json!({"prompt": [1, 2, 3]})),
+            1,
+            "one prompt of ids"
+        );
+        assert_eq!(count(ApiKind::Completions, json!({"prompt": "a"})), 1);
+        assert_eq!(count(ApiKind::Chat, json!({"prompt": ["a", "b"]})), 1);
     }
 
     #[test]

@@ -22,7 +22,7 @@ use warp::reply::Response;
 use warp::Reply;
 
 use switchyard_protocol::openai::{
-    check_prompt_length, generation_params, InvalidRequest, CLIENT_STEERING_KEYS,
+    check_prompt_length, generation_params, prompt_count, InvalidRequest, CLIENT_STEERING_KEYS,
 };
 use switchyard_protocol::route::{
     is_usable_request_id, ApiKind, RejectReason, API_HEADER, MAX_REQUEST_ID_LEN, REJECT_HEADER,
@@ -323,6 +323,8 @@ where
             error,
         })
     })?;
+    // Every sequence the request generates: `n` for each prompt of a completions batch.
+    let choices = params.n.saturating_mul(prompt_count(api, object));
     let prompt = match hashed {
         None => RoutePrompt::Tokens(
             tokenize(state, &model, api, json, bytes.len())
@@ -350,7 +352,7 @@ where
     let request = RouteRequest {
         request_id,
         prompt,
-        choices: params.n,
+        choices,
         model: model.name.clone(),
     };
     match state.service.route(request).await {

@@ -311,3 +311,32 @@ async fn a_gap_in_kv_batches_asks_the_worker_for_a_resync() {
     .await;
     svc.stop().await;
 }
+
+/// A completions batch generates a sequence per prompt, and a KV handoff carries one: a cold
+/// long prompt that is disaggregated alone is bypassed in a batch of two, like `n: 2`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_completions_batch_is_never_disaggregated() {
+    let (_server, svc, nats) = service_with_nats(Settings::for_tests()).await;
+    register_worker(&svc, &nats, "decode-0", WorkerRole::Decode, 9001).await;
+    register_worker(&svc, &nats, "prefill-0", WorkerRole::Prefill, 9100).await;
+    let long = prose("batch", 2_400);
+    let verdict = |body: Value| {
+        let base = svc.base.clone();
+        async move {
+            let resp = route(&base, "completions", None, body.to_string()).await;
+            assert_eq!(resp.status(), 200);
+            resp.json::<Verdict>().await.unwrap()
+        }
+    };
+    let alone = verdict(json!({"model": "qwen3", "prompt": long})).await;
+    assert_eq!(alone.mode, RouteMode::Disagg, "{alone:?}");
+    for batch in [
+        json!({"model": "qwen3", "prompt": [long, "a second prompt"]}),
+        json!({"model": "qwen3", "prompt": [[1, 2, 3], [4, 5, 6]]}),
+    ] {
+        let v = verdict(batch).await;
+        assert_eq!(v.mode, RouteMode::Bypass, "{v:?}");
+        assert_eq!(v.reason, Reason::BypassMultipleChoices, "{v:?}");
+    }
+    svc.stop().await;
+}
