@@ -137,7 +137,11 @@ struct Active {
 #[derive(Debug, Default)]
 pub struct LoadTracker {
     workers: Vec<Option<WorkerState>>,
-    requests: HashMap<String, Active>,
+    /// Tracked requests by id, oldest first. Almost always one per id; a client may send
+    /// several requests under one `x-request-id` at once, and each holds its own load.
+    requests: HashMap<String, Vec<Active>>,
+    /// How many requests `requests` holds in all.
+    tracked: usize,
     /// (routed at, ticket, request id), in routing order, for expiry.
     order: VecDeque<(u64, u64, String)>,
     /// Same, for prefill expiry (entries leave when prefill is done or expired).
@@ -191,17 +195,18 @@ impl LoadTracker {
 
     /// Forgets `slot`; requests routed to it stop counting anywhere.
     pub fn remove_worker(&mut self, slot: WorkerSlot) {
-        let gone: Vec<String> = self
+        let gone: Vec<(String, u64)> = self
             .requests
             .iter()
+            .flat_map(|(id, actives)| actives.iter().map(move |a| (id, a)))
             .filter(|(_, a)| {
                 a.load.decode.slot == slot
                     || a.load.prefill.as_ref().is_some_and(|p| p.slot == slot)
             })
-            .map(|(id, _)| id.clone())
+            .map(|(id, a)| (id.clone(), a.ticket))
             .collect();
-        for id in gone {
-            self.on_done(&id);
+        for (id, ticket) in gone {
+            self.done_ticket(&id, ticket);
         }
         if let Some(w) = self.workers.get_mut(usize::from(slot.0)) {
             *w = None;
@@ -212,9 +217,10 @@ impl LoadTracker {
         self.workers.get_mut(usize::from(slot.0))?.as_mut()
     }
 
-    /// Records a routing decision. A request id routed again replaces its earlier load.
+    /// Records a routing decision. An id already tracked is another request under the same
+    /// id (clients choose `x-request-id`, and may reuse one): both hold their load, and each
+    /// lifecycle report of the id settles the oldest.
     pub fn on_route(&mut self, request_id: &str, load: RoutedLoad, now_ms: u64) {
-        self.on_done(request_id);
         self.next_ticket += 1;
         let ticket = self.next_ticket;
         let legs = [(false, Some(&load.decode)), (true, load.prefill.as_ref())];
@@ -232,32 +238,50 @@ impl LoadTracker {
             .push_back((now_ms, ticket, request_id.to_string()));
         self.prefill_order
             .push_back((now_ms, ticket, request_id.to_string()));
-        self.requests.insert(
-            request_id.to_string(),
-            Active {
+        self.tracked += 1;
+        self.requests
+            .entry(request_id.to_string())
+            .or_default()
+            .push(Active {
                 ticket,
                 load,
                 prefill_pending: true,
-            },
-        );
+            });
     }
 
-    /// The load a tracked request puts on its workers (its prefill leg included even after
-    /// `first_token`).
+    /// The load the latest tracked request of `request_id` puts on its workers (its prefill
+    /// leg included even after `first_token`).
     pub fn routed(&self, request_id: &str) -> Option<&RoutedLoad> {
-        self.requests.get(request_id).map(|a| &a.load)
+        self.requests.get(request_id)?.last().map(|a| &a.load)
     }
 
-    /// Prefill done: frees the request's prefill tokens and its prefill worker's blocks.
-    /// Unknown ids (expired, or routed by a previous process) are ignored.
+    /// Prefill done for the oldest request of `request_id` still prefilling: frees its
+    /// prefill tokens and its prefill worker's blocks. Unknown ids (expired, or routed by a
+    /// previous process) are ignored.
     pub fn on_first_token(&mut self, request_id: &str) {
-        let Some(active) = self.requests.get_mut(request_id) else {
+        let ticket = self
+            .requests
+            .get(request_id)
+            .and_then(|actives| actives.iter().find(|a| a.prefill_pending))
+            .map(|a| a.ticket);
+        if let Some(ticket) = ticket {
+            self.first_token_ticket(request_id, ticket);
+        }
+    }
+
+    /// Prefill done for the request of `request_id` routed as `ticket`.
+    fn first_token_ticket(&mut self, request_id: &str, ticket: u64) {
+        let Some(active) = self
+            .requests
+            .get_mut(request_id)
+            .and_then(|actives| actives.iter_mut().find(|a| a.ticket == ticket))
+        else {
             return;
         };
         if !std::mem::replace(&mut active.prefill_pending, false) {
             return;
         }
-        let (ticket, load) = (active.ticket, active.load.clone());
+        let load = active.load.clone();
         self.release_prefill(ticket, &load);
         if let Some(w) = self.worker_mut(load.decode.slot) {
             w.decoding += 1;
@@ -280,11 +304,32 @@ impl LoadTracker {
         }
     }
 
-    /// Request finished: frees everything it still holds. Unknown ids are ignored.
+    /// The oldest request of `request_id` finished: frees everything it still holds.
+    /// Unknown ids are ignored.
     pub fn on_done(&mut self, request_id: &str) {
-        let Some(active) = self.requests.remove(request_id) else {
+        let oldest = self
+            .requests
+            .get(request_id)
+            .and_then(|actives| actives.first())
+            .map(|a| a.ticket);
+        if let Some(ticket) = oldest {
+            self.done_ticket(request_id, ticket);
+        }
+    }
+
+    /// The request of `request_id` routed as `ticket` finished.
+    fn done_ticket(&mut self, request_id: &str, ticket: u64) {
+        let Some(actives) = self.requests.get_mut(request_id) else {
             return;
         };
+        let Some(i) = actives.iter().position(|a| a.ticket == ticket) else {
+            return;
+        };
+        let active = actives.remove(i);
+        if actives.is_empty() {
+            self.requests.remove(request_id);
+        }
+        self.tracked -= 1;
         if active.prefill_pending {
             self.release_prefill(active.ticket, &active.load);
         }
@@ -345,9 +390,7 @@ impl LoadTracker {
             }
             let (ticket, id) = (*ticket, id.clone());
             self.prefill_order.pop_front();
-            if self.requests.get(&id).is_some_and(|a| a.ticket == ticket) {
-                self.on_first_token(&id);
-            }
+            self.first_token_ticket(&id, ticket);
         }
         while let Some((at, ticket, id)) = self.order.front() {
             if now_ms.saturating_sub(*at) < cfg.request_timeout_ms {
@@ -355,9 +398,7 @@ impl LoadTracker {
             }
             let (ticket, id) = (*ticket, id.clone());
             self.order.pop_front();
-            if self.requests.get(&id).is_some_and(|a| a.ticket == ticket) {
-                self.on_done(&id);
-            }
+            self.done_ticket(&id, ticket);
         }
         while let Some((at, id)) = self.failed_open_order.front() {
             if now_ms.saturating_sub(*at) < FAILED_OPEN_MEMORY_MS {
@@ -375,14 +416,17 @@ impl LoadTracker {
         }
         // Done requests leave stale entries behind; drop them when they dominate, so the
         // queues stay proportional to the live requests.
-        let live = self.requests.len();
+        let live = self.active_requests();
         if self.order.len() > 2 * live + 1024 {
             let requests = &self.requests;
-            let alive =
-                |(_, t, id): &(u64, u64, String)| requests.get(id).is_some_and(|a| a.ticket == *t);
-            self.order.retain(alive);
+            let find = |id: &String, ticket: u64| {
+                requests
+                    .get(id)
+                    .and_then(|actives| actives.iter().find(|a| a.ticket == ticket))
+            };
+            self.order.retain(|(_, t, id)| find(id, *t).is_some());
             self.prefill_order
-                .retain(|e| alive(e) && requests.get(&e.2).is_some_and(|a| a.prefill_pending));
+                .retain(|(_, t, id)| find(id, *t).is_some_and(|a| a.prefill_pending));
         }
     }
 
@@ -425,6 +469,6 @@ impl LoadTracker {
 
     /// Requests currently tracked.
     pub fn active_requests(&self) -> usize {
-        self.requests.len()
+        self.tracked
     }
 }

@@ -168,17 +168,47 @@ fn lost_reports_expire() {
 }
 
 #[test]
-fn rerouting_an_id_replaces_it_and_stale_expiry_entries_do_not_free_the_new_one() {
+fn requests_sharing_an_id_each_hold_their_load_and_each_report_settles_the_oldest() {
     let cfg = TIMEOUTS;
     let mut t = tracker();
+    // Two requests under one client-chosen id, at once.
     t.on_route("a", bypass(0..4, 300), 0);
-    t.on_route("a", bypass(0..4, 50), 90);
+    t.on_route("a", bypass(20..24, 50), 90);
+    assert_eq!(t.active_requests(), 2);
+    assert_eq!(t.load(D).prefill_tokens, 350);
+    assert_eq!(t.load(D).in_flight, 2);
+    assert_eq!(t.load(D).active_blocks, 10, "4 blocks and a tail each");
+    assert_eq!(
+        t.routed("a").unwrap().decode.prefill_tokens,
+        50,
+        "the latest"
+    );
+    // The first token settles the oldest still prefilling, then the next.
+    t.on_first_token("a");
     assert_eq!(t.load(D).prefill_tokens, 50);
-    assert_eq!(t.load(D).in_flight, 1);
-    t.expire(120, &cfg); // the first routing's entry is stale
-    assert_eq!(t.load(D).prefill_tokens, 50);
-    t.expire(190, &cfg);
+    t.on_first_token("a");
     assert_eq!(t.load(D).prefill_tokens, 0);
+    assert_eq!(t.load(D).decoding, 2);
+    // Each done frees one.
+    t.on_done("a");
+    assert_eq!((t.active_requests(), t.load(D).in_flight), (1, 1));
+    assert_eq!(t.load(D).active_blocks, 5);
+    t.on_done("a");
+    assert_eq!(t.active_requests(), 0);
+    assert_eq!(t.load(D), tracker().load(D));
+    // Expiry frees the one it is due for, not a newer one of the same id.
+    t.on_route("b", bypass(0..4, 300), 1_000);
+    t.on_route("b", bypass(0..4, 50), 1_090);
+    t.expire(1_120, &cfg); // the first routing's prefill is overdue
+    assert_eq!(t.load(D).prefill_tokens, 50);
+    t.expire(1_190, &cfg);
+    assert_eq!(t.load(D).prefill_tokens, 0);
+    assert_eq!(t.active_requests(), 2);
+    t.expire(2_000, &cfg);
+    assert_eq!(t.active_requests(), 1);
+    t.expire(2_090, &cfg);
+    assert_eq!(t.active_requests(), 0);
+    assert_eq!(t.load(D), tracker().load(D));
 }
 
 #[test]
