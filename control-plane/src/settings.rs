@@ -148,8 +148,10 @@ pub struct Settings {
           value_parser = clap::value_parser!(u32).range(1..=256))]
     pub route_tokenize_threads: u32,
 
-    /// Largest accepted `POST /v1/route` body in bytes (larger ones get 413).
-    #[arg(long, env = "SWITCHYARD_MAX_ROUTE_BODY_BYTES", default_value_t = DEFAULT_MAX_ROUTE_BODY_BYTES)]
+    /// Largest accepted `POST /v1/route` body in bytes (larger ones get 413); at least 1 KiB,
+    /// so that no ordinary request is refused (and failed open) by a mistyped limit.
+    #[arg(long, env = "SWITCHYARD_MAX_ROUTE_BODY_BYTES", default_value_t = DEFAULT_MAX_ROUTE_BODY_BYTES,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1024..))]
     pub max_route_body_bytes: usize,
 
     /// Seconds in-flight HTTP requests get to finish after SIGTERM / Ctrl-C.
@@ -280,6 +282,8 @@ mod tests {
         assert!(err.to_string().contains("--heartbeat-misses"), "{err}");
         let err = Settings::try_parse_from(["x", "--listen", "not-an-addr"]).unwrap_err();
         assert!(err.to_string().contains("--listen"), "{err}");
+        let err = Settings::try_parse_from(["x", "--max-route-body-bytes", "0"]).unwrap_err();
+        assert!(err.to_string().contains("--max-route-body-bytes"), "{err}");
         let err = Settings::try_parse_from(["x", "--replica-id", "cp.0"]).unwrap_err();
         assert!(err.to_string().contains("--replica-id"), "{err}");
         let s = Settings::try_parse_from(["x", "--replica-id", "cp-0"]).unwrap();

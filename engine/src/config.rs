@@ -114,6 +114,10 @@ impl EngineConfig {
         if !(t.link_gb_per_s > 0.0 && t.efficiency > 0.0 && t.senders > 0 && t.setup_ms >= 0.0) {
             return bad("transfer: link_gb_per_s, efficiency and senders must be positive");
         }
+        // A share of the link: more than all of it would model a faster link than exists.
+        if t.efficiency > 1.0 {
+            return bad("transfer: efficiency is a share of the link, at most 1");
+        }
         Ok(())
     }
 }

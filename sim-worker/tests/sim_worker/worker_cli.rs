@@ -29,8 +29,12 @@ fn exit_code(args: &[&str]) -> (i32, String) {
 
 #[test]
 fn bad_flags_exit_64_with_a_clear_message() {
-    let cases: [(&[&str], &str); 13] = [
+    let cases: [(&[&str], &str); 14] = [
         (&[], "--worker"),
+        (
+            &["--worker", "agg:w@127.0.0.1:0", "--kv-link-efficiency", "5"],
+            "at most 1",
+        ),
         (&["--worker", "agg:w@localhost:1"], "IP address"),
         (
             &[
