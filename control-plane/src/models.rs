@@ -65,8 +65,10 @@ impl std::fmt::Debug for ServedModel {
 /// Why a route request names no model this gateway serves.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ModelRefusal {
-    /// A name (or a non-string `model`) no declared model has: 404 `model_not_found`.
+    /// A name no declared model has: 404 `model_not_found`.
     Unknown(String),
+    /// `model` is not a string (vLLM's request models refuse it: 400), whatever is served.
+    NotAString,
     /// No `model`, and several models are declared: 400.
     Missing,
 }
@@ -126,6 +128,12 @@ impl Models {
     /// # Errors
     /// [`ModelRefusal`] when it names none this gateway serves.
     pub fn resolve(&self, body: &Map<String, Value>) -> Result<Arc<ServedModel>, ModelRefusal> {
+        if body
+            .get("model")
+            .is_some_and(|m| !m.is_null() && !m.is_string())
+        {
+            return Err(ModelRefusal::NotAString);
+        }
         let declared = self.read();
         if declared.is_empty() {
             return Ok(Arc::clone(&self.default));
@@ -141,7 +149,7 @@ impl Models {
                 .get(name)
                 .map(Arc::clone)
                 .ok_or_else(|| ModelRefusal::Unknown(name.clone())),
-            Some(other) => Err(ModelRefusal::Unknown(other.to_string())),
+            Some(_) => Err(ModelRefusal::NotAString),
         }
     }
 
@@ -246,11 +254,20 @@ mod tests {
     #[test]
     fn without_declared_models_every_request_is_the_default_model() {
         let models = Models::single("/m".into(), Arc::new(Fixed(1)), None);
-        for b in [json!({}), json!({"model": "anything"}), json!({"model": 3})] {
+        for b in [
+            json!({}),
+            json!({"model": "anything"}),
+            json!({"model": null}),
+        ] {
             let m = models.resolve(&body(b)).unwrap();
             assert_eq!(name(&m), None);
             assert_eq!(m.max_model_len, 1_001);
         }
+        // Not a name at all: the engine would refuse it, so the gateway does.
+        assert_eq!(
+            models.resolve(&body(json!({"model": 3}))).unwrap_err(),
+            ModelRefusal::NotAString
+        );
         assert!(models.names().is_empty());
     }
 
@@ -274,7 +291,7 @@ mod tests {
         );
         assert_eq!(
             models.resolve(&body(json!({"model": ["a"]}))).unwrap_err(),
-            ModelRefusal::Unknown("[\"a\"]".into())
+            ModelRefusal::NotAString
         );
         assert_eq!(
             models.resolve(&body(json!({}))).unwrap_err(),
@@ -287,6 +304,13 @@ mod tests {
             Some("a"),
             "the only model"
         );
+        // A type error whatever is served, as vLLM's request models have it.
+        let single = Models::single("/m".into(), Arc::new(Fixed(1)), None);
+        assert_eq!(
+            single.resolve(&body(json!({"model": 5}))).unwrap_err(),
+            ModelRefusal::NotAString
+        );
+        assert!(single.resolve(&body(json!({"model": "anything"}))).is_ok());
     }
 
     #[test]

@@ -311,6 +311,7 @@ where
     let model = state.models.resolve(object).map_err(|refusal| {
         fail(match refusal {
             ModelRefusal::Unknown(name) => RouteFailure::UnknownModel(name),
+            ModelRefusal::NotAString => RouteFailure::invalid("model", "must be a string"),
             ModelRefusal::Missing => {
                 RouteFailure::invalid("model", "required: this gateway serves several models")
             }

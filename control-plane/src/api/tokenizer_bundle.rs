@@ -40,6 +40,11 @@ pub async fn handle(headers: HeaderMap, state: ApiState) -> Response {
                     StatusCode::NOT_FOUND,
                 )
                 .into_response(),
+                ModelRefusal::NotAString => error_reply(
+                    StatusCode::BAD_REQUEST,
+                    "unknown_model",
+                    format!("{MODEL_HEADER} must name a model"),
+                ),
                 ModelRefusal::Missing => error_reply(
                     StatusCode::BAD_REQUEST,
                     "unknown_model",
