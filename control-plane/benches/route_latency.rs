@@ -163,8 +163,14 @@ where
     runtime.spawn(call).await.expect("a client call")
 }
 
-async fn timed_route(base: &str, body: &Value) -> (f64, Verdict) {
-    let text = body.to_string();
+/// Posts `text` to the route API on [`on_client`]'s runtime; the response and how long it
+/// took to read, body included, with `read` (the status checked first against `status`).
+async fn timed_post<T: Send + 'static>(
+    base: &str,
+    text: String,
+    status: u16,
+    read: impl FnOnce(bytes::Bytes) -> T + Send + 'static,
+) -> (f64, T) {
     let url = format!("{base}/v1/route");
     on_client(async move {
         let start = tokio::time::Instant::now();
@@ -175,9 +181,16 @@ async fn timed_route(base: &str, body: &Value) -> (f64, Verdict) {
             .send()
             .await
             .expect("route call");
-        assert_eq!(resp.status(), 200);
-        let verdict: Verdict = resp.json().await.unwrap();
-        (start.elapsed().as_secs_f64() * 1e3, verdict)
+        assert_eq!(resp.status(), status);
+        let body = resp.bytes().await.expect("the answer's body");
+        (start.elapsed().as_secs_f64() * 1e3, read(body))
+    })
+    .await
+}
+
+async fn timed_route(base: &str, body: &Value) -> (f64, Verdict) {
+    timed_post(base, body.to_string(), 200, |bytes| {
+        serde_json::from_slice::<Verdict>(&bytes).expect("a verdict")
     })
     .await
 }
@@ -185,22 +198,7 @@ async fn timed_route(base: &str, body: &Value) -> (f64, Verdict) {
 /// Posts `body` with one byte put in front, so the service reads it whole and refuses it at
 /// the JSON parser's first byte: the HTTP floor of a route call of that size.
 async fn timed_refusal(base: &str, body: &Value) -> f64 {
-    let text = format!("x{body}");
-    let url = format!("{base}/v1/route");
-    on_client(async move {
-        let start = tokio::time::Instant::now();
-        let resp = client()
-            .post(url)
-            .header(switchyard_protocol::route::API_HEADER, "chat")
-            .body(text)
-            .send()
-            .await
-            .expect("route call");
-        assert_eq!(resp.status(), 400, "a body that is not JSON is refused");
-        resp.bytes().await.expect("the refusal's body");
-        start.elapsed().as_secs_f64() * 1e3
-    })
-    .await
+    timed_post(base, format!("x{body}"), 400, |_| ()).await.0
 }
 
 fn count(var: &str, default: usize) -> usize {

@@ -82,6 +82,20 @@ async fn start_engine(state: Arc<Mutex<Engine>>) -> std::net::SocketAddr {
     addr
 }
 
+/// A pool file in `dir` declaring the stand-in at `engine` as TensorRT-LLM worker `trt-0`.
+fn trtllm_pool_file(dir: &TempDir, engine: std::net::SocketAddr) -> std::path::PathBuf {
+    let pool_file = dir.path().join("pools.yaml");
+    std::fs::write(
+        &pool_file,
+        format!(
+            "health: {{ interval_ms: 100, timeout_ms: 500 }}\nmetrics: {{ interval_ms: 100 }}\nmodels:\n  - name: qwen3\n    model_dir: {}\n    block_size: {BLOCK}\n    workers:\n      - {{ id: trt-0, role: agg, address: \"{engine}\", engine: trtllm }}\n",
+            model_dir().display()
+        ),
+    )
+    .unwrap();
+    pool_file
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_trtllm_workers_polled_events_make_its_blocks_cached_and_the_verdict_names_it() {
     let body = json!({"model": "qwen3", "messages": [
@@ -101,15 +115,7 @@ async fn a_trtllm_workers_polled_events_make_its_blocks_cached_and_the_verdict_n
     let engine = start_engine(Arc::clone(&state)).await;
 
     let dir = TempDir::new("declared-trtllm").unwrap();
-    let pool_file = dir.path().join("pools.yaml");
-    std::fs::write(
-        &pool_file,
-        format!(
-            "health: {{ interval_ms: 100, timeout_ms: 500 }}\nmetrics: {{ interval_ms: 100 }}\nmodels:\n  - name: qwen3\n    model_dir: {}\n    block_size: {BLOCK}\n    workers:\n      - {{ id: trt-0, role: agg, address: \"{engine}\", engine: trtllm }}\n",
-            model_dir().display()
-        ),
-    )
-    .unwrap();
+    let pool_file = trtllm_pool_file(&dir, engine);
     let mut settings = Settings::for_tests();
     settings.pool_file = Some(pool_file);
     let nats = format!("nats://127.0.0.1:{}", free_port());
@@ -246,15 +252,7 @@ async fn a_heartbeat_under_a_declared_workers_id_is_refused_and_counted() {
     let state = Arc::new(Mutex::new(Engine::default()));
     let engine = start_engine(Arc::clone(&state)).await;
     let dir = TempDir::new("declared-clash").unwrap();
-    let pool_file = dir.path().join("pools.yaml");
-    std::fs::write(
-        &pool_file,
-        format!(
-            "health: {{ interval_ms: 100, timeout_ms: 500 }}\nmetrics: {{ interval_ms: 100 }}\nmodels:\n  - name: qwen3\n    model_dir: {}\n    block_size: {BLOCK}\n    workers:\n      - {{ id: trt-0, role: agg, address: \"{engine}\", engine: trtllm }}\n",
-            model_dir().display()
-        ),
-    )
-    .unwrap();
+    let pool_file = trtllm_pool_file(&dir, engine);
     let mut settings = Settings::for_tests();
     settings.pool_file = Some(pool_file);
     let (_nats_server, svc, nats) = service_with_nats(settings).await;
