@@ -28,22 +28,22 @@ pub struct WorkloadArgs {
     #[arg(long)]
     pub agentic: bool,
     /// Agentic knobs as JSON (any subset of the fields in docs/loadgen.md); flags override.
-    #[arg(long, requires = "agentic")]
+    #[arg(long, requires = "agentic", conflicts_with = "trace")]
     pub agentic_config: Option<PathBuf>,
     /// Agentic sessions.
-    #[arg(long, requires = "agentic")]
+    #[arg(long, requires = "agentic", conflicts_with = "trace")]
     pub sessions: Option<u32>,
     /// Agentic main-agent turns per session.
-    #[arg(long, requires = "agentic")]
+    #[arg(long, requires = "agentic", conflicts_with = "trace")]
     pub turns: Option<u32>,
     /// Agentic session starts per second (modelled time).
-    #[arg(long, requires = "agentic")]
+    #[arg(long, requires = "agentic", conflicts_with = "trace")]
     pub session_rate: Option<f64>,
     /// Agentic think time between turns, `MIN,MAX` ms.
-    #[arg(long, requires = "agentic", value_parser = parse_range)]
+    #[arg(long, requires = "agentic", conflicts_with = "trace", value_parser = parse_range)]
     pub think_ms: Option<(u64, u64)>,
     /// Agentic: largest prompt, tokens.
-    #[arg(long, requires = "agentic")]
+    #[arg(long, requires = "agentic", conflicts_with = "trace")]
     pub max_isl: Option<u32>,
     /// Workload seed (prompt contents, agentic structure; a virtual router's tie-breaking).
     #[arg(long, default_value_t = 0)]
@@ -143,6 +143,18 @@ mod tests {
             "agentic knobs need --agentic"
         );
         assert!(parse(&["--agentic", "--trace", "t.jsonl"]).is_err());
+        // A trace has no agentic knobs: given beside one they are refused, not ignored.
+        for knob in [
+            &["--sessions", "3"][..],
+            &["--turns", "3"],
+            &["--session-rate", "2"],
+            &["--think-ms", "1,2"],
+            &["--max-isl", "5"],
+            &["--agentic-config", "a.json"],
+        ] {
+            let args: Vec<&str> = ["--trace", "t.jsonl"].iter().chain(knob).copied().collect();
+            assert!(parse(&args).is_err(), "{knob:?} beside --trace");
+        }
         assert!(parse(&["--agentic", "--think-ms", "10"]).is_err());
         let zero = parse(&["--agentic", "--session-rate", "0"]).unwrap();
         assert!(zero.agentic_config().is_err(), "validated");

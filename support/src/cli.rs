@@ -18,3 +18,73 @@ pub fn parse_args<C: clap::Parser>() -> Result<C, ExitCode> {
         }
     })
 }
+
+/// Longest duration a time flag takes, in seconds: a year, far past any run, and well within
+/// what `std::time::Duration` holds (converting a larger or infinite float panics).
+pub const MAX_SECONDS: f64 = 365.0 * 24.0 * 3600.0;
+
+/// A duration flag in seconds (clap value parser): a finite number from 0 to
+/// [`MAX_SECONDS`].
+///
+/// # Errors
+/// The message clap prints beside the flag.
+pub fn seconds(text: &str) -> Result<f64, String> {
+    let value: f64 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("{text:?} is not a number of seconds"))?;
+    if (0.0..=MAX_SECONDS).contains(&value) {
+        Ok(value)
+    } else {
+        Err(format!("{text} is not between 0 and {MAX_SECONDS} seconds"))
+    }
+}
+
+/// A duration flag in seconds above 0 (see [`seconds`]).
+///
+/// # Errors
+/// The message clap prints beside the flag.
+pub fn positive_seconds(text: &str) -> Result<f64, String> {
+    match seconds(text)? {
+        0.0 => Err("must be above 0 seconds".into()),
+        value => Ok(value),
+    }
+}
+
+/// A latency objective in milliseconds (clap value parser): finite and above 0.
+///
+/// # Errors
+/// The message clap prints beside the flag.
+pub fn objective_ms(text: &str) -> Result<f64, String> {
+    let value: f64 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("{text:?} is not a number of milliseconds"))?;
+    if value.is_finite() && value > 0.0 && value <= MAX_SECONDS * 1e3 {
+        Ok(value)
+    } else {
+        Err(format!("{text} is not a positive number of milliseconds"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn time_flags_take_finite_bounded_numbers_only() {
+        assert_eq!(seconds("0"), Ok(0.0));
+        assert_eq!(seconds("60.5"), Ok(60.5));
+        for bad in ["-1", "inf", "NaN", "1e300", "x", ""] {
+            assert!(seconds(bad).is_err(), "{bad}");
+        }
+        assert!(positive_seconds("0").is_err());
+        assert_eq!(positive_seconds("0.25"), Ok(0.25));
+        assert_eq!(objective_ms("2000"), Ok(2000.0));
+        for bad in ["0", "-5", "nan", "inf"] {
+            assert!(objective_ms(bad).is_err(), "{bad}");
+        }
+        // Every accepted value converts without panicking.
+        let _ = std::time::Duration::from_secs_f64(seconds(&MAX_SECONDS.to_string()).unwrap());
+    }
+}

@@ -28,6 +28,7 @@ use switchyard_loadgen::{ArrivalScale, Workload, WorkloadArgs};
 use switchyard_protocol::route::ApiKind;
 use switchyard_protocol::route::ServingMode;
 use switchyard_protocol::tokenize::{default_model_dir, ModelTokenizer};
+use switchyard_support::cli;
 
 #[derive(Parser)]
 #[command(
@@ -59,7 +60,7 @@ struct LoadgenWorkload {
     #[command(flatten)]
     workload: WorkloadArgs,
     /// Keep only the first N requests (by arrival).
-    #[arg(long)]
+    #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     max_requests: Option<usize>,
     /// Fail on any malformed trace line instead of skipping and reporting it.
     #[arg(long)]
@@ -91,22 +92,22 @@ struct RunArgs {
     #[arg(long, default_value_t = ArrivalScale::PLANNED)]
     arrival_scale: ArrivalScale,
     /// Requests in flight at most.
-    #[arg(long)]
+    #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     max_concurrency: Option<usize>,
     /// Send nothing after this many seconds.
-    #[arg(long)]
+    #[arg(long, value_parser = cli::positive_seconds)]
     max_duration_s: Option<f64>,
     /// Seconds in-flight requests get after --max-duration-s.
-    #[arg(long, default_value_t = 60.0)]
+    #[arg(long, default_value_t = 60.0, value_parser = cli::seconds)]
     drain_s: f64,
     /// Per-request limit in seconds.
-    #[arg(long)]
+    #[arg(long, value_parser = cli::positive_seconds)]
     request_timeout_s: Option<f64>,
     /// TTFT objective for goodput, ms.
-    #[arg(long)]
+    #[arg(long, value_parser = cli::objective_ms)]
     slo_ttft_ms: Option<f64>,
     /// ITL objective for goodput, ms.
-    #[arg(long)]
+    #[arg(long, value_parser = cli::objective_ms)]
     slo_itl_ms: Option<f64>,
     /// Prefill + decode GPUs behind the endpoint (or use --workers).
     #[arg(long, conflicts_with = "workers")]
@@ -155,17 +156,28 @@ enum Api {
     Completions,
 }
 
-fn main() -> Result<()> {
+fn main() -> std::process::ExitCode {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .init();
-    let cli = Cli::parse();
-    match cli.command {
+    // Bad flags exit 64, as every Switchyard binary's do.
+    let cli: Cli = match cli::parse_args() {
+        Ok(parsed) => parsed,
+        Err(code) => return code,
+    };
+    let result = match cli.command {
         Some(Command::Run(args)) => run(*args),
         None => run(cli.run),
         Some(Command::Plan(args)) => plan(&args),
         Some(Command::Compare(args)) => compare(&args),
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("Error: {e:?}");
+            std::process::ExitCode::FAILURE
+        }
     }
 }
 
@@ -230,7 +242,9 @@ fn run(args: RunArgs) -> Result<()> {
     let out = args.out.clone().context("--out DIR is required")?;
     let gpus = match (args.gpus, args.workers) {
         (Some(g), _) => g,
-        (None, Some(w)) => w * args.gpus_per_worker,
+        (None, Some(w)) => w
+            .checked_mul(args.gpus_per_worker)
+            .context("--workers × --gpus-per-worker is too large")?,
         (None, None) => {
             bail!("give --gpus N or --workers N (throughput per GPU needs the GPU count)")
         }

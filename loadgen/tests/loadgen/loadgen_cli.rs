@@ -228,3 +228,54 @@ async fn a_run_writes_records_and_reports_and_compare_plots_them() {
     let svg = std::fs::read_to_string(cmp.join("throughput_vs_interactivity.svg")).unwrap();
     assert!(svg.contains("<svg") && svg.contains("conditional"));
 }
+
+/// Numbers no run can use are refused with the flag named and exit 64, before anything is
+/// sent; none of them panics (an infinite or huge number of seconds is no `Duration`).
+#[tokio::test]
+async fn unusable_numbers_exit_64_naming_the_flag() {
+    let dir = Scratch::new("numbers");
+    let trace = dir.file("t.jsonl", ROWS);
+    let out = dir.0.join("out");
+    let (trace, out) = (trace.to_str().unwrap(), out.to_str().unwrap());
+    let base = [
+        "--endpoint",
+        "http://127.0.0.1:1",
+        "--trace",
+        trace,
+        "--out",
+        out,
+        "--workers",
+        "1",
+    ];
+    for (flag, value) in [
+        ("--drain-s", "inf"),
+        ("--drain-s", "-1"),
+        ("--request-timeout-s", "0"),
+        ("--max-duration-s", "1e300"),
+        ("--max-requests", "0"),
+        ("--max-concurrency", "0"),
+        ("--slo-ttft-ms", "nan"),
+        ("--slo-itl-ms", "-5"),
+    ] {
+        let given = format!("{flag}={value}");
+        let args: Vec<&str> = base.iter().copied().chain([given.as_str()]).collect();
+        let output = loadgen(&args).await;
+        let stderr = text(&output.stderr);
+        assert_eq!(output.status.code(), Some(64), "{flag} {value}: {stderr}");
+        assert!(stderr.contains(flag), "{flag} {value}: {stderr}");
+    }
+    let output = loadgen(&[
+        "--endpoint",
+        "http://127.0.0.1:1",
+        "--trace",
+        trace,
+        "--out",
+        out,
+        "--workers",
+        "2000000000",
+    ])
+    .await;
+    let stderr = text(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("too large"), "{stderr}");
+}

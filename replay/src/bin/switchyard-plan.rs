@@ -131,8 +131,11 @@ fn check(cli: &Cli) -> Result<Checked> {
             bail!("{name} must be a positive number of ms, got {value}");
         }
     }
-    if !(cli.max_minutes.is_finite() && cli.max_minutes > 0.0) {
-        bail!("--max-minutes must be positive, got {}", cli.max_minutes);
+    if !(cli.max_minutes > 0.0 && cli.max_minutes * 60.0 <= switchyard_support::cli::MAX_SECONDS) {
+        bail!(
+            "--max-minutes must be above 0 and at most a year, got {}",
+            cli.max_minutes
+        );
     }
     if cli.jobs == Some(0) {
         bail!("--jobs must be at least 1");

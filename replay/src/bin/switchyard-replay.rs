@@ -82,10 +82,10 @@ struct Cli {
     #[arg(long, default_value_t = 0.0)]
     goodput_tolerance: f64,
     /// TTFT objective for goodput, ms.
-    #[arg(long)]
+    #[arg(long, value_parser = switchyard_support::cli::objective_ms)]
     slo_ttft_ms: Option<f64>,
     /// ITL objective for goodput, ms.
-    #[arg(long)]
+    #[arg(long, value_parser = switchyard_support::cli::objective_ms)]
     slo_itl_ms: Option<f64>,
     /// Worker performance preset (gb200-fp8-tep4, gb200-fp8-dep4, gb200-nvfp4-dep4,
     /// h200-fp8-tep8).

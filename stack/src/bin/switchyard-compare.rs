@@ -65,10 +65,10 @@ struct Cli {
     #[arg(long, value_delimiter = ',', action = clap::ArgAction::Set, default_value = "1")]
     load_levels: Vec<LoadLevel>,
     /// TTFT objective for goodput, modelled ms.
-    #[arg(long)]
+    #[arg(long, value_parser = switchyard_support::cli::objective_ms)]
     slo_ttft_ms: Option<f64>,
     /// ITL objective for goodput, modelled ms.
-    #[arg(long)]
+    #[arg(long, value_parser = switchyard_support::cli::objective_ms)]
     slo_itl_ms: Option<f64>,
     /// Router config JSON for the control plane (`--conditional-disagg-config`).
     #[arg(long)]

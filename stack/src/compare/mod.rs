@@ -137,8 +137,10 @@ impl CompareConfig {
     /// [`CompareError::Plan`] for a plan the harness refuses, [`CompareError::InvalidSetting`]
     /// for the real stack's own limits out of range.
     pub fn validate(&self) -> Result<Vec<PlannedRun>, CompareError> {
+        // At most a year: a larger (or infinite) number of seconds is no `Duration`.
+        let max = switchyard_support::cli::MAX_SECONDS;
         let positive = |name: &str, x: f64| {
-            if x > 0.0 && x.is_finite() {
+            if x > 0.0 && x <= max {
                 Ok(())
             } else {
                 Err(CompareError::InvalidSetting(format!(
@@ -148,7 +150,7 @@ impl CompareConfig {
         };
         positive("--max-run-s", self.max_run_s)?;
         positive("--request-timeout-s", self.request_timeout_s)?;
-        if !(self.drain_s >= 0.0 && self.drain_s.is_finite()) {
+        if !(self.drain_s >= 0.0 && self.drain_s <= max) {
             return Err(CompareError::InvalidSetting(format!(
                 "--drain-s must be >= 0, got {}",
                 self.drain_s
@@ -279,6 +281,9 @@ mod tests {
             (|c| c.max_run_s = 0.0, "--max-run-s"),
             (|c| c.request_timeout_s = f64::NAN, "--request-timeout-s"),
             (|c| c.drain_s = -1.0, "--drain-s"),
+            // No `Duration` holds these: refused, not a panic after the stack started.
+            (|c| c.max_run_s = 1e300, "--max-run-s"),
+            (|c| c.drain_s = f64::INFINITY, "--drain-s"),
             (
                 |c| c.modes = vec![ServingMode::Agg, ServingMode::Agg],
                 "twice",
