@@ -101,6 +101,22 @@ impl Workload {
         (span_ms > 0.0).then(|| self.requests.len() as f64 / (span_ms / 1000.0))
     }
 
+    /// Measures arrivals from the earliest one: a trace whose timestamps are, say, Unix
+    /// milliseconds would otherwise wait decades before its first request. Only requests that
+    /// wait on none have an arrival time of their own; the rest follow their dependencies.
+    pub fn start_at_zero(&mut self) {
+        let origin = self
+            .requests
+            .iter()
+            .filter(|r| r.after.is_empty())
+            .map(|r| r.arrival_ms)
+            .min()
+            .unwrap_or(0);
+        for r in self.requests.iter_mut().filter(|r| r.after.is_empty()) {
+            r.arrival_ms -= origin;
+        }
+    }
+
     /// Keeps the first `n` requests (by arrival), dropping dependencies on removed ones.
     pub fn truncate(&mut self, n: usize) {
         self.requests.truncate(n);

@@ -71,7 +71,7 @@ pub fn load_trace_text(
         return Err(TraceError::ZeroBlockSize);
     }
     let form = form.unwrap_or_else(|| detect_form(text));
-    let (workload, malformed) = match form {
+    let (mut workload, malformed) = match form {
         TraceForm::Mooncake => {
             let parsed = parse_trace(text, block_tokens)?;
             (
@@ -84,6 +84,7 @@ pub fn load_trace_text(
             (plan_sessions(&parsed, content_seed), parsed.malformed)
         }
     };
+    workload.start_at_zero();
     Ok(LoadedTrace {
         form,
         workload,
@@ -136,5 +137,33 @@ mod tests {
             (TraceForm::Sessions, "sessions")
         );
         assert!(load_trace_text(session, None, 0, 0).is_err());
+    }
+
+    #[test]
+    fn arrivals_are_measured_from_the_earliest_row() {
+        // Unix-epoch milliseconds: the replay starts at once, not in 56 years.
+        let epoch = r#"{"timestamp": 1765000001000, "input_length": 3, "output_length": 1, "hash_ids": [1]}
+{"timestamp": 1765000000000, "input_length": 3, "output_length": 1, "hash_ids": [0]}"#;
+        let arrivals = |text: &str| -> Vec<u64> {
+            load_trace_text(text, None, 512, 0)
+                .unwrap()
+                .workload
+                .requests
+                .iter()
+                .map(|r| r.arrival_ms)
+                .collect()
+        };
+        assert_eq!(arrivals(epoch), [0, 1_000]);
+        let sessions = r#"{"session_id": "a", "timestamp": 1765000000500, "input_length": 3, "output_length": 1, "hash_ids": [0]}
+{"session_id": "b", "timestamp": 1765000000000, "input_length": 3, "output_length": 1, "hash_ids": [1]}
+{"session_id": "a", "delay": 200, "input_length": 3, "output_length": 1, "hash_ids": [0, 2]}"#;
+        let planned = load_trace_text(sessions, None, 512, 0).unwrap().workload;
+        let roots: Vec<u64> = planned
+            .requests
+            .iter()
+            .filter(|r| r.after.is_empty())
+            .map(|r| r.arrival_ms)
+            .collect();
+        assert_eq!(roots, [0, 500], "session starts keep their spacing");
     }
 }

@@ -123,7 +123,7 @@ const SESSIONS: &str = concat!(
 #[test]
 fn the_planner_refuses_bad_input_and_plans_a_session_trace() {
     let slo = ["--slo-ttft-ms", "2000", "--slo-itl-ms", "25"];
-    let cases: [(Vec<&str>, &str); 4] = [
+    let cases: [(Vec<&str>, &str); 5] = [
         (
             vec!["--slo-ttft-ms", "0", "--slo-itl-ms", "25", "--out", "x"],
             "--slo-ttft-ms must be a positive",
@@ -142,7 +142,11 @@ fn the_planner_refuses_bad_input_and_plans_a_session_trace() {
         ),
         (
             [&slo[..], &["--max-minutes", "0", "--out", "x"]].concat(),
-            "--max-minutes must be positive",
+            "--max-minutes must be above 0",
+        ),
+        (
+            [&slo[..], &["--max-minutes", "1e300", "--out", "x"]].concat(),
+            "at most a year",
         ),
     ];
     for (args, expected) in cases {
