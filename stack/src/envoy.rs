@@ -139,7 +139,8 @@ pub struct EnvoySettings {
     pub wasm_path: PathBuf,
     /// Route call timeout handed to the filter.
     pub route_timeout_ms: u64,
-    /// Largest request/response Envoy buffers per connection (bodies above get 413).
+    /// Largest request body the gateway takes: the filter's `max_body_bytes` (bodies above
+    /// get its JSON 413). Envoy buffers [`BUFFER_HEADROOM_BYTES`] more per connection.
     pub buffer_limit_bytes: u64,
     /// How often Envoy polls the control plane's EDS.
     pub eds_refresh: Duration,
@@ -150,10 +151,24 @@ pub struct EnvoySettings {
     pub plain_listen_port: Option<u16>,
 }
 
+/// What Envoy buffers per connection beyond the largest body the filter takes. A body
+/// uploaded chunked has no length to refuse up front: the filter counts it as it arrives, and
+/// Envoy must still have room when the count passes the filter's limit, or Envoy answers its
+/// own plain-text 413 first. One MiB is many reads' worth.
+pub const BUFFER_HEADROOM_BYTES: u64 = 1 << 20;
+
 impl EnvoySettings {
+    /// Envoy's `per_connection_buffer_limit_bytes`: the body limit plus
+    /// [`BUFFER_HEADROOM_BYTES`].
+    pub fn envoy_buffer_limit(&self) -> u64 {
+        self.buffer_limit_bytes
+            .saturating_add(BUFFER_HEADROOM_BYTES)
+    }
+
     /// The filter's JSON configuration: the clusters of the template, the route timeout, a
-    /// body limit equal to Envoy's buffer limit (so the filter answers 413 with a JSON error
-    /// before Envoy's plain-text one), then [`EnvoySettings::filter_overrides`].
+    /// body limit [`BUFFER_HEADROOM_BYTES`] below Envoy's buffer limit (so the filter answers
+    /// 413 with a JSON error before Envoy's plain-text one, chunked uploads included), then
+    /// [`EnvoySettings::filter_overrides`].
     pub fn filter_config(&self) -> String {
         self.filter_config_for_models(&[])
     }
@@ -218,13 +233,16 @@ pub fn render_bootstrap_for_models(
         )
         .replace("${WASM_PATH}", &wasm)
         .replace("${FILTER_CONFIG}", &filter_config)
-        .replace("${BUFFER_LIMIT}", &settings.buffer_limit_bytes.to_string())
+        .replace(
+            "${BUFFER_LIMIT}",
+            &settings.envoy_buffer_limit().to_string(),
+        )
         .replace(
             "${EDS_REFRESH}",
             &format!("{}s", refresh_ms as f64 / 1000.0),
         );
     let plain = match settings.plain_listen_port {
-        Some(port) => plain_listener(port, settings.buffer_limit_bytes),
+        Some(port) => plain_listener(port, settings.envoy_buffer_limit()),
         None => String::new(),
     };
     let rendered = rendered.replace(EXTRA_LISTENERS_MARKER, &plain).replace(
@@ -308,6 +326,15 @@ mod tests {
         assert!(yaml.contains("port_value: 8080"));
         assert!(yaml.contains("refresh_delay: 0.5s"));
         assert!(yaml.contains(r#"value: '{"control_plane_cluster":"switchyard_control_plane","prefill_cluster":"switchyard_prefill","route_timeout_ms":150,"max_body_bytes":16777216}'"#), "{yaml}");
+        // Envoy has room past the filter's limit, so a chunked upload meets the filter's 413.
+        assert!(
+            yaml.contains("per_connection_buffer_limit_bytes: 17825792"),
+            "{yaml}"
+        );
+        assert!(
+            !yaml.contains("per_connection_buffer_limit_bytes: 16777216"),
+            "{yaml}"
+        );
         assert!(!yaml.contains("switchyard_plain"));
         assert!(yaml.contains("filename: \"/tmp/switchyard_filter.wasm\""));
         assert!(yaml.contains("allow_on_headers_stop_iteration: true"));

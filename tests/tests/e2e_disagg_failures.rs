@@ -113,6 +113,8 @@ async fn bad_input_and_a_failing_prefill_pool_never_fail_a_request() {
         .await
         .expect("chunked oversized");
     assert_eq!(response.status().as_u16(), 413);
+    let error: Value = response.json().await.expect("the filter's JSON 413");
+    assert_eq!(error["error"]["code"], 413, "{error}");
     let after = envoy_stats(&http, &stack.admin_url()).await.expect("stats");
     assert_eq!(stat(&after, "rejected.not_json"), 1);
     assert_eq!(stat(&after, "rejected.not_an_object"), 1);

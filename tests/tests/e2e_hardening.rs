@@ -172,6 +172,14 @@ async fn attacks_and_bad_input_are_refused_and_cost_nothing() {
             response.headers().get("x-switchyard-worker").is_none(),
             "{method} {path}"
         );
+        // The gateway's own OpenAI-style 404, labelled as the JSON it is.
+        assert_eq!(
+            response.headers()["content-type"],
+            "application/json",
+            "{method} {path}"
+        );
+        let error: serde_json::Value = response.json().await.unwrap();
+        assert_eq!(error["error"]["code"], 404, "{method} {path}: {error}");
     }
     let models = get_text(&http, &format!("{gateway}/v1/models"))
         .await
