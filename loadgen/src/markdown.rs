@@ -120,9 +120,16 @@ pub fn run_markdown(r: &RunReport) -> String {
         "Routes (bypass share {}):\n",
         pct(r.routes.bypass_share)
     );
-    out.push_str("| route | requests |\n|---|---|\n");
-    for (k, v) in r.routes.modes.iter().chain(&r.routes.reasons) {
+    // Two tables: each request counts once by mode and once by reason.
+    out.push_str("| route mode | requests |\n|---|---|\n");
+    for (k, v) in &r.routes.modes {
         let _ = writeln!(out, "| {k} | {v} |");
+    }
+    if !r.routes.reasons.is_empty() {
+        out.push_str("\n| route reason | requests |\n|---|---|\n");
+        for (k, v) in &r.routes.reasons {
+            let _ = writeln!(out, "| {k} | {v} |");
+        }
     }
     if !r.workers.is_empty() {
         out.push_str("\n| worker | requests |\n|---|---|\n");

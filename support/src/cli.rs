@@ -71,6 +71,30 @@ pub fn objective_ms(text: &str) -> Result<f64, String> {
 mod tests {
     use super::*;
 
+    #[derive(Debug, thiserror::Error)]
+    #[error("cannot read trace t.jsonl: {source}")]
+    struct Read {
+        source: std::io::Error,
+    }
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("planning")]
+    struct Planning(#[source] Read);
+
+    #[test]
+    fn an_error_line_says_each_cause_once() {
+        let missing = || std::io::Error::from(std::io::ErrorKind::NotFound);
+        let read = Read { source: missing() };
+        assert_eq!(
+            error_line(&read),
+            format!("cannot read trace t.jsonl: {}", missing())
+        );
+        assert_eq!(
+            error_line(&Planning(Read { source: missing() })),
+            format!("planning: cannot read trace t.jsonl: {}", missing())
+        );
+    }
+
     #[test]
     fn time_flags_take_finite_bounded_numbers_only() {
         assert_eq!(seconds("0"), Ok(0.0));
@@ -87,4 +111,22 @@ mod tests {
         // Every accepted value converts without panicking.
         let _ = std::time::Duration::from_secs_f64(seconds(&MAX_SECONDS.to_string()).unwrap());
     }
+}
+
+/// An error and its causes on one line, `outer: cause: root`, leaving out a cause whose text
+/// the line already holds: many errors print their source in their own message, and an
+/// alternate-format chain would then say it twice (`No such file (os error 2): No such file
+/// (os error 2)`).
+pub fn error_line(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut line = error.to_string();
+    let mut cause = error.source();
+    while let Some(c) = cause {
+        let text = c.to_string();
+        if !line.contains(&text) {
+            line.push_str(": ");
+            line.push_str(&text);
+        }
+        cause = c.source();
+    }
+    line
 }

@@ -21,8 +21,11 @@ use switchyard_replay::{PromptSource, StackSpec, ThresholdGrid};
 use switchyard_router::config::ServingMode;
 use switchyard_support::cli::{parse_args, EXIT_USAGE};
 
+/// Plans a deployment in virtual time (simulated GB200 workers): on a GPU budget and two
+/// SLOs, sweeps agg, disagg at every prefill:decode split and conditional at every split and
+/// threshold pair, and recommends the one with the most goodput (docs/planner.md).
 #[derive(Parser)]
-#[command(name = "switchyard-plan", version, about)]
+#[command(name = "switchyard-plan", version)]
 struct Cli {
     /// Workload: `--trace PATH` (Mooncake or session trace; default: the conversation trace
     /// in data/) or `--agentic` with its knobs; `--seed` also seeds the router.
@@ -105,14 +108,20 @@ fn main() -> ExitCode {
     let checked = match check(&cli) {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("switchyard-plan: {e:#}");
+            eprintln!(
+                "switchyard-plan: {}",
+                switchyard_support::cli::error_line(e.as_ref())
+            );
             return ExitCode::from(EXIT_USAGE);
         }
     };
     match run(&cli, checked) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("switchyard-plan: {e:#}");
+            eprintln!(
+                "switchyard-plan: {}",
+                switchyard_support::cli::error_line(e.as_ref())
+            );
             ExitCode::FAILURE
         }
     }

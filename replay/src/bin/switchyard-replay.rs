@@ -67,19 +67,21 @@ struct Cli {
     /// Also sweep the isl_bounding thresholds in conditional mode.
     #[arg(long)]
     sweep: bool,
-    /// eff_isl_threshold values of the sweep.
+    /// eff_isl_threshold values of the sweep (with --sweep).
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "0,512,1024,2048,4096,8192,16384"
+        default_value = "0,512,1024,2048,4096,8192,16384",
+        requires = "sweep"
     )]
     sweep_thresholds: Vec<u32>,
-    /// eff_isl_ratio_threshold values of the sweep.
-    #[arg(long, value_delimiter = ',', default_value = "0.7")]
+    /// eff_isl_ratio_threshold values of the sweep (with --sweep).
+    #[arg(long, value_delimiter = ',', default_value = "0.7", requires = "sweep")]
     sweep_ratios: Vec<f64>,
     /// Sweep points within this share of the best goodput count as tied for the
-    /// recommendation, the lowest TTFT p90 among them winning (0: only equal goodput ties).
-    #[arg(long, default_value_t = 0.0)]
+    /// recommendation, the lowest TTFT p90 among them winning (0: only equal goodput ties;
+    /// with --sweep).
+    #[arg(long, default_value_t = 0.0, requires = "sweep")]
     goodput_tolerance: f64,
     /// TTFT objective for goodput, ms.
     #[arg(long, value_parser = switchyard_support::cli::objective_ms)]

@@ -13,7 +13,12 @@ fn replay(args: &[&str]) -> Output {
 
 #[test]
 fn bad_input_exits_64_with_a_clear_message() {
-    let cases: [(&[&str], &str); 6] = [
+    let cases: [(&[&str], &str); 9] = [
+        // A sweep's knobs without the sweep would be ignored: refused instead.
+        (&["--agentic", "--sweep-thresholds", "100"], "--sweep"),
+        // Objectives are positive numbers, named as the flag they came from.
+        (&["--agentic", "--slo-ttft-ms=-5"], "--slo-ttft-ms"),
+        (&["--agentic", "--slo-itl-ms", "nan"], "--slo-itl-ms"),
         (
             &["--modes", "agg,fast"],
             "invalid value 'fast' for '--modes",

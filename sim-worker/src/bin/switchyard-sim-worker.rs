@@ -358,7 +358,7 @@ fn main() -> ExitCode {
     match runtime.block_on(run(args, configs)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", switchyard_support::cli::error_line(e.as_ref()));
             ExitCode::FAILURE
         }
     }

@@ -73,6 +73,10 @@ fn parse_filter_setting(raw: &str) -> Result<(String, serde_json::Value), String
     if key.is_empty() {
         return Err(format!("empty key in {raw:?}"));
     }
+    // A key with a flag of its own: two places to set it would mean one silently losing.
+    if key == "route_timeout_ms" {
+        return Err("route_timeout_ms has its own flag: use --route-timeout-ms".into());
+    }
     let value = serde_json::from_str(value)
         .unwrap_or_else(|_| serde_json::Value::String(value.to_string()));
     Ok((key.to_string(), value))
@@ -210,5 +214,7 @@ mod tests {
         );
         assert!(parse_filter_setting("no-equals").is_err());
         assert!(parse_filter_setting("=1").is_err());
+        let own_flag = parse_filter_setting("route_timeout_ms=50").unwrap_err();
+        assert!(own_flag.contains("--route-timeout-ms"), "{own_flag}");
     }
 }
