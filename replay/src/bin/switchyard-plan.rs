@@ -149,6 +149,9 @@ fn check(cli: &Cli) -> Result<Checked> {
     if cli.jobs == Some(0) {
         bail!("--jobs must be at least 1");
     }
+    // Found now, not after a sweep of many minutes.
+    std::fs::create_dir_all(&cli.out)
+        .map_err(|e| anyhow::anyhow!("--out {}: {e}", cli.out.display()))?;
     let space = PlanSpace {
         workers: cli.workers,
         modes: cli.modes.clone(),

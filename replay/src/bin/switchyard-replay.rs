@@ -232,6 +232,10 @@ fn plan(cli: &Cli) -> Result<Plan> {
             bail!("--sweep needs thresholds and ratios in [0, 1]");
         }
     }
+    // Found now, not after the runs.
+    if let Some(out) = &cli.out {
+        std::fs::create_dir_all(out).with_context(|| format!("--out {}", out.display()))?;
+    }
     // The split every split mode gets, and the threshold sweep (conditional mode) too;
     // with a single worker only agg runs, and there is none.
     let prefill = worker_split(ServingMode::Conditional, cli.workers, comparison.prefill)

@@ -13,7 +13,12 @@ fn replay(args: &[&str]) -> Output {
 
 #[test]
 fn bad_input_exits_64_with_a_clear_message() {
-    let cases: [(&[&str], &str); 9] = [
+    let cases: [(&[&str], &str); 10] = [
+        // An --out that cannot be a folder is found before any run.
+        (
+            &["--agentic", "--out", "/dev/null/out"],
+            "--out /dev/null/out",
+        ),
         // A sweep's knobs without the sweep would be ignored: refused instead.
         (&["--agentic", "--sweep-thresholds", "100"], "--sweep"),
         // Objectives are positive numbers, named as the flag they came from.
