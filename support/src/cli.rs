@@ -67,6 +67,24 @@ pub fn objective_ms(text: &str) -> Result<f64, String> {
     }
 }
 
+/// An error and its causes on one line, `outer: cause: root`, leaving out a cause whose text
+/// the line already holds: many errors print their source in their own message, and an
+/// alternate-format chain would then say it twice (`No such file (os error 2): No such file
+/// (os error 2)`).
+pub fn error_line(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut line = error.to_string();
+    let mut cause = error.source();
+    while let Some(c) = cause {
+        let text = c.to_string();
+        if !line.contains(&text) {
+            line.push_str(": ");
+            line.push_str(&text);
+        }
+        cause = c.source();
+    }
+    line
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -111,22 +129,4 @@ mod tests {
         // Every accepted value converts without panicking.
         let _ = std::time::Duration::from_secs_f64(seconds(&MAX_SECONDS.to_string()).unwrap());
     }
-}
-
-/// An error and its causes on one line, `outer: cause: root`, leaving out a cause whose text
-/// the line already holds: many errors print their source in their own message, and an
-/// alternate-format chain would then say it twice (`No such file (os error 2): No such file
-/// (os error 2)`).
-pub fn error_line(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut line = error.to_string();
-    let mut cause = error.source();
-    while let Some(c) = cause {
-        let text = c.to_string();
-        if !line.contains(&text) {
-            line.push_str(": ");
-            line.push_str(&text);
-        }
-        cause = c.source();
-    }
-    line
 }

@@ -244,8 +244,6 @@ async fn unusable_numbers_exit_64_naming_the_flag() {
         trace,
         "--out",
         out,
-        "--workers",
-        "1",
     ];
     for (flag, value) in [
         ("--drain-s", "inf"),
@@ -258,23 +256,22 @@ async fn unusable_numbers_exit_64_naming_the_flag() {
         ("--slo-itl-ms", "-5"),
     ] {
         let given = format!("{flag}={value}");
-        let args: Vec<&str> = base.iter().copied().chain([given.as_str()]).collect();
+        let args: Vec<&str> = base
+            .iter()
+            .copied()
+            .chain(["--workers", "1", given.as_str()])
+            .collect();
         let output = loadgen(&args).await;
         let stderr = text(&output.stderr);
         assert_eq!(output.status.code(), Some(64), "{flag} {value}: {stderr}");
         assert!(stderr.contains(flag), "{flag} {value}: {stderr}");
     }
-    let output = loadgen(&[
-        "--endpoint",
-        "http://127.0.0.1:1",
-        "--trace",
-        trace,
-        "--out",
-        out,
-        "--workers",
-        "2000000000",
-    ])
-    .await;
+    let args: Vec<&str> = base
+        .iter()
+        .copied()
+        .chain(["--workers", "2000000000"])
+        .collect();
+    let output = loadgen(&args).await;
     let stderr = text(&output.stderr);
     assert_eq!(output.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("too large"), "{stderr}");
