@@ -190,14 +190,11 @@ impl Consumer {
                             self.metrics.worker_rejected("invalid");
                             tracing::warn!(worker = %worker, "heartbeat refused: invalid block size or too many workers");
                         }
-                        WorkerChange::Declared => {
-                            self.metrics.worker_rejected("declared");
-                            if self.warned.len() < MAX_WARNED_REFUSALS
-                                && self.warned.insert(worker.clone())
-                            {
-                                tracing::warn!(worker = %worker, "heartbeat refused: a worker of this id is declared in the pool file and keeps it; give the self-registering worker another id");
-                            }
-                        }
+                        WorkerChange::Declared => self.refused(
+                            &worker,
+                            "declared",
+                            "a worker of this id is declared in the pool file and keeps it; give the self-registering worker another id",
+                        ),
                     }
                     self.carry_out(outcome.resync).await;
                 }
@@ -244,14 +241,19 @@ impl Consumer {
                 Err(invalid) => ("invalid", invalid.to_string()),
             },
         };
+        let why = format!("{why} (address {})", hb.worker.address);
+        self.refused(&hb.worker.worker_id, reason, &why);
+        true
+    }
+
+    /// Counts a refused heartbeat of `id` under `reason`, and warns `why` once per worker id.
+    fn refused(&mut self, id: &WorkerId, reason: &'static str, why: &str) {
         self.metrics.worker_rejected(reason);
-        let id = &hb.worker.worker_id;
         if self.warned.len() < MAX_WARNED_REFUSALS && self.warned.insert(id.clone()) {
-            tracing::warn!(worker = %id, address = %hb.worker.address, reason, "heartbeat refused: {why}");
+            tracing::warn!(worker = %id, reason, "heartbeat refused: {why}");
         } else {
             tracing::debug!(worker = %id, reason, "heartbeat refused");
         }
-        true
     }
 
     fn bad(&self, kind: Kind, subject: &str, error: &str) {

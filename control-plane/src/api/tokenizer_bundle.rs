@@ -76,21 +76,13 @@ pub async fn handle(headers: HeaderMap, state: ApiState) -> Response {
             files,
         })
         .into_response(),
-        Ok(Err(e)) => {
-            state.metrics.bad_request("tokenizer");
-            error_reply(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "tokenizer",
-                e.to_string(),
-            )
-        }
-        Err(join) => {
-            state.metrics.bad_request("tokenizer");
-            error_reply(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "tokenizer",
-                format!("reading the model folder failed: {join}"),
-            )
-        }
+        Ok(Err(e)) => unreadable(&state, e.to_string()),
+        Err(join) => unreadable(&state, format!("reading the model folder failed: {join}")),
     }
+}
+
+/// The model's folder could not be read: a 500, counted.
+fn unreadable(state: &ApiState, message: String) -> Response {
+    state.metrics.bad_request("tokenizer");
+    error_reply(StatusCode::INTERNAL_SERVER_ERROR, "tokenizer", message)
 }
