@@ -318,6 +318,26 @@ fn run(args: RunArgs) -> Result<()> {
     write_run_files(&out, &outcome.records, &report)?;
     println!("{}", run_markdown(&report));
     eprintln!("wrote {}", out.display());
+    // A run in which nothing succeeded measured nothing: a script that goes on to compare
+    // it must not take it for a result. Partial failures are data and exit 0.
+    if report.requests.ok == 0 {
+        let errors: Vec<String> = report
+            .errors
+            .iter()
+            .map(|(kind, n)| format!("{n} {kind}"))
+            .collect();
+        bail!(
+            "no request succeeded ({} sent, {} not sent; errors: {}); the report is in {}",
+            report.requests.sent,
+            report.requests.not_sent,
+            if errors.is_empty() {
+                "none".to_string()
+            } else {
+                errors.join(", ")
+            },
+            out.display()
+        );
+    }
     Ok(())
 }
 

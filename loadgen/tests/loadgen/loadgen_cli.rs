@@ -229,6 +229,46 @@ async fn a_run_writes_records_and_reports_and_compare_plots_them() {
     assert!(svg.contains("<svg") && svg.contains("conditional"));
 }
 
+/// A run in which no request succeeded exits 1 and says so, and still writes its report (a
+/// script that compares runs must not take it for a result).
+#[tokio::test]
+async fn a_run_where_every_request_fails_exits_1_with_its_report_written() {
+    // A port that was just free: connecting to it is refused.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let dir = Scratch::new("all-failed");
+    let trace = dir.file("t.jsonl", ROWS);
+    let out = dir.0.join("out");
+    let run = loadgen(&[
+        "--endpoint",
+        &format!("http://127.0.0.1:{port}"),
+        "--trace",
+        trace.to_str().unwrap(),
+        "--api",
+        "completions",
+        "--workers",
+        "1",
+        "--request-timeout-s",
+        "5",
+        "--out",
+        out.to_str().unwrap(),
+        "--quiet",
+    ])
+    .await;
+    let stderr = text(&run.stderr);
+    assert_eq!(run.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("no request succeeded (3 sent"), "{stderr}");
+    assert!(stderr.contains("3 connect"), "{stderr}");
+    let r = report(&out);
+    assert_eq!(
+        (r.requests.sent, r.requests.ok, r.requests.failed),
+        (3, 0, 3)
+    );
+}
+
 /// Numbers no run can use are refused with the flag named and exit 64, before anything is
 /// sent; none of them panics (an infinite or huge number of seconds is no `Duration`).
 #[tokio::test]
