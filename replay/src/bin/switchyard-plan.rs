@@ -149,9 +149,6 @@ fn check(cli: &Cli) -> Result<Checked> {
     if cli.jobs == Some(0) {
         bail!("--jobs must be at least 1");
     }
-    // Found now, not after a sweep of many minutes.
-    std::fs::create_dir_all(&cli.out)
-        .map_err(|e| anyhow::anyhow!("--out {}: {e}", cli.out.display()))?;
     let space = PlanSpace {
         workers: cli.workers,
         modes: cli.modes.clone(),
@@ -163,6 +160,9 @@ fn check(cli: &Cli) -> Result<Checked> {
         slo_cost: cli.slo_cost,
     };
     let points = plan_points(&space)?.len();
+    // Found now, not after a sweep of many minutes (and made only for a usable plan).
+    std::fs::create_dir_all(&cli.out)
+        .map_err(|e| anyhow::anyhow!("--out {}: {e}", cli.out.display()))?;
     let workload = load_workload(&cli.workload, default_trace, cli.max_requests)?;
     let mut base = StackSpec::new(ServingMode::Agg, cli.workers, 0);
     base.preset = preset;

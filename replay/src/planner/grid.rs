@@ -76,6 +76,18 @@ pub enum SpaceError {
     /// A ratio threshold outside [0, 1].
     #[error("a ratio threshold must be in [0, 1], got {0}")]
     Ratio(f64),
+    /// A value given twice: the plan would run the same points twice, or silently once.
+    #[error("{0} {1} is given twice")]
+    Repeated(&'static str, String),
+}
+
+/// The first value of `values` that an earlier one equals, as text.
+fn first_repeat<T: PartialEq + std::fmt::Display>(values: &[T]) -> Option<String> {
+    values
+        .iter()
+        .enumerate()
+        .find(|(i, v)| values[..*i].contains(v))
+        .map(|(_, v)| v.to_string())
 }
 
 /// Every point of `space`, load levels outer, then agg, then per split disagg and the
@@ -95,6 +107,17 @@ pub fn plan_points(space: &PlanSpace) -> Result<Vec<PlanPoint>, SpaceError> {
         return Err(SpaceError::Empty("load level"));
     }
     let grid = &space.thresholds;
+    let modes: Vec<&str> = space.modes.iter().map(|m| m.as_str()).collect();
+    for (what, repeat) in [
+        ("mode", first_repeat(&modes)),
+        ("load level", first_repeat(&space.load_levels)),
+        ("ISL threshold", first_repeat(&grid.eff_isl_thresholds)),
+        ("ratio threshold", first_repeat(&grid.ratio_thresholds)),
+    ] {
+        if let Some(value) = repeat {
+            return Err(SpaceError::Repeated(what, value));
+        }
+    }
     if space.modes.contains(&ServingMode::Conditional) {
         if grid.eff_isl_thresholds.is_empty() || grid.ratio_thresholds.is_empty() {
             return Err(SpaceError::Empty(
@@ -218,5 +241,32 @@ mod tests {
         assert_eq!(plan_points(&bad), Err(SpaceError::Ratio(1.5)));
         bad.thresholds.eff_isl_thresholds.clear();
         assert!(plan_points(&bad).is_err());
+    }
+
+    #[test]
+    fn values_given_twice_are_refused_not_merged() {
+        let twice = space(3, vec![ServingMode::Agg, ServingMode::Agg]);
+        assert_eq!(
+            plan_points(&twice),
+            Err(SpaceError::Repeated("mode", "agg".into()))
+        );
+        let mut levels = space(3, vec![ServingMode::Agg]);
+        levels.load_levels.push(LoadLevel::PLANNED);
+        assert_eq!(
+            plan_points(&levels),
+            Err(SpaceError::Repeated("load level", "1".into()))
+        );
+        let mut thresholds = space(3, vec![ServingMode::Conditional]);
+        thresholds.thresholds.eff_isl_thresholds = vec![0, 2048, 0];
+        assert_eq!(
+            plan_points(&thresholds),
+            Err(SpaceError::Repeated("ISL threshold", "0".into()))
+        );
+        thresholds.thresholds.eff_isl_thresholds = vec![0];
+        thresholds.thresholds.ratio_thresholds = vec![0.7, 0.7];
+        assert_eq!(
+            plan_points(&thresholds),
+            Err(SpaceError::Repeated("ratio threshold", "0.7".into()))
+        );
     }
 }

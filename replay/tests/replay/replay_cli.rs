@@ -133,7 +133,7 @@ const SESSIONS: &str = concat!(
 #[test]
 fn the_planner_refuses_bad_input_and_plans_a_session_trace() {
     let slo = ["--slo-ttft-ms", "2000", "--slo-itl-ms", "25"];
-    let cases: [(Vec<&str>, &str); 5] = [
+    let cases: [(Vec<&str>, &str); 6] = [
         (
             vec!["--slo-ttft-ms", "0", "--slo-itl-ms", "25", "--out", "x"],
             "--slo-ttft-ms must be a positive",
@@ -157,6 +157,10 @@ fn the_planner_refuses_bad_input_and_plans_a_session_trace() {
         (
             [&slo[..], &["--max-minutes", "1e300", "--out", "x"]].concat(),
             "at most a year",
+        ),
+        (
+            [&slo[..], &["--modes", "agg,agg", "--out", "x"]].concat(),
+            "mode agg is given twice",
         ),
     ];
     for (args, expected) in cases {
