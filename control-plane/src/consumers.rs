@@ -156,7 +156,7 @@ pub(crate) fn decode<T: serde::de::DeserializeOwned>(
     payload: &[u8],
     version: impl Fn(&T) -> u32,
 ) -> Result<T, String> {
-    let msg: T = serde_json::from_slice(payload).map_err(|e| e.to_string())?;
+    let msg: T = switchyard_protocol::from_json_object(payload).map_err(|e| e.to_string())?;
     let v = version(&msg);
     if v > PROTOCOL_VERSION {
         return Err(format!(

@@ -77,7 +77,7 @@ pub fn parse_trace(text: &str, block_tokens: u32) -> Result<ParsedTrace, TraceEr
         if line.trim().is_empty() {
             continue;
         }
-        let checked = serde_json::from_str::<TraceRow>(line)
+        let checked = switchyard_protocol::from_json_object::<TraceRow>(line.as_bytes())
             .map_err(|e| e.to_string())
             .and_then(|row| check_row(&row, block_tokens).map(|()| row));
         match checked {

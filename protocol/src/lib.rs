@@ -42,6 +42,38 @@ pub mod subjects;
 pub mod tokenize;
 pub mod worker;
 
+/// Reads `bytes` as a JSON object into `T`.
+///
+/// serde's derived structs also accept a JSON array, taking its items as the fields in
+/// declaration order. No Switchyard message, API body or file row is written that way, and a
+/// positional row that happened to fit would be read as something its writer did not mean,
+/// so every reader of untrusted JSON objects goes through here.
+///
+/// # Errors
+/// serde_json's error for bad JSON or a wrong field; "expected a JSON object" for valid JSON
+/// of another kind.
+pub fn from_json_object<T: serde::de::DeserializeOwned>(
+    bytes: &[u8],
+) -> Result<T, serde_json::Error> {
+    let first = bytes.iter().find(|b| !b.is_ascii_whitespace());
+    if first != Some(&b'{') {
+        // Bad JSON keeps serde_json's own message, which says where it broke.
+        let value: serde_json::Value = serde_json::from_slice(bytes)?;
+        let kind = match value {
+            serde_json::Value::Array(_) => "an array",
+            serde_json::Value::String(_) => "a string",
+            serde_json::Value::Number(_) => "a number",
+            serde_json::Value::Bool(_) => "a boolean",
+            serde_json::Value::Null => "null",
+            serde_json::Value::Object(_) => "an object",
+        };
+        return Err(serde::de::Error::custom(format!(
+            "expected a JSON object, found {kind}"
+        )));
+    }
+    serde_json::from_slice(bytes)
+}
+
 /// Version of the wire messages in this crate. Every message carries it as `v`; a receiver
 /// rejects messages from a newer major version it cannot understand.
 pub const PROTOCOL_VERSION: u32 = 1;
@@ -49,4 +81,45 @@ pub const PROTOCOL_VERSION: u32 = 1;
 /// Default for serde: messages without `v` are version 1.
 fn default_version() -> u32 {
     PROTOCOL_VERSION
+}
+
+#[cfg(test)]
+mod tests {
+    use super::from_json_object;
+
+    #[derive(Debug, PartialEq, serde::Deserialize)]
+    struct Row {
+        a: u32,
+        b: String,
+    }
+
+    #[test]
+    fn only_a_json_object_is_read_as_a_struct() {
+        let row: Row = from_json_object(b" \n{\"a\": 1, \"b\": \"x\"}").unwrap();
+        assert_eq!(
+            row,
+            Row {
+                a: 1,
+                b: "x".into()
+            }
+        );
+        // serde_json alone reads this array as the struct above.
+        assert!(serde_json::from_slice::<Row>(b"[1, \"x\"]").is_ok());
+        let e = from_json_object::<Row>(b"[1, \"x\"]")
+            .unwrap_err()
+            .to_string();
+        assert_eq!(e, "expected a JSON object, found an array");
+        let e = from_json_object::<Row>(b"7").unwrap_err().to_string();
+        assert_eq!(e, "expected a JSON object, found a number");
+        // Bad JSON keeps serde_json's message, with where it broke.
+        let e = from_json_object::<Row>(b"[1,").unwrap_err().to_string();
+        assert!(e.contains("line 1 column 3"), "{e}");
+        let e = from_json_object::<Row>(b"").unwrap_err().to_string();
+        assert!(e.contains("EOF"), "{e}");
+        // A wrong field in an object is serde_json's error as before.
+        let e = from_json_object::<Row>(b"{\"a\": \"1\"}")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("invalid type"), "{e}");
+    }
 }

@@ -54,7 +54,7 @@ where
             return Err(reply);
         }
     };
-    serde_json::from_slice(&bytes).map_err(|e| {
+    switchyard_protocol::from_json_object(&bytes).map_err(|e| {
         state.metrics.bad_request("invalid_json");
         error_reply(StatusCode::BAD_REQUEST, "invalid_json", e.to_string())
     })

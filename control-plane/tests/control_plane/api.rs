@@ -488,6 +488,19 @@ async fn lifecycle_health_and_metrics_endpoints_answer_and_refuse_bad_input() {
     let err: ApiError = resp.json().await.unwrap();
     assert_eq!(err.code, "invalid_json");
     assert!(err.message.contains("teleported"), "{err:?}");
+    // A valid batch written as an array is refused, not read field by field.
+    let resp = http
+        .post(&url)
+        .json(&json!([1, [{"event": "first_token", "request_id": "r-2"}]]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 400);
+    let err: ApiError = resp.json().await.unwrap();
+    assert_eq!(
+        (err.code.as_str(), err.message.as_str()),
+        ("invalid_json", "expected a JSON object, found an array")
+    );
 
     // The service's NATS client connects in the background; health reports it once it has.
     eventually(

@@ -98,6 +98,11 @@ async fn malformed_nats_messages_are_counted_and_harmless() {
             subjects::HEARTBEAT.to_string(),
             json!({"v": 1, "worker": {"worker_id": 5}}).to_string(),
         ),
+        // A valid heartbeat written as an array: serde alone would read it field by field.
+        (
+            subjects::HEARTBEAT.to_string(),
+            json!([1, worker("positional", WorkerRole::Decode, 9014, 1), 60_000]).to_string(),
+        ),
         (subjects::LOAD.to_string(), "{".to_string()),
         (
             subjects::kv_events(&probe.worker_id),
@@ -131,14 +136,14 @@ async fn malformed_nats_messages_are_counted_and_harmless() {
 
     eventually(WAIT, "bad messages counted", || async {
         let m = svc.metrics().await;
-        metric_value(&m, "switchyard_bad_messages_total{kind=\"heartbeat\"}") == 2.0
+        metric_value(&m, "switchyard_bad_messages_total{kind=\"heartbeat\"}") == 3.0
             && metric_value(&m, "switchyard_bad_messages_total{kind=\"load\"}") == 1.0
             && metric_value(&m, "switchyard_bad_messages_total{kind=\"kv_events\"}") == 2.0
             && metric_value(&m, "switchyard_workers_rejected_total{reason=\"invalid\"}") == 4.0
     })
     .await;
     let ids = svc.worker_ids().await;
-    for refused in ["broken", "named", "bad.id", "forever"] {
+    for refused in ["broken", "named", "bad.id", "forever", "positional"] {
         assert!(!ids.contains(&refused.to_string()), "{refused} in {ids:?}");
     }
 

@@ -89,7 +89,8 @@ impl SessionRow {
 
 /// Reads one line; the error says why it is unusable.
 pub fn parse_row(line: &str, block_tokens: u32) -> Result<SessionRow, String> {
-    let row: SessionRow = serde_json::from_str(line).map_err(|e| e.to_string())?;
+    let row: SessionRow =
+        switchyard_protocol::from_json_object(line.as_bytes()).map_err(|e| e.to_string())?;
     check_row(&row.as_trace_row(), block_tokens)?;
     Ok(row)
 }

@@ -17,19 +17,22 @@ not json
 {"timestamp": 4, "input_length": 600, "output_length": 5, "hash_ids": [1]}
 {"timestamp": 5, "input_length": 600, "output_length": 0, "hash_ids": [1, 2]}
 {"timestamp": -1, "input_length": 600, "output_length": 5, "hash_ids": [1, 2]}
-{"timestamp": 9, "input_length": 100, "output_length": 7, "hash_ids": [1], "extra": true}"#;
+{"timestamp": 9, "input_length": 100, "output_length": 7, "hash_ids": [1], "extra": true}
+[10, 100, 7, [1]]"#;
     let parsed = parse_trace(text, 512).unwrap();
     assert_eq!(parsed.rows.len(), 2, "first and last rows are usable");
     let lines: Vec<usize> = parsed.malformed.iter().map(|m| m.line).collect();
     assert_eq!(
         lines,
-        vec![2, 4, 5, 6, 7],
+        vec![2, 4, 5, 6, 7, 9],
         "blank line 3 is skipped silently"
     );
     let reasons: Vec<&str> = parsed.malformed.iter().map(|m| m.reason.as_str()).collect();
     assert!(reasons[1].contains("hash_ids"), "{}", reasons[1]);
     assert!(reasons[2].contains("needs 2 blocks"), "{}", reasons[2]);
     assert!(reasons[3].contains("output_length"), "{}", reasons[3]);
+    // A row written as an array is not read field by field, though serde would take it so.
+    assert_eq!(reasons[5], "expected a JSON object, found an array");
 }
 
 #[test]
