@@ -195,6 +195,11 @@ impl Consumer {
                             "declared",
                             "a worker of this id is declared in the pool file and keeps it; give the self-registering worker another id",
                         ),
+                        WorkerChange::AddressInUse => self.refused(
+                            &worker,
+                            "address_in_use",
+                            "another live worker is registered at this address (GET /v1/workers) and keeps it until it is withdrawn or expires; one address is one engine",
+                        ),
                     }
                     self.carry_out(outcome.resync).await;
                 }

@@ -163,12 +163,21 @@ impl ControlCore {
     }
 
     /// A heartbeat (registration or refresh). Its authenticity is the caller's to check. A
-    /// heartbeat under the id of a declared worker is refused ([`WorkerChange::Declared`]).
+    /// heartbeat under the id of a declared worker is refused ([`WorkerChange::Declared`]),
+    /// and so is one at an address another live worker holds
+    /// ([`WorkerChange::AddressInUse`]).
     pub fn heartbeat(&mut self, hb: &WorkerHeartbeat, now_ms: u64) -> HeartbeatOutcome {
-        if self.declared_ids.contains(&hb.worker.worker_id) {
+        let refused = if self.declared_ids.contains(&hb.worker.worker_id) {
+            Some(WorkerChange::Declared)
+        } else if self.router.address_holder(&hb.worker, now_ms).is_some() {
+            Some(WorkerChange::AddressInUse)
+        } else {
+            None
+        };
+        if let Some(change) = refused {
             self.observe(now_ms);
             return HeartbeatOutcome {
-                change: WorkerChange::Declared,
+                change,
                 resync: None,
             };
         }
@@ -244,7 +253,10 @@ impl ControlCore {
         let reason = match change {
             WorkerChange::New => Some(ResyncReason::NewWorker),
             WorkerChange::Restarted => Some(ResyncReason::Restarted),
-            WorkerChange::Refreshed | WorkerChange::Rejected | WorkerChange::Declared => None,
+            WorkerChange::Refreshed
+            | WorkerChange::Rejected
+            | WorkerChange::Declared
+            | WorkerChange::AddressInUse => None,
         };
         let resync = reason.map(|r| self.resync(&worker.worker_id, worker.instance_id, r, now_ms));
         HeartbeatOutcome { change, resync }
@@ -417,14 +429,19 @@ mod tests {
 
     use super::*;
 
+    /// A heartbeat of worker `id`, at an address of its own (one address is one engine):
+    /// the id's hash picks the port.
     fn hb(id: &str, instance: u64) -> WorkerHeartbeat {
+        use std::hash::BuildHasher;
+        let hashed = std::hash::BuildHasherDefault::<std::hash::DefaultHasher>::default();
+        let port = 10_000 + hashed.hash_one(id) % 50_000;
         WorkerHeartbeat {
             v: 1,
             worker: WorkerInfo {
                 worker_id: WorkerId(id.into()),
                 instance_id: instance,
                 role: WorkerRole::Decode,
-                address: "127.0.0.1:1".into(),
+                address: format!("127.0.0.1:{port}"),
                 model: "m".into(),
                 block_size: 16,
                 kv_capacity_blocks: 100,
@@ -592,7 +609,7 @@ mod tests {
                 "the declared worker keeps its registration and its cache"
             );
         }
-        assert_eq!(core.router().workers()[0].info.address, "127.0.0.1:1");
+        assert_eq!(core.router().workers()[0].info.address, declared.address);
         // Withdrawn (unhealthy, or gone from the file): the id is free again.
         core.withdraw(&declared.worker_id, 400);
         assert_eq!(core.heartbeat(&intruder, 500).change, WorkerChange::New);
@@ -605,5 +622,57 @@ mod tests {
             assert!(t < 5_000, "expires");
         }
         assert_eq!(core.heartbeat(&intruder, t).change, WorkerChange::New);
+    }
+
+    #[test]
+    fn a_second_id_at_a_live_workers_address_is_refused_until_the_holder_goes() {
+        let mut core = ControlCore::new(Router::new(), 3);
+        let holder = hb("a", 1);
+        assert_eq!(core.heartbeat(&holder, 0).change, WorkerChange::New);
+        // The same engine redeployed under a new id (or a second engine misconfigured to
+        // advertise the first one's address).
+        let mut newcomer = hb("b", 2);
+        newcomer.worker.address = holder.worker.address.clone();
+        for t in [100, 1_000, 2_000] {
+            let outcome = core.heartbeat(&newcomer, t);
+            assert_eq!(outcome.change, WorkerChange::AddressInUse);
+            assert_eq!(outcome.resync, None);
+        }
+        // The holder keeps refreshing in place; its registration and cache stay.
+        assert_eq!(
+            core.heartbeat(&holder, 2_100).change,
+            WorkerChange::Refreshed
+        );
+        let ids: Vec<String> = core
+            .router()
+            .workers()
+            .iter()
+            .map(|w| w.info.worker_id.0.clone())
+            .collect();
+        assert_eq!(ids, vec!["a".to_string()]);
+        // A known worker may not move onto the holder's address either.
+        let mut elsewhere = hb("c", 3);
+        assert_eq!(core.heartbeat(&elsewhere, 2_200).change, WorkerChange::New);
+        elsewhere.worker.address = holder.worker.address.clone();
+        assert_eq!(
+            core.heartbeat(&elsewhere, 2_300).change,
+            WorkerChange::AddressInUse
+        );
+        // Once the holder stops and expires (3 missed 1 s intervals), the newcomer registers.
+        let holds_a = |core: &ControlCore| {
+            core.router()
+                .workers()
+                .iter()
+                .any(|w| w.info.worker_id.0 == "a")
+        };
+        let mut t = 2_300;
+        while holds_a(&core) {
+            t += 500;
+            core.tick(t);
+            assert!(t < 10_000, "the holder expires");
+        }
+        let outcome = core.heartbeat(&newcomer, t + 1);
+        assert_eq!(outcome.change, WorkerChange::New);
+        assert_eq!(outcome.resync, sent(ResyncReason::NewWorker, "b"));
     }
 }

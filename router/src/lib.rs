@@ -84,6 +84,11 @@ pub enum WorkerChange {
     /// file) and live, and keeps the id. Two processes under one id would otherwise replace
     /// each other's registration on every message, resetting its cache each time.
     Declared,
+    /// Not registered from this heartbeat: another live worker is registered at the same
+    /// address. One address is one engine; the holder keeps it until it is withdrawn or
+    /// expires (a worker redeployed under a new id registers then, a few heartbeat
+    /// intervals later; meanwhile the old id's requests reach the same address).
+    AddressInUse,
 }
 
 /// Most workers one router tracks (the KV index stores 15-bit worker slots).

@@ -63,6 +63,26 @@ impl Router {
         WorkerChange::New
     }
 
+    /// The live worker of another id registered at `worker`'s address, if `worker` would
+    /// newly take that address (it is new, or moves there); `None` for a refresh in place.
+    pub fn address_holder(&self, worker: &WorkerInfo, now_ms: u64) -> Option<&WorkerId> {
+        let in_place = self
+            .workers
+            .get(&worker.worker_id)
+            .is_some_and(|w| w.info.address == worker.address);
+        if in_place {
+            return None;
+        }
+        self.workers
+            .iter()
+            .find(|(id, w)| {
+                **id != worker.worker_id
+                    && w.info.address == worker.address
+                    && self.is_live(w, now_ms)
+            })
+            .map(|(id, _)| id)
+    }
+
     fn allocate_slot(&mut self) -> Option<WorkerSlot> {
         let slot = match self.free_slots.pop() {
             Some(s) => s,

@@ -376,8 +376,13 @@ mod tests {
         heartbeat_of_model(id, "m")
     }
 
+    /// A heartbeat of worker `id` serving `model`, at an address of its own (one address is
+    /// one engine): the id's hash picks the port.
     fn heartbeat_of_model(id: &str, model: &str) -> Command {
+        use std::hash::BuildHasher;
         let (reply, _) = oneshot::channel();
+        let hashed = std::hash::BuildHasherDefault::<std::hash::DefaultHasher>::default();
+        let port = 10_000 + hashed.hash_one(id) % 50_000;
         Command::Heartbeat {
             heartbeat: WorkerHeartbeat {
                 v: 1,
@@ -385,7 +390,7 @@ mod tests {
                     worker_id: WorkerId(id.into()),
                     instance_id: 1,
                     role: WorkerRole::Decode,
-                    address: "127.0.0.1:9000".into(),
+                    address: format!("127.0.0.1:{port}"),
                     model: model.into(),
                     block_size: 16,
                     kv_capacity_blocks: 100,

@@ -132,6 +132,8 @@ async fn malformed_nats_messages_are_counted_and_harmless() {
         u64::MAX,
     )
     .await;
+    // A second id at the live probe's address (one address is one engine).
+    heartbeat(&nats, &worker("twin", WorkerRole::Decode, 9009, 1), 1_000).await;
     nats.flush().await.unwrap();
 
     eventually(WAIT, "bad messages counted", || async {
@@ -140,10 +142,14 @@ async fn malformed_nats_messages_are_counted_and_harmless() {
             && metric_value(&m, "switchyard_bad_messages_total{kind=\"load\"}") == 1.0
             && metric_value(&m, "switchyard_bad_messages_total{kind=\"kv_events\"}") == 2.0
             && metric_value(&m, "switchyard_workers_rejected_total{reason=\"invalid\"}") == 4.0
+            && metric_value(
+                &m,
+                "switchyard_workers_rejected_total{reason=\"address_in_use\"}",
+            ) == 1.0
     })
     .await;
     let ids = svc.worker_ids().await;
-    for refused in ["broken", "named", "bad.id", "forever", "positional"] {
+    for refused in ["broken", "named", "bad.id", "forever", "positional", "twin"] {
         assert!(!ids.contains(&refused.to_string()), "{refused} in {ids:?}");
     }
 
