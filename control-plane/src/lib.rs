@@ -8,6 +8,7 @@
 //! - [`service`]: the task that owns the router core; everyone else sends it commands.
 //! - [`api`]: the REST API: the route listener (route, lifecycle, EDS) and the admin listener
 //!   (workers, config, status page, behind a token); metrics and health on both.
+//! - [`config_version`]: the config's version as an `ETag`, and `If-Match` on changes.
 //! - [`consumers`]: NATS subscriptions that decode messages and forward them.
 //! - [`metrics`]: Prometheus metrics.
 //! - [`models`]: the models served: which one a request names, its tokenizer.
@@ -21,6 +22,7 @@
 #![deny(missing_docs)]
 
 pub mod api;
+pub mod config_version;
 pub mod consumers;
 pub mod eds;
 pub mod metrics;

@@ -23,6 +23,7 @@ use switchyard_protocol::replica::ReplicaUpdate;
 use switchyard_protocol::worker::{LoadReport, WorkerHeartbeat, WorkerId, WorkerInfo};
 
 use crate::config::{ConfigError, RouterConfig};
+use crate::config_version::{IfMatch, PatchRefusal};
 use crate::load::WorkerLoad;
 use crate::metrics::Metrics;
 use crate::replicas::ReplicaLink;
@@ -132,8 +133,10 @@ pub enum Command {
     PatchConfig {
         /// The patch as received.
         patch: serde_json::Value,
-        /// The new config, or the field that was refused (config unchanged).
-        reply: oneshot::Sender<Result<RouterConfig, ConfigError>>,
+        /// The version the change was made on (`If-Match`), if given.
+        if_match: Option<IfMatch>,
+        /// The new config and its version, or why it was refused (config unchanged).
+        reply: oneshot::Sender<Result<(RouterConfig, u64), PatchRefusal>>,
     },
 }
 
@@ -374,16 +377,22 @@ impl ServiceHandle {
         self.call(|reply| Command::DumpsPending { reply }).await
     }
 
-    /// Patches the router config.
+    /// Patches the router config if it is at a version `if_match` admits; answers the new
+    /// config and its version.
     ///
     /// # Errors
     /// [`ServiceStopped`] during shutdown.
     pub async fn patch_config(
         &self,
         patch: serde_json::Value,
-    ) -> Result<Result<RouterConfig, ConfigError>, ServiceStopped> {
-        self.call(|reply| Command::PatchConfig { patch, reply })
-            .await
+        if_match: Option<IfMatch>,
+    ) -> Result<Result<(RouterConfig, u64), PatchRefusal>, ServiceStopped> {
+        self.call(|reply| Command::PatchConfig {
+            patch,
+            if_match,
+            reply,
+        })
+        .await
     }
 }
 

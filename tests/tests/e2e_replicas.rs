@@ -63,22 +63,26 @@ fn id(worker: &Value) -> String {
         .to_string()
 }
 
-/// `GET /v1/config` on one replica, or `PUT` with `patch`: the status, the config (or error)
-/// and its version (`ETag`).
+/// `GET /v1/config` on one replica, or `PUT` with `patch` (made only on the version
+/// `if_match` names, if given): the status, the config (or error) and its version (`ETag`).
 async fn config_call(
     http: &reqwest::Client,
     stack: &Stack,
     replica: usize,
     patch: Option<Value>,
+    if_match: Option<&str>,
 ) -> (u16, Value, String) {
     let url = format!(
         "{}/v1/config",
         stack.control_plane_replica_admin_url(replica)
     );
-    let request = match &patch {
+    let mut request = match &patch {
         Some(patch) => http.put(&url).json(patch),
         None => http.get(&url),
     };
+    if let Some(tag) = if_match {
+        request = request.header("if-match", tag);
+    }
     let response = request
         .bearer_auth(stack.control_plane_admin_token())
         .send()
@@ -96,7 +100,7 @@ async fn config_call(
 
 /// `GET /v1/config` on one replica: the config and its version.
 async fn config(http: &reqwest::Client, stack: &Stack, replica: usize) -> (Value, String) {
-    let (_, config, etag) = config_call(http, stack, replica, None).await;
+    let (_, config, etag) = config_call(http, stack, replica, None, None).await;
     (config, etag)
 }
 
@@ -106,7 +110,7 @@ async fn put_config(
     replica: usize,
     patch: Value,
 ) -> (u16, Value, String) {
-    config_call(http, stack, replica, Some(patch)).await
+    config_call(http, stack, replica, Some(patch), None).await
 }
 
 /// The route ports of the control-plane replicas Envoy's health check passes.
@@ -259,6 +263,13 @@ async fn two_replicas_share_load_and_config_and_a_replica_lost_or_late_costs_not
     let (status, body, _) = put_config(&http, &stack, 0, json!({"eff_isl_threshold": -1})).await;
     assert_eq!(status, 400, "{body}");
     assert_eq!(body["code"], "invalid_config");
+    // A change made on the version before replica 1's is refused on replica 0, naming the
+    // current one: the two writers do not silently undo each other.
+    let stale = json!({"eff_isl_threshold": 4321});
+    let (status, body, current) = config_call(&http, &stack, 0, Some(stale), Some(&before)).await;
+    assert_eq!(status, 412, "{body}");
+    assert_eq!(body["code"], "config_version_mismatch");
+    assert_eq!(current, version);
     for replica in 0..2 {
         assert_eq!(
             config(&http, &stack, replica).await.1,

@@ -9,6 +9,7 @@ use switchyard_protocol::PROTOCOL_VERSION;
 
 use super::auth::{authorize, Refusal};
 use super::{error_reply, read_body, ApiState, MAX_SMALL_BODY_BYTES};
+use crate::config_version::{etag, IfMatch, PatchRefusal};
 use crate::eds::{self, DiscoveryRequest};
 
 fn unavailable(state: &ApiState) -> Response {
@@ -134,23 +135,30 @@ pub async fn get_config(headers: HeaderMap, state: ApiState) -> Response {
     }
 }
 
-/// The config's shared version as an `ETag` (absent while the config is not shared).
+/// The config's version as an `ETag` ([`crate::config_version`]).
 fn with_version(reply: Response, version: u64) -> Response {
-    if version == 0 {
-        reply
-    } else {
-        warp::reply::with_header(reply, "etag", format!("\"{version}\"")).into_response()
+    warp::reply::with_header(reply, "etag", etag(version)).into_response()
+}
+
+/// A change that was not made (the config is unchanged), counted: 400 `invalid_config`
+/// naming the field, or 412 `config_version_mismatch` with the current version's `ETag`.
+fn refused_change(state: &ApiState, refusal: &PatchRefusal) -> Response {
+    let (status, code) = match refusal {
+        PatchRefusal::Invalid(_) => (StatusCode::BAD_REQUEST, "invalid_config"),
+        PatchRefusal::Stale { .. } => (StatusCode::PRECONDITION_FAILED, "config_version_mismatch"),
+    };
+    state.metrics.bad_request(code);
+    let reply = error_reply(status, code, refusal.to_string());
+    match refusal {
+        PatchRefusal::Stale { current } => with_version(reply, *current),
+        PatchRefusal::Invalid(_) => reply,
     }
 }
 
-fn invalid_config(state: &ApiState, e: &crate::config::ConfigError) -> Response {
-    state.metrics.bad_request("invalid_config");
-    error_reply(StatusCode::BAD_REQUEST, "invalid_config", e.to_string())
-}
-
 /// `PUT /v1/config` (admin token): a JSON merge patch over the current config (absent
-/// fields keep their value, `null` resets an optional one); answers the whole new config, or
-/// 400 `invalid_config` naming the field (config unchanged).
+/// fields keep their value, `null` resets an optional one); answers the whole new config and
+/// its `ETag`, or 400 `invalid_config` naming the field, or 412 `config_version_mismatch`
+/// when `If-Match` names another version (config unchanged either way).
 pub async fn put_config<S, B>(headers: HeaderMap, body: S, state: ApiState) -> Response
 where
     S: futures::Stream<Item = Result<B, warp::Error>> + Send,
@@ -164,11 +172,25 @@ where
         Ok(c) => c,
         Err(reply) => return reply,
     };
+    // A header that is not text names no version of ours: it matches nothing.
+    let if_match = headers.get(warp::http::header::IF_MATCH).map(|value| {
+        value
+            .to_str()
+            .ok()
+            .and_then(IfMatch::parse)
+            .unwrap_or(IfMatch::Versions(Vec::new()))
+    });
     if state.shares_config {
-        return match crate::replicas::config_store::patch(&state.nats, &state.service, &patch).await
-        {
+        let patched = crate::replicas::config_store::patch(
+            &state.nats,
+            &state.service,
+            &patch,
+            if_match.as_ref(),
+        )
+        .await;
+        return match patched {
             Ok(Ok(v)) => with_version(warp::reply::json(&v.config).into_response(), v.version),
-            Ok(Err(e)) => invalid_config(&state, &e),
+            Ok(Err(refusal)) => refused_change(&state, &refusal),
             Err(e) => {
                 // Fails loudly: a change that reached one replica only would split the fleet.
                 let code = "config_store_unavailable";
@@ -177,9 +199,11 @@ where
             }
         };
     }
-    match state.service.patch_config(patch).await {
-        Ok(Ok(config)) => warp::reply::json(&config).into_response(),
-        Ok(Err(e)) => invalid_config(&state, &e),
+    match state.service.patch_config(patch, if_match).await {
+        Ok(Ok((config, version))) => {
+            with_version(warp::reply::json(&config).into_response(), version)
+        }
+        Ok(Err(refusal)) => refused_change(&state, &refusal),
         Err(_) => unavailable(&state),
     }
 }

@@ -14,7 +14,8 @@ use futures::StreamExt;
 
 use switchyard_protocol::replica::{CONFIG_BUCKET, CONFIG_KEY};
 
-use crate::config::{ConfigError, RouterConfig};
+use crate::config::RouterConfig;
+use crate::config_version::{IfMatch, PatchRefusal};
 use crate::metrics::Metrics;
 use crate::service::ServiceHandle;
 
@@ -148,16 +149,22 @@ pub async fn patch(
     nats: &async_nats::Client,
     service: &ServiceHandle,
     patch: &serde_json::Value,
-) -> Result<Result<Versioned, ConfigError>, ConfigStoreError> {
+    if_match: Option<&IfMatch>,
+) -> Result<Result<Versioned, PatchRefusal>, ConfigStoreError> {
     let store = ConfigStore::open(nats).await?;
     for _ in 0..WRITE_ATTEMPTS {
         let (base, expected) = match store.current().await? {
             Some(v) => (v.config, v.version),
             None => (service.config().await.map_err(unavailable)?, 0),
         };
+        // Checked against the revision the write below compares-and-sets on, so a change
+        // that lands in between fails the write and is checked again.
+        if if_match.is_some_and(|condition| !condition.admits(expected)) {
+            return Ok(Err(PatchRefusal::Stale { current: expected }));
+        }
         let next = match base.apply_json_patch(patch) {
             Ok(next) => next,
-            Err(e) => return Ok(Err(e)),
+            Err(e) => return Ok(Err(e.into())),
         };
         match store.write(&next, expected).await {
             Ok(version) => {
@@ -167,7 +174,7 @@ pub async fn patch(
                     .await
                     .map_err(unavailable)?
                 {
-                    return Ok(Err(e));
+                    return Ok(Err(e.into()));
                 }
                 return Ok(Ok(Versioned {
                     config: next,

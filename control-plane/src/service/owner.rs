@@ -11,6 +11,8 @@ use switchyard_protocol::replica::ReplicaUpdate;
 use switchyard_protocol::worker::WorkerRole;
 
 use super::{Command, WorkerEntry};
+use crate::config::RouterConfig;
+use crate::config_version::{IfMatch, PatchRefusal};
 use crate::metrics::{
     set_gauges, variant_label, Metrics, ModelLabels, ModelRoleLabels, RoleLabels, WorkerLabels,
 };
@@ -178,23 +180,39 @@ impl Owner {
             Command::Config { reply } => {
                 let _ = reply.send((self.router().config().clone(), self.config_version));
             }
-            Command::PatchConfig { patch, reply } => {
-                let result = self
-                    .router()
-                    .config()
-                    .apply_json_patch(&patch)
-                    .and_then(|next| {
-                        let router = self.core.router_mut();
-                        router.set_config(next)?;
-                        Ok(router.config().clone())
-                    });
-                if let Ok(config) = &result {
-                    tracing::info!(config = %serde_json::to_string(config).unwrap_or_default(), "router config changed");
-                }
-                let _ = reply.send(result);
+            Command::PatchConfig {
+                patch,
+                if_match,
+                reply,
+            } => {
+                let _ = reply.send(self.patch_config(&patch, if_match.as_ref()));
             }
         }
         self.fold_stalls();
+    }
+
+    /// A change to this process's own config (no `--replica-id`): made if `if_match`
+    /// admits the current version, which then counts one up.
+    fn patch_config(
+        &mut self,
+        patch: &serde_json::Value,
+        if_match: Option<&IfMatch>,
+    ) -> Result<(RouterConfig, u64), PatchRefusal> {
+        if if_match.is_some_and(|condition| !condition.admits(self.config_version)) {
+            return Err(PatchRefusal::Stale {
+                current: self.config_version,
+            });
+        }
+        let next = self.router().config().apply_json_patch(patch)?;
+        let router = self.core.router_mut();
+        router.set_config(next)?;
+        let config = router.config().clone();
+        self.config_version += 1;
+        self.metrics
+            .config_version
+            .set(i64::try_from(self.config_version).unwrap_or(i64::MAX));
+        tracing::info!(version = self.config_version, config = %serde_json::to_string(&config).unwrap_or_default(), "router config changed");
+        Ok((config, self.config_version))
     }
 
     /// Another replica's decision or lifecycle reports, applied as if they were this one's.

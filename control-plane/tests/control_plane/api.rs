@@ -321,6 +321,93 @@ async fn config_is_read_and_patched_with_field_named_errors() {
     svc.stop().await;
 }
 
+/// `If-Match` on `PUT /v1/config`: two operators editing the config do not silently undo
+/// each other's change. Without `--replica-id` the version counts this process's changes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_config_change_on_a_stale_version_is_refused_with_412() {
+    let (_server, svc, _) = service_with_nats(Settings::for_tests()).await;
+    let http = reqwest::Client::new();
+    let url = format!("{}/v1/config", svc.admin_base);
+    let put = |patch: serde_json::Value, if_match: Option<&str>| {
+        let mut request = http.put(&url).bearer_auth(TEST_ADMIN_TOKEN).json(&patch);
+        if let Some(tag) = if_match {
+            request = request.header("if-match", tag);
+        }
+        request.send()
+    };
+    let etag = |resp: &reqwest::Response| {
+        resp.headers()
+            .get("etag")
+            .map(|v| v.to_str().unwrap().to_string())
+    };
+    let got = http
+        .get(&url)
+        .bearer_auth(TEST_ADMIN_TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(etag(&got).as_deref(), Some("\"0\""));
+
+    // Both read version 0; the first change lands and makes it 1.
+    let first = put(json!({"eff_isl_threshold": 111}), Some("\"0\""))
+        .await
+        .unwrap();
+    assert_eq!(first.status(), 200);
+    assert_eq!(etag(&first).as_deref(), Some("\"1\""));
+    // The second, made on version 0, is refused: nothing changes, the current tag is given.
+    let second = put(json!({"eff_isl_threshold": 222}), Some("\"0\""))
+        .await
+        .unwrap();
+    assert_eq!(second.status(), 412);
+    assert_eq!(etag(&second).as_deref(), Some("\"1\""));
+    let err: ApiError = second.json().await.unwrap();
+    assert_eq!(err.code, "config_version_mismatch");
+    assert!(err.message.contains("version 1"), "{err:?}");
+    assert_eq!(svc.get_json("/v1/config").await["eff_isl_threshold"], 111);
+    // A weak tag never matches; a list with the current one does; so does `*`, and no header.
+    let weak = put(json!({"eff_isl_threshold": 333}), Some("W/\"1\""))
+        .await
+        .unwrap();
+    assert_eq!(weak.status(), 412);
+    let listed = put(json!({"eff_isl_threshold": 444}), Some("\"0\", \"1\""))
+        .await
+        .unwrap();
+    assert_eq!(
+        (listed.status().as_u16(), etag(&listed)),
+        (200, Some("\"2\"".into()))
+    );
+    let any = put(json!({"eff_isl_threshold": 555}), Some("*"))
+        .await
+        .unwrap();
+    assert_eq!(
+        (any.status().as_u16(), etag(&any)),
+        (200, Some("\"3\"".into()))
+    );
+    let plain = put(json!({"eff_isl_threshold": 666}), None).await.unwrap();
+    assert_eq!(
+        (plain.status().as_u16(), etag(&plain)),
+        (200, Some("\"4\"".into()))
+    );
+    // A refused change does not count up the version.
+    let invalid = put(json!({"eff_isl_threshold": -1}), Some("\"4\""))
+        .await
+        .unwrap();
+    assert_eq!(invalid.status(), 400);
+    assert_eq!(
+        etag(&put(json!({}), None).await.unwrap()).as_deref(),
+        Some("\"5\"")
+    );
+
+    let m = svc.metrics().await;
+    assert_metric(
+        &m,
+        "switchyard_route_bad_requests_total{code=\"config_version_mismatch\"}",
+        2.0,
+    );
+    assert_metric(&m, "switchyard_config_version", 5.0);
+    svc.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_admin_api_needs_its_token_and_has_its_own_listener() {
     let (_server, svc, _) = service_with_nats(Settings::for_tests()).await;
