@@ -93,6 +93,18 @@ impl InvalidRequest {
         }
     }
 
+    /// The same error about a field of the object `parent` (`stream_options.include_usage`).
+    #[must_use]
+    pub fn within(mut self, parent: &str) -> Self {
+        if let Some(param) = &self.param {
+            self.message = self
+                .message
+                .replacen(param.as_str(), &format!("{parent}.{param}"), 1);
+            self.param = Some(format!("{parent}.{param}"));
+        }
+        self
+    }
+
     /// The OpenAI error body: `{"error": {"message", "type", "param", "code"}}`, as vLLM
     /// answers.
     pub fn to_json(&self) -> Value {
@@ -127,7 +139,9 @@ pub fn generation_params(
                     "stream_options can only be set when stream is true",
                 ));
             }
-            lax_bool(options, "include_usage")?.unwrap_or(false)
+            lax_bool(options, "include_usage")
+                .map_err(|e| e.within("stream_options"))?
+                .unwrap_or(false)
         }
         Some(other) => {
             return Err(InvalidRequest::bad(
@@ -146,14 +160,18 @@ pub fn generation_params(
             ))
         }
     };
-    // Chat: the newer name wins when both are present, as in vLLM.
+    // Chat: the newer name wins when both are present, as in vLLM, whose request model
+    // still reads the other as an integer but uses only the winner's value.
     let mut max_tokens = None;
     let names: &[&str] = match api {
         ApiKind::Chat => &["max_completion_tokens", "max_tokens"],
         ApiKind::Completions => &["max_tokens"],
     };
     for &name in names {
-        if let Some(value) = lax_int(body, name)? {
+        let Some(value) = lax_int(body, name)? else {
+            continue;
+        };
+        if max_tokens.is_none() {
             if value < 1 {
                 return Err(InvalidRequest::bad(
                     name,
@@ -168,8 +186,12 @@ pub fn generation_params(
                     ),
                 ));
             }
-            max_tokens = max_tokens.or(Some(value as u32));
+            max_tokens = Some(value as u32);
         }
+    }
+    match api {
+        ApiKind::Chat => check_tool_choice(body)?,
+        ApiKind::Completions => check_no_suffix(body)?,
     }
     Ok(GenerationParams {
         stream,
@@ -177,6 +199,88 @@ pub fn generation_params(
         max_tokens,
         n,
     })
+}
+
+/// `tools` and `tool_choice` as vLLM's chat request model checks them: `tools` not empty;
+/// a `tool_choice` other than `"none"` only with `tools`, and `"auto"`, `"required"` or a
+/// named function that `tools` lists.
+fn check_tool_choice(body: &Map<String, Value>) -> Result<(), InvalidRequest> {
+    let tools =
+        match body.get("tools") {
+            None | Some(Value::Null) => None,
+            Some(Value::Array(tools)) if tools.is_empty() => return Err(InvalidRequest::bad(
+                "tools",
+                "tools must not be an empty array: give at least one tool or leave the field out",
+            )),
+            Some(Value::Array(tools)) => Some(tools),
+            // The chat template's preparation names the field for anything else.
+            Some(_) => return Ok(()),
+        };
+    let choice = match body.get("tool_choice") {
+        None | Some(Value::Null) => return Ok(()),
+        Some(Value::String(s)) if s == "none" => return Ok(()),
+        Some(choice) => choice,
+    };
+    let Some(tools) = tools else {
+        return Err(InvalidRequest::bad(
+            "tool_choice",
+            "tool_choice needs tools: give the tools it chooses from",
+        ));
+    };
+    let usage = r#"name a function as {"type": "function", "function": {"name": "my_function"}}"#;
+    let function = match choice {
+        Value::String(s) if s == "auto" || s == "required" => return Ok(()),
+        Value::Object(named) => named.get("function"),
+        other => return Err(InvalidRequest::bad(
+            "tool_choice",
+            format!(
+                "tool_choice must be \"none\", \"auto\", \"required\" or a named function, got {}",
+                short(other)
+            ),
+        )),
+    };
+    let Some(Value::Object(function)) = function else {
+        return Err(InvalidRequest::bad(
+            "tool_choice.function",
+            format!("tool_choice.function must be an object: {usage}"),
+        ));
+    };
+    let name = match function.get("name") {
+        Some(Value::String(name)) if !name.is_empty() => name,
+        _ => {
+            return Err(InvalidRequest::bad(
+                "tool_choice.function.name",
+                format!("tool_choice.function.name must be a non-empty string: {usage}"),
+            ))
+        }
+    };
+    let listed = tools.iter().any(|tool| {
+        tool.get("function")
+            .and_then(|f| f.get("name"))
+            .and_then(Value::as_str)
+            == Some(name.as_str())
+    });
+    if listed {
+        Ok(())
+    } else {
+        Err(InvalidRequest::bad(
+            "tool_choice",
+            format!("tool_choice names the function {name:?}, which is not among the tools"),
+        ))
+    }
+}
+
+/// A completions `suffix` asks for a fill-in-the-middle prompt, which vLLM renders only for
+/// models with FIM rendering and refuses for every other. The gateway routes by the prompt
+/// it renders and has no FIM rendering, so it refuses the field whatever the model.
+fn check_no_suffix(body: &Map<String, Value>) -> Result<(), InvalidRequest> {
+    match body.get("suffix") {
+        None | Some(Value::Null) => Ok(()),
+        Some(_) => Err(InvalidRequest::bad(
+            "suffix",
+            "suffix (fill-in-the-middle) is not supported: the gateway cannot render FIM prompts",
+        )),
+    }
 }
 
 /// How many prompts a body carries: a completions body's `prompt` may be a batch (an array
@@ -405,6 +509,96 @@ mod tests {
             params(ApiKind::Completions, body).unwrap().max_tokens,
             Some(9)
         );
+        // The losing max_tokens is read as an integer, but its value is not checked: vLLM
+        // uses max_completion_tokens alone.
+        for losing in [json!(0), json!(CONTEXT + 1), json!(-5)] {
+            let body = json!({"max_completion_tokens": 10, "max_tokens": losing});
+            assert_eq!(chat(body).unwrap().max_tokens, Some(10));
+        }
+        let err = chat(json!({"max_completion_tokens": 10, "max_tokens": "x"})).unwrap_err();
+        assert_eq!(err.param.as_deref(), Some("max_tokens"));
+        // A null max_completion_tokens is absent: max_tokens decides, and is checked.
+        let err = chat(json!({"max_completion_tokens": null, "max_tokens": 0})).unwrap_err();
+        assert_eq!(err.param.as_deref(), Some("max_tokens"));
+    }
+
+    #[test]
+    fn a_nested_field_is_named_with_its_parent() {
+        let err = chat(json!({"stream": true, "stream_options": {"include_usage": "maybe"}}))
+            .unwrap_err();
+        assert_eq!(err.param.as_deref(), Some("stream_options.include_usage"));
+        assert!(
+            err.message
+                .starts_with("stream_options.include_usage must be"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn tool_choice_is_checked_against_the_tools_as_vllm_does() {
+        let tools = json!([{"type": "function", "function": {"name": "f"}}]);
+        for ok in [
+            json!({"tools": tools}),
+            json!({"tool_choice": "none"}),
+            json!({"tool_choice": null}),
+            json!({"tools": tools, "tool_choice": "auto"}),
+            json!({"tools": tools, "tool_choice": "required"}),
+            json!({"tools": tools, "tool_choice": {"type": "function", "function": {"name": "f"}}}),
+        ] {
+            assert!(chat(ok.clone()).is_ok(), "{ok}");
+        }
+        for (bad, param, words) in [
+            (json!({"tools": []}), "tools", "empty"),
+            (
+                json!({"tool_choice": "required"}),
+                "tool_choice",
+                "needs tools",
+            ),
+            (json!({"tool_choice": "auto"}), "tool_choice", "needs tools"),
+            (
+                json!({"tools": tools, "tool_choice": "always"}),
+                "tool_choice",
+                "\"always\"",
+            ),
+            (
+                json!({"tools": tools, "tool_choice": 3}),
+                "tool_choice",
+                "got 3",
+            ),
+            (
+                json!({"tools": tools, "tool_choice": {"type": "function"}}),
+                "tool_choice.function",
+                "object",
+            ),
+            (
+                json!({"tools": tools, "tool_choice": {"function": {"name": ""}}}),
+                "tool_choice.function.name",
+                "non-empty",
+            ),
+            (
+                json!({"tools": tools, "tool_choice": {"function": {"name": "g"}}}),
+                "tool_choice",
+                "\"g\", which is not among the tools",
+            ),
+        ] {
+            let err = chat(bad.clone()).expect_err(&bad.to_string());
+            assert_eq!(err.param.as_deref(), Some(param), "{bad}: {err}");
+            assert!(err.message.contains(words), "{bad}: {err}");
+        }
+        // Completions bodies have no tools: the fields are not theirs to check.
+        assert!(params(ApiKind::Completions, json!({"tool_choice": "required"})).is_ok());
+    }
+
+    #[test]
+    fn a_completions_suffix_is_refused() {
+        let err = params(
+            ApiKind::Completions,
+            json!({"prompt": "a", "suffix": "end"}),
+        )
+        .unwrap_err();
+        assert_eq!(err.param.as_deref(), Some("suffix"));
+        assert!(params(ApiKind::Completions, json!({"prompt": "a", "suffix": null})).is_ok());
+        assert!(chat(json!({"suffix": "end"})).is_ok(), "not a chat field");
     }
 
     #[test]
