@@ -43,6 +43,9 @@ impl Router {
         }
         let rebuild = batch.resync && matches!(batch.events.first(), Some(KvEvent::Cleared));
         let in_order = match worker.last_kv_seq {
+            // A rebuild carries the worker's whole state: it is what a gap, or a number
+            // that ran ahead (a bad or forged batch), asked for, so no number refuses it.
+            Some(_) if rebuild => true,
             Some(applied) if batch.seq <= applied => {
                 return Err(KvEventError::Stale {
                     worker: batch.worker_id.clone(),

@@ -646,6 +646,33 @@ fn a_resync_dump_rebuilds_the_worker() {
     assert_eq!(r.kv_counters().clears, 1);
 }
 
+/// A batch numbered far ahead (a bad or forged one: KV events are not signed) asks for a
+/// resync, and the worker's dump must be taken whatever its own, lower, number; before, it
+/// was refused as stale with every later batch, and the worker's cache stayed hidden until
+/// the control plane restarted.
+#[test]
+fn a_resync_dump_recovers_from_a_batch_numbered_ahead() {
+    let mut r = pool();
+    r.apply_kv_batch(&stored("decode-0", 1, &prompt(1, 64)))
+        .unwrap();
+    let ahead = batch("decode-0", u64::MAX, vec![]);
+    assert_eq!(r.apply_kv_batch(&ahead), Ok(KvApplyOutcome::NeedsResync));
+    assert!(matches!(
+        r.apply_kv_batch(&stored("decode-0", 2, &prompt(2, 16))),
+        Err(KvEventError::Stale { .. })
+    ));
+    let mut dump = stored("decode-0", 2, &prompt(2, 32));
+    dump.resync = true;
+    dump.events.insert(0, KvEvent::Cleared);
+    assert_eq!(r.apply_kv_batch(&dump), Ok(KvApplyOutcome::Applied));
+    // The worker's own numbering goes on from its dump.
+    assert_eq!(
+        r.apply_kv_batch(&stored("decode-0", 3, &prompt(3, 16))),
+        Ok(KvApplyOutcome::Applied)
+    );
+    assert_eq!(r.index_stats().pairs, 3, "the dump's 2 blocks and the next 1");
+}
+
 #[test]
 fn a_restart_forgets_the_cache_and_removal_events_apply() {
     let mut r = pool();
