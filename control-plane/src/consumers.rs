@@ -200,6 +200,11 @@ impl Consumer {
                             "address_in_use",
                             "another live worker is registered at this address (GET /v1/workers) and keeps it until it is withdrawn or expires; one address is one engine",
                         ),
+                        WorkerChange::IdInUse => self.refused(
+                            &worker,
+                            "id_in_use",
+                            "a live worker of this id runs as another process at another address and keeps the id until it expires; give each process its own id",
+                        ),
                     }
                     self.carry_out(outcome.resync).await;
                 }

@@ -231,13 +231,15 @@ fn check_tool_choice(body: &Map<String, Value>) -> Result<(), InvalidRequest> {
     let function = match choice {
         Value::String(s) if s == "auto" || s == "required" => return Ok(()),
         Value::Object(named) => named.get("function"),
-        other => return Err(InvalidRequest::bad(
-            "tool_choice",
-            format!(
+        other => {
+            return Err(InvalidRequest::bad(
+                "tool_choice",
+                format!(
                 "tool_choice must be \"none\", \"auto\", \"required\" or a named function, got {}",
                 short(other)
             ),
-        )),
+            ))
+        }
     };
     let Some(Value::Object(function)) = function else {
         return Err(InvalidRequest::bad(

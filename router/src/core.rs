@@ -165,12 +165,15 @@ impl ControlCore {
     /// A heartbeat (registration or refresh). Its authenticity is the caller's to check. A
     /// heartbeat under the id of a declared worker is refused ([`WorkerChange::Declared`]),
     /// and so is one at an address another live worker holds
-    /// ([`WorkerChange::AddressInUse`]).
+    /// ([`WorkerChange::AddressInUse`]) and one of a second process under a live worker's id
+    /// ([`WorkerChange::IdInUse`]).
     pub fn heartbeat(&mut self, hb: &WorkerHeartbeat, now_ms: u64) -> HeartbeatOutcome {
         let refused = if self.declared_ids.contains(&hb.worker.worker_id) {
             Some(WorkerChange::Declared)
         } else if self.router.address_holder(&hb.worker, now_ms).is_some() {
             Some(WorkerChange::AddressInUse)
+        } else if self.router.id_held_elsewhere(&hb.worker, now_ms) {
+            Some(WorkerChange::IdInUse)
         } else {
             None
         };
@@ -256,7 +259,8 @@ impl ControlCore {
             WorkerChange::Refreshed
             | WorkerChange::Rejected
             | WorkerChange::Declared
-            | WorkerChange::AddressInUse => None,
+            | WorkerChange::AddressInUse
+            | WorkerChange::IdInUse => None,
         };
         let resync = reason.map(|r| self.resync(&worker.worker_id, worker.instance_id, r, now_ms));
         HeartbeatOutcome { change, resync }
@@ -674,5 +678,37 @@ mod tests {
         let outcome = core.heartbeat(&newcomer, t + 1);
         assert_eq!(outcome.change, WorkerChange::New);
         assert_eq!(outcome.resync, sent(ResyncReason::NewWorker, "b"));
+    }
+
+    #[test]
+    fn a_second_process_under_a_live_workers_id_is_refused_a_restart_is_not() {
+        let mut core = ControlCore::new(Router::new(), 3);
+        let first = hb("d", 1);
+        assert_eq!(core.heartbeat(&first, 0).change, WorkerChange::New);
+        // Another process under the same id, at another address: refused while the first
+        // lives, so the two do not replace each other on every heartbeat.
+        let mut second = hb("d", 2);
+        second.worker.address = "127.0.0.1:9".into();
+        for t in [100, 600, 1_100] {
+            assert_eq!(core.heartbeat(&second, t).change, WorkerChange::IdInUse);
+            assert_eq!(
+                core.heartbeat(&first, t + 1).change,
+                WorkerChange::Refreshed
+            );
+        }
+        // A restart comes back at its address under a new instance: taken at once.
+        let restarted = hb("d", 3);
+        assert_eq!(
+            core.heartbeat(&restarted, 1_200).change,
+            WorkerChange::Restarted
+        );
+        // A worker that really moved registers there once the old process expires.
+        let mut t = 1_200;
+        while !core.router().workers().is_empty() {
+            t += 500;
+            core.tick(t);
+            assert!(t < 10_000, "the old process expires");
+        }
+        assert_eq!(core.heartbeat(&second, t + 1).change, WorkerChange::New);
     }
 }

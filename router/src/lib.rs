@@ -89,6 +89,11 @@ pub enum WorkerChange {
     /// expires (a worker redeployed under a new id registers then, a few heartbeat
     /// intervals later; meanwhile the old id's requests reach the same address).
     AddressInUse,
+    /// Not registered from this heartbeat: a live worker of the same id, another process
+    /// instance at another address, holds the id. Two processes under one id would
+    /// otherwise replace each other on every heartbeat, dropping the cache each time; a
+    /// worker that really moved registers once the old one expires.
+    IdInUse,
 }
 
 /// Most workers one router tracks (the KV index stores 15-bit worker slots).

@@ -670,7 +670,11 @@ fn a_resync_dump_recovers_from_a_batch_numbered_ahead() {
         r.apply_kv_batch(&stored("decode-0", 3, &prompt(3, 16))),
         Ok(KvApplyOutcome::Applied)
     );
-    assert_eq!(r.index_stats().pairs, 3, "the dump's 2 blocks and the next 1");
+    assert_eq!(
+        r.index_stats().pairs,
+        3,
+        "the dump's 2 blocks and the next 1"
+    );
 }
 
 #[test]

@@ -83,6 +83,17 @@ impl Router {
             .map(|(id, _)| id)
     }
 
+    /// Whether a live worker of `worker`'s id runs as another process instance at another
+    /// address (a restart comes back at the same address; a second process under the id
+    /// does not).
+    pub fn id_held_elsewhere(&self, worker: &WorkerInfo, now_ms: u64) -> bool {
+        self.workers.get(&worker.worker_id).is_some_and(|w| {
+            w.info.instance_id != worker.instance_id
+                && w.info.address != worker.address
+                && self.is_live(w, now_ms)
+        })
+    }
+
     fn allocate_slot(&mut self) -> Option<WorkerSlot> {
         let slot = match self.free_slots.pop() {
             Some(s) => s,

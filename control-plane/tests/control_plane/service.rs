@@ -134,6 +134,8 @@ async fn malformed_nats_messages_are_counted_and_harmless() {
     .await;
     // A second id at the live probe's address (one address is one engine).
     heartbeat(&nats, &worker("twin", WorkerRole::Decode, 9009, 1), 1_000).await;
+    // A second process under the live probe's id, at another address.
+    heartbeat(&nats, &worker("probe", WorkerRole::Decode, 9015, 2), 1_000).await;
     nats.flush().await.unwrap();
 
     eventually(WAIT, "bad messages counted", || async {
@@ -145,6 +147,10 @@ async fn malformed_nats_messages_are_counted_and_harmless() {
             && metric_value(
                 &m,
                 "switchyard_workers_rejected_total{reason=\"address_in_use\"}",
+            ) == 1.0
+            && metric_value(
+                &m,
+                "switchyard_workers_rejected_total{reason=\"id_in_use\"}",
             ) == 1.0
     })
     .await;
