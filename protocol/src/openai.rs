@@ -325,6 +325,14 @@ pub fn check_prompt_length(prompt_tokens: usize, max_model_len: u32) -> Result<(
     Ok(())
 }
 
+/// The tokens an engine generates at most for a prompt of `prompt_tokens` (one that
+/// [`check_prompt_length`] passed) asking for `max_tokens`: what is left of the context
+/// caps it, as vLLM 0.32 clamps rather than refuses.
+pub fn clamp_max_tokens(max_tokens: u32, prompt_tokens: usize, max_model_len: u32) -> u32 {
+    let left = (max_model_len as usize).saturating_sub(prompt_tokens);
+    max_tokens.min(u32::try_from(left).unwrap_or(u32::MAX))
+}
+
 /// An integer field as pydantic's lax mode reads it: a JSON integer, a float without a
 /// fractional part, or a string holding a decimal integer. `null` and absence are `None`.
 fn lax_int(body: &Map<String, Value>, field: &str) -> Result<Option<i128>, InvalidRequest> {
@@ -610,6 +618,13 @@ mod tests {
             Some(CONTEXT)
         );
         assert!(chat(json!({"max_tokens": CONTEXT + 1})).is_err());
+    }
+
+    #[test]
+    fn max_tokens_beyond_what_the_context_leaves_is_clamped() {
+        assert_eq!(clamp_max_tokens(20, 9, 20), 11);
+        assert_eq!(clamp_max_tokens(5, 9, 20), 5);
+        assert_eq!(clamp_max_tokens(5, 19, 20), 1);
     }
 
     #[test]

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use serde_json::Value;
-use switchyard_protocol::openai::check_prompt_length;
+use switchyard_protocol::openai::{check_prompt_length, clamp_max_tokens};
 use switchyard_protocol::route::ApiKind;
 use switchyard_protocol::tokenize::TokenizeError;
 use switchyard_protocol::worker::{Engine, WorkerRole};
@@ -95,9 +95,10 @@ pub async fn serve(
         Value::Object(fields) => legs::read(ctx.engine_kind, ctx.role, fields)?,
         _ => None,
     };
-    let req = parse_request(api, body, ctx.max_model_len)?;
+    let mut req = parse_request(api, body, ctx.max_model_len)?;
     let tokens = tokenize(&ctx, api, &req.body).await?;
     check_prompt_length(tokens.len(), ctx.max_model_len).map_err(ApiError::from)?;
+    req.max_tokens = clamp_max_tokens(req.max_tokens, tokens.len(), ctx.max_model_len);
     match api {
         ApiKind::Chat => ctx.metrics.requests_chat.fetch_add(1, Ordering::Relaxed),
         ApiKind::Completions => ctx

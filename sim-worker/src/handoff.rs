@@ -28,12 +28,13 @@ pub const PULL_PATH: &str = "/switchyard/kv/pull";
 /// How long a decode worker waits for a prefill worker's pull answer.
 pub const PULL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
-/// Body of `POST /switchyard/kv/pull`.
+/// Body of `POST /switchyard/kv/pull` and `POST /switchyard/kv/release`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PullRequest {
     /// The hold id (`kv_transfer_params.remote_request_id`).
     pub remote_request_id: String,
-    /// The decode worker pulling (for logs).
+    /// Who pulls or releases it (for logs; may be left out).
+    #[serde(default)]
     pub requester: String,
 }
 

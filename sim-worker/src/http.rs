@@ -144,8 +144,12 @@ async fn take_hold(
     ctx: &WorkerContext,
     body: Result<Bytes, ApiError>,
 ) -> Result<(PullRequest, HeldKv, Option<SequenceHash>), ApiError> {
-    let req: PullRequest = serde_json::from_slice(&body?)
-        .map_err(|e| ApiError::bad_request(format!("invalid pull request: {e}"), None))?;
+    let req: PullRequest = switchyard_protocol::from_json_object(&body?).map_err(|e| {
+        ApiError::bad_request(
+            format!("invalid hold request (want {{\"remote_request_id\"}}): {e}"),
+            None,
+        )
+    })?;
     let not_held = || ApiError::not_found(format!("no KV held under {:?}", req.remote_request_id));
     let id = parse_hold_id(&req.remote_request_id, &ctx.id.0, ctx.instance_id).or_else(|| {
         parse_room_hold_id(&req.remote_request_id).and_then(|room| ctx.holds.take_room(room))

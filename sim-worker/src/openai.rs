@@ -9,7 +9,7 @@
 
 use serde_json::{json, Map, Value};
 use switchyard_protocol::handoff::{DISAGGREGATED_PARAMS, KV_TRANSFER_PARAMS};
-use switchyard_protocol::openai::generation_params;
+use switchyard_protocol::openai::{generation_params, prompt_count};
 use switchyard_protocol::route::ApiKind;
 
 use super::error::ApiError;
@@ -100,6 +100,14 @@ pub fn parse_request(
         return Err(ApiError::bad_request(
             "only n = 1 is supported by the simulated worker",
             Some("n"),
+        ));
+    }
+    // A completions batch is several requests in one body; the simulated engine serves one
+    // prompt per request, and answering the first alone would drop the others silently.
+    if prompt_count(endpoint, obj) != 1 {
+        return Err(ApiError::bad_request(
+            "only one prompt per request is supported by the simulated worker: send a batch's prompts as separate requests",
+            Some("prompt"),
         ));
     }
     Ok(ParsedRequest {

@@ -17,7 +17,7 @@ use switchyard_protocol::subjects;
 use switchyard_protocol::worker::{LoadReport, WorkerHeartbeat, WorkerId, WorkerRole};
 use switchyard_sim_worker::{PullFailure, RunningWorker, WorkerConfig};
 use worker_support::{
-    chat_body, config, metric, metrics_text, post_for_json, post_json, start, tokenizer,
+    base_url, chat_body, config, metric, metrics_text, post_for_json, post_json, start, tokenizer,
     NatsServer, CHAT, COMPLETIONS,
 };
 
@@ -358,6 +358,29 @@ async fn failed_pulls_fall_back_to_local_prefill_and_are_counted() {
     let local = metric(&text, "switchyard_local_prefill_tokens_total", None);
     assert!(local >= prompt_tokens + v2["usage"]["prompt_tokens"].as_f64().unwrap());
     assert_eq!(decode.metrics().pull_failures(PullFailure::Mismatch), 0);
+}
+
+/// `POST /switchyard/kv/release` with the body the docs show frees the hold at once; a
+/// second release finds nothing held.
+#[tokio::test]
+async fn a_release_frees_the_hold_once() {
+    let tok = tokenizer();
+    let client = reqwest::Client::new();
+    let prefill = start(config(WorkerRole::Prefill, "prefill-release"), &tok, None).await;
+    let params = run_prefill_leg(&client, &prefill, CHAT, &chat_body("release", 300, 4)).await;
+    assert_eq!(prefill.engine().load().held, 1);
+    let url = format!("{}/switchyard/kv/release", base_url(&prefill));
+    let body = json!({"remote_request_id": params["remote_request_id"]});
+    let first = client.post(&url).json(&body).send().await.unwrap();
+    assert_eq!(first.status(), 200);
+    assert_eq!(prefill.engine().load().held, 0);
+    let again = client.post(&url).json(&body).send().await.unwrap();
+    assert_eq!(again.status(), 404);
+    let text = metrics_text(&client, &prefill).await;
+    assert_eq!(
+        metric(&text, "switchyard_kv_holds_released_total", None),
+        1.0
+    );
 }
 
 #[tokio::test]

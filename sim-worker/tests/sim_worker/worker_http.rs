@@ -184,6 +184,21 @@ async fn prompts_beyond_the_models_context_are_refused_as_vllm_refuses_them() {
     assert_eq!(resp.status(), 200, "lax values vLLM accepts are accepted");
     let v: Value = resp.json().await.unwrap();
     assert_eq!(v["usage"]["completion_tokens"], 2, "{v}");
+    // More than the context leaves is clamped to what it leaves, as vLLM does: the whole
+    // sequence stays within the model's 64 tokens.
+    let greedy = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 64});
+    let resp = post_json(&client, &w, CHAT, &greedy).await;
+    assert_eq!(resp.status(), 200);
+    let v: Value = resp.json().await.unwrap();
+    let (prompt, generated) = (
+        v["usage"]["prompt_tokens"].as_u64().unwrap(),
+        v["usage"]["completion_tokens"].as_u64().unwrap(),
+    );
+    assert_eq!(
+        (prompt + generated, v["usage"]["total_tokens"].as_u64()),
+        (64, Some(64)),
+        "{v}"
+    );
 }
 
 #[tokio::test]
@@ -233,6 +248,19 @@ async fn malformed_requests_get_openai_errors_and_are_counted() {
     }
     let resp = post_json(&client, &w, COMPLETIONS, &json!({"max_tokens": 2})).await;
     assert_eq!(resp.status(), 400, "completions without a prompt");
+    // A batch is refused, not answered for its first prompt alone.
+    for batch in [json!(["a", "b"]), json!([[1, 2, 3], [4]])] {
+        let resp = post_json(
+            &client,
+            &w,
+            COMPLETIONS,
+            &json!({"prompt": batch, "max_tokens": 1}),
+        )
+        .await;
+        assert_eq!(resp.status(), 400, "{batch}");
+        let v: Value = resp.json().await.unwrap();
+        assert_eq!(v["error"]["param"], "prompt", "{v}");
+    }
     let resp = get(&client, &w, CHAT).await;
     assert!(resp.status().is_client_error());
     let resp = get(&client, &w, "/nowhere").await;
@@ -242,7 +270,7 @@ async fn malformed_requests_get_openai_errors_and_are_counted() {
     assert_eq!(v["error"]["type"], "NotFoundError");
 
     let text = metrics_text(&client, &w).await;
-    let expected = cases.len() as f64 + 3.0;
+    let expected = cases.len() as f64 + 5.0;
     assert_eq!(
         metric(&text, "switchyard_bad_requests_total", None),
         expected
