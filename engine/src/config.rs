@@ -111,8 +111,11 @@ impl EngineConfig {
             return bad("prefill_hold_lease_ms must be finite and non-negative");
         }
         let t = &self.transfer;
-        if !(t.link_gb_per_s > 0.0 && t.efficiency > 0.0 && t.senders > 0 && t.setup_ms >= 0.0) {
+        if !(t.link_gb_per_s > 0.0 && t.efficiency > 0.0 && t.senders > 0) {
             return bad("transfer: link_gb_per_s, efficiency and senders must be positive");
+        }
+        if !(t.setup_ms.is_finite() && t.setup_ms >= 0.0) {
+            return bad("transfer: setup_ms must be finite and non-negative");
         }
         // A share of the link: more than all of it would model a faster link than exists.
         if t.efficiency > 1.0 {

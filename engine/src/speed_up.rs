@@ -17,21 +17,27 @@ use serde::{Deserialize, Serialize};
 #[serde(try_from = "f64", into = "f64")]
 pub struct SpeedUp(f64);
 
-/// A speed-up that is not a finite number > 0.
+/// A speed-up outside [`SpeedUp::MIN`, `SpeedUp::MAX`].
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
-#[error("the speed-up must be a finite number > 0, got {0}")]
+#[error("the speed-up must be a number from 0.001 to 1000, got {0}")]
 pub struct InvalidSpeedUp(pub String);
 
 impl SpeedUp {
     /// Real speed: one modelled millisecond per wall millisecond.
     pub const REAL: SpeedUp = SpeedUp(1.0);
+    /// The slowest: a thousand times slower than the hardware. Below it a modelled
+    /// iteration would take minutes of wall time, and a factor such as 1e-300 turns every
+    /// wait into no `Duration` at all.
+    pub const MIN: f64 = 1e-3;
+    /// The fastest: beyond it a modelled iteration is below the timer's resolution.
+    pub const MAX: f64 = 1e3;
 
     /// A speed-up of `factor`.
     ///
     /// # Errors
-    /// [`InvalidSpeedUp`] unless `factor` is finite and > 0.
+    /// [`InvalidSpeedUp`] unless `factor` is within [`SpeedUp::MIN`, `SpeedUp::MAX`].
     pub fn new(factor: f64) -> Result<Self, InvalidSpeedUp> {
-        if factor.is_finite() && factor > 0.0 {
+        if (Self::MIN..=Self::MAX).contains(&factor) {
             Ok(SpeedUp(factor))
         } else {
             Err(InvalidSpeedUp(factor.to_string()))
@@ -105,13 +111,17 @@ mod tests {
         assert!(SpeedUp::new(-1.0).is_err());
         assert!(SpeedUp::new(f64::NAN).is_err());
         assert!(SpeedUp::new(f64::INFINITY).is_err());
+        // Bounded: 1e-300 made every wait no Duration at all, and the engine task panicked.
+        assert!(SpeedUp::new(1e-300).is_err());
+        assert!(SpeedUp::new(1e6).is_err());
+        assert!(SpeedUp::new(SpeedUp::MIN).is_ok() && SpeedUp::new(SpeedUp::MAX).is_ok());
     }
 
     #[test]
     fn speed_up_parses_and_round_trips_as_a_number() {
         assert_eq!("4".parse::<SpeedUp>().unwrap().factor(), 4.0);
         let err = "0".parse::<SpeedUp>().unwrap_err().to_string();
-        assert!(err.contains("finite number > 0"), "{err}");
+        assert!(err.contains("from 0.001 to 1000"), "{err}");
         assert!("fast".parse::<SpeedUp>().is_err());
         let s = SpeedUp::new(2.5).unwrap();
         assert_eq!(serde_json::to_string(&s).unwrap(), "2.5");

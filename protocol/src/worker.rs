@@ -22,6 +22,12 @@ pub const MAX_HEARTBEAT_INTERVAL_MS: u64 = 60_000;
 /// Longest worker id a heartbeat may carry.
 pub const MAX_WORKER_ID_LEN: usize = 128;
 
+/// Whether `id` can name a worker that registers over NATS: one subject token of 1 to
+/// [`MAX_WORKER_ID_LEN`] ASCII letters, digits, `-` or `_`.
+pub fn is_usable_worker_id(id: &str) -> bool {
+    id.len() <= MAX_WORKER_ID_LEN && crate::subjects::is_valid_worker_token(id)
+}
+
 /// Why a heartbeat cannot register its worker, whoever signed it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum InvalidWorker {
@@ -194,7 +200,7 @@ impl WorkerHeartbeat {
     /// The first [`InvalidWorker`] found.
     pub fn check(&self) -> Result<(), InvalidWorker> {
         let id = &self.worker.worker_id.0;
-        if id.len() > MAX_WORKER_ID_LEN || !crate::subjects::is_valid_worker_token(id) {
+        if !is_usable_worker_id(id) {
             return Err(InvalidWorker::Id(id.clone()));
         }
         check_endpoint_address(&self.worker.address)?;

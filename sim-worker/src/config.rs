@@ -3,7 +3,7 @@
 use std::num::NonZeroU64;
 use std::str::FromStr;
 
-use switchyard_protocol::subjects::is_valid_worker_token;
+use switchyard_protocol::worker::{is_usable_worker_id, MAX_WORKER_ID_LEN};
 use switchyard_protocol::worker::{Engine, WorkerId, WorkerRole};
 
 use switchyard_engine::{EngineConfig, SpeedUp};
@@ -40,7 +40,7 @@ pub enum SpecError {
         message: String,
     },
     /// The id cannot be a NATS subject token.
-    #[error("worker id {0:?} must be non-empty ASCII letters, digits, '-' or '_' (it names NATS subjects)")]
+    #[error("worker id {0:?} must be 1 to {MAX_WORKER_ID_LEN} ASCII letters, digits, '-' or '_' (it names NATS subjects)")]
     Id(String),
     /// The port is not a number.
     #[error("worker spec {0:?}: the port must be a number between 0 and 65535")]
@@ -65,7 +65,7 @@ impl FromStr for WorkerSpec {
             spec: s.to_owned(),
             message,
         })?;
-        if !is_valid_worker_token(id) {
+        if !is_usable_worker_id(id) {
             return Err(SpecError::Id(id.to_owned()));
         }
         let port = port.parse().map_err(|_| SpecError::Port(s.to_owned()))?;
@@ -142,7 +142,7 @@ impl WorkerConfig {
         if self.model_name.is_empty() {
             return Err("model name must not be empty".into());
         }
-        if !is_valid_worker_token(&self.spec.id.0) {
+        if !is_usable_worker_id(&self.spec.id.0) {
             return Err(SpecError::Id(self.spec.id.0.clone()).to_string());
         }
         if let Wire::Vllm(vllm) = &self.wire {

@@ -51,9 +51,18 @@ pub fn routes(
         .and(warp::get())
         .and(with_ctx.clone())
         .map(|ctx: Arc<WorkerContext>| models_reply(&ctx));
+    // 200 only while the engine runs: a pool that polls /health must not keep routing to a
+    // worker whose HTTP server outlived its engine.
     let health = warp::path!("health")
         .and(warp::get())
-        .map(|| StatusCode::OK.into_response());
+        .and(with_ctx.clone())
+        .map(|ctx: Arc<WorkerContext>| {
+            if ctx.engine.is_running() {
+                StatusCode::OK.into_response()
+            } else {
+                StatusCode::SERVICE_UNAVAILABLE.into_response()
+            }
+        });
     let metrics = warp::path!("metrics")
         .and(warp::get())
         .and(with_ctx.clone())

@@ -141,6 +141,15 @@ impl RunningWorker {
         &self.ctx.engine
     }
 
+    /// Stops the engine task alone, as a failure of it would, leaving the HTTP server up
+    /// (what `/health` must then report).
+    pub fn stop_engine(&mut self) {
+        // The engine task is the first one started.
+        if let Some(engine) = self.tasks.first() {
+            engine.abort();
+        }
+    }
+
     /// Stops every task of the worker (in-flight streams end without `[DONE]`).
     pub fn stop(mut self) {
         self.abort_all();

@@ -55,9 +55,12 @@ impl EngineClock {
         self.start + self.real_duration(ms)
     }
 
-    /// Wall-clock duration of `ms` of engine time.
+    /// Wall-clock duration of `ms` of engine time (at most a day: no engine waits longer,
+    /// and an absurd model time must not panic the engine task).
     pub fn real_duration(&self, ms: f64) -> std::time::Duration {
-        std::time::Duration::from_secs_f64(self.speed_up.wall_ms(ms).max(0.0) / 1e3)
+        const LONGEST: std::time::Duration = std::time::Duration::from_secs(86_400);
+        std::time::Duration::try_from_secs_f64(self.speed_up.wall_ms(ms).max(0.0) / 1e3)
+            .map_or(LONGEST, |wait| wait.min(LONGEST))
     }
 }
 
@@ -128,6 +131,11 @@ impl std::fmt::Debug for Command {
 }
 
 impl EngineHandle {
+    /// Whether the engine task still runs (it stops on shutdown, or if it failed).
+    pub fn is_running(&self) -> bool {
+        !self.commands.is_closed()
+    }
+
     /// Queues a request; its outputs arrive on the returned channel.
     ///
     /// # Errors

@@ -29,7 +29,7 @@ fn exit_code(args: &[&str]) -> (i32, String) {
 
 #[test]
 fn bad_flags_exit_64_with_a_clear_message() {
-    let cases: [(&[&str], &str); 14] = [
+    let cases: [(&[&str], &str); 16] = [
         (&[], "--worker"),
         (
             &["--worker", "agg:w@127.0.0.1:0", "--kv-link-efficiency", "5"],
@@ -61,6 +61,15 @@ fn bad_flags_exit_64_with_a_clear_message() {
         (
             &["--worker", "agg:w@127.0.0.1:0", "--speed-up", "0"],
             "speed-up",
+        ),
+        // Positive but no usable wait: the engine task used to panic at the first request.
+        (
+            &["--worker", "agg:w@127.0.0.1:0", "--speed-up", "1e-300"],
+            "speed-up",
+        ),
+        (
+            &["--worker", "agg:w@127.0.0.1:0", "--kv-setup-ms=-1"],
+            "setup_ms",
         ),
         (
             &[

@@ -285,7 +285,7 @@ async fn malformed_requests_get_openai_errors_and_are_counted() {
 #[tokio::test]
 async fn models_health_and_metrics_describe_the_worker() {
     let tok = tokenizer();
-    let w = start(config(WorkerRole::Agg, "agg-meta"), &tok, None).await;
+    let mut w = start(config(WorkerRole::Agg, "agg-meta"), &tok, None).await;
     let client = reqwest::Client::new();
     let resp = get(&client, &w, "/health").await;
     assert_eq!(resp.status(), 200);
@@ -322,6 +322,15 @@ async fn models_health_and_metrics_describe_the_worker() {
     assert_eq!(metric(&text, "vllm:generation_tokens_total", None), 2.0);
     assert!(metric(&text, "vllm:prefix_cache_queries_total", None) > 100.0);
     assert_eq!(metric(&text, "vllm:num_requests_running", None), 0.0);
+
+    // An HTTP server that outlived its engine is not healthy: a pool polling /health must
+    // take the worker out.
+    w.stop_engine();
+    let stopped = worker_support::eventually(std::time::Duration::from_secs(5), || async {
+        get(&client, &w, "/health").await.status() == 503
+    })
+    .await;
+    assert!(stopped, "/health still 200 with the engine stopped");
 }
 
 #[tokio::test]

@@ -32,6 +32,9 @@ fn worker_specs_parse_role_id_host_and_port() {
     assert!(matches!(refused("chef:w@h:1"), SpecError::Role { .. }));
     assert!(matches!(refused("agg:w.x@h:1"), SpecError::Id(_)));
     assert!(matches!(refused("agg:@h:1"), SpecError::Id(_)));
+    // Longer than the control plane takes over NATS: it would never join.
+    let long = format!("agg:{}@h:1", "d".repeat(129));
+    assert!(matches!(refused(&long), SpecError::Id(_)));
     assert!(matches!(refused("agg:w@h:70000"), SpecError::Port(_)));
     // Advertised as an Envoy endpoint, which takes an IP address.
     assert!(matches!(
