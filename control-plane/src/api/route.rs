@@ -265,10 +265,56 @@ async fn tokenize(
                 .map_err(|join| RouteFailure::Tokenizer(format!("tokenizer task failed: {join}")))?
         }
     };
-    result.map_err(|failure| match failure {
-        TokenizeFailure::InvalidRequest { field, message } => RouteFailure::invalid(field, message),
-        TokenizeFailure::Internal(message) => RouteFailure::Tokenizer(message),
+    result.map_err(RouteFailure::from)
+}
+
+impl From<TokenizeFailure> for RouteFailure {
+    fn from(failure: TokenizeFailure) -> Self {
+        match failure {
+            TokenizeFailure::InvalidRequest { field, message } => {
+                RouteFailure::invalid(field, message)
+            }
+            TokenizeFailure::Internal(message) => RouteFailure::Tokenizer(message),
+        }
+    }
+}
+
+/// Checks every prompt of a completions batch against the model's context, as the engine
+/// does before serving any of them: one empty or too long prompt refuses the whole request.
+/// Off the runtime threads, like any long tokenization (a batch is rare and may be large).
+async fn check_batch_lengths(
+    state: &ApiState,
+    model: &ServedModel,
+    batch: serde_json::Value,
+    body_bytes: usize,
+) -> Result<(), RouteFailure> {
+    let tokenizer = Arc::clone(&model.tokenizer);
+    let permit = state
+        .tokenize_lanes
+        .acquire(body_bytes)
+        .await
+        .map_err(|_| RouteFailure::Unavailable)?;
+    let lengths = tokio::task::spawn_blocking(move || {
+        let _permit = permit;
+        tokenizer.completion_prompt_lengths(&batch)
     })
+    .await
+    .map_err(|join| RouteFailure::Tokenizer(format!("tokenizer task failed: {join}")))?
+    .map_err(RouteFailure::from)?;
+    for (j, tokens) in lengths.into_iter().enumerate() {
+        check_prompt_length(tokens, model.max_model_len).map_err(|error| RouteFailure::Client {
+            reason: if tokens == 0 {
+                RejectReason::InvalidRequest
+            } else {
+                RejectReason::PromptTooLong
+            },
+            error: InvalidRequest::bad(
+                format!("prompt[{j}]"),
+                format!("prompt[{j}]: {}", error.message),
+            ),
+        })?;
+    }
+    Ok(())
 }
 
 async fn decide<S, B>(
@@ -325,7 +371,10 @@ where
         })
     })?;
     // Every sequence the request generates: `n` for each prompt of a completions batch.
-    let choices = params.n.saturating_mul(prompt_count(api, object));
+    let prompts = prompt_count(api, object);
+    let choices = params.n.saturating_mul(prompts);
+    // A batch is routed by its first prompt, but the engine serves (or refuses) each one.
+    let batch = (prompts > 1 && hashed.is_none()).then(|| json.clone());
     let prompt = match hashed {
         None => RoutePrompt::Tokens(
             tokenize(state, &model, api, json, bytes.len())
@@ -350,6 +399,11 @@ where
             error,
         })
     })?;
+    if let Some(batch) = batch {
+        check_batch_lengths(state, &model, batch, bytes.len())
+            .await
+            .map_err(fail)?;
+    }
     let request = RouteRequest {
         request_id,
         prompt,

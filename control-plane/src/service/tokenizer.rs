@@ -90,6 +90,18 @@ pub trait PromptTokenizer: Send + Sync + 'static {
         Tokenizing::whole(self, api, body)
     }
 
+    /// The token count of every prompt of a completions batch, in order. The default
+    /// tokenizes the whole body as one prompt (a tokenizer that knows no batches).
+    ///
+    /// # Errors
+    /// As [`PromptTokenizer::tokenize`].
+    fn completion_prompt_lengths(
+        &self,
+        body: &serde_json::Value,
+    ) -> Result<Vec<usize>, TokenizeFailure> {
+        Ok(vec![self.tokenize(ApiKind::Completions, body)?.len()])
+    }
+
     /// Segment-cache counters, when the tokenizer keeps such a cache.
     fn cache_stats(&self) -> SegmentCacheStats {
         SegmentCacheStats::default()
@@ -127,12 +139,14 @@ pub fn load_model_tokenizer(
     }
 }
 
-fn failure(e: TokenizeError) -> TokenizeFailure {
-    match e {
-        TokenizeError::InvalidRequest { field, message } => {
-            TokenizeFailure::InvalidRequest { field, message }
+impl From<TokenizeError> for TokenizeFailure {
+    fn from(e: TokenizeError) -> Self {
+        match e {
+            TokenizeError::InvalidRequest { field, message } => {
+                TokenizeFailure::InvalidRequest { field, message }
+            }
+            other => TokenizeFailure::Internal(other.to_string()),
         }
-        other => TokenizeFailure::Internal(other.to_string()),
     }
 }
 
@@ -142,7 +156,8 @@ impl PromptTokenizer for ModelTokenizer {
         api: ApiKind,
         body: &serde_json::Value,
     ) -> Result<Vec<u32>, TokenizeFailure> {
-        self.tokenize_request(api, body).map_err(failure)
+        self.tokenize_request(api, body)
+            .map_err(TokenizeFailure::from)
     }
 
     fn tokenize_here(
@@ -153,17 +168,26 @@ impl PromptTokenizer for ModelTokenizer {
     ) -> Tokenizing {
         let planned = match self.plan_request(api, &body) {
             Ok(planned) => planned,
-            Err(e) => return Tokenizing::Done(Err(failure(e))),
+            Err(e) => return Tokenizing::Done(Err(e.into())),
         };
         if planned.missing_bytes() <= inline_bytes {
-            return Tokenizing::Done(self.finish(planned).map_err(failure));
+            return Tokenizing::Done(self.finish(planned).map_err(TokenizeFailure::from));
         }
         let planned = planned.into_owned();
-        Tokenizing::Rest(Box::new(move || self.finish(planned).map_err(failure)))
+        Tokenizing::Rest(Box::new(move || {
+            self.finish(planned).map_err(TokenizeFailure::from)
+        }))
     }
 
     fn context_length(&self) -> Option<u32> {
         ModelTokenizer::context_length(self)
+    }
+
+    fn completion_prompt_lengths(
+        &self,
+        body: &serde_json::Value,
+    ) -> Result<Vec<usize>, TokenizeFailure> {
+        ModelTokenizer::completion_prompt_lengths(self, body).map_err(TokenizeFailure::from)
     }
 
     fn cache_stats(&self) -> SegmentCacheStats {

@@ -771,11 +771,44 @@ async fn prompts_beyond_the_context_are_refused_before_routing() {
         .status(),
         200
     );
+    // A batch is served prompt by prompt: every one must fit, not just the first that
+    // routes it; and every token id must be in the vocabulary.
+    let vocab = 151_668;
+    for (batch, param, code) in [
+        (json!(["short", ""]), "prompt[1]", "invalid_request"),
+        (json!([[1, 2], []]), "prompt[1]", "invalid_request"),
+        (json!([[1, 2], full]), "prompt[1]", "prompt_too_long"),
+        (
+            json!([[1, 2], [vocab + 1000]]),
+            "prompt[1][0]",
+            "invalid_request",
+        ),
+        (json!([1, vocab + 1000]), "prompt[1]", "invalid_request"),
+    ] {
+        let refused = route(
+            &svc.base,
+            "completions",
+            None,
+            json!({ "prompt": batch }).to_string(),
+        )
+        .await;
+        assert_eq!(refused.status(), 400, "{batch}");
+        assert_eq!(
+            refused
+                .headers()
+                .get(REJECT_HEADER)
+                .and_then(|v| v.to_str().ok()),
+            Some(code),
+            "{batch}"
+        );
+        let body: serde_json::Value = refused.json().await.unwrap();
+        assert_eq!(body["error"]["param"], param, "{batch}: {body}");
+    }
     let m = svc.metrics().await;
     assert_metric(
         &m,
         "switchyard_route_bad_requests_total{code=\"prompt_too_long\"}",
-        2.0,
+        3.0,
     );
     // Refused requests are not routed: nothing is predicted or tracked for them.
     let decisions: f64 = m

@@ -2,8 +2,9 @@
 //!
 //! OpenAI (and vLLM) accept `prompt` as a string, a list of strings, a token-id list, or a list
 //! of token-id lists; a list is a batch that vLLM serves as separate requests. A route verdict
-//! is for one request, so Switchyard routes a batch by its **first** prompt (the others are
-//! still validated, so a malformed batch is a 400 here as it would be at vLLM).
+//! is for one request, so Switchyard routes a batch by its **first** prompt; every prompt is
+//! still validated (here its shape and token ids, by the caller its length), so a malformed
+//! batch is a 400 here as it would be at vLLM.
 
 use serde_json::Value as Json;
 
@@ -22,18 +23,42 @@ pub(crate) enum CompletionPrompt<'a> {
     Tokens(Vec<u32>),
 }
 
-/// Extracts the (first) prompt of a completions body.
-pub(crate) fn prepare_completion(body: &Json) -> Result<CompletionPrompt<'_>, TokenizeError> {
+/// The first prompt of a completions body, every prompt checked as [`completion_prompts`]
+/// checks them.
+pub(crate) fn prepare_completion(
+    body: &Json,
+    max_token_id: u32,
+) -> Result<CompletionPrompt<'_>, TokenizeError> {
+    let mut prompts = completion_prompts(body, max_token_id)?;
+    if let Some(CompletionPrompt::Tokens(first)) = prompts.first() {
+        if first.is_empty() {
+            return Err(TokenizeError::invalid("prompt[0]", "must not be empty"));
+        }
+    }
+    Ok(prompts.swap_remove(0))
+}
+
+/// Every prompt of a completions body, in order (one unless it is a batch): the shape
+/// checked, and every token id within the vocabulary (`0..=max_token_id`), as vLLM checks
+/// them. An empty token-id list is left for the length check.
+pub(crate) fn completion_prompts(
+    body: &Json,
+    max_token_id: u32,
+) -> Result<Vec<CompletionPrompt<'_>>, TokenizeError> {
     let body = body
         .as_object()
         .ok_or_else(|| TokenizeError::invalid("body", "must be a JSON object"))?;
     let add_special_tokens = bool_field(body, "add_special_tokens", true)?;
+    let text = |text| CompletionPrompt::Text {
+        text,
+        add_special_tokens,
+    };
     let prompt = match body.get("prompt") {
         None | Some(Json::Null) => return Err(TokenizeError::invalid("prompt", "is required")),
         Some(prompt) => prompt,
     };
     let items = match prompt {
-        Json::String(text) => return Ok(CompletionPrompt::Text { text, add_special_tokens }),
+        Json::String(s) => return Ok(vec![text(s)]),
         Json::Array(items) if items.is_empty() => return Err(TokenizeError::invalid("prompt", "must not be empty")),
         Json::Array(items) => items,
         _ => {
@@ -44,38 +69,37 @@ pub(crate) fn prepare_completion(body: &Json) -> Result<CompletionPrompt<'_>, To
         }
     };
     match &items[0] {
-        Json::String(first) => {
-            if let Some(j) = items.iter().position(|p| !p.is_string()) {
-                return Err(TokenizeError::invalid(
+        Json::String(_) => items
+            .iter()
+            .enumerate()
+            .map(|(j, item)| match item {
+                Json::String(s) => Ok(text(s)),
+                _ => Err(TokenizeError::invalid(
                     format!("prompt[{j}]"),
                     "must be a string like prompt[0]",
-                ));
-            }
-            Ok(CompletionPrompt::Text {
-                text: first,
-                add_special_tokens,
+                )),
             })
-        }
-        Json::Number(_) => Ok(CompletionPrompt::Tokens(token_ids(items, "prompt")?)),
-        Json::Array(first) => {
-            for (j, item) in items.iter().enumerate().skip(1) {
-                match item {
-                    Json::Array(ids) => {
-                        token_ids(ids, &format!("prompt[{j}]"))?;
-                    }
-                    _ => {
-                        return Err(TokenizeError::invalid(
-                            format!("prompt[{j}]"),
-                            "must be a token-id array like prompt[0]",
-                        ))
-                    }
-                }
-            }
-            if first.is_empty() {
-                return Err(TokenizeError::invalid("prompt[0]", "must not be empty"));
-            }
-            Ok(CompletionPrompt::Tokens(token_ids(first, "prompt[0]")?))
-        }
+            .collect(),
+        Json::Number(_) => Ok(vec![CompletionPrompt::Tokens(token_ids(
+            items,
+            "prompt",
+            max_token_id,
+        )?)]),
+        Json::Array(_) => items
+            .iter()
+            .enumerate()
+            .map(|(j, item)| match item {
+                Json::Array(ids) => Ok(CompletionPrompt::Tokens(token_ids(
+                    ids,
+                    &format!("prompt[{j}]"),
+                    max_token_id,
+                )?)),
+                _ => Err(TokenizeError::invalid(
+                    format!("prompt[{j}]"),
+                    "must be a token-id array like prompt[0]",
+                )),
+            })
+            .collect(),
         _ => Err(TokenizeError::invalid(
             "prompt[0]",
             "must be a string, a token id or a token-id array",
@@ -83,19 +107,27 @@ pub(crate) fn prepare_completion(body: &Json) -> Result<CompletionPrompt<'_>, To
     }
 }
 
-fn token_ids(items: &[Json], field: &str) -> Result<Vec<u32>, TokenizeError> {
+fn token_ids(items: &[Json], field: &str, max_token_id: u32) -> Result<Vec<u32>, TokenizeError> {
     items
         .iter()
         .enumerate()
         .map(|(j, id)| {
-            id.as_u64()
+            let id = id
+                .as_u64()
                 .and_then(|id| u32::try_from(id).ok())
                 .ok_or_else(|| {
                     TokenizeError::invalid(
                         format!("{field}[{j}]"),
                         "must be a token id (an integer in 0..2^32)",
                     )
-                })
+                })?;
+            if id > max_token_id {
+                return Err(TokenizeError::invalid(
+                    format!("{field}[{j}]"),
+                    format!("token id {id} is out of vocabulary (the largest is {max_token_id})"),
+                ));
+            }
+            Ok(id)
         })
         .collect()
 }
@@ -105,11 +137,14 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    /// A vocabulary of 1000 ids (0..=999).
+    const MAX_ID: u32 = 999;
+
     #[test]
     fn routes_a_batch_by_its_first_prompt() {
         let body = json!({"prompt": ["first", "second"], "add_special_tokens": false});
         assert_eq!(
-            prepare_completion(&body).unwrap(),
+            prepare_completion(&body, MAX_ID).unwrap(),
             CompletionPrompt::Text {
                 text: "first",
                 add_special_tokens: false
@@ -117,18 +152,41 @@ mod tests {
         );
         let body = json!({"prompt": [[1, 2], [3]]});
         assert_eq!(
-            prepare_completion(&body).unwrap(),
+            prepare_completion(&body, MAX_ID).unwrap(),
             CompletionPrompt::Tokens(vec![1, 2])
         );
         assert_eq!(
-            prepare_completion(&json!({"prompt": [7, 8]})).unwrap(),
+            prepare_completion(&json!({"prompt": [7, 8]}), MAX_ID).unwrap(),
             CompletionPrompt::Tokens(vec![7, 8])
         );
     }
 
     #[test]
+    fn every_prompt_of_a_batch_is_listed() {
+        let body = json!({"prompt": ["a", ""]});
+        let prompts = completion_prompts(&body, MAX_ID).unwrap();
+        assert_eq!(prompts.len(), 2);
+        assert_eq!(
+            prompts[1],
+            CompletionPrompt::Text {
+                text: "",
+                add_special_tokens: true
+            }
+        );
+        let body = json!({"prompt": [[1, 2], []]});
+        assert_eq!(
+            completion_prompts(&body, MAX_ID).unwrap(),
+            vec![
+                CompletionPrompt::Tokens(vec![1, 2]),
+                CompletionPrompt::Tokens(vec![])
+            ],
+            "an empty later prompt is left for the length check"
+        );
+    }
+
+    #[test]
     fn names_the_offending_field() {
-        let field_of = |body: Json| match prepare_completion(&body) {
+        let field_of = |body: Json| match prepare_completion(&body, MAX_ID) {
             Err(TokenizeError::InvalidRequest { field, .. }) => field,
             other => panic!("expected InvalidRequest, got {other:?}"),
         };
@@ -141,6 +199,13 @@ mod tests {
             field_of(json!({"prompt": [[1], [4294967296u64]]})),
             "prompt[1][0]"
         );
+        // Out of the vocabulary, as vLLM refuses it, wherever in the batch.
+        assert_eq!(field_of(json!({"prompt": [1, 1000]})), "prompt[1]");
+        assert_eq!(
+            field_of(json!({"prompt": [[1], [2, 999, 1000]]})),
+            "prompt[1][2]"
+        );
+        assert_eq!(field_of(json!({"prompt": [[]]})), "prompt[0]");
         assert_eq!(
             field_of(json!({"prompt": "x", "add_special_tokens": "maybe"})),
             "add_special_tokens"
@@ -161,7 +226,7 @@ mod tests {
         ] {
             let body = json!({"prompt": "x", "add_special_tokens": given});
             assert_eq!(
-                prepare_completion(&body).unwrap(),
+                prepare_completion(&body, MAX_ID).unwrap(),
                 CompletionPrompt::Text {
                     text: "x",
                     add_special_tokens: read

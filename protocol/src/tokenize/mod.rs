@@ -53,7 +53,7 @@ pub use bundle::TokenizerBundle;
 use chat_request::{cut_after_final_message, prepare_chat};
 use chunks::ChunkCutter;
 pub use chunks::DEFAULT_CHUNK_BYTES;
-use completion_request::{prepare_completion, CompletionPrompt};
+use completion_request::{completion_prompts, prepare_completion, CompletionPrompt};
 pub use error::TokenizeError;
 pub use model::TokenizerFiles;
 pub use planned::PlannedPrompt;
@@ -86,6 +86,8 @@ pub struct ModelTokenizer {
     special_tokens: Vec<(&'static str, String)>,
     eos_token_id: Option<u32>,
     context_length: Option<u32>,
+    /// The largest token id a prompt may hold.
+    max_token_id: u32,
     splitter: AddedTokenSplitter,
     /// Ids the post-processor puts before and after a single text with
     /// `add_special_tokens=True`; `None` if they could not be derived (then such texts are
@@ -179,6 +181,7 @@ impl ModelTokenizer {
             special_tokens: files.special_tokens,
             eos_token_id,
             context_length: files.context_length,
+            max_token_id: files.max_token_id,
             splitter,
             special_wrap,
             chunker,
@@ -218,7 +221,7 @@ impl ModelTokenizer {
                 let (text, add_special_tokens) = self.render_chat_inner(body)?;
                 self.plan_text(Cow::Owned(text), add_special_tokens)
             }
-            ApiKind::Completions => match prepare_completion(body)? {
+            ApiKind::Completions => match prepare_completion(body, self.max_token_id)? {
                 CompletionPrompt::Tokens(ids) => Ok(PlannedPrompt::ids(ids)),
                 CompletionPrompt::Text {
                     text,
@@ -226,6 +229,37 @@ impl ModelTokenizer {
                 } => self.plan_text(Cow::Borrowed(text), add_special_tokens),
             },
         }
+    }
+
+    /// The token count of every prompt of a completions body, in order (one unless it is a
+    /// batch, which is routed by its first prompt but served prompt by prompt: the caller
+    /// checks each against the context). Every prompt is checked as
+    /// [`ModelTokenizer::tokenize_request`] checks the first.
+    ///
+    /// # Errors
+    /// As [`ModelTokenizer::tokenize_request`].
+    pub fn completion_prompt_lengths(
+        &self,
+        body: &serde_json::Value,
+    ) -> Result<Vec<usize>, TokenizeError> {
+        completion_prompts(body, self.max_token_id)?
+            .into_iter()
+            .map(|prompt| match prompt {
+                CompletionPrompt::Tokens(ids) => Ok(ids.len()),
+                CompletionPrompt::Text {
+                    text,
+                    add_special_tokens,
+                } => Ok(self
+                    .finish(self.plan_text(Cow::Borrowed(text), add_special_tokens)?)?
+                    .len()),
+            })
+            .collect()
+    }
+
+    /// The largest token id a prompt may hold (the tokenizer's or, from `config.json`, the
+    /// model's vocabulary, whichever is larger).
+    pub fn max_token_id(&self) -> u32 {
+        self.max_token_id
     }
 
     /// The model's context length in tokens, when its folder says (`config.json`'s

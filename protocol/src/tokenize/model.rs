@@ -32,6 +32,8 @@ pub(crate) struct ModelFiles {
     pub special_tokens: Vec<(&'static str, String)>,
     /// The model's context length, if the folder says (see [`context_length`]).
     pub context_length: Option<u32>,
+    /// The largest token id a prompt may hold (see [`max_token_id`]).
+    pub max_token_id: u32,
 }
 
 /// The texts of a model folder's tokenization files: what [`load`] reads from disk, and what
@@ -150,12 +152,31 @@ pub(crate) fn parse(files: &TokenizerFiles, dir: &Path) -> Result<ModelFiles, To
         .as_deref()
         .and_then(|text| serde_json::from_str(text).ok());
     Ok(ModelFiles {
+        max_token_id: max_token_id(&tokenizer, model_config.as_ref()),
         tokenizer,
         chat_template,
         tool_use_template,
         special_tokens,
         context_length: context_length(model_config.as_ref(), &config),
     })
+}
+
+/// The largest token id vLLM takes in a prompt: the larger of the tokenizer's largest id
+/// (added tokens included) and the model's `vocab_size` − 1 from `config.json` (Qwen3's
+/// embedding table is padded beyond its tokenizer). Without `config.json` the tokenizer's
+/// bound stands, which refuses only the padding ids no tokenizer produces.
+fn max_token_id(tokenizer: &Tokenizer, model_config: Option<&Json>) -> u32 {
+    let tokenizer_max = tokenizer
+        .get_vocab(true)
+        .values()
+        .copied()
+        .max()
+        .unwrap_or(0);
+    let model_max = model_config
+        .and_then(|c| c.get("vocab_size")?.as_u64())
+        .and_then(|n| u32::try_from(n.checked_sub(1)?).ok())
+        .unwrap_or(0);
+    tokenizer_max.max(model_max)
 }
 
 /// The context length vLLM would derive: the model config's `max_position_embeddings`, else
