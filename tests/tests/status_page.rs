@@ -349,6 +349,19 @@ async fn the_status_page_renders_workers_and_verdicts_in_chromium() {
         &want,
     );
 
+    // A knob the policy refuses, after one it takes: the note says why, and the reasons
+    // table of the knob before is not left beside it.
+    let refused = format!("{page}&eff_isl_threshold={bypassed_eff_isl}&eff_isl_ratio_threshold=2");
+    let dom = whatif_dom(&chromium, &refused, scratch.path());
+    let note = text_of(&dom, "whatif-note");
+    assert!(note.contains("[0, 1]"), "{note}");
+    assert_eq!(text_of(&dom, "whatif-share"), "–");
+    assert_eq!(
+        dom.matches("data-reason=\"").count(),
+        0,
+        "stale reasons:\n{dom}"
+    );
+
     // The screenshot, for people (docs/control-plane.md shows one): the lowered threshold.
     let moved = format!("{page}&eff_isl_threshold={bypassed_eff_isl}");
     let png = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("status-page.png");
