@@ -222,7 +222,9 @@ pub struct Metrics {
     /// How old another replica's update was when it was applied here (sender's clock to
     /// this one's): how stale this replica's view of the others' load is.
     pub replica_sync_lag_seconds: Histogram,
-    /// The version (NATS KV revision) of the router config in force; 0 when not shared.
+    /// The version of the router config in force: the shared config's NATS KV revision with
+    /// `--replica-id`, else the count of this process's changes (the `ETag` of
+    /// `/v1/config`).
     pub config_version: Gauge,
     /// 1 once this replica reports ready (`/readyz`).
     pub ready: Gauge,
@@ -503,7 +505,7 @@ impl Metrics {
         );
         r.add(
             "config_version",
-            "Version (NATS KV revision) of the router config in force; 0 when not shared",
+            "Version of the router config in force (the ETag of /v1/config): the shared NATS KV revision, or this process's change count",
             self.config_version.clone(),
         );
         r.add(

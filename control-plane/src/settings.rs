@@ -94,7 +94,8 @@ pub struct Settings {
 
     /// The model's context length in tokens: longer prompts and larger `max_tokens` get a
     /// 400 before any worker sees them. Default: the model directory's `config.json`
-    /// (`max_position_embeddings`), else its `tokenizer_config.json` (`model_max_length`).
+    /// (`max_position_embeddings`), else its `tokenizer_config.json` (`model_max_length`),
+    /// else 131072.
     #[arg(long, env = "SWITCHYARD_MAX_MODEL_LEN",
           value_parser = clap::value_parser!(u32).range(1..))]
     pub max_model_len: Option<u32>,

@@ -102,3 +102,43 @@ fn allow_unsigned_registrations_takes_the_usual_boolean_words_from_the_environme
     assert_eq!(code, Some(64), "{stderr}");
     assert!(stderr.contains("allow-unsigned-registrations"), "{stderr}");
 }
+
+/// The Istio sample (`envoy/istio/control-plane.yaml`) is not applied to a mesh here, so its
+/// container arguments are checked against the binary: every flag it passes exists and takes
+/// the value given (clap stops at the first one it refuses, before reaching `--help`; files
+/// are opened only later), and its readiness probe is `/readyz`, which waits for workers and
+/// their caches (`/healthz` is 200 as soon as HTTP serves).
+#[test]
+fn the_istio_sample_passes_flags_the_binary_takes_and_probes_readiness() {
+    let sample = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../envoy/istio/control-plane.yaml"
+    ))
+    .expect("the Istio sample");
+    let args: Vec<&str> = sample
+        .lines()
+        .filter_map(|line| {
+            line.trim()
+                .strip_prefix("- --")
+                .map(|_| line.trim()[2..].trim())
+        })
+        .collect();
+    assert!(
+        args.contains(&"--registration-secret-file=/etc/switchyard/registration/secret"),
+        "workers must be able to join: {args:?}"
+    );
+    let output = Command::new(env!("CARGO_BIN_EXE_switchyard-control-plane"))
+        .args(&args)
+        .arg("--help")
+        .output()
+        .expect("the binary runs");
+    assert!(
+        output.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        sample.contains("httpGet: { path: /readyz, port: 8080 }"),
+        "the readiness probe must be /readyz"
+    );
+}
