@@ -628,6 +628,21 @@ mod tests {
         assert_eq!(core.heartbeat(&intruder, t).change, WorkerChange::New);
     }
 
+    /// Ticks the core from `t` in half-second steps until worker `id` has expired; the time.
+    fn tick_until_gone(core: &mut ControlCore, id: &str, mut t: u64) -> u64 {
+        while core
+            .router()
+            .workers()
+            .iter()
+            .any(|w| w.info.worker_id.0 == id)
+        {
+            t += 500;
+            core.tick(t);
+            assert!(t < 60_000, "{id} expires");
+        }
+        t
+    }
+
     #[test]
     fn a_second_id_at_a_live_workers_address_is_refused_until_the_holder_goes() {
         let mut core = ControlCore::new(Router::new(), 3);
@@ -663,18 +678,7 @@ mod tests {
             WorkerChange::AddressInUse
         );
         // Once the holder stops and expires (3 missed 1 s intervals), the newcomer registers.
-        let holds_a = |core: &ControlCore| {
-            core.router()
-                .workers()
-                .iter()
-                .any(|w| w.info.worker_id.0 == "a")
-        };
-        let mut t = 2_300;
-        while holds_a(&core) {
-            t += 500;
-            core.tick(t);
-            assert!(t < 10_000, "the holder expires");
-        }
+        let t = tick_until_gone(&mut core, "a", 2_300);
         let outcome = core.heartbeat(&newcomer, t + 1);
         assert_eq!(outcome.change, WorkerChange::New);
         assert_eq!(outcome.resync, sent(ResyncReason::NewWorker, "b"));
@@ -703,12 +707,7 @@ mod tests {
             WorkerChange::Restarted
         );
         // A worker that really moved registers there once the old process expires.
-        let mut t = 1_200;
-        while !core.router().workers().is_empty() {
-            t += 500;
-            core.tick(t);
-            assert!(t < 10_000, "the old process expires");
-        }
+        let t = tick_until_gone(&mut core, "d", 1_200);
         assert_eq!(core.heartbeat(&second, t + 1).change, WorkerChange::New);
     }
 }

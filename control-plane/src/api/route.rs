@@ -250,22 +250,29 @@ async fn tokenize(
     };
     let result = match here {
         Tokenizing::Done(result) => result,
-        Tokenizing::Rest(rest) => {
-            let permit = state
-                .tokenize_lanes
-                .acquire(body_bytes)
-                .await
-                .map_err(|_| RouteFailure::Unavailable)?;
-            let joined = tokio::task::spawn_blocking(move || {
-                let _permit = permit;
-                rest()
-            })
-            .await;
-            joined
-                .map_err(|join| RouteFailure::Tokenizer(format!("tokenizer task failed: {join}")))?
-        }
+        Tokenizing::Rest(rest) => off_runtime(state, body_bytes, rest).await?,
     };
     result.map_err(RouteFailure::from)
+}
+
+/// Runs tokenizer work of a `body_bytes` body on a blocking thread, within its lane (see
+/// [`super::tokenize_lanes`]), so that it holds no runtime thread.
+async fn off_runtime<T: Send + 'static>(
+    state: &ApiState,
+    body_bytes: usize,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, RouteFailure> {
+    let permit = state
+        .tokenize_lanes
+        .acquire(body_bytes)
+        .await
+        .map_err(|_| RouteFailure::Unavailable)?;
+    tokio::task::spawn_blocking(move || {
+        let _permit = permit;
+        work()
+    })
+    .await
+    .map_err(|join| RouteFailure::Tokenizer(format!("tokenizer task failed: {join}")))
 }
 
 impl From<TokenizeFailure> for RouteFailure {
@@ -289,17 +296,10 @@ async fn check_batch_lengths(
     body_bytes: usize,
 ) -> Result<(), RouteFailure> {
     let tokenizer = Arc::clone(&model.tokenizer);
-    let permit = state
-        .tokenize_lanes
-        .acquire(body_bytes)
-        .await
-        .map_err(|_| RouteFailure::Unavailable)?;
-    let lengths = tokio::task::spawn_blocking(move || {
-        let _permit = permit;
+    let lengths = off_runtime(state, body_bytes, move || {
         tokenizer.completion_prompt_lengths(&batch)
     })
-    .await
-    .map_err(|join| RouteFailure::Tokenizer(format!("tokenizer task failed: {join}")))?
+    .await?
     .map_err(RouteFailure::from)?;
     for (j, tokens) in lengths.into_iter().enumerate() {
         check_prompt_length(tokens, model.max_model_len).map_err(|error| RouteFailure::Client {
