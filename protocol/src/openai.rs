@@ -153,10 +153,10 @@ pub fn generation_params(
     let n = match lax_int(body, "n")? {
         None => 1,
         Some(n) if n >= 1 => u32::try_from(n).unwrap_or(u32::MAX),
-        Some(n) => {
+        Some(_) => {
             return Err(InvalidRequest::bad(
                 "n",
-                format!("n must be at least 1, got {n}"),
+                format!("n must be at least 1, got {}", as_sent(body, "n")),
             ))
         }
     };
@@ -175,14 +175,15 @@ pub fn generation_params(
             if value < 1 {
                 return Err(InvalidRequest::bad(
                     name,
-                    format!("{name} must be at least 1, got {value}"),
+                    format!("{name} must be at least 1, got {}", as_sent(body, name)),
                 ));
             }
             if value > i128::from(max_model_len) {
                 return Err(InvalidRequest::bad(
                     name,
                     format!(
-                        "{name}={value} cannot be greater than the model's context of {max_model_len} tokens; request fewer output tokens"
+                        "{name}={} cannot be greater than the model's context of {max_model_len} tokens; request fewer output tokens",
+                        as_sent(body, name)
                     ),
                 ));
             }
@@ -331,6 +332,13 @@ pub fn check_prompt_length(prompt_tokens: usize, max_model_len: u32) -> Result<(
 pub fn clamp_max_tokens(max_tokens: u32, prompt_tokens: usize, max_model_len: u32) -> u32 {
     let left = (max_model_len as usize).saturating_sub(prompt_tokens);
     max_tokens.min(u32::try_from(left).unwrap_or(u32::MAX))
+}
+
+/// A field's value as the client sent it (its JSON), for messages: a huge integer is shown
+/// as the float it was read as (`-1e+23`), not as that float's binary digits
+/// (`-99999999999999991611392`), which the client never wrote.
+fn as_sent(body: &Map<String, Value>, field: &str) -> String {
+    body.get(field).map_or_else(String::new, short)
 }
 
 /// An integer field as pydantic's lax mode reads it: a JSON integer, a float without a
@@ -530,6 +538,14 @@ mod tests {
         // A null max_completion_tokens is absent: max_tokens decides, and is checked.
         let err = chat(json!({"max_completion_tokens": null, "max_tokens": 0})).unwrap_err();
         assert_eq!(err.param.as_deref(), Some("max_tokens"));
+    }
+
+    #[test]
+    fn a_refused_number_is_shown_as_the_client_wrote_it() {
+        let err = chat(json!({"n": -1e23})).unwrap_err();
+        assert!(err.message.ends_with("got -1e+23"), "{err}");
+        let err = chat(json!({"max_tokens": "0"})).unwrap_err();
+        assert!(err.message.ends_with("got \"0\""), "{err}");
     }
 
     #[test]
