@@ -97,9 +97,8 @@ pub fn run_markdown(r: &RunReport) -> String {
     let g = &r.goodput;
     let _ = writeln!(
         out,
-        "\nSLOs: TTFT ≤ {} ms, ITL ≤ {} ms; {} of sent requests met them.\n",
-        num(g.slo.ttft_ms, 0),
-        num(g.slo.itl_ms, 0),
+        "\nSLOs: {}; {} of sent requests met them.\n",
+        g.slo.describe(),
         pct(Some(g.share))
     );
     let tok = &r.tokens;

@@ -31,6 +31,16 @@ pub struct Slo {
 }
 
 impl Slo {
+    /// The objectives in words, each exactly as given (`TTFT ≤ 2000 ms, ITL ≤ 14.5 ms`; `–`
+    /// for none): a rounded objective would name another SLO than the one scored.
+    pub fn describe(&self) -> String {
+        let ms = |objective: Option<f64>| match objective {
+            Some(v) if v.is_finite() => format!("{v} ms"),
+            _ => "–".to_string(),
+        };
+        format!("TTFT ≤ {}, ITL ≤ {}", ms(self.ttft_ms), ms(self.itl_ms))
+    }
+
     /// Whether a successful record meets every objective.
     pub fn met_by(&self, r: &RequestRecord) -> bool {
         let ttft_ok = match (self.ttft_ms, r.ttft_ms) {

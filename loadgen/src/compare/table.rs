@@ -98,17 +98,31 @@ pub fn comparison_tables(runs: &[RunReport]) -> String {
             counts(&r.errors),
         );
     }
-    if let Some(first) = runs.first() {
-        let g = &first.goodput.slo;
-        let _ = writeln!(
-            out,
-            "\nGoodput counts successful requests with TTFT ≤ {} ms and ITL ≤ {} ms \
-             (– = no objective).",
-            num(g.ttft_ms, 0),
-            num(g.itl_ms, 0)
-        );
-    }
+    out.push_str(&objectives_note(runs));
     out
+}
+
+/// What the goodput columns count: one line when every run was scored against the same
+/// objectives; otherwise each run's, and a warning, since goodput scored against different
+/// objectives does not compare.
+fn objectives_note(runs: &[RunReport]) -> String {
+    let Some(first) = runs.first() else {
+        return String::new();
+    };
+    let shared = first.goodput.slo.describe();
+    if runs.iter().all(|r| r.goodput.slo.describe() == shared) {
+        return format!("\nGoodput counts successful requests with {shared} (– = no objective).\n");
+    }
+    let each: Vec<String> = runs
+        .iter()
+        .map(|r| format!("{}: {}", r.meta.label, r.goodput.slo.describe()))
+        .collect();
+    format!(
+        "\n**These runs were scored against different objectives; their goodput does not \
+         compare.** Goodput counts successful requests within each run's own: {} (– = no \
+         objective).\n",
+        each.join("; ")
+    )
 }
 
 /// Share of sent requests that failed open (no verdict in time) above which a run's note
@@ -183,6 +197,33 @@ mod tests {
         assert!(md.contains("| 400 / 400 / 400 |"), "{md}");
         assert!(md.contains("bypass"), "{md}");
         assert!(md.contains("http 503"), "{md}");
+    }
+
+    #[test]
+    fn the_goodput_note_names_the_objectives_scored_exactly() {
+        let records = vec![record(0, "bypass", None)];
+        let run = |label: &str, itl_ms: f64| {
+            let meta = RunMeta {
+                label: label.into(),
+                ..RunMeta::default()
+            };
+            let slo = Slo {
+                ttft_ms: Some(2000.0),
+                itl_ms: Some(itl_ms),
+            };
+            build_report(meta, &records, 0, slo)
+        };
+        let same = comparison_tables(&[run("a", 14.5), run("b", 14.5)]);
+        assert!(
+            same.contains("requests with TTFT ≤ 2000 ms, ITL ≤ 14.5 ms (– = no objective)"),
+            "not rounded to 14 or 15: {same}"
+        );
+        let mixed = comparison_tables(&[run("a", 25.0), run("b", 14.5)]);
+        assert!(mixed.contains("does not compare"), "{mixed}");
+        assert!(
+            mixed.contains("a: TTFT ≤ 2000 ms, ITL ≤ 25 ms; b: TTFT ≤ 2000 ms, ITL ≤ 14.5 ms"),
+            "{mixed}"
+        );
     }
 
     #[test]

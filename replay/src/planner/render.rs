@@ -44,12 +44,11 @@ pub fn plan_markdown(outcome: &PlanOutcome) -> String {
     let slo = &outcome.slo;
     let _ = writeln!(
         out,
-        "# Deployment plan (virtual time, simulated)\n\n{} workers ({} GPUs); SLOs: TTFT ≤ {} ms, \
-         ITL ≤ {} ms; {} points: {} measured, {} failed, {} not run (time bound).\n",
+        "# Deployment plan (virtual time, simulated)\n\n{} workers ({} GPUs); SLOs: {}; \
+         {} points: {} measured, {} failed, {} not run (time bound).\n",
         outcome.space.workers,
         outcome.gpus,
-        num(slo.ttft_ms, 0),
-        num(slo.itl_ms, 1),
+        slo.describe(),
         outcome.results.len(),
         outcome.measured(),
         outcome.failed(),
