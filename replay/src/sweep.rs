@@ -53,6 +53,8 @@ pub struct SweepPoint {
     pub output_tokens_per_s_per_gpu: f64,
     /// Requests/s meeting the SLOs.
     pub goodput_rps: f64,
+    /// Requests meeting the SLOs (every successful one without SLOs).
+    pub goodput_requests: usize,
     /// Tokens moved by KV transfers.
     pub transfer_tokens: u64,
     /// Requests that failed.
@@ -92,6 +94,7 @@ pub fn sweep_thresholds(
                 e2e_ms: report.e2e_ms,
                 output_tokens_per_s_per_gpu: report.throughput.output_tokens_per_s_per_gpu,
                 goodput_rps: report.goodput.requests_per_s,
+                goodput_requests: report.goodput.requests,
                 transfer_tokens: run.counters.transfer_tokens,
                 failed: report.requests.failed,
             });

@@ -179,6 +179,8 @@ fn point(threshold: u32, ratio: f64, goodput: f64, ttft_p90: f64, failed: usize)
         e2e_ms: Summary::default(),
         output_tokens_per_s_per_gpu: 1.0,
         goodput_rps: goodput,
+        // 100 requests per unit of goodput: different goodputs, different counts.
+        goodput_requests: (goodput * 100.0).round() as usize,
         transfer_tokens: 0,
         failed,
     }
@@ -212,4 +214,28 @@ fn the_recommendation_is_the_measured_best_with_ties_to_the_faster_first_token()
     assert!(text.contains("99.5 % of the best"), "{text}");
     assert!(recommend_from_sweep(&[], 0.01, (0, 0.7)).is_none());
     assert!(recommend_from_sweep(&points[4..], 0.01, (0, 0.7)).is_none());
+}
+
+#[test]
+fn points_serving_as_many_requests_tie_whatever_their_windows() {
+    // Without SLOs every point that serves all 285 requests has the same count; the rates
+    // differ by a hair (when the last request finished). The lowest TTFT p90 decides.
+    let mut a = point(4_096, 0.7, 2.854_57, 875.0, 0);
+    let mut b = point(16_384, 1.0, 2.851_89, 769.0, 0);
+    a.goodput_requests = 285;
+    b.goodput_requests = 285;
+    let points = [a, b];
+    let rec = recommend_from_sweep(&points, 0.0, (2_048, 0.7)).unwrap();
+    assert_eq!(
+        (rec.eff_isl_threshold, rec.eff_isl_ratio_threshold),
+        (16_384, 1.0)
+    );
+    assert!(
+        recommendation_markdown(&rec).contains("points within 0 % of it"),
+        "{}",
+        recommendation_markdown(&rec)
+    );
+    let tolerant = recommend_from_sweep(&points, 0.004, (2_048, 0.7)).unwrap();
+    let text = recommendation_markdown(&tolerant);
+    assert!(text.contains("within 0.4 % of it"), "{text}");
 }

@@ -6,7 +6,8 @@
 //!
 //! The recommendation ([`recommend_from_sweep`]) is a measured point, never a formula: the
 //! sweep point with the most goodput (requests/s meeting the SLOs); points within a tolerance
-//! of that goodput count as tied and the lowest TTFT p90 among them wins. It comes with its
+//! of that goodput, or with as many requests meeting the SLOs as any point had, count as tied
+//! and the lowest TTFT p90 among them wins. It comes with its
 //! goodput as a share of the best point measured (at least `1 − tolerance`), and with the
 //! router's default thresholds' share when the grid holds them. (A rule that sized the
 //! threshold from the decode worker's prefill stall alone ignored queueing at the prefill pool
@@ -123,6 +124,11 @@ pub struct SweepRecommendation {
 /// `goodput_tolerance` (0.01 = 1 %) to the lowest TTFT p90; `default` is the router's
 /// default `(eff_isl_threshold, ratio)`. Points with failed requests are not recommended.
 /// `None` when no point ran cleanly.
+///
+/// Every point replays the same requests, so two with the same number of requests meeting
+/// the SLOs tie whatever their rates: the rates then differ only by when the last request
+/// finished. (Without SLOs every point that serves all its requests ties, and TTFT p90
+/// decides.)
 pub fn recommend_from_sweep(
     points: &[SweepPoint],
     goodput_tolerance: f64,
@@ -141,10 +147,11 @@ pub fn recommend_from_sweep(
     }
     let tolerance = goodput_tolerance.clamp(0.0, 1.0);
     let floor = best * (1.0 - tolerance);
+    let most_requests = clean.iter().map(|p| p.goodput_requests).max().unwrap_or(0);
     let ttft = |p: &SweepPoint| p.ttft_ms.p90.unwrap_or(f64::INFINITY);
     let pick = clean
         .iter()
-        .filter(|p| p.goodput_rps >= floor)
+        .filter(|p| p.goodput_rps >= floor || p.goodput_requests == most_requests)
         .min_by(|a, b| {
             ttft(a)
                 .total_cmp(&ttft(b))
@@ -173,13 +180,15 @@ pub fn recommendation_markdown(rec: &SweepRecommendation) -> String {
     let mut out = format!(
         "Recommended (measured): `eff_isl_threshold` = {}, `eff_isl_ratio_threshold` = {:.2} — \
          goodput {:.3} req/s, {:.1} % of the best sweep point ({:.3} req/s; points within \
-         {:.0} % count as tied, the lowest TTFT p90 wins), {:.1} % bypass.",
+         {} % of it or with as many requests within the SLOs count as tied, the lowest TTFT \
+         p90 wins), {:.1} % bypass.",
         rec.eff_isl_threshold,
         rec.eff_isl_ratio_threshold,
         rec.goodput_rps,
         rec.goodput_ratio * 100.0,
         rec.best_goodput_rps,
-        rec.goodput_tolerance * 100.0,
+        // As given: 0.4 % is not 0 %.
+        (rec.goodput_tolerance * 1e6).round() / 1e4,
         rec.bypass_share * 100.0
     );
     if let Some(d) = rec.default_goodput_ratio {
