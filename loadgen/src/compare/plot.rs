@@ -67,6 +67,11 @@ pub fn points_by_mode(
     series
 }
 
+/// Width of the plot, px.
+const WIDTH: u32 = 900;
+/// Width of the legend's strip right of the plot, px.
+const LEGEND_WIDTH: u32 = 160;
+
 /// Renders the plot as an SVG document.
 ///
 /// # Errors
@@ -94,9 +99,13 @@ pub fn interactivity_vs_throughput_svg(
     let draw_err = |e: &dyn std::fmt::Display| PlotError::Drawing(e.to_string());
     let mut svg = String::new();
     {
-        let root = SVGBackend::with_string(&mut svg, (900, 600)).into_drawing_area();
+        let root =
+            SVGBackend::with_string(&mut svg, (WIDTH + LEGEND_WIDTH, 600)).into_drawing_area();
         root.fill(&WHITE).map_err(|e| draw_err(&e))?;
-        let mut chart = ChartBuilder::on(&root)
+        // The legend has a strip of its own: drawn over the plot it hid the points that
+        // fell under it.
+        let (plot_area, legend_area) = root.split_horizontally(WIDTH);
+        let mut chart = ChartBuilder::on(&plot_area)
             .caption(caption, ("sans-serif", 22))
             .margin(20)
             .x_label_area_size(50)
@@ -116,11 +125,7 @@ pub fn interactivity_vs_throughput_svg(
                     points.iter().copied(),
                     colour.stroke_width(2),
                 ))
-                .map_err(|e| draw_err(&e))?
-                .label(mode.as_str())
-                .legend(move |(x, y)| {
-                    PathElement::new([(x, y), (x + 20, y)], colour.stroke_width(2))
-                });
+                .map_err(|e| draw_err(&e))?;
             chart
                 .draw_series(PointSeries::of_element(
                     points.iter().copied(),
@@ -129,13 +134,24 @@ pub fn interactivity_vs_throughput_svg(
                     &|c, s, st| Circle::new(c, s, st),
                 ))
                 .map_err(|e| draw_err(&e))?;
+            let y = 70 + 26 * i32::try_from(i).unwrap_or(0);
+            legend_area
+                .draw(&PathElement::new(
+                    [(10, y), (34, y)],
+                    colour.stroke_width(2),
+                ))
+                .map_err(|e| draw_err(&e))?;
+            legend_area
+                .draw(&Circle::new((22, y), 4, colour.filled()))
+                .map_err(|e| draw_err(&e))?;
+            legend_area
+                .draw(&Text::new(
+                    mode.clone(),
+                    (42, y - 8),
+                    ("sans-serif", 16).into_font(),
+                ))
+                .map_err(|e| draw_err(&e))?;
         }
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .draw()
-            .map_err(|e| draw_err(&e))?;
         root.present().map_err(|e| draw_err(&e))?;
     }
     Ok(svg)

@@ -219,6 +219,35 @@ fn comparison_table_json_and_plot_cover_every_mode() {
     );
     let svg = interactivity_vs_throughput_svg(&runs, ThroughputKind::Total).unwrap();
     assert!(svg.starts_with("<svg") && svg.contains("conditional") && svg.contains("</svg>"));
+    // The legend has its own strip right of the plot: no point lies under it.
+    let attr = |element: &str, name: &str| -> f64 {
+        let at = element.find(&format!(" {name}=\"")).unwrap() + name.len() + 3;
+        element[at..at + element[at..].find('"').unwrap()]
+            .parse()
+            .unwrap()
+    };
+    let circles: Vec<&str> = svg.split("<circle").skip(1).collect();
+    assert!(!circles.is_empty());
+    let (points, legend_marks): (Vec<f64>, Vec<f64>) = circles
+        .iter()
+        .map(|c| attr(c, "cx"))
+        .partition(|x| *x < 900.0);
+    assert_eq!(points.len(), runs.len(), "a point per run, all on the plot");
+    assert_eq!(
+        legend_marks.len(),
+        3,
+        "a mark per mode, all in the legend's strip"
+    );
+    for mode in ["agg", "disagg", "conditional"] {
+        let label = svg
+            .split("<text")
+            .find(|t| {
+                let inner = t.split_once('>').map_or("", |(_, rest)| rest);
+                inner.split("</text>").next().map(str::trim) == Some(mode)
+            })
+            .expect(mode);
+        assert!(attr(label, "x") >= 900.0, "{mode}'s label on the plot");
+    }
     // Reports round-trip through JSON (the compare subcommand reads them back).
     let json = serde_json::to_string(&runs).unwrap();
     let back: Vec<switchyard_loadgen::report::RunReport> = serde_json::from_str(&json).unwrap();
