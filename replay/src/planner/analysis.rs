@@ -98,7 +98,8 @@ pub struct ModeGap {
 }
 
 /// Orders points best first: goodput, then throughput per GPU, then fewer prefill workers.
-fn better(a: &Scored, b: &Scored) -> Ordering {
+/// Every "best" of a plan is chosen by this order, so its tables name the same points.
+pub(crate) fn better(a: &Scored, b: &Scored) -> Ordering {
     b.metrics
         .goodput_rps
         .total_cmp(&a.metrics.goodput_rps)
@@ -163,23 +164,20 @@ pub fn frontier(points: &[Scored]) -> Vec<Scored> {
 }
 
 /// The best of the modes' bests, and the others' goodput relative to it; `None` when no
-/// point ran.
+/// point ran or none served a request within the SLOs (goodput 0 everywhere recommends
+/// nothing: every deployment failed the objectives).
 pub fn recommend(summaries: &[ModeSummary]) -> Option<PlanRecommendation> {
     let best = summaries.iter().filter_map(|s| s.best).min_by(better)?;
+    if best.metrics.goodput_rps <= 0.0 {
+        return None;
+    }
     let others = summaries
         .iter()
         .filter(|s| s.mode != best.point.mode)
         .filter_map(|s| {
-            s.best.map(|b| {
-                let ratio = if best.metrics.goodput_rps > 0.0 {
-                    b.metrics.goodput_rps / best.metrics.goodput_rps
-                } else {
-                    1.0
-                };
-                ModeGap {
-                    mode: s.mode,
-                    goodput_ratio: ratio,
-                }
+            s.best.map(|b| ModeGap {
+                mode: s.mode,
+                goodput_ratio: b.metrics.goodput_rps / best.metrics.goodput_rps,
             })
         })
         .collect();
@@ -229,5 +227,20 @@ mod tests {
         assert_eq!(best.index, 3);
         let tie = [scored(0, 3, 2.0, 200.0, 1.0), scored(1, 2, 2.0, 200.0, 1.0)];
         assert_eq!(tie.iter().copied().min_by(better).unwrap().index, 1);
+    }
+
+    #[test]
+    fn nothing_is_recommended_when_no_point_met_the_slos() {
+        let summary = |best: Option<Scored>| ModeSummary {
+            mode: ServingMode::Disagg,
+            measured: usize::from(best.is_some()),
+            missing: 0,
+            best,
+            frontier: Vec::new(),
+        };
+        assert!(recommend(&[summary(Some(scored(0, 1, 0.0, 100.0, 1.0)))]).is_none());
+        assert!(recommend(&[summary(None)]).is_none());
+        let rec = recommend(&[summary(Some(scored(0, 1, 0.5, 100.0, 1.0)))]).unwrap();
+        assert_eq!(rec.best.metrics.goodput_rps, 0.5);
     }
 }

@@ -67,16 +67,11 @@ impl PolicyRow {
     }
 }
 
-/// The best (most goodput) of `points`.
+/// The best of `points`, by the order every best of a plan is chosen by
+/// ([`super::analysis::better`]: goodput, then throughput per GPU, then fewer prefill
+/// workers), so this table names the same best split as "Best per mode".
 fn best<'a>(points: impl Iterator<Item = &'a Scored>) -> Option<Scored> {
-    points
-        .max_by(|a, b| {
-            a.metrics
-                .goodput_rps
-                .total_cmp(&b.metrics.goodput_rps)
-                .then(b.point.prefill_workers.cmp(&a.point.prefill_workers))
-        })
-        .copied()
+    points.min_by(|a, b| super::analysis::better(a, b)).copied()
 }
 
 fn ratio(num: Option<&Scored>, den: Option<f64>) -> Option<f64> {

@@ -94,7 +94,14 @@ pub fn plan_markdown(outcome: &PlanOutcome) -> String {
             }
             out.push('\n');
         }
-        None => out.push_str("## Recommended\n\nNothing ran: no recommendation.\n\n"),
+        None if outcome.measured() == 0 => {
+            out.push_str("## Recommended\n\nNothing ran: no recommendation.\n\n")
+        }
+        None => out.push_str(
+            "## Recommended\n\nNo deployment served a request within the SLOs (goodput 0 at \
+             every point): no recommendation. Loosen the objectives, add workers or offer less \
+             load.\n\n",
+        ),
     }
     if outcome.space.slo_cost {
         out.push_str(&policies_section(outcome));
