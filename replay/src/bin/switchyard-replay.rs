@@ -354,7 +354,13 @@ fn run(cli: &Cli, plan: Plan) -> Result<()> {
             ..base.clone()
         };
         let points = sweep_thresholds(&workload, &source, &base, &grid, slo)?;
-        let mut md = sweep_markdown(&points);
+        let mut md = format!(
+            "Conditional mode under `isl_bounding` at load {}× (the first of --load-levels); \
+             SLOs: {}.\n\n",
+            comparison.load_levels[0],
+            slo.describe()
+        );
+        md.push_str(&sweep_markdown(&points));
         let defaults = RouterConfig::default().conditional;
         let rec = recommend_from_sweep(
             &points,

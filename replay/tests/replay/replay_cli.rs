@@ -94,6 +94,10 @@ fn small_agentic_run_prints_the_table_and_writes_reports() {
     }
     assert!(stdout.contains("Threshold sweep"), "{stdout}");
     assert!(
+        stdout.contains("at load 1× (the first of --load-levels); SLOs: TTFT ≤ –, ITL ≤ –."),
+        "the sweep names its load and objectives: {stdout}"
+    );
+    assert!(
         stdout.contains("Recommended (measured)") && stdout.contains("% of the best sweep point"),
         "{stdout}"
     );
