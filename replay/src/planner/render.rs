@@ -92,6 +92,20 @@ pub fn plan_markdown(outcome: &PlanOutcome) -> String {
                     gap.goodput_ratio * 100.0
                 );
             }
+            for mode in &outcome.space.modes {
+                if *mode != p.mode && !rec.others.iter().any(|gap| gap.mode == *mode) {
+                    let _ = writeln!(out, "- best {}: not measured (no point ran)", mode.as_str());
+                }
+            }
+            if outcome.not_run() > 0 {
+                let _ = writeln!(
+                    out,
+                    "\n**{} of {} points did not run within the time bound**: this is the best \
+                     of the points that ran, not of the plan.",
+                    outcome.not_run(),
+                    outcome.results.len()
+                );
+            }
             out.push('\n');
         }
         None if outcome.measured() == 0 => {

@@ -136,6 +136,11 @@ fn the_time_bound_stops_points_from_starting_and_says_so() {
         .all(|r| matches!(r.outcome, PointOutcome::NotRun)));
     let markdown = switchyard_replay::planner::plan_markdown(&outcome);
     assert!(markdown.contains("11 not run"), "{markdown}");
+    // The recommendation says it is the best of what ran, and names the modes that did not.
+    assert!(
+        markdown.contains("11 of 14 points did not run within the time bound"),
+        "{markdown}"
+    );
     let none = plan(2, 0);
     assert_eq!(none.measured(), 0);
     assert!(none.recommendation.is_none());
