@@ -151,23 +151,29 @@ pub struct EnvoySettings {
     pub plain_listen_port: Option<u16>,
 }
 
-/// What Envoy buffers per connection beyond the largest body the filter takes. A body
-/// uploaded chunked has no length to refuse up front: the filter counts it as it arrives, and
-/// Envoy must still have room when the count passes the filter's limit, or Envoy answers its
-/// own plain-text 413 first. One MiB is many reads' worth.
+/// The least Envoy buffers per connection beyond the largest body the filter takes.
+///
+/// A body uploaded chunked has no length to refuse up front: the filter counts it as it
+/// arrives, and Envoy must still have room when the count passes the filter's limit, or
+/// Envoy answers its own plain-text 413 first. Envoy's HTTP/1 codec hands a stream all the
+/// body one read brought at once, and a fast client on loopback brought more than 1 MiB per
+/// read: with 1 MiB of room about half the uploads of 17.5 MiB got Envoy's 413. The room is
+/// therefore as large as the body limit itself ([`EnvoySettings::envoy_buffer_limit`]), and
+/// at least this much.
 pub const BUFFER_HEADROOM_BYTES: u64 = 1 << 20;
 
 impl EnvoySettings {
-    /// Envoy's `per_connection_buffer_limit_bytes`: the body limit plus
-    /// [`BUFFER_HEADROOM_BYTES`].
+    /// Envoy's `per_connection_buffer_limit_bytes`: twice the body limit (at least the body
+    /// limit plus [`BUFFER_HEADROOM_BYTES`]). Envoy only fills it for a body the filter has
+    /// already refused, and it stops keeping such a body once its reply is sent.
     pub fn envoy_buffer_limit(&self) -> u64 {
         self.buffer_limit_bytes
-            .saturating_add(BUFFER_HEADROOM_BYTES)
+            .saturating_add(self.buffer_limit_bytes.max(BUFFER_HEADROOM_BYTES))
     }
 
     /// The filter's JSON configuration: the clusters of the template, the route timeout, a
-    /// body limit [`BUFFER_HEADROOM_BYTES`] below Envoy's buffer limit (so the filter answers
-    /// 413 with a JSON error before Envoy's plain-text one, chunked uploads included), then
+    /// body limit half of Envoy's buffer limit (so the filter answers 413 with a JSON error
+    /// before Envoy's plain-text one, chunked uploads included), then
     /// [`EnvoySettings::filter_overrides`].
     pub fn filter_config(&self) -> String {
         self.filter_config_for_models(&[])
@@ -328,7 +334,7 @@ mod tests {
         assert!(yaml.contains(r#"value: '{"control_plane_cluster":"switchyard_control_plane","prefill_cluster":"switchyard_prefill","route_timeout_ms":150,"max_body_bytes":16777216}'"#), "{yaml}");
         // Envoy has room past the filter's limit, so a chunked upload meets the filter's 413.
         assert!(
-            yaml.contains("per_connection_buffer_limit_bytes: 17825792"),
+            yaml.contains("per_connection_buffer_limit_bytes: 33554432"),
             "{yaml}"
         );
         assert!(

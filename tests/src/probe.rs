@@ -158,6 +158,48 @@ pub async fn post_chunked(
         .map_err(|e| format!("chunked POST {url}: {e}"))
 }
 
+/// Posts `body` to `path` at `base` (`http://host:port`) chunked, in one write, as fast as
+/// the socket takes it (as curl sends a file), over HTTP/1.1 with `connection: close`;
+/// returns the response's head and body. Bounded by `timeout`.
+///
+/// # Errors
+/// A message when the gateway cannot be reached or does not answer in time.
+pub async fn raw_chunked_post(
+    base: &str,
+    path: &str,
+    body: &str,
+    timeout: Duration,
+) -> Result<(String, String), String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let authority = base.trim_start_matches("http://");
+    let mut socket = tokio::net::TcpStream::connect(authority)
+        .await
+        .map_err(|e| format!("connect {authority}: {e}"))?;
+    let mut request = format!(
+        "POST {path} HTTP/1.1\r\nhost: {authority}\r\ncontent-type: application/json\r\n\
+         transfer-encoding: chunked\r\nconnection: close\r\n\r\n{:x}\r\n",
+        body.len()
+    )
+    .into_bytes();
+    request.extend_from_slice(body.as_bytes());
+    request.extend_from_slice(b"\r\n0\r\n\r\n");
+    let exchange = async {
+        // The gateway may answer and close before it has read it all: a failed write is fine.
+        let _ = socket.write_all(&request).await;
+        let mut answer = Vec::new();
+        let _ = socket.read_to_end(&mut answer).await;
+        answer
+    };
+    let answer = tokio::time::timeout(timeout, exchange)
+        .await
+        .map_err(|_| format!("POST {path}: no answer within {timeout:?}"))?;
+    let text = String::from_utf8_lossy(&answer).into_owned();
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| format!("POST {path}: no response head in {text:?}"))?;
+    Ok((head.to_string(), body.to_string()))
+}
+
 /// Waits (bounded, 10 s) until the control plane lists every worker of the stack; returns
 /// worker id -> address.
 ///

@@ -23,8 +23,8 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use switchyard_e2e::probe::{
-    assert_streamed, filter_stat as stat, known_workers, long_prompt, streamed_chat as chat,
-    worker_metric as metric,
+    assert_streamed, filter_stat as stat, known_workers, long_prompt, raw_chunked_post,
+    streamed_chat as chat, worker_metric as metric,
 };
 use switchyard_e2e::{
     client, envoy_stats, get_text, post_observed, start_stack, Component, Signal,
@@ -426,8 +426,43 @@ async fn attacks_and_bad_input_are_refused_and_cost_nothing() {
     );
     let stats = envoy_stats(&http, &stack.admin_url()).await.unwrap();
     assert_eq!(stat(&stats, "prefill.releases_total"), 1);
+
+    // (7) A chunked upload past the body limit, sent as fast as curl sends a file: Envoy's
+    // codec hands the filter all that one read brought, which outran 1 MiB of room past the
+    // limit (Envoy's own plain-text 413 then won about half the time). Each gets the filter's
+    // JSON 413, and no worker sees it.
+    let over = chat(
+        json!([{"role": "user", "content": "x".repeat(MAX_BODY_BYTES / 32 * 35)}]),
+        4,
+    );
+    for attempt in 0..4 {
+        let (head, body) = raw_chunked_post(
+            &gateway,
+            "/v1/chat/completions",
+            &over.to_string(),
+            REQUEST_TIMEOUT,
+        )
+        .await
+        .unwrap_or_else(|e| panic!("attempt {attempt}: {e}"));
+        assert!(
+            head.starts_with("HTTP/1.1 413"),
+            "attempt {attempt}: {head}"
+        );
+        assert!(
+            head.to_ascii_lowercase()
+                .contains("content-type: application/json"),
+            "attempt {attempt}: Envoy's own 413, not the filter's: {head}\n{body}"
+        );
+        let error: Value = serde_json::from_str(&body).expect("the filter's JSON 413");
+        assert_eq!(error["error"]["code"], 413, "{error}");
+    }
+    let stats = envoy_stats(&http, &stack.admin_url()).await.unwrap();
+    assert_eq!(stat(&stats, "rejected.too_large"), 4);
     stack.check_running().expect("every process still runs");
 }
+
+/// The stack's default body limit (the filter's `max_body_bytes`).
+const MAX_BODY_BYTES: usize = 16 << 20;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_nats_outage_and_a_stalled_control_plane_fail_no_request() {

@@ -370,18 +370,14 @@ impl HttpContext for SwitchyardRequest {
 
     fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
         if !self.buffering() {
-            return match self.phase {
-                Phase::Done {
-                    served: Served::Rejected(_),
-                    ..
-                } => Action::Pause,
-                _ => Action::Continue,
-            };
+            // After a refusal (its reply sent) the rest of the body is not kept: buffered,
+            // it could pass Envoy's own limit, whose plain-text 413 then raced the reply.
+            return Action::Continue;
         }
         if body_size as u64 > self.shared.config.max_body_bytes {
             // A chunked body has no content-length to refuse early on.
             self.reply_too_large(body_size as u64);
-            return Action::Pause;
+            return Action::Continue;
         }
         if !end_of_stream {
             // StopIterationAndBuffer: Envoy keeps the chunks; at the end `body_size` is all.
