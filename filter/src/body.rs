@@ -235,18 +235,20 @@ impl RequestDoc {
     /// to prefill locally (the answer hands nothing over).
     ///
     /// # Errors
-    /// A serialization error (not expected).
+    /// Why the answer cannot be used (not the engine's: the prefill leg failed), or a
+    /// serialization error (not expected).
     pub fn decode_leg(
         &self,
         handoff: Handoff,
         prefill_answer: &[u8],
-    ) -> Result<Option<DecodeBody>, serde_json::Error> {
+    ) -> Result<Option<DecodeBody>, String> {
         match handoff.decode_leg(&self.0, prefill_answer) {
             DecodeLeg::Local => Ok(None),
             DecodeLeg::Handoff { body, hold } => Ok(Some(DecodeBody {
-                body: serde_json::to_vec(&body)?,
+                body: serde_json::to_vec(&body).map_err(|e| e.to_string())?,
                 hold,
             })),
+            DecodeLeg::Unusable(why) => Err(why),
         }
     }
 }

@@ -169,6 +169,9 @@ pub enum DecodeLeg {
     /// Prefill locally: the prefill answer carries no handoff (vLLM's answer when the prefill
     /// already finished the request, EOS on the first token).
     Local,
+    /// The prefill answer is not one the engine gives (not JSON, or its handoff field of the
+    /// wrong type): the prefill leg failed, whatever its status said.
+    Unusable(String),
 }
 
 impl Handoff {
@@ -224,8 +227,10 @@ impl Handoff {
     pub fn decode_leg(self, client: &Map<String, Value>, prefill_answer: &[u8]) -> DecodeLeg {
         match self {
             Handoff::VllmNixl => {
-                let Some(params) = vllm_answer_params(prefill_answer) else {
-                    return DecodeLeg::Local;
+                let params = match vllm_answer_params(prefill_answer) {
+                    Ok(Some(params)) => params,
+                    Ok(None) => return DecodeLeg::Local,
+                    Err(why) => return DecodeLeg::Unusable(why),
                 };
                 let hold = params
                     .get("remote_request_id")
@@ -236,8 +241,10 @@ impl Handoff {
                 DecodeLeg::Handoff { body, hold }
             }
             Handoff::TrtllmDisagg => {
-                let Some(mut params) = trtllm_answer_params(prefill_answer) else {
-                    return DecodeLeg::Local;
+                let mut params = match trtllm_answer_params(prefill_answer) {
+                    Ok(Some(params)) => params,
+                    Ok(None) => return DecodeLeg::Local,
+                    Err(why) => return DecodeLeg::Unusable(why),
                 };
                 // No hold to release: TensorRT-LLM frees context KV nobody fetched after its
                 // `kv_transfer_timeout_ms`, and has no call to free it sooner.
@@ -290,13 +297,18 @@ struct VllmAnswer {
     kv_transfer_params: Option<Value>,
 }
 
-/// The `kv_transfer_params` object of a vLLM prefill answer, verbatim; `None` when absent,
-/// `null`, not an object, or the body is not JSON.
-fn vllm_answer_params(body: &[u8]) -> Option<Map<String, Value>> {
-    let answer: VllmAnswer = serde_json::from_slice(body).ok()?;
-    match answer.kv_transfer_params? {
-        Value::Object(params) => Some(params),
-        _ => None,
+/// The `kv_transfer_params` object of a vLLM prefill answer, verbatim; `None` when absent or
+/// `null` (the prefill finished the request).
+///
+/// # Errors
+/// Why the answer is not vLLM's: not a JSON object, or `kv_transfer_params` not an object.
+fn vllm_answer_params(body: &[u8]) -> Result<Option<Map<String, Value>>, String> {
+    let answer: VllmAnswer = crate::from_json_object(body)
+        .map_err(|e| format!("the prefill answer is not vLLM's: {e}"))?;
+    match answer.kv_transfer_params {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Object(params)) => Ok(Some(params)),
+        Some(_) => Err("the prefill answer's kv_transfer_params is not an object".into()),
     }
 }
 
@@ -312,23 +324,31 @@ struct TrtllmChoice {
 }
 
 /// The `choices[0].disaggregated_params` object of a TensorRT-LLM context answer, verbatim.
-/// `None` (the decode worker serves the request whole) when absent, `null` or not an object;
-/// when the answer has not exactly one choice (TensorRT-LLM's own orchestrator refuses
-/// several); when the context server already finished the request (a `finish_reason` other
-/// than `length` or `not_finished`: EOS or a stop string on the first token, where
-/// TensorRT-LLM's orchestrator runs no generation leg either); or when the body is not JSON.
-fn trtllm_answer_params(body: &[u8]) -> Option<Map<String, Value>> {
-    let answer: TrtllmAnswer = serde_json::from_slice(body).ok()?;
-    let [choice] = <[TrtllmChoice; 1]>::try_from(answer.choices).ok()?;
+/// `None` (the decode worker serves the request whole) when absent or `null`; when the answer
+/// has not exactly one choice (TensorRT-LLM's own orchestrator refuses several); or when the
+/// context server already finished the request (a `finish_reason` other than `length` or
+/// `not_finished`: EOS or a stop string on the first token, where TensorRT-LLM's
+/// orchestrator runs no generation leg either).
+///
+/// # Errors
+/// Why the answer is not TensorRT-LLM's: not a JSON object of `choices`, or
+/// `disaggregated_params` not an object.
+fn trtllm_answer_params(body: &[u8]) -> Result<Option<Map<String, Value>>, String> {
+    let answer: TrtllmAnswer = crate::from_json_object(body)
+        .map_err(|e| format!("the context answer is not TensorRT-LLM's: {e}"))?;
+    let Ok([choice]) = <[TrtllmChoice; 1]>::try_from(answer.choices) else {
+        return Ok(None);
+    };
     if !matches!(
         choice.finish_reason.as_deref(),
         Some("length" | "not_finished")
     ) {
-        return None;
+        return Ok(None);
     }
-    match choice.disaggregated_params? {
-        Value::Object(params) => Some(params),
-        _ => None,
+    match choice.disaggregated_params {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Object(params)) => Ok(Some(params)),
+        Some(_) => Err("the context answer's disaggregated_params is not an object".into()),
     }
 }
 
@@ -384,15 +404,27 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
-        for no_handoff in [
-            &br#"{"id":"x"}"#[..],
-            br#"{"kv_transfer_params":null}"#,
-            br#"{"kv_transfer_params":3}"#,
-            b"not json",
-        ] {
+        for no_handoff in [&br#"{"id":"x"}"#[..], br#"{"kv_transfer_params":null}"#] {
             assert_eq!(
                 Handoff::VllmNixl.decode_leg(&client, no_handoff),
                 DecodeLeg::Local
+            );
+        }
+        // Not an answer vLLM gives: the prefill leg failed, whatever its status said.
+        for broken in [
+            &br#"{"kv_transfer_params":3}"#[..],
+            br#"{"kv_transfer_params":"x"}"#,
+            b"not json",
+            b"<html>ok</html>",
+            br#"["kv_transfer_params"]"#,
+        ] {
+            assert!(
+                matches!(
+                    Handoff::VllmNixl.decode_leg(&client, broken),
+                    DecodeLeg::Unusable(_)
+                ),
+                "{}",
+                String::from_utf8_lossy(broken)
             );
         }
     }
@@ -445,15 +477,26 @@ mod tests {
             ),
             r#"{"choices":[]}"#.to_string(),
             r#"{"choices":[{"finish_reason":"length"}]}"#.to_string(),
-            r#"{"choices":[{"finish_reason":"length","disaggregated_params":[1]}]}"#.to_string(),
-            // vLLM's answer shape is not TensorRT-LLM's.
-            r#"{"kv_transfer_params":{"remote_request_id":"h"}}"#.to_string(),
-            "not json".to_string(),
         ] {
             assert_eq!(
                 Handoff::TrtllmDisagg.decode_leg(&client, no_handoff.as_bytes()),
                 DecodeLeg::Local,
                 "{no_handoff}"
+            );
+        }
+        // Not an answer TensorRT-LLM gives: the context leg failed.
+        for broken in [
+            r#"{"choices":[{"finish_reason":"length","disaggregated_params":[1]}]}"#,
+            // vLLM's answer shape is not TensorRT-LLM's.
+            r#"{"kv_transfer_params":{"remote_request_id":"h"}}"#,
+            "not json",
+        ] {
+            assert!(
+                matches!(
+                    Handoff::TrtllmDisagg.decode_leg(&client, broken.as_bytes()),
+                    DecodeLeg::Unusable(_)
+                ),
+                "{broken}"
             );
         }
         let not_finished =

@@ -283,7 +283,10 @@ impl SwitchyardRequest {
                         increment(self.shared.stats.prefill_no_handoff_total, 1);
                         self.forward(served, Some(leg.prefill), None);
                     }
-                    _ => {
+                    // An answer the engine does not give (a proxy's HTML page, a truncated
+                    // body) is a failed prefill, not vLLM's "nothing to hand over".
+                    Err(why) => return self.fall_back(leg.decode, leg.prefill, &why),
+                    Ok(Some(_)) => {
                         return self.fall_back(
                             leg.decode,
                             leg.prefill,
