@@ -42,6 +42,10 @@ pub const PREFILL_NO_HANDOFF_TOTAL: &str = "switchyard.prefill.no_kv_params_tota
 /// Concurrent prefill legs (SGLang) that failed once the decode leg had been sent: the
 /// client got a 502 (`x-switchyard-route: error;reason=prefill_failed`).
 pub const PREFILL_LOST_TOTAL: &str = "switchyard.prefill.lost_total";
+/// Requests Envoy served on another upstream than the destination the filter set (the
+/// destination refused the connection, or is no host of its cluster): served, but not where
+/// the verdict's cache affinity pointed. The response carries `x-switchyard-upstream`.
+pub const REROUTED_TOTAL: &str = "switchyard.rerouted_total";
 /// Histogram of a whole prefill leg (all attempts), milliseconds.
 pub const PREFILL_LATENCY_MS: &str = "switchyard.prefill.latency_ms";
 /// Lifecycle events sent to the control plane (accepted with 2xx).
@@ -129,6 +133,8 @@ pub struct StatIds {
     pub prefill_no_handoff_total: u32,
     /// Id of [`PREFILL_LOST_TOTAL`].
     pub prefill_lost_total: u32,
+    /// Id of [`REROUTED_TOTAL`].
+    pub rerouted_total: u32,
     /// Id of the [`PREFILL_LATENCY_MS`] histogram.
     pub prefill_latency_ms: u32,
     /// Id of [`REPORTS_SENT_TOTAL`].

@@ -274,6 +274,7 @@ fn define_stats() -> StatIds {
         prefill_handoffs_total: define_counter(metrics::PREFILL_HANDOFFS_TOTAL),
         prefill_no_handoff_total: define_counter(metrics::PREFILL_NO_HANDOFF_TOTAL),
         prefill_lost_total: define_counter(metrics::PREFILL_LOST_TOTAL),
+        rerouted_total: define_counter(metrics::REROUTED_TOTAL),
         prefill_latency_ms: define(MetricType::Histogram, metrics::PREFILL_LATENCY_MS),
         reports_sent_total: define_counter(metrics::REPORTS_SENT_TOTAL),
         reports_dropped_total: define_counter(metrics::REPORTS_DROPPED_TOTAL),

@@ -17,7 +17,7 @@ use tokio::time::Instant;
 use serde_json::{json, Value};
 
 use crate::probe::{assistant_text, streamed_chat};
-use crate::{post_observed, WORKER_HEADER};
+use crate::{post_observed, UPSTREAM_HEADER, WORKER_HEADER};
 use switchyard_protocol::route::ROUTE_HEADER;
 
 /// How long one request may take before it counts as failed.
@@ -63,6 +63,9 @@ pub struct Outcome {
     /// The id of the decode worker that served it (its `x-switchyard-worker` header), whether
     /// routed by a verdict or failed open.
     pub worker: Option<String>,
+    /// The upstream Envoy served it on when that was not the filter's destination (its
+    /// `x-switchyard-upstream` header): the destination refused, Envoy retried elsewhere.
+    pub rerouted_to: Option<String>,
     /// For turns after the first: routed by a verdict to the previous turn's worker.
     pub affinity: Option<bool>,
     /// The worker that served the conversation's previous turn, if any.
@@ -149,6 +152,8 @@ async fn run_client(
                     let route = r.header(ROUTE_HEADER).to_string();
                     let worker =
                         Some(r.header(WORKER_HEADER).to_string()).filter(|w| !w.is_empty());
+                    let rerouted_to =
+                        Some(r.header(UPSTREAM_HEADER).to_string()).filter(|u| !u.is_empty());
                     let routed = matches!(route.as_str(), "bypass" | "disagg" | "agg");
                     let affinity = previous
                         .as_ref()
@@ -169,6 +174,7 @@ async fn run_client(
                         ok,
                         route,
                         worker,
+                        rerouted_to,
                         affinity,
                         previous: previous_worker,
                         error: (!ok).then(|| format!("{}: {}", r.status, r.body())),
@@ -181,6 +187,7 @@ async fn run_client(
                     ok: false,
                     route: String::new(),
                     worker: None,
+                    rerouted_to: None,
                     affinity: None,
                     previous: previous.clone(),
                     error: Some(e),
@@ -417,6 +424,7 @@ mod tests {
             ok: true,
             route: "bypass".into(),
             worker: Some("w".into()),
+            rerouted_to: None,
             affinity,
             previous: None,
             error: None,

@@ -28,6 +28,8 @@ pub const BUILD_COMMAND: &str = "cargo build -p switchyard-filter --target wasm3
 
 /// Response header the filter sets with the destination it routed to.
 pub const DESTINATION_RESPONSE_HEADER: &str = "x-switchyard-destination";
+/// The response header naming the upstream that served a request away from its destination.
+pub const UPSTREAM_HEADER: &str = "x-switchyard-upstream";
 /// Response header every simulated worker sets with its id.
 pub const WORKER_HEADER: &str = "x-switchyard-worker";
 

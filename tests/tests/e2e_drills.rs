@@ -342,6 +342,10 @@ async fn fault_drills_on_one_control_plane() {
         .id
         .0
         .clone();
+    let rerouted_before = filter_stat(
+        &envoy_stats(&http, &stack.admin_url()).await.unwrap(),
+        "rerouted_total",
+    );
     let run = baseline(&http, &stack).await;
     let killed_at = run.elapsed();
     stack
@@ -392,6 +396,32 @@ async fn fault_drills_on_one_control_plane() {
     assert!(
         last_to_victim.is_none_or(|at| at < killed_at + Duration::from_secs(3)),
         "no new route to the killed worker after 3 s: {last_to_victim:?}"
+    );
+    // Requests routed to it before it expired were served elsewhere by Envoy's retry: each
+    // response says where, and the filter counts each one.
+    let rerouted: Vec<&drill::Outcome> = report
+        .outcomes
+        .iter()
+        .filter(|o| o.rerouted_to.is_some())
+        .collect();
+    for outcome in &rerouted {
+        assert!(
+            outcome.ok && outcome.worker.as_deref() != Some(victim.as_str()),
+            "{outcome:?}"
+        );
+    }
+    let rerouted_after = filter_stat(
+        &envoy_stats(&http, &stack.admin_url()).await.unwrap(),
+        "rerouted_total",
+    );
+    assert_eq!(
+        rerouted_after - rerouted_before,
+        rerouted.len() as u64,
+        "every response served away from its destination is counted"
+    );
+    eprintln!(
+        "DECODE KILLED: {} requests rerouted by Envoy",
+        rerouted.len()
     );
     let metrics = get_text(&http, &cp_metrics).await.unwrap();
     assert!(

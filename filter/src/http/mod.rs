@@ -47,6 +47,9 @@ use crate::verdict::{classify_route_response, FailOpenReason};
 
 /// Response header naming the `host:port` the filter routed to.
 pub const DESTINATION_RESPONSE_HEADER: &str = "x-switchyard-destination";
+/// Response header naming the upstream that served the request when Envoy served it on
+/// another than [`DESTINATION_RESPONSE_HEADER`] (its fallback, or a retry).
+pub const UPSTREAM_RESPONSE_HEADER: &str = "x-switchyard-upstream";
 /// Response header naming the prefill worker of a disaggregated request.
 pub const PREFILL_RESPONSE_HEADER: &str = "x-switchyard-prefill";
 

@@ -4,11 +4,14 @@
 //! leg that failed or never came.
 
 use log::{debug, warn};
-use proxy_wasm::traits::HttpContext;
+use proxy_wasm::traits::{Context, HttpContext};
 use switchyard_protocol::lifecycle::LifecycleEvent;
 use switchyard_protocol::route::{BYPASS_HEADER, DESTINATION_HEADER, ROUTE_HEADER};
 
-use super::{Phase, SwitchyardRequest, DESTINATION_RESPONSE_HEADER, PREFILL_RESPONSE_HEADER};
+use super::{
+    Phase, SwitchyardRequest, DESTINATION_RESPONSE_HEADER, PREFILL_RESPONSE_HEADER,
+    UPSTREAM_RESPONSE_HEADER,
+};
 use crate::lifecycle::{usage_from_tail, TAIL_BYTES};
 use crate::outcome::Served;
 use crate::shared::{increment, Release};
@@ -88,6 +91,20 @@ impl SwitchyardRequest {
         let prefill = prefill.clone();
         self.set_http_response_header(ROUTE_HEADER, Some(&value));
         if let Some(destination) = destination {
+            // Envoy falls back to another host of the cluster when the destination refuses
+            // the connection or is none of its hosts: served, but away from the cache the
+            // verdict chose. Said and counted, so that it is not mistaken for affinity.
+            let upstream = self
+                .get_property(vec!["upstream", "address"])
+                .and_then(|bytes| String::from_utf8(bytes).ok());
+            if let Some(upstream) = upstream.filter(|u| *u != destination) {
+                increment(self.shared.stats.rerouted_total, 1);
+                debug!(
+                    "#{} {} served by {upstream}, not its destination {destination}",
+                    self.context_id, self.request_id
+                );
+                self.set_http_response_header(UPSTREAM_RESPONSE_HEADER, Some(&upstream));
+            }
             self.set_http_response_header(DESTINATION_RESPONSE_HEADER, Some(&destination));
         }
         if let Some(prefill) = prefill {
