@@ -106,6 +106,22 @@ async fn routes_to_the_chosen_worker_streams_and_ignores_a_forged_destination() 
         "events must arrive at distinct times: {arrivals:?}"
     );
 
+    // (b) A request without a body fails open, under a usable request id like any other: the
+    // filter replaced the client's (a space is no id the workers and logs can carry), and the
+    // worker echoes the one it got.
+    let bodiless = post_raw_observed(
+        &http,
+        &url,
+        Vec::new(),
+        &[("x-request-id", "has space")],
+        REQUEST_TIMEOUT,
+    )
+    .await
+    .expect("bodiless request");
+    assert_eq!(bodiless.header(ROUTE_HEADER), "fail-open;reason=empty_body");
+    let seen = bodiless.header("x-request-id");
+    assert!(seen.starts_with("switchyard-"), "the worker saw {seen:?}");
+
     // (c) A client-supplied destination naming a worker is stripped: each request lands where
     // the control plane says, never where the client asked. The control plane never sees the
     // forged header, so its choices do not depend on it; forging in the pattern A A B B ...
@@ -170,8 +186,8 @@ async fn routes_to_the_chosen_worker_streams_and_ignores_a_forged_destination() 
     );
     assert_eq!(
         stats.get("wasmcustom.switchyard.fail_open_total"),
-        Some(&0),
-        "nothing should fail open"
+        Some(&1),
+        "nothing but the bodiless request should fail open"
     );
 
     // A body that is not JSON is not sent to the control plane or a worker: the gateway
@@ -199,7 +215,11 @@ async fn routes_to_the_chosen_worker_streams_and_ignores_a_forged_destination() 
         stats.get("wasmcustom.switchyard.rejected.not_json"),
         Some(&1)
     );
-    assert_eq!(stats.get("wasmcustom.switchyard.fail_open_total"), Some(&0));
+    assert_eq!(
+        stats.get("wasmcustom.switchyard.fail_open_total"),
+        Some(&1),
+        "the malformed body is no fail-open (the one is the bodiless request)"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

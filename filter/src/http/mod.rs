@@ -141,6 +141,23 @@ pub(crate) struct SwitchyardRequest {
 }
 
 impl SwitchyardRequest {
+    /// Keeps the client's `x-request-id` if it is usable, else replaces it with one of ours:
+    /// the workers (both legs) and the control plane must see the same, usable id.
+    fn settle_request_id(&mut self) {
+        let existing = self.get_http_request_header(REQUEST_ID_HEADER);
+        let now_nanos = self
+            .get_current_time()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos();
+        let (request_id, generated) =
+            choose_request_id(existing.as_deref(), self.context_id, now_nanos);
+        if generated {
+            self.set_http_request_header(REQUEST_ID_HEADER, Some(&request_id));
+        }
+        self.request_id = request_id;
+    }
+
     pub(crate) fn new(context_id: u32, shared: Rc<Shared>) -> Self {
         SwitchyardRequest {
             context_id,
@@ -319,10 +336,11 @@ impl HttpContext for SwitchyardRequest {
         }
         if end_of_stream {
             // No body: nothing to screen. A routed API request without one has nothing to
-            // route on either: it fails open.
+            // route on either: it fails open, under a usable request id like any other.
             let method = self.get_http_request_header(":method");
             let path = self.get_http_request_header(":path");
             if routable_api(method.as_deref(), path.as_deref()).is_some() {
+                self.settle_request_id();
                 self.fail_open(FailOpenReason::EmptyBody);
             }
             return Action::Continue;
@@ -349,19 +367,7 @@ impl HttpContext for SwitchyardRequest {
         if canonical != path {
             self.set_http_request_header(":path", Some(&canonical));
         }
-        let existing = self.get_http_request_header(REQUEST_ID_HEADER);
-        let now_nanos = self
-            .get_current_time()
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_nanos();
-        let (request_id, generated) =
-            choose_request_id(existing.as_deref(), self.context_id, now_nanos);
-        if generated {
-            // The workers (both legs) and the control plane must see the same id.
-            self.set_http_request_header(REQUEST_ID_HEADER, Some(&request_id));
-        }
-        self.request_id = request_id;
+        self.settle_request_id();
         self.path = canonical;
         self.authority = self
             .get_http_request_header(":authority")

@@ -241,7 +241,11 @@ impl SwitchyardRequest {
                 Some(token)
             }
             Err(status) => {
-                warn!("#{} dispatch_http_call failed: {status:?}", self.context_id);
+                // BadArgument is most often a cluster Envoy does not have: name it.
+                warn!(
+                    "#{} route call to cluster {:?} refused: {status:?} (is control_plane_cluster one of Envoy's clusters?)",
+                    self.context_id, config.control_plane_cluster
+                );
                 None
             }
         }
