@@ -58,7 +58,7 @@ impl Supervised {
         let config = NatsConfig {
             program: program.to_path_buf(),
             port,
-            store_dir: run_dir.join("nats-store"),
+            store_dir: run_dir.join(crate::running::NATS_STORE_DIR),
             log: None,
             token: Some(token.to_string()),
         };

@@ -57,6 +57,9 @@ pub struct Stack {
 pub const NATS_TOKEN_FILE: &str = "nats-token";
 /// File in the run directory holding this run's registration secret.
 pub const REGISTRATION_SECRET_FILE: &str = "registration-secret";
+/// Folder of the run directory where nats-server keeps its JetStream state.
+pub(crate) const NATS_STORE_DIR: &str = "nats-store";
+
 /// File in the run directory holding this run's admin token for the control plane.
 pub const ADMIN_TOKEN_FILE: &str = "control-plane-admin-token";
 
@@ -94,6 +97,9 @@ impl StackBuilder {
         };
         std::fs::create_dir_all(&run_dir)
             .map_err(StackError::io(format!("creating {}", run_dir.display())))?;
+        // A reused run directory must not carry the last run's JetStream state: the
+        // replicas' shared config kept there would win over this run's settings.
+        let _ = std::fs::remove_dir_all(run_dir.join(NATS_STORE_DIR));
 
         let extra_replicas = self.control_planes - 1;
         let ports = free_ports(6 + worker_count + 2 * extra_replicas)?;

@@ -182,3 +182,34 @@ async fn switchyard_local_serves_and_stops_everything_on_sigterm() {
     );
     let _ = std::fs::remove_dir_all(&run_dir);
 }
+
+/// Settings that cannot make a stack exit 64, as every Switchyard binary's bad flags do, and
+/// start nothing: an unknown flag, no worker that decodes, a route timeout the filter refuses.
+#[test]
+fn switchyard_local_refuses_unusable_settings_with_exit_64() {
+    let binary = target_dir(&|k| std::env::var(k).ok()).join("debug/switchyard-local");
+    assert!(
+        binary.exists(),
+        "{} missing; run first:\n  {BUILD_COMMAND}",
+        binary.display()
+    );
+    for (args, said) in [
+        (&["--bogus"][..], "--bogus"),
+        (&["--decode", "0"], "decode or agg worker"),
+        (&["--route-timeout-ms", "0"], "--route-timeout-ms"),
+        (&["--control-planes", "9"], "--control-planes"),
+        (
+            &["--filter-setting", "route_timeout_ms=5"],
+            "--route-timeout-ms",
+        ),
+    ] {
+        let output = std::process::Command::new(&binary)
+            .args(args)
+            .env("RUST_BACKTRACE", "0")
+            .output()
+            .expect("switchyard-local runs");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(64), "{args:?}: {stderr}");
+        assert!(stderr.contains(said), "{args:?}: {stderr}");
+    }
+}

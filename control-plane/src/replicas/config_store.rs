@@ -212,10 +212,21 @@ async fn follow_once(
     metrics: &Metrics,
 ) -> Result<(), ConfigStoreError> {
     let store = ConfigStore::open(nats).await?;
-    if store.current().await?.is_none() {
-        let Ok(local) = service.config().await else {
-            return Ok(());
-        };
+    let Ok(local) = service.config().await else {
+        return Ok(());
+    };
+    if let Some(shared) = store.current().await? {
+        // The bucket is the fleet's source of truth, so a replica started with other
+        // settings takes the bucket's: say so, or the flags look silently ignored.
+        if shared.config != local {
+            tracing::warn!(
+                version = shared.version,
+                "the shared config in the NATS KV bucket differs from this replica's start-up \
+                 settings (--serving-mode, --conditional-disagg-config); the shared one applies: \
+                 change it with PUT /v1/config"
+            );
+        }
+    } else {
         match store.write(&local, 0).await {
             Ok(version) => {
                 tracing::info!(

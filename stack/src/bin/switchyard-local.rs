@@ -6,9 +6,11 @@
 
 use std::path::PathBuf;
 
+use std::process::ExitCode;
+
 use anyhow::Context as _;
 use clap::Parser;
-use switchyard_stack::{Profile, ServingMode, SpeedUp, StackBuilder};
+use switchyard_stack::{Profile, ServingMode, SpeedUp, StackBuilder, StackError};
 
 /// Run the local Switchyard stack (Envoy + filter, control plane, NATS, simulated workers).
 #[derive(Debug, Parser)]
@@ -54,13 +56,13 @@ struct Args {
     #[arg(long, alias = "time-scale", env = "SWITCHYARD_SPEED_UP")]
     speed_up: Option<SpeedUp>,
     /// The filter's route call timeout in milliseconds.
-    #[arg(long, default_value_t = 200)]
+    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u64).range(1..=60_000))]
     route_timeout_ms: u64,
     /// Directory for logs and generated config (default: a new one under the temp dir).
     #[arg(long)]
     run_dir: Option<PathBuf>,
     /// A filter configuration key, `KEY=JSON` (e.g. `prefill_retries=2`,
-    /// `lifecycle_reports=false`); repeatable. Keys are listed in docs/gateway.md.
+    /// `prefill_timeout_ms=5000`); repeatable. Keys are listed in docs/gateway.md.
     #[arg(long = "filter-setting", value_parser = parse_filter_setting)]
     filter_settings: Vec<(String, serde_json::Value)>,
 }
@@ -82,14 +84,53 @@ fn parse_filter_setting(raw: &str) -> Result<(String, serde_json::Value), String
     Ok((key.to_string(), value))
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
         .init();
-    let args = Args::parse();
+    // Bad flags exit 64, as every Switchyard binary's do.
+    let args: Args = match switchyard_support::cli::parse_args() {
+        Ok(args) => args,
+        Err(code) => return code,
+    };
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("Error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("Error: {e:?}");
+            if is_usage_error(&e) {
+                ExitCode::from(switchyard_support::cli::EXIT_USAGE)
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+    }
+}
+
+/// Whether `error` is the user's settings at fault (exit 64) rather than a failed run: a
+/// setting the stack refuses, or a component that refused its configuration (the control
+/// plane exits 64 on one).
+fn is_usage_error(error: &anyhow::Error) -> bool {
+    error.chain().any(|cause| {
+        matches!(
+            cause.downcast_ref::<StackError>(),
+            Some(StackError::InvalidSetting(_))
+        ) || matches!(
+            cause.downcast_ref::<StackError>(),
+            Some(StackError::Exited { status, .. }) if status.ends_with(": 64")
+        )
+    })
+}
+
+async fn run(args: Args) -> anyhow::Result<()> {
     let mut builder = StackBuilder::new()
         .decode_workers(args.decode)
         .prefill_workers(args.prefill)
