@@ -112,8 +112,10 @@ impl PoolWatcher {
     /// Reads the file once; applies it if it changed and loads, keeps the last good pools
     /// (and counts the failure) if it does not.
     pub async fn reload(&mut self) {
+        // Unchanged, or still unreadable (deleted, say): counted and logged once, when it
+        // changed, not on every tick.
         let text = std::fs::read_to_string(&self.file).ok();
-        if text.is_some() && text == self.last_text {
+        if text == self.last_text {
             return;
         }
         self.last_text = text;

@@ -34,6 +34,16 @@ pub enum PrefillFailure {
     Status(u16),
 }
 
+impl std::fmt::Display for PrefillFailure {
+    /// In words for a client's error message: `answered 503`, `no answer`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PrefillFailure::NoStatus => f.write_str("no answer"),
+            PrefillFailure::Status(code) => write!(f, "answered {code}"),
+        }
+    }
+}
+
 /// Classifies a prefill answer's status. `retries_done` counts retries already made.
 pub fn classify_prefill_answer(
     status: Option<&str>,
@@ -70,6 +80,12 @@ pub fn retry_cluster<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_failure_reads_in_words_for_the_client() {
+        assert_eq!(PrefillFailure::Status(503).to_string(), "answered 503");
+        assert_eq!(PrefillFailure::NoStatus.to_string(), "no answer");
+    }
 
     #[test]
     fn retries_stay_in_the_models_cluster_only_when_the_gateway_has_one() {

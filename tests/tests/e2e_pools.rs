@@ -250,6 +250,24 @@ async fn declared_workers_join_leave_and_follow_the_pool_file() {
         1,
         "the last good pools stay"
     );
+    // A file that goes missing is one bad reload, not one per tick.
+    std::fs::remove_file(&pools).expect("remove the pool file");
+    let errors_before = reloads(&http, &cp, "error").await;
+    eventually("a missing file is counted", WAIT, || async {
+        reloads(&http, &cp, "error").await > errors_before
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert_eq!(
+        reloads(&http, &cp, "error").await,
+        errors_before + 1.0,
+        "counted once while it stays missing"
+    );
+    assert_eq!(
+        workers(&http, &cp).await.len(),
+        1,
+        "the last good pools stay"
+    );
 
     // Removed from the file: gone. Added back: in again.
     write(&pools, &pool_file(&sim, false));

@@ -44,7 +44,9 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use switchyard_protocol::hash::BlockSize;
-use switchyard_protocol::route::{is_usable_request_id, model_cluster, DECODE_CLUSTER};
+use switchyard_protocol::route::{
+    is_header_safe_model, is_usable_request_id, model_cluster, DECODE_CLUSTER,
+};
 use switchyard_protocol::worker::{check_endpoint_address, Engine, WorkerId, WorkerRole};
 
 /// Largest pool file read; a pool of thousands of workers is far below it.
@@ -379,12 +381,25 @@ fn validate(raw: RawPoolFile) -> Result<Pools, Invalid> {
         ..Pools::empty()
     };
     let mut addresses = HashSet::new();
+    let mut listens = HashSet::new();
     for (m, model) in raw.models.into_iter().enumerate() {
         let at = format!("models[{m}]");
         if model.name.trim().is_empty() || model.name.len() > 256 {
             return Err(invalid(
                 format!("{at}.name"),
                 "a model name of 1 to 256 characters",
+            ));
+        }
+        // The filter names the request's model to Envoy in a header so that a request that
+        // fails open stays in its model's pools; a name no header can carry would fail open
+        // to any model's workers.
+        if !is_header_safe_model(&model.name) {
+            return Err(invalid(
+                format!("{at}.name"),
+                format!(
+                    "model name {:?} must be printable ASCII without a leading or trailing space (the gateway carries it in a header)",
+                    model.name
+                ),
             ));
         }
         if pools.models.contains(&model.name) {
@@ -452,6 +467,16 @@ fn validate(raw: RawPoolFile) -> Result<Pools, Invalid> {
                     format!("{at}.address"),
                     format!("{} is declared for two workers", declared.address),
                 ));
+            }
+            // Switchyard binds a listening event socket: a second worker on the same one
+            // would never get its feed.
+            if let KvEventsSource::Zmq(KvEventsSocket::Listen(endpoint)) = &declared.kv_events {
+                if !listens.insert(endpoint.clone()) {
+                    return Err(invalid(
+                        format!("{at}.kv_events_listen"),
+                        format!("{endpoint} is declared for two workers: each engine publishes to its own port"),
+                    ));
+                }
             }
             pools.workers.insert(declared.id.clone(), declared);
         }
@@ -759,6 +784,30 @@ models:
         );
         let e = error(&GOOD.replace("prefill-0", "decode-0"));
         assert!(e.contains("declared twice"), "{e}");
+        // Two workers on one listening event socket: the second's feed could never bind.
+        let e = error(
+            &GOOD
+                .replace(
+                    "kv_events: tcp://127.0.0.1:5557",
+                    "kv_events_listen: tcp://127.0.0.1:5560",
+                )
+                .replace(
+                    "kv_events: tcp://127.0.0.1:5559",
+                    "kv_events_listen: tcp://127.0.0.1:5560",
+                ),
+        );
+        assert!(
+            e.contains("workers[1].kv_events_listen") && e.contains("two workers"),
+            "{e}"
+        );
+        // A model name no header can carry would fail open to any model's workers.
+        for name in ["modèle", " tiny", "tiny ", "ti\tny"] {
+            let e = error(&GOOD.replace("name: tiny", &format!("name: {name:?}")));
+            assert!(
+                e.contains("models[0].name") && e.contains("printable ASCII"),
+                "{name:?}: {e}"
+            );
+        }
         let e = error(&GOOD.replace("unhealthy_after: 2", "unhealthy_after: 0"));
         assert!(e.contains("health.unhealthy_after"), "{e}");
         let e = error(&GOOD.replace("http://127.0.0.1:9000", "ftp://x"));

@@ -54,6 +54,7 @@ fn options() -> SocketOptions {
 /// yet; the port may still be held by a previous run).
 pub async fn subscribe(events: KvEventsSocket, out: mpsc::Sender<LiveMessage>) {
     let endpoint = events.endpoint().to_owned();
+    let mut warned = false;
     loop {
         let mut socket = SubSocket::with_options(options());
         let connected = match &events {
@@ -61,7 +62,14 @@ pub async fn subscribe(events: KvEventsSocket, out: mpsc::Sender<LiveMessage>) {
             KvEventsSocket::Listen(e) => socket.bind(e).await.map(|_| ()),
         };
         if let Err(e) = connected {
-            tracing::debug!(%endpoint, error = %e, "KV event socket not reachable yet");
+            // A worker not up yet is usual; a port we cannot bind (held by another process)
+            // keeps the worker without cache awareness until it frees: say it once.
+            if matches!(events, KvEventsSocket::Listen(_)) && !warned {
+                warned = true;
+                tracing::warn!(%endpoint, error = %e, "cannot bind the KV event socket; retrying (the worker is routed without its cache until then)");
+            } else {
+                tracing::debug!(%endpoint, error = %e, "KV event socket not reachable yet");
+            }
             if out.is_closed() {
                 return;
             }

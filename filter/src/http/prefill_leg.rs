@@ -158,7 +158,7 @@ impl SwitchyardRequest {
         if let Phase::Done { served: s, .. } = &mut self.phase {
             *s = served;
         }
-        let body = body::prefill_lost_error(&format!("{failure:?}"));
+        let body = body::prefill_lost_error(&failure.to_string());
         if let Err(status) = hostcalls::send_http_response(
             502,
             vec![("content-type", "application/json"), (ROUTE_HEADER, &route)],
