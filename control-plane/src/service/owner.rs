@@ -154,10 +154,7 @@ impl Owner {
                     Ok(())
                 } else {
                     self.core.router_mut().set_config(config).map(|()| {
-                        self.config_version = version;
-                        self.metrics
-                            .config_version
-                            .set(i64::try_from(version).unwrap_or(i64::MAX));
+                        self.set_config_version(version);
                         tracing::info!(version, config = %serde_json::to_string(self.router().config()).unwrap_or_default(), "shared router config applied");
                     })
                 };
@@ -191,6 +188,14 @@ impl Owner {
         self.fold_stalls();
     }
 
+    /// The version of the config in force, kept and exported (`switchyard_config_version`).
+    fn set_config_version(&mut self, version: u64) {
+        self.config_version = version;
+        self.metrics
+            .config_version
+            .set(i64::try_from(version).unwrap_or(i64::MAX));
+    }
+
     /// A change to this process's own config (no `--replica-id`): made if `if_match`
     /// admits the current version, which then counts one up.
     fn patch_config(
@@ -207,10 +212,7 @@ impl Owner {
         let router = self.core.router_mut();
         router.set_config(next)?;
         let config = router.config().clone();
-        self.config_version += 1;
-        self.metrics
-            .config_version
-            .set(i64::try_from(self.config_version).unwrap_or(i64::MAX));
+        self.set_config_version(self.config_version + 1);
         tracing::info!(version = self.config_version, config = %serde_json::to_string(&config).unwrap_or_default(), "router config changed");
         Ok((config, self.config_version))
     }

@@ -158,6 +158,16 @@ pub struct PlannedRun {
     pub split: WorkerSplit,
 }
 
+/// The first of `values` that an earlier one equals: a mode or load level given twice would
+/// run the same points twice, or silently once.
+pub fn first_repeat<T: PartialEq>(values: &[T]) -> Option<&T> {
+    values
+        .iter()
+        .enumerate()
+        .find(|(i, v)| values[..*i].contains(v))
+        .map(|(_, v)| v)
+}
+
 impl ComparisonPlan {
     /// Every run, load levels outer and modes inner (so an interrupted comparison has all
     /// modes of the first level).
@@ -172,15 +182,11 @@ impl ComparisonPlan {
         if self.load_levels.is_empty() {
             return Err(PlanError::NoLoadLevels);
         }
-        for (i, m) in self.modes.iter().enumerate() {
-            if self.modes[..i].contains(m) {
-                return Err(PlanError::RepeatedMode(m.as_str()));
-            }
+        if let Some(m) = first_repeat(&self.modes) {
+            return Err(PlanError::RepeatedMode(m.as_str()));
         }
-        for (i, level) in self.load_levels.iter().enumerate() {
-            if self.load_levels[..i].contains(level) {
-                return Err(PlanError::RepeatedLoadLevel(*level));
-            }
+        if let Some(level) = first_repeat(&self.load_levels) {
+            return Err(PlanError::RepeatedLoadLevel(*level));
         }
         let mut runs = Vec::new();
         for &load_level in &self.load_levels {

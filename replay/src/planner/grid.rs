@@ -3,6 +3,7 @@
 //! threshold pair of the sweep grid, each at every load level. Pure: no runs.
 
 use serde::Serialize;
+use switchyard_loadgen::compare::plan::first_repeat;
 use switchyard_loadgen::LoadLevel;
 use switchyard_router::config::{PolicyKind, ServingMode};
 
@@ -81,15 +82,6 @@ pub enum SpaceError {
     Repeated(&'static str, String),
 }
 
-/// The first value of `values` that an earlier one equals, as text.
-fn first_repeat<T: PartialEq + std::fmt::Display>(values: &[T]) -> Option<String> {
-    values
-        .iter()
-        .enumerate()
-        .find(|(i, v)| values[..*i].contains(v))
-        .map(|(_, v)| v.to_string())
-}
-
 /// Every point of `space`, load levels outer, then agg, then per split disagg and the
 /// conditional thresholds (ratio outer, ISL threshold inner).
 ///
@@ -107,12 +99,24 @@ pub fn plan_points(space: &PlanSpace) -> Result<Vec<PlanPoint>, SpaceError> {
         return Err(SpaceError::Empty("load level"));
     }
     let grid = &space.thresholds;
-    let modes: Vec<&str> = space.modes.iter().map(|m| m.as_str()).collect();
+    let text = |value: &dyn std::fmt::Display| value.to_string();
     for (what, repeat) in [
-        ("mode", first_repeat(&modes)),
-        ("load level", first_repeat(&space.load_levels)),
-        ("ISL threshold", first_repeat(&grid.eff_isl_thresholds)),
-        ("ratio threshold", first_repeat(&grid.ratio_thresholds)),
+        (
+            "mode",
+            first_repeat(&space.modes).map(|m| m.as_str().to_string()),
+        ),
+        (
+            "load level",
+            first_repeat(&space.load_levels).map(|l| text(l)),
+        ),
+        (
+            "ISL threshold",
+            first_repeat(&grid.eff_isl_thresholds).map(|t| text(t)),
+        ),
+        (
+            "ratio threshold",
+            first_repeat(&grid.ratio_thresholds).map(|r| text(r)),
+        ),
     ] {
         if let Some(value) = repeat {
             return Err(SpaceError::Repeated(what, value));
