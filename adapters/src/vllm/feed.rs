@@ -19,7 +19,9 @@
 //!   A block whose parent was lost with the gap cannot be hashed; the mapper skips it and its
 //!   chain, which only costs cache hits.
 //! - vLLM restarting (its numbers back to 0) drops the worker's blocks the same way: the new
-//!   engine's cache starts empty.
+//!   engine's cache starts empty. A live number older than the last one is a restart too,
+//!   whose first batches were lost: the blocks are dropped and the new engine's batches
+//!   replayed from 0.
 //! - [`KvFeed::rejoin`] (the worker registered, or registered again) clears the router's view
 //!   and asks for every batch vLLM still buffers, up to the first live one: an idle engine's
 //!   cache is indexed at once, and a control plane that restarted rebuilds its index.
@@ -209,9 +211,29 @@ impl KvFeed {
                 out.push(FeedAction::Publish(self.reset_batch()));
                 self.apply(&batch, &mut out);
             }
-            SeqStatus::Duplicate | SeqStatus::Stale { .. } => {
-                bump(&mut self.counters.ignored_batches)
+            SeqStatus::Stale { .. } => {
+                // The live PUB stream keeps one publisher's order, and replayed batches never
+                // come this way: an older number here is an engine that restarted and whose
+                // first batches were lost (published before the socket reconnected). Its
+                // cache started empty: drop the old engine's blocks and replay the new one's
+                // from its start, holding this batch.
+                bump(&mut self.counters.restarts);
+                out.push(FeedAction::Publish(self.reset_batch()));
+                self.tracker.reset();
+                let from = 0;
+                let to = batch.seq.saturating_sub(1);
+                self.tracker.observe(batch.seq);
+                bump(&mut self.counters.gaps);
+                self.state = State::Replaying {
+                    why: ReplayFor::Gap,
+                    from,
+                    to,
+                    first_seq: None,
+                    held: vec![batch],
+                };
+                out.push(FeedAction::RequestReplay { from });
             }
+            SeqStatus::Duplicate => bump(&mut self.counters.ignored_batches),
         }
         out
     }

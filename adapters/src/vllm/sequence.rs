@@ -25,9 +25,10 @@ pub enum SeqStatus {
     },
     /// The same as the last one (seen twice, e.g. live and replayed); ignore it.
     Duplicate,
-    /// Older than the last one, but not 0: a late or replayed batch; ignore it. On a live PUB
-    /// stream, which keeps order, it can also mean a restart whose first batches were
-    /// missed; the tracker cannot tell which.
+    /// Older than the last one, but not 0: a late or replayed batch. On a live PUB stream,
+    /// which keeps order, it means a restart whose first batches were missed; the tracker
+    /// cannot tell which stream it came from, so the caller decides
+    /// ([`super::feed::KvFeed::on_live`] treats it as a restart).
     Stale {
         /// The last sequence number seen.
         last: u64,

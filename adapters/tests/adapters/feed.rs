@@ -207,6 +207,45 @@ fn a_restarted_engine_clears_the_worker_and_duplicates_are_ignored() {
     assert_eq!(feed.counters().restarts, 1);
 }
 
+/// An engine back before its health checks withdrew it, whose first batches (0, 1) were
+/// published before the live socket reconnected: its next number (2) is older than the old
+/// engine's last (5). The old engine's blocks go, and the new one's are replayed from 0.
+#[test]
+fn a_restart_whose_first_batches_were_lost_clears_the_worker_and_replays_from_zero() {
+    let mut feed = feed();
+    for seq in 0..=5 {
+        feed.on_live(stored(seq, seq));
+    }
+    let out = feed.on_live(stored(2, 2));
+    let batches = published(&out);
+    assert_eq!(batches.len(), 1);
+    assert!(is_reset(batches[0]), "the old engine's blocks are dropped");
+    assert_eq!(out.last(), Some(&FeedAction::RequestReplay { from: 0 }));
+    assert!(feed.replaying());
+    let mut all = Vec::new();
+    for seq in 0..=2 {
+        all.extend(feed.on_replay(ReplayFrame::Batch(stored(seq, seq))));
+    }
+    all.extend(feed.on_replay(ReplayFrame::End));
+    all.extend(feed.on_live(stored(3, 3)));
+    let batches = published(&all);
+    assert!(
+        batches.iter().all(|b| !is_reset(b)),
+        "the replay covered the gap"
+    );
+    assert_eq!(
+        stored_hashes(&batches),
+        (0..=3).map(our_hash).collect::<Vec<_>>(),
+        "the new engine's chain, each block once"
+    );
+    let c = feed.counters();
+    assert_eq!(
+        (c.restarts, c.replayed_gaps, c.unrecoverable_gaps),
+        (1, 1, 0)
+    );
+    assert_eq!(c.ignored_batches, 1, "the replayed copy of the held batch 2");
+}
+
 #[test]
 fn rejoining_clears_renumbers_and_replays_everything_buffered() {
     let mut feed = feed();
