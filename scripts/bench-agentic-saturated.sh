@@ -83,9 +83,9 @@ def tails(r):
             f"{rep['itl_ms']['p90']:.1f} ms")
 
 
-print("| sessions | load | served req/s (best) | prefix reuse | agg | best disagg | best isl_bounding (sweep) "
-      "| slo_cost (best split) | (a) slo_cost / sweep | (b) slo_cost / max(agg, disagg) |")
-print("|---|---|---|---|---|---|---|---|---|---|")
+print("| sessions | load | served req/s (best) | ceiling req/s (any deployment) | prefix reuse | agg | best disagg "
+      "| best isl_bounding (sweep) | slo_cost (best split) | (a) slo_cost / sweep | (b) slo_cost / max(agg, disagg) |")
+print("|---|---|---|---|---|---|---|---|---|---|---|")
 rows = []
 for n in counts:
     plan = json.load(open(f"{out}/plan-{n}/plan.json"))
@@ -102,8 +102,11 @@ for n in counts:
         reuse = agg["outcome"]["report"]["tokens"]["cached_share"] * 100
         a = good(slo) / good(sweep) * 100
         b = good(slo) / max(good(agg), good(dis)) * 100
-        print(f"| {n} | {level:g}× | {served:.2f} | {reuse:.0f} % | {cell(agg)} | {cell(dis)} | {cell(sweep)} "
-              f"| {cell(slo)} | {a:.1f} % | {b:.1f} % |")
+        ceiling = next(c["ceiling"]["requests_per_s"] for c in plan["ceilings"] if c["load_level"] == level)
+        # 1.2x the better of agg and disagg above the ceiling: no deployment can reach it.
+        beyond = " (1.2× is above the ceiling)" if 1.2 * max(good(agg), good(dis)) > ceiling else ""
+        print(f"| {n} | {level:g}× | {served:.2f} | {ceiling:.2f} | {reuse:.0f} % | {cell(agg)} | {cell(dis)} "
+              f"| {cell(sweep)} | {cell(slo)} | {a:.1f} % | {b:.1f} %{beyond} |")
         rows.append((n, level, agg, dis, slo))
 print()
 print("Goodput share · TTFT p90 · ITL p90 of each at its best split:")

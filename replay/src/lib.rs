@@ -25,6 +25,7 @@
 //! - [`backend`]: the comparison harness's virtual-time backend.
 //! - [`sweep`]: conditional-disaggregation threshold sweeps.
 //! - [`planner`]: mode, split and thresholds on a GPU budget and SLOs (`switchyard-plan`).
+//! - [`ceiling`]: the most goodput any deployment could reach on a workload (bar checks).
 //! - [`tuning`]: effective-ISL distributions and the thresholds a sweep measured best.
 //! - [`workload`]: the workload a binary's flags describe (trace of either form, agentic).
 //!
@@ -33,6 +34,7 @@
 #![deny(missing_docs)]
 
 pub mod backend;
+pub mod ceiling;
 pub mod gateway;
 pub mod modes;
 pub mod planner;
@@ -48,6 +50,7 @@ pub mod workload;
 mod tests;
 
 pub use backend::{block_on, VirtualBackend, VirtualDetail};
+pub use ceiling::{goodput_ceiling, GoodputCeiling};
 pub use gateway::GatewayModel;
 pub use modes::{compare_modes, report_run, run_mode, ModeRun};
 pub use spec::{ReplayCounters, ReplayRun, StackSpec};

@@ -19,7 +19,7 @@ pub mod render;
 
 use serde::Serialize;
 use switchyard_loadgen::report::Slo;
-use switchyard_loadgen::Workload;
+use switchyard_loadgen::{LoadLevel, Workload};
 
 pub use analysis::{
     recommend, summarize, ModeGap, ModeSummary, PlanRecommendation, PointMetrics, Scored,
@@ -29,6 +29,7 @@ pub use grid::{plan_points, PlanPoint, PlanSpace, SpaceError};
 pub use policies::{policy_markdown, policy_rows, PolicyRow};
 pub use render::{plan_markdown, write_plan, WritePlanError};
 
+use crate::ceiling::{goodput_ceiling, GoodputCeiling};
 use crate::spec::StackSpec;
 use crate::tokens::PromptSource;
 
@@ -47,6 +48,18 @@ pub struct PlanOutcome {
     pub summaries: Vec<ModeSummary>,
     /// The recommended deployment (`None` if nothing ran).
     pub recommendation: Option<PlanRecommendation>,
+    /// Per load level (in `space.load_levels` order), the most goodput any deployment could
+    /// reach ([`crate::ceiling`]).
+    pub ceilings: Vec<LevelCeiling>,
+}
+
+/// The goodput ceiling at one load level.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct LevelCeiling {
+    /// The level.
+    pub load_level: LoadLevel,
+    /// The bound.
+    pub ceiling: GoodputCeiling,
 }
 
 impl PlanOutcome {
@@ -93,6 +106,15 @@ pub fn plan_deployment(
     let results = run_points(workload, source, &base, &points, slo, execution);
     let summaries = summarize(&results, &space.modes);
     let recommendation = recommend(&summaries);
+    let perf = base.preset.perf();
+    let ceilings = space
+        .load_levels
+        .iter()
+        .map(|&load_level| LevelCeiling {
+            load_level,
+            ceiling: goodput_ceiling(workload, &perf, base.arrival_scale.at_level(load_level)),
+        })
+        .collect();
     Ok(PlanOutcome {
         space: space.clone(),
         slo,
@@ -100,5 +122,6 @@ pub fn plan_deployment(
         results,
         summaries,
         recommendation,
+        ceilings,
     })
 }

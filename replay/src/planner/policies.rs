@@ -8,6 +8,10 @@
 //!   ≥ 1.2 where prefix reuse is high (agg's cached prompt share, the workload's reuse as a
 //!   cache sees it, at least [`HIGH_REUSE`]).
 //!
+//! Each row also carries the level's goodput ceiling ([`crate::ceiling`]): where 1.2× the
+//! better of agg and disagg is above it, no deployment and no policy can meet (b)'s multiple,
+//! and the table says so.
+//!
 //! Pure: from a plan's results to rows and markdown.
 
 use std::fmt::Write as _;
@@ -51,6 +55,10 @@ pub struct PolicyRow {
     pub bar_a: Option<f64>,
     /// (b): `slo_cost` ÷ max(agg, disagg).
     pub bar_b: Option<f64>,
+    /// The most goodput any deployment could reach at this level, req/s.
+    pub ceiling_rps: Option<f64>,
+    /// max(agg, disagg), req/s.
+    pub baseline_rps: Option<f64>,
 }
 
 impl PolicyRow {
@@ -64,6 +72,13 @@ impl PolicyRow {
         let b = self.bar_b?;
         let high = self.prefix_reuse.is_some_and(|r| r >= HIGH_REUSE);
         Some(b >= BAR_B_FLOOR && (!high || b >= BAR_B_HIGH_REUSE))
+    }
+
+    /// Whether (b)'s multiple is within the ceiling: `Some(false)` when
+    /// [`BAR_B_HIGH_REUSE`] × max(agg, disagg) is more goodput than any deployment could
+    /// reach (`None` when either side is unknown).
+    pub fn multiple_within_ceiling(&self) -> Option<bool> {
+        Some(BAR_B_HIGH_REUSE * self.baseline_rps? <= self.ceiling_rps?)
     }
 }
 
@@ -99,6 +114,11 @@ pub fn policy_rows(outcome: &PlanOutcome, default_thresholds: (u32, f64)) -> Vec
         .load_levels
         .iter()
         .map(|&level| {
+            let ceiling_rps = outcome
+                .ceilings
+                .iter()
+                .find(|c| c.load_level == level)
+                .map(|c| c.ceiling.requests_per_s);
             let at: Vec<&Scored> = scored
                 .iter()
                 .filter(|s| s.point.load_level == level)
@@ -140,6 +160,8 @@ pub fn policy_rows(outcome: &PlanOutcome, default_thresholds: (u32, f64)) -> Vec
                     .as_ref()
                     .and_then(|_| ratio(slo_cost.as_ref(), baseline)),
                 slo_cost,
+                ceiling_rps,
+                baseline_rps: baseline,
             }
         })
         .collect()
@@ -160,12 +182,25 @@ fn pct(x: Option<f64>, ok: Option<bool>) -> String {
     }
 }
 
+/// (b)'s cell: as [`pct`], naming a multiple no deployment could reach.
+fn pct_b(row: &PolicyRow) -> String {
+    let unmet_floor = row.bar_b.is_some_and(|b| b < BAR_B_FLOOR);
+    match (row.bar_b, row.meets_b(), row.multiple_within_ceiling()) {
+        (Some(b), Some(false), Some(false)) if !unmet_floor => format!(
+            "**{:.1} %** (not met; {BAR_B_HIGH_REUSE}× is above the ceiling)",
+            b * 100.0
+        ),
+        (b, ok, _) => pct(b, ok),
+    }
+}
+
 /// The comparison as a markdown table (goodput in requests/s, the point in parentheses).
 pub fn policy_markdown(rows: &[PolicyRow], workers: u32) -> String {
     let mut out = String::from(
         "| load | offered req/s | prefix reuse | agg | best disagg | isl_bounding default (best split) \
-         | best isl_bounding (sweep) | slo_cost (best split) | (a) slo_cost / best sweep \
-         | (b) slo_cost / max(agg, disagg) |\n|---|---|---|---|---|---|---|---|---|---|\n",
+         | best isl_bounding (sweep) | slo_cost (best split) | ceiling (any deployment) \
+         | (a) slo_cost / best sweep | (b) slo_cost / max(agg, disagg) \
+         |\n|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in rows {
         let slo_bypass = r
@@ -182,7 +217,7 @@ pub fn policy_markdown(rows: &[PolicyRow], workers: u32) -> String {
         };
         let _ = writeln!(
             out,
-            "| {}× | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {}× | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             r.load_level,
             r.offered_rps.map_or("–".into(), |x| format!("{x:.2}")),
             r.prefix_reuse
@@ -192,8 +227,9 @@ pub fn policy_markdown(rows: &[PolicyRow], workers: u32) -> String {
             cell(&r.isl_default, workers),
             cell(&r.sweep_best, workers),
             slo,
+            r.ceiling_rps.map_or("–".into(), |x| format!("{x:.3}")),
             pct(r.bar_a, r.meets_a()),
-            pct(r.bar_b, r.meets_b()),
+            pct_b(r),
         );
     }
     out

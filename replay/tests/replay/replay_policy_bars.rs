@@ -6,6 +6,7 @@
 //! model's goodput; and past saturation (256 agentic sessions on 4 workers, where the prefill
 //! queue is minutes long) its learned rescue keeps it at 95 % of the best static thresholds.
 
+use switchyard_engine::PerfPreset;
 use switchyard_loadgen::agentic::{generate_agentic, AgenticConfig};
 use switchyard_loadgen::report::Slo;
 use switchyard_loadgen::trace_file::load_trace;
@@ -14,7 +15,9 @@ use switchyard_replay::planner::policies::BAR_A;
 use switchyard_replay::planner::{
     plan_deployment, policy_rows, Execution, PlanSpace, PointMetrics,
 };
-use switchyard_replay::{report_run, run_mode, PromptSource, StackSpec, ThresholdGrid};
+use switchyard_replay::{
+    goodput_ceiling, report_run, run_mode, PromptSource, StackSpec, ThresholdGrid,
+};
 use switchyard_router::config::{ConditionalDisaggConfig, PolicyKind, RouterConfig, ServingMode};
 
 const TRACE: &str = concat!(
@@ -71,6 +74,22 @@ fn plan_and_check(workload: &Workload) {
         let m = PointMetrics::of(r).unwrap();
         assert!(m.goodput_rps.is_finite() && m.goodput_rps >= 0.0, "{m:?}");
         assert!(m.tokens_per_s_per_gpu.is_finite() && m.tokens_per_s_per_gpu > 0.0);
+        // No run serves more than the ceiling of its level (it bounds served requests, not
+        // only those within the SLOs).
+        let ceiling = outcome
+            .ceilings
+            .iter()
+            .find(|c| c.load_level == r.point.load_level)
+            .unwrap()
+            .ceiling
+            .requests_per_s;
+        let served = r.report().unwrap().throughput.requests_per_s;
+        assert!(
+            served <= ceiling * (1.0 + 1e-9),
+            "{}: {} served {served:.4} req/s over the ceiling {ceiling:.4}",
+            workload.name,
+            r.point.label(4)
+        );
     }
     let d = ConditionalDisaggConfig::default();
     for row in policy_rows(&outcome, (d.eff_isl_threshold, d.eff_isl_ratio_threshold)) {
@@ -85,6 +104,46 @@ fn plan_and_check(workload: &Workload) {
             row.sweep_best.unwrap().point.label(4)
         );
     }
+}
+
+/// The ceiling bounds runs at any size and is close to what an uncontended deployment
+/// reaches: the agentic sessions on 1 worker (every session in one batch) and on 32 (about
+/// one per worker), against the bound at the same arrival scale.
+#[test]
+fn the_goodput_ceiling_bounds_every_deployment_and_is_near_an_uncontended_one() {
+    let workload = agentic();
+    let source = PromptSource::synthetic(workload.content_seed);
+    let ceiling = goodput_ceiling(
+        &workload,
+        &PerfPreset::Gb200Fp8Tep4.perf(),
+        StackSpec::new(ServingMode::Agg, 1, 0).arrival_scale,
+    )
+    .requests_per_s;
+    let served = |workers: u32| {
+        let run = run_mode(
+            &workload,
+            &source,
+            StackSpec::new(ServingMode::Agg, workers, 0),
+        )
+        .unwrap();
+        report_run(&run, &workload, SLO, None)
+            .throughput
+            .requests_per_s
+    };
+    let crowded = served(1);
+    let uncontended = served(32);
+    assert!(
+        crowded < uncontended,
+        "one worker {crowded:.3}, 32 workers {uncontended:.3} req/s"
+    );
+    assert!(
+        uncontended <= ceiling,
+        "32 workers {uncontended:.4} over the ceiling {ceiling:.4}"
+    );
+    assert!(
+        uncontended >= 0.85 * ceiling,
+        "32 workers {uncontended:.3} req/s: the ceiling {ceiling:.3} is far from any deployment"
+    );
 }
 
 #[test]
