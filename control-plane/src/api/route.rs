@@ -286,9 +286,10 @@ impl From<TokenizeFailure> for RouteFailure {
     }
 }
 
-/// Checks every prompt of a completions batch against the model's context, as the engine
-/// does before serving any of them: one empty or too long prompt refuses the whole request.
-/// Off the runtime threads, like any long tokenization (a batch is rare and may be large).
+/// Checks every prompt of a completions batch after the first (checked as the routed prompt)
+/// against the model's context, as the engine does before serving any of them: one empty or
+/// too long prompt refuses the whole request. Off the runtime threads, like any long
+/// tokenization (a batch is rare and may be large).
 async fn check_batch_lengths(
     state: &ApiState,
     model: &ServedModel,
@@ -297,11 +298,11 @@ async fn check_batch_lengths(
 ) -> Result<(), RouteFailure> {
     let tokenizer = Arc::clone(&model.tokenizer);
     let lengths = off_runtime(state, body_bytes, move || {
-        tokenizer.completion_prompt_lengths(&batch)
+        tokenizer.later_completion_prompt_lengths(&batch)
     })
     .await?
     .map_err(RouteFailure::from)?;
-    for (j, tokens) in lengths.into_iter().enumerate() {
+    for (j, tokens) in (1..).zip(lengths) {
         check_prompt_length(tokens, model.max_model_len).map_err(|error| RouteFailure::Client {
             reason: if tokens == 0 {
                 RejectReason::InvalidRequest

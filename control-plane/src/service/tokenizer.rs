@@ -90,16 +90,17 @@ pub trait PromptTokenizer: Send + Sync + 'static {
         Tokenizing::whole(self, api, body)
     }
 
-    /// The token count of every prompt of a completions batch, in order. The default
-    /// tokenizes the whole body as one prompt (a tokenizer that knows no batches).
+    /// The token counts of a completions batch's prompts after the first (which
+    /// [`PromptTokenizer::tokenize`] already counted), in order. The default knows no
+    /// batches: the whole body was that one prompt.
     ///
     /// # Errors
     /// As [`PromptTokenizer::tokenize`].
-    fn completion_prompt_lengths(
+    fn later_completion_prompt_lengths(
         &self,
-        body: &serde_json::Value,
+        _body: &serde_json::Value,
     ) -> Result<Vec<usize>, TokenizeFailure> {
-        Ok(vec![self.tokenize(ApiKind::Completions, body)?.len()])
+        Ok(Vec::new())
     }
 
     /// Segment-cache counters, when the tokenizer keeps such a cache.
@@ -183,11 +184,11 @@ impl PromptTokenizer for ModelTokenizer {
         ModelTokenizer::context_length(self)
     }
 
-    fn completion_prompt_lengths(
+    fn later_completion_prompt_lengths(
         &self,
         body: &serde_json::Value,
     ) -> Result<Vec<usize>, TokenizeFailure> {
-        ModelTokenizer::completion_prompt_lengths(self, body).map_err(TokenizeFailure::from)
+        ModelTokenizer::later_completion_prompt_lengths(self, body).map_err(TokenizeFailure::from)
     }
 
     fn cache_stats(&self) -> SegmentCacheStats {

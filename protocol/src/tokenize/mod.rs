@@ -231,19 +231,21 @@ impl ModelTokenizer {
         }
     }
 
-    /// The token count of every prompt of a completions body, in order (one unless it is a
-    /// batch, which is routed by its first prompt but served prompt by prompt: the caller
-    /// checks each against the context). Every prompt is checked as
-    /// [`ModelTokenizer::tokenize_request`] checks the first.
+    /// The token counts of a completions batch's prompts after the first, in order (empty
+    /// unless it is a batch). A batch is routed by its first prompt, which
+    /// [`ModelTokenizer::tokenize_request`] tokenized and checked, but served prompt by
+    /// prompt: the caller checks each of these against the context too. Every prompt is
+    /// validated as the first was; only the first is not tokenized again.
     ///
     /// # Errors
     /// As [`ModelTokenizer::tokenize_request`].
-    pub fn completion_prompt_lengths(
+    pub fn later_completion_prompt_lengths(
         &self,
         body: &serde_json::Value,
     ) -> Result<Vec<usize>, TokenizeError> {
         completion_prompts(body, self.max_token_id)?
             .into_iter()
+            .skip(1)
             .map(|prompt| match prompt {
                 CompletionPrompt::Tokens(ids) => Ok(ids.len()),
                 CompletionPrompt::Text {
