@@ -195,17 +195,7 @@ impl KvFeed {
         }
         match self.tracker.observe(batch.seq) {
             SeqStatus::InOrder => self.apply(&batch, &mut out),
-            SeqStatus::Gap { from, to } => {
-                bump(&mut self.counters.gaps);
-                self.state = State::Replaying {
-                    why: ReplayFor::Gap,
-                    from,
-                    to,
-                    first_seq: None,
-                    held: vec![batch],
-                };
-                out.push(FeedAction::RequestReplay { from });
-            }
+            SeqStatus::Gap { from, to } => self.replay_gap(from, to, batch, &mut out),
             SeqStatus::Restarted { .. } => {
                 bump(&mut self.counters.restarts);
                 out.push(FeedAction::Publish(self.reset_batch()));
@@ -220,22 +210,25 @@ impl KvFeed {
                 bump(&mut self.counters.restarts);
                 out.push(FeedAction::Publish(self.reset_batch()));
                 self.tracker.reset();
-                let from = 0;
-                let to = batch.seq.saturating_sub(1);
                 self.tracker.observe(batch.seq);
-                bump(&mut self.counters.gaps);
-                self.state = State::Replaying {
-                    why: ReplayFor::Gap,
-                    from,
-                    to,
-                    first_seq: None,
-                    held: vec![batch],
-                };
-                out.push(FeedAction::RequestReplay { from });
+                self.replay_gap(0, batch.seq.saturating_sub(1), batch, &mut out);
             }
             SeqStatus::Duplicate => bump(&mut self.counters.ignored_batches),
         }
         out
+    }
+
+    /// Batches `from..=to` were missed before `batch`: hold it and ask for them.
+    fn replay_gap(&mut self, from: u64, to: u64, batch: VllmBatch, out: &mut Vec<FeedAction>) {
+        bump(&mut self.counters.gaps);
+        self.state = State::Replaying {
+            why: ReplayFor::Gap,
+            from,
+            to,
+            first_seq: None,
+            held: vec![batch],
+        };
+        out.push(FeedAction::RequestReplay { from });
     }
 
     /// One answer on the replay socket.

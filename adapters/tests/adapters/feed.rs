@@ -243,7 +243,10 @@ fn a_restart_whose_first_batches_were_lost_clears_the_worker_and_replays_from_ze
         (c.restarts, c.replayed_gaps, c.unrecoverable_gaps),
         (1, 1, 0)
     );
-    assert_eq!(c.ignored_batches, 1, "the replayed copy of the held batch 2");
+    assert_eq!(
+        c.ignored_batches, 1,
+        "the replayed copy of the held batch 2"
+    );
 }
 
 #[test]
