@@ -2,6 +2,7 @@
 //! (`EX_USAGE` from sysexits.h) on bad flags rather than clap's 2, and 0 after `--help` or
 //! `--version`, so that scripts can tell a usage error from a failed run.
 
+use std::io::Write as _;
 use std::process::ExitCode;
 
 /// `EX_USAGE`: the command was used incorrectly (bad flags, invalid config).
@@ -17,6 +18,30 @@ pub fn parse_args<C: clap::Parser>() -> Result<C, ExitCode> {
             ExitCode::SUCCESS
         }
     })
+}
+
+/// Prints like `println!`, but a reader that went away (`| head`) is not a panic: the
+/// binaries print their tables after writing their files, and the run's exit code must not
+/// become 101 and a backtrace because nobody read the rest. Other write errors are said once
+/// on stderr per line; the run goes on either way.
+#[macro_export]
+macro_rules! outln {
+    () => {
+        $crate::cli::write_stdout_line(::std::format_args!(""))
+    };
+    ($($arg:tt)*) => {
+        $crate::cli::write_stdout_line(::std::format_args!($($arg)*))
+    };
+}
+
+/// The body of [`outln!`]: one line to stdout, a closed pipe ignored.
+pub fn write_stdout_line(line: std::fmt::Arguments<'_>) {
+    let mut out = std::io::stdout().lock();
+    if let Err(e) = writeln!(out, "{line}").and_then(|()| out.flush()) {
+        if e.kind() != std::io::ErrorKind::BrokenPipe {
+            eprintln!("cannot write to stdout: {e}");
+        }
+    }
 }
 
 /// Longest duration a time flag takes, in seconds: a year, far past any run, and well within

@@ -232,8 +232,13 @@ fn load_workload(args: &LoadgenWorkload) -> Result<(Workload, usize)> {
 
 fn plan(args: &LoadgenWorkload) -> Result<()> {
     let (workload, malformed) = load_workload(args)?;
-    print!("{}", WorkloadSummary::of(&workload).render());
-    println!("{malformed} malformed trace line(s) skipped");
+    switchyard_support::outln!(
+        "{}",
+        WorkloadSummary::of(&workload)
+            .render()
+            .trim_end_matches('\n')
+    );
+    switchyard_support::outln!("{malformed} malformed trace line(s) skipped");
     Ok(())
 }
 
@@ -316,7 +321,7 @@ fn run(args: RunArgs) -> Result<()> {
     };
     let report = build_report(meta, &outcome.records, outcome.not_sent, slo);
     write_run_files(&out, &outcome.records, &report)?;
-    println!("{}", run_markdown(&report));
+    switchyard_support::outln!("{}", run_markdown(&report));
     eprintln!("wrote {}", out.display());
     // A run in which nothing succeeded measured nothing: a script that goes on to compare
     // it must not take it for a result. Partial failures are data and exit 0.
@@ -363,6 +368,6 @@ fn compare(args: &CompareArgs) -> Result<()> {
     });
     let table = comparison_tables(&runs);
     write_comparison(&args.out, &table, &runs, &runs)?;
-    println!("{table}");
+    switchyard_support::outln!("{table}");
     Ok(())
 }

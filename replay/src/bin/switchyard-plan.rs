@@ -225,7 +225,7 @@ fn run(cli: &Cli, checked: Checked) -> Result<()> {
     let outcome = plan_deployment(&workload, &source, &base, &space, slo, &execution)?;
     bar.finish_and_clear();
     let markdown = write_plan(&cli.out, &outcome)?;
-    println!("{markdown}");
+    switchyard_support::outln!("{markdown}");
     eprintln!(
         "wrote {} ({} of {points} points not run before the time bound)",
         cli.out.display(),

@@ -330,7 +330,7 @@ fn run(cli: &Cli, plan: Plan) -> Result<()> {
     ))?;
     let reports = runs.reports();
     let table = comparison_tables(&reports);
-    println!("{table}");
+    switchyard_support::outln!("{table}");
     let tuning = runs
         .runs
         .iter()
@@ -338,7 +338,7 @@ fn run(cli: &Cli, plan: Plan) -> Result<()> {
         .map(|r| EffIslDistribution::from_notes(&r.detail.notes));
     let tuning_md = tuning.map(|dist| (tuning_markdown(&dist), dist));
     if let Some((md, _)) = &tuning_md {
-        println!(
+        switchyard_support::outln!(
             "## Effective ISL (conditional run)\n\n{md}\nThresholds are recommended from \
              measurements only: run with --sweep (or switchyard-plan).\n"
         );
@@ -374,7 +374,7 @@ fn run(cli: &Cli, plan: Plan) -> Result<()> {
             }
             None => md.push_str("\nNo sweep point ran without failures: no recommendation.\n"),
         }
-        println!("## Threshold sweep\n\n{md}");
+        switchyard_support::outln!("## Threshold sweep\n\n{md}");
         Some((points, md, rec))
     } else {
         None

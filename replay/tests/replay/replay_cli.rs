@@ -203,3 +203,26 @@ fn the_planner_refuses_bad_input_and_plans_a_session_trace() {
         assert!(dir.0.join(file).is_file(), "missing {file}");
     }
 }
+
+/// A reader that stops early (`switchyard-replay ... | head -1`) is no failure: the report
+/// folder is written before the table is printed, and the run exits 0 without a panic.
+#[test]
+fn a_reader_that_goes_away_is_not_a_panic() {
+    let out = std::env::temp_dir().join(format!("replay-cli-pipe-{}", std::process::id()));
+    let mut child = Command::new(env!("CARGO_BIN_EXE_switchyard-replay"))
+        .args(["--agentic", "--sessions", "2", "--turns", "2", "--modes", "agg"])
+        .arg("--out")
+        .arg(&out)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("the replay binary runs");
+    // Close the read end before the table is printed.
+    drop(child.stdout.take());
+    let result = child.wait_with_output().expect("it finishes");
+    let stderr = String::from_utf8_lossy(&result.stderr);
+    assert_eq!(result.status.code(), Some(0), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(out.join("comparison.md").is_file());
+    let _ = std::fs::remove_dir_all(&out);
+}

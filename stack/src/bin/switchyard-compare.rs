@@ -129,7 +129,7 @@ fn main() -> ExitCode {
     };
     match runtime.block_on(run_comparison(&config)) {
         Ok(comparison) => {
-            println!("{}", comparison_markdown(&config, &comparison));
+            switchyard_support::outln!("{}", comparison_markdown(&config, &comparison));
             eprintln!("wrote {}", config.out.display());
             ExitCode::SUCCESS
         }

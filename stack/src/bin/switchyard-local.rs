@@ -177,27 +177,27 @@ async fn run(args: Args) -> anyhow::Result<()> {
         _ = sigterm.recv() => anyhow::bail!("terminated during start-up"),
     };
 
-    println!(
+    switchyard_support::outln!(
         "Switchyard is up (simulated workers; logs in {}).",
         stack.run_dir().display()
     );
     for worker in stack.workers() {
-        println!(
+        switchyard_support::outln!(
             "  worker {:<10} {:<8} {}",
             worker.id.0,
             worker.role.as_str(),
             worker.address
         );
     }
-    println!("  control plane  {} (route API)", stack.control_plane_url());
+    switchyard_support::outln!("  control plane  {} (route API)", stack.control_plane_url());
     for replica in 1..stack.control_planes() {
-        println!(
+        switchyard_support::outln!(
             "  replica cp-{replica}   {} (route API), {} (admin API)",
             stack.control_plane_replica_url(replica),
             stack.control_plane_replica_admin_url(replica)
         );
     }
-    println!(
+    switchyard_support::outln!(
         "  admin API      {} (token: {})",
         stack.control_plane_admin_url(),
         stack
@@ -205,15 +205,15 @@ async fn run(args: Args) -> anyhow::Result<()> {
             .join(switchyard_stack::ADMIN_TOKEN_FILE)
             .display()
     );
-    println!("  envoy admin    {}", stack.admin_url());
-    println!("  nats           {}", stack.nats_url());
-    println!();
-    println!("Send requests to {}, e.g.:", stack.gateway_url());
-    println!(
+    switchyard_support::outln!("  envoy admin    {}", stack.admin_url());
+    switchyard_support::outln!("  nats           {}", stack.nats_url());
+    switchyard_support::outln!();
+    switchyard_support::outln!("Send requests to {}, e.g.:", stack.gateway_url());
+    switchyard_support::outln!(
         "  curl -sN -i {}/v1/chat/completions -H 'content-type: application/json' \\\n    -d '{{\"model\":\"qwen3\",\"messages\":[{{\"role\":\"user\",\"content\":\"Hello!\"}}],\"max_tokens\":16,\"stream\":true}}'",
         stack.gateway_url()
     );
-    println!("Ctrl-C stops everything.");
+    switchyard_support::outln!("Ctrl-C stops everything.");
 
     let mut stack = stack;
     let mut health = tokio::time::interval(std::time::Duration::from_secs(1));
@@ -235,7 +235,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         }
     };
     stack.shutdown();
-    println!("{why}: stopped everything");
+    switchyard_support::outln!("{why}: stopped everything");
     Ok(())
 }
 
