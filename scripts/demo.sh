@@ -5,7 +5,8 @@
 # replaying a slice of the Mooncake conversation trace through the gateway. Prints the
 # comparison table and writes it, its JSON and the interactivity-vs-throughput plot to
 # results/compare-<timestamp>/. Then, if the virtual-time replayer is built, prints the same
-# comparison for the whole trace in virtual time.
+# comparison for the whole trace in virtual time, and the planner's answer for the same 200
+# requests with every mode at its own best prefill:decode split (virtual time).
 #
 # Every worker is SIMULATED (a GB200 performance model, no GPU): see docs/benchmarks.md.
 #
@@ -64,5 +65,26 @@ if [[ -x target/release/switchyard-replay ]]; then
     echo "(virtual-time replay took $((SECONDS - vstart)) s)"
   else
     echo "demo: the virtual-time replay failed or took longer than 300 s; the real-stack results above stand" >&2
+  fi
+fi
+
+# The split above (1 prefill : 3 decode) is one deployment; each mode has its own best one.
+# The planner sweeps every split (and conditional's thresholds and slo_cost) for the same
+# 200 requests at the same levels and SLOs in virtual time: a few seconds.
+if [[ -x target/release/switchyard-plan ]]; then
+  echo
+  echo "== virtual time: each mode at its own best prefill:decode split (switchyard-plan, simulated)"
+  pstart=$SECONDS
+  if timeout 300 target/release/switchyard-plan \
+    --trace "$trace" --max-requests 200 \
+    --workers 4 --load-levels 0.5,1 \
+    --slo-ttft-ms 2000 --slo-itl-ms 25 --slo-cost \
+    --quiet --out "$out/plan" > /dev/null; then
+    # The recommendation, each mode at its best split per level, and the best per mode;
+    # the frontiers and every point stay in plan.md.
+    sed -n '/^## Recommended/,/^## Frontier/{/^## Frontier/!p;}' "$out/plan/plan.md"
+    echo "(planner took $((SECONDS - pstart)) s; every point in $out/plan/plan.md)"
+  else
+    echo "demo: the planner failed or took longer than 300 s; the results above stand" >&2
   fi
 fi
