@@ -149,10 +149,44 @@ impl AgenticConfig {
         if !(0.0..=1.0).contains(&self.subagent_probability) {
             return out("subagent_probability", "must be in [0, 1]");
         }
-        if self.output_tokens.0 == 0 || self.initial_context_tokens.0 == 0 {
+        if self.sessions == 0 {
             return out(
-                "output_tokens/initial_context_tokens",
-                "minimum must be positive",
+                "sessions",
+                "must be at least 1: a workload without requests measures nothing",
+            );
+        }
+        if self.turns == 0 {
+            return out(
+                "turns",
+                "must be at least 1: a session without turns sends nothing",
+            );
+        }
+        if self.output_tokens.0 == 0 {
+            return out("output_tokens", "minimum must be positive");
+        }
+        if self.initial_context_tokens.0 == 0 {
+            return out("initial_context_tokens", "minimum must be positive");
+        }
+        if self.subagent_probability > 0.0 && self.subagents_per_spawn.1 == 0 {
+            return out(
+                "subagents_per_spawn",
+                "spawns no sub-agent although subagent_probability is above 0 (set it to 0 for none)",
+            );
+        }
+        if self.subagent_probability > 0.0 && self.subagent_turns.0 == 0 {
+            return out(
+                "subagent_turns",
+                "minimum must be positive when sub-agents spawn",
+            );
+        }
+        if self.most_requests() > MAX_PLANNED_REQUESTS {
+            return out(
+                "sessions",
+                &format!(
+                    "sessions × turns × (1 + sub-agent turns per turn) can reach {} requests, more \
+                     than the {MAX_PLANNED_REQUESTS} a workload holds in memory",
+                    self.most_requests()
+                ),
             );
         }
         if u64::from(self.system_tokens) + u64::from(self.initial_context_tokens.0)
@@ -161,6 +195,25 @@ impl AgenticConfig {
             return out("max_isl", "smaller than the shortest first prompt");
         }
         Ok(())
+    }
+}
+
+/// Most requests one generated workload may plan: every planned request is held in memory
+/// (with its prompt's segments), and a virtual-time run keeps a record of each.
+pub const MAX_PLANNED_REQUESTS: u64 = 2_000_000;
+
+impl AgenticConfig {
+    /// The most requests this config can generate: every main-agent turn, and for each the
+    /// most sub-agent turns a spawn can bring.
+    fn most_requests(&self) -> u64 {
+        let per_turn = if self.subagent_probability > 0.0 {
+            1 + u64::from(self.subagents_per_spawn.1) * u64::from(self.subagent_turns.1)
+        } else {
+            1
+        };
+        u64::from(self.sessions)
+            .saturating_mul(u64::from(self.turns))
+            .saturating_mul(per_turn)
     }
 }
 

@@ -22,7 +22,8 @@ pub struct WorkloadArgs {
     #[arg(long, value_enum, conflicts_with = "agentic")]
     pub trace_form: Option<TraceForm>,
     /// Tokens per trace hash id.
-    #[arg(long, default_value_t = MOONCAKE_BLOCK_TOKENS)]
+    #[arg(long, default_value_t = MOONCAKE_BLOCK_TOKENS,
+          value_parser = clap::value_parser!(u32).range(1..))]
     pub block_tokens: u32,
     /// Synthesize agentic sessions instead of reading a trace.
     #[arg(long)]
@@ -83,8 +84,10 @@ fn config_file(path: &Path) -> Result<AgenticConfig, String> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
     let mut base = serde_json::to_value(AgenticConfig::default()).map_err(|e| e.to_string())?;
+    // A byte-order mark (editors on Windows write one) is not JSON.
+    let text = text.strip_prefix('\u{feff}').unwrap_or(&text);
     let overrides: serde_json::Value =
-        serde_json::from_str(&text).map_err(|e| format!("{} is not JSON: {e}", path.display()))?;
+        serde_json::from_str(text).map_err(|e| format!("{} is not JSON: {e}", path.display()))?;
     let Some(fields) = overrides.as_object() else {
         return Err(format!("{} must hold a JSON object", path.display()));
     };

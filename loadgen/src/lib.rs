@@ -101,6 +101,25 @@ impl Workload {
         (span_ms > 0.0).then(|| self.requests.len() as f64 / (span_ms / 1000.0))
     }
 
+    /// A warning when the planned arrivals span more than a day: usually rows that mix
+    /// Unix-epoch and relative timestamps, or a delay in the wrong unit. Such a workload
+    /// still runs (virtual time skips the idle stretch; a real run waits or hits its
+    /// duration cap), but its rates are those of that span.
+    pub fn span_warning(&self) -> Option<String> {
+        const DAY_MS: u64 = 86_400_000;
+        let last = self.requests.iter().map(|r| r.arrival_ms).max()?;
+        let first = self.requests.iter().map(|r| r.arrival_ms).min()?;
+        let span = last - first;
+        (span > DAY_MS).then(|| {
+            format!(
+                "warning: {}'s planned arrivals span {:.1} days; rows mixing Unix-epoch and \
+                 relative timestamps, or delays in the wrong unit, look like this",
+                self.name,
+                span as f64 / DAY_MS as f64
+            )
+        })
+    }
+
     /// Measures arrivals from the earliest one: a trace whose timestamps are, say, Unix
     /// milliseconds would otherwise wait decades before its first request. Only requests that
     /// wait on none have an arrival time of their own; the rest follow their dependencies.

@@ -45,6 +45,13 @@ pub fn run_markdown(r: &RunReport) -> String {
         m.planned_requests,
         num(m.offered_rps, 2)
     );
+    if m.malformed_trace_lines > 0 {
+        let _ = writeln!(
+            out,
+            "- **{} trace line(s) skipped as malformed**: the workload is smaller than the file",
+            m.malformed_trace_lines
+        );
+    }
     let _ = writeln!(
         out,
         "- endpoint `{}`, mode {}, {} GPUs",

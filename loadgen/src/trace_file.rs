@@ -70,6 +70,8 @@ pub fn load_trace_text(
     if block_tokens == 0 {
         return Err(TraceError::ZeroBlockSize);
     }
+    // A byte-order mark (editors on Windows write one) is not part of the first row.
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let form = form.unwrap_or_else(|| detect_form(text));
     let (mut workload, malformed) = match form {
         TraceForm::Mooncake => {
@@ -112,6 +114,31 @@ pub fn load_trace(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_byte_order_mark_is_not_part_of_the_first_row() {
+        let rows = concat!(
+            "\u{feff}",
+            r#"{"session_id": "a", "timestamp": 0, "input_length": 3, "output_length": 1, "hash_ids": [0]}"#,
+            "\n",
+            r#"{"session_id": "a", "delay": 5, "input_length": 3, "output_length": 1, "hash_ids": [0]}"#,
+        );
+        let loaded = load_trace_text(rows, None, 4, 0).unwrap();
+        assert_eq!(loaded.form, TraceForm::Sessions);
+        assert_eq!(
+            (loaded.workload.requests.len(), loaded.malformed.len()),
+            (2, 0)
+        );
+        let mooncake = concat!(
+            "\u{feff}",
+            r#"{"timestamp": 0, "input_length": 3, "output_length": 1, "hash_ids": [0]}"#
+        );
+        let loaded = load_trace_text(mooncake, None, 4, 0).unwrap();
+        assert_eq!(
+            (loaded.workload.requests.len(), loaded.malformed.len()),
+            (1, 0)
+        );
+    }
 
     #[test]
     fn the_first_object_row_decides_the_form() {

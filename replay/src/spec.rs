@@ -123,6 +123,9 @@ pub struct ReplayCounters {
     pub transfer_tokens: u64,
     /// Discrete event times processed.
     pub event_steps: u64,
+    /// Virtual ms of idle stretches skipped rather than played (nothing running and the
+    /// next send more than ten minutes away).
+    pub idle_skipped_ms: f64,
     /// Whether the KV index ended up keeping every hash in its table, because a `Stored`
     /// event's parent could not be found by its engine id (should stay `false`: the
     /// simulated engines name every parent).

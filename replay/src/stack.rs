@@ -54,29 +54,22 @@ use switchyard_loadgen::Workload;
 /// Heartbeat misses before the control core expires a worker (the control plane's default).
 const HEARTBEAT_MISSES: u32 = switchyard_protocol::worker::DEFAULT_HEARTBEAT_MISSES;
 
-/// Something due in the run's event queue (besides what the cluster and the gateway stage
-/// keep themselves).
+/// A periodic message (besides what the cluster and the gateway stage keep themselves).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Due {
+enum Periodic {
     /// Every worker reports its load.
     LoadReports,
     /// Every worker heartbeats.
     Heartbeats,
     /// The control core's periodic tick.
     Tick,
-    /// The client sends request `id`.
-    Send(usize),
 }
 
-impl Due {
-    /// Periodic messages go before sends due at the same instant.
-    fn rank(self) -> u8 {
-        match self {
-            Due::Send(_) => 1,
-            _ => 0,
-        }
-    }
-}
+/// An idle stretch longer than this (nothing running, the next send further away) is skipped
+/// rather than played message by message: a trace with days between arrivals (or Unix-epoch
+/// timestamps beside relative ones) would otherwise take minutes of periodic messages that
+/// change nothing. Long enough that no ordinary trace's pauses are touched.
+const IDLE_SKIP_MS: f64 = 600_000.0;
 
 /// Virtual time past the last planned arrival after which a run counts as stuck (10 days).
 const FINISH_BOUND_MS: f64 = 10.0 * 86_400_000.0;
@@ -90,10 +83,10 @@ pub struct VirtualStack<'a> {
     control: ControlCore,
     block_size: BlockSize,
     hash_seed: HashSeed,
-    /// Sends and periodic messages.
-    queue: EventQueue<Due>,
-    /// Sends in `queue`.
-    queued_sends: usize,
+    /// Periodic messages; each is always queued once.
+    periodic: EventQueue<Periodic>,
+    /// The client's sends (request ids), after periodic messages due at the same instant.
+    sends: EventQueue<usize>,
     tracker: Tracker,
     counters: ReplayCounters,
     events: Vec<ClusterEvent>,
@@ -180,8 +173,8 @@ impl<'a> VirtualStack<'a> {
             control,
             block_size,
             hash_seed: HashSeed::default(),
-            queue: EventQueue::new(),
-            queued_sends: 0,
+            periodic: EventQueue::new(),
+            sends: EventQueue::new(),
             tracker,
             counters: ReplayCounters::default(),
             events: Vec::new(),
@@ -195,8 +188,8 @@ impl<'a> VirtualStack<'a> {
         };
         // Workers register with their first heartbeat, before anything is sent.
         stack.heartbeats(0.0);
-        for due in [Due::LoadReports, Due::Heartbeats, Due::Tick] {
-            stack.queue.push_ranked(0.0, due.rank(), due);
+        for due in [Periodic::LoadReports, Periodic::Heartbeats, Periodic::Tick] {
+            stack.periodic.push(0.0, due);
         }
         let ready: Vec<(usize, f64)> = stack.tracker.initially_ready(workload).collect();
         stack.push_ready(ready);
@@ -205,9 +198,7 @@ impl<'a> VirtualStack<'a> {
 
     fn push_ready(&mut self, ready: Vec<(usize, f64)>) {
         for (id, at_ms) in ready {
-            let due = Due::Send(id);
-            self.queue.push_ranked(at_ms, due.rank(), due);
-            self.queued_sends += 1;
+            self.sends.push(at_ms, id);
         }
     }
 
@@ -228,39 +219,20 @@ impl<'a> VirtualStack<'a> {
         loop {
             let engines = self.cluster.next_event_ms();
             let gateway = self.gateway.next_event_ms();
-            // Periodic messages keep the queue full forever; they matter only while
+            // Periodic messages keep their queue full forever; they matter only while
             // something else is left to happen.
-            if engines.is_none() && gateway.is_none() && self.queued_sends == 0 {
-                break;
-            }
-            let head = self.queue.peek().map(|(t, due)| (t, *due));
-            let Some(next) = [engines, gateway, head.map(|(t, _)| t)]
-                .into_iter()
-                .flatten()
-                .min_by(f64::total_cmp)
-            else {
-                break;
-            };
-            if next > limit_ms {
-                return Err(ReplayError::DidNotFinish {
-                    limit_ms,
-                    unfinished: self.tracker.open(),
-                });
-            }
-            // Ties: engines, then periodic messages, then the gateway stage, then sends.
-            if engines.is_some_and(|t| t <= next) {
-                self.step_engines();
-            } else if let Some((at, due)) = head.filter(|(t, d)| *t <= next && d.rank() == 0) {
-                self.queue.pop();
-                self.on_periodic(due, at);
-            } else if let Some(at) = gateway.filter(|&g| g <= next) {
-                for event in self.gateway.take_events(at) {
-                    self.on_gateway(event, at);
+            let Some(next_send) = self.sends.next_ms() else {
+                if engines.is_none() && gateway.is_none() {
+                    break;
                 }
-            } else if let Some((at, Due::Send(id))) = self.queue.pop() {
-                self.queued_sends -= 1;
-                self.send(id, at);
+                self.step_one(engines, gateway, f64::INFINITY, limit_ms)?;
+                now = now.max(self.cluster.now_ms());
+                continue;
+            };
+            if engines.is_none() && gateway.is_none() {
+                self.skip_idle(next_send);
             }
+            self.step_one(engines, gateway, next_send, limit_ms)?;
             now = now.max(self.cluster.now_ms());
         }
         let (records, notes, not_sent) = self.tracker.finish();
@@ -275,26 +247,102 @@ impl<'a> VirtualStack<'a> {
         })
     }
 
+    /// Handles the earliest of: the engines' next event, the next periodic message, the
+    /// gateway stage's next event, the next send (at `next_send`). Ties: engines, then
+    /// periodic messages, then the gateway stage, then sends.
+    fn step_one(
+        &mut self,
+        engines: Option<f64>,
+        gateway: Option<f64>,
+        next_send: f64,
+        limit_ms: f64,
+    ) -> Result<(), ReplayError> {
+        let periodic = self.periodic.next_ms();
+        let next = [engines, gateway, periodic, Some(next_send)]
+            .into_iter()
+            .flatten()
+            .fold(f64::INFINITY, f64::min);
+        {
+            if next > limit_ms {
+                return Err(ReplayError::DidNotFinish {
+                    limit_ms,
+                    unfinished: self.tracker.open(),
+                });
+            }
+            if engines.is_some_and(|t| t <= next) {
+                self.step_engines();
+            } else if periodic.is_some_and(|t| t <= next) {
+                if let Some((at, due)) = self.periodic.pop() {
+                    self.on_periodic(due, at);
+                }
+            } else if let Some(at) = gateway.filter(|&g| g <= next) {
+                for event in self.gateway.take_events(at) {
+                    self.on_gateway(event, at);
+                }
+            } else if let Some((at, id)) = self.sends.pop() {
+                self.send(id, at);
+            }
+        }
+        Ok(())
+    }
+
+    /// With nothing running and the next send more than [`IDLE_SKIP_MS`] away, moves every
+    /// periodic message forward by the same whole number of their common period, so they
+    /// keep their phases and order, to just before that send. What they would have done
+    /// meanwhile changes nothing: idle workers report the same load, and the first tick
+    /// after the skip expires whatever the skipped ones would have. So that no worker looks
+    /// silent for the skipped time, every worker heartbeats and reports its load at once.
+    fn skip_idle(&mut self, next_send: f64) {
+        let Some(first) = self.periodic.next_ms() else {
+            return;
+        };
+        if next_send - first <= IDLE_SKIP_MS {
+            return;
+        }
+        let period = [
+            self.spec.load_interval_ms,
+            DEFAULT_HEARTBEAT_INTERVAL_MS,
+            TICK_MS,
+        ]
+        .into_iter()
+        .try_fold(1u64, |l, p| l.checked_mul(p / gcd(l, p)));
+        let Some(period) = period.map(|p| p as f64).filter(|&p| p < IDLE_SKIP_MS) else {
+            return;
+        };
+        let shift = ((next_send - first) / period).floor() * period - period;
+        if shift <= 0.0 {
+            return;
+        }
+        let mut due = Vec::with_capacity(3);
+        while let Some(item) = self.periodic.pop() {
+            due.push(item);
+        }
+        for (at, what) in due {
+            self.periodic.push(at + shift, what);
+        }
+        self.heartbeats(first + shift);
+        self.load_reports(first + shift);
+        self.counters.idle_skipped_ms += shift;
+    }
+
     /// A periodic message at `at_ms`, and the next one scheduled.
-    fn on_periodic(&mut self, due: Due, at_ms: f64) {
+    fn on_periodic(&mut self, due: Periodic, at_ms: f64) {
         let every = match due {
-            Due::LoadReports => {
+            Periodic::LoadReports => {
                 self.load_reports(at_ms);
                 self.spec.load_interval_ms
             }
-            Due::Heartbeats => {
+            Periodic::Heartbeats => {
                 self.heartbeats(at_ms);
                 DEFAULT_HEARTBEAT_INTERVAL_MS
             }
-            Due::Tick => {
+            Periodic::Tick => {
                 let expired = self.control.tick(router_ms(at_ms));
                 self.counters.expired_workers += expired.len() as u64;
                 TICK_MS
             }
-            Due::Send(_) => return,
         };
-        self.queue
-            .push_ranked(at_ms + every as f64, due.rank(), due);
+        self.periodic.push(at_ms + every as f64, due);
     }
 
     fn step_engines(&mut self) {
@@ -638,5 +686,14 @@ mod seen_text_tests {
         );
         let other: Vec<u32> = (7..1007).collect();
         assert_eq!(seen.see(&other), 0, "different text from its start");
+    }
+}
+
+/// Greatest common divisor (the periods' least common multiple is built from it).
+fn gcd(a: u64, b: u64) -> u64 {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
     }
 }

@@ -239,3 +239,37 @@ fn points_serving_as_many_requests_tie_whatever_their_windows() {
     let text = recommendation_markdown(&tolerant);
     assert!(text.contains("within 0.4 % of it"), "{text}");
 }
+
+/// A month between two arrivals (a trace mixing Unix-epoch and relative timestamps, or a
+/// long pause) is skipped, not played message by message, and the second request is served
+/// as the first was: idle workers, nothing changed meanwhile.
+#[test]
+fn a_month_of_idle_time_is_skipped_and_changes_nothing() {
+    const MONTH_MS: u64 = 30 * 86_400_000;
+    let workload = workload_of(vec![
+        planned(0, 0, vec![], 0),
+        planned(1, MONTH_MS, vec![], 0),
+    ]);
+    let source = PromptSource::synthetic(workload.content_seed);
+    let run = VirtualStack::new(StackSpec::new(ServingMode::Agg, 2, 0), &workload, &source)
+        .unwrap()
+        .run()
+        .unwrap();
+    assert!(
+        run.records.iter().all(RequestRecord::ok),
+        "{:?}",
+        run.records
+    );
+    let (a, b) = (&run.records[0], &run.records[1]);
+    assert_eq!(b.sent_ms - a.sent_ms, MONTH_MS as f64);
+    // Equal up to the float rounding of times a month from the start.
+    let close = |x: Option<f64>, y: Option<f64>| (x.unwrap() - y.unwrap()).abs() < 1e-3;
+    assert!(
+        close(a.ttft_ms, b.ttft_ms) && close(a.e2e_ms, b.e2e_ms),
+        "{a:?} {b:?}"
+    );
+    assert_eq!(run.counters.expired_workers, 0, "no worker looked silent");
+    // Played message by message, a month is millions of load reports.
+    assert!(run.counters.load_reports < 1_000, "{:?}", run.counters);
+    assert!(run.counters.idle_skipped_ms > 29.0 * 86_400_000.0);
+}

@@ -174,11 +174,25 @@ fn main() -> std::process::ExitCode {
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) if e.is::<Usage>() => {
+            eprintln!("error: {e}");
+            std::process::ExitCode::from(cli::EXIT_USAGE)
+        }
         Err(e) => {
             eprintln!("Error: {e:?}");
             std::process::ExitCode::FAILURE
         }
     }
+}
+
+/// Bad or missing flags (or a workload config they name) that clap cannot check alone: exit
+/// 64 like clap's own refusals, before anything is sent.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct Usage(String);
+
+fn usage(message: impl Into<String>) -> anyhow::Error {
+    Usage(message.into()).into()
 }
 
 /// Loads the workload the flags describe, reporting malformed trace lines; writes it as a
@@ -211,10 +225,10 @@ fn load_workload(args: &LoadgenWorkload) -> Result<(Workload, usize)> {
             (loaded.workload, malformed)
         }
         (None, true) => {
-            let config = w.agentic_config().map_err(anyhow::Error::msg)?;
+            let config = w.agentic_config().map_err(usage)?;
             (generate_agentic(&config, w.seed)?, 0)
         }
-        (None, false) => bail!("give a workload: --trace PATH or --agentic"),
+        (None, false) => return Err(usage("give a workload: --trace PATH or --agentic")),
     };
     if let Some(n) = args.max_requests {
         workload.truncate(n);
@@ -243,20 +257,30 @@ fn plan(args: &LoadgenWorkload) -> Result<()> {
 }
 
 fn run(args: RunArgs) -> Result<()> {
-    let endpoint = args.endpoint.clone().context("--endpoint is required")?;
-    let out = args.out.clone().context("--out DIR is required")?;
+    let endpoint = args
+        .endpoint
+        .clone()
+        .ok_or_else(|| usage("--endpoint is required"))?;
+    let out = args
+        .out
+        .clone()
+        .ok_or_else(|| usage("--out DIR is required"))?;
     let gpus = match (args.gpus, args.workers) {
+        (Some(0), _) => return Err(usage("--gpus must be at least 1")),
         (Some(g), _) => g,
+        (None, Some(0)) => return Err(usage("--workers must be at least 1")),
+        (None, Some(_)) if args.gpus_per_worker == 0 => {
+            return Err(usage("--gpus-per-worker must be at least 1"))
+        }
         (None, Some(w)) => w
             .checked_mul(args.gpus_per_worker)
-            .context("--workers × --gpus-per-worker is too large")?,
+            .ok_or_else(|| usage("--workers × --gpus-per-worker is too large"))?,
         (None, None) => {
-            bail!("give --gpus N or --workers N (throughput per GPU needs the GPU count)")
+            return Err(usage(
+                "give --gpus N or --workers N (throughput per GPU needs the GPU count)",
+            ))
         }
     };
-    if gpus == 0 {
-        bail!("the GPU count must be positive");
-    }
     let (workload, malformed) = load_workload(&args.workload)?;
     let model_dir = args.model_dir.clone().unwrap_or_else(default_model_dir);
     let tokenizer = ModelTokenizer::from_dir(&model_dir).with_context(|| {

@@ -121,3 +121,81 @@ fn same_seed_same_workload_and_bad_configs_are_rejected() {
     };
     assert!(generate_agentic(&tiny, 0).is_err());
 }
+
+/// Configs that would plan nothing, spawn no sub-agent although asked to, or plan more
+/// requests than memory holds are refused naming the field, before anything is generated.
+#[test]
+fn empty_silent_and_unbounded_configs_are_refused_naming_the_field() {
+    let field_of = |c: AgenticConfig| match generate_agentic(&c, 0) {
+        Err(AgenticConfigError::OutOfRange { field, .. }) => field,
+        other => panic!("{c:?}: {other:?}"),
+    };
+    let d = AgenticConfig::default();
+    let cases = [
+        (
+            AgenticConfig {
+                sessions: 0,
+                ..d.clone()
+            },
+            "sessions",
+        ),
+        (
+            AgenticConfig {
+                turns: 0,
+                ..d.clone()
+            },
+            "turns",
+        ),
+        (
+            AgenticConfig {
+                output_tokens: (0, 10),
+                ..d.clone()
+            },
+            "output_tokens",
+        ),
+        (
+            AgenticConfig {
+                initial_context_tokens: (0, 10),
+                ..d.clone()
+            },
+            "initial_context_tokens",
+        ),
+        (
+            AgenticConfig {
+                subagent_probability: 1.0,
+                subagents_per_spawn: (0, 0),
+                ..d.clone()
+            },
+            "subagents_per_spawn",
+        ),
+        (
+            AgenticConfig {
+                subagent_probability: 1.0,
+                subagent_turns: (0, 2),
+                ..d.clone()
+            },
+            "subagent_turns",
+        ),
+        (
+            AgenticConfig {
+                sessions: 100_000,
+                turns: 1_000,
+                ..d.clone()
+            },
+            "sessions",
+        ),
+    ];
+    for (config, field) in cases {
+        assert_eq!(field_of(config), field);
+    }
+    // No sub-agents at all is a valid workload.
+    let none = AgenticConfig {
+        subagent_probability: 0.0,
+        subagents_per_spawn: (0, 0),
+        subagent_turns: (0, 0),
+        sessions: 2,
+        turns: 2,
+        ..d
+    };
+    assert!(generate_agentic(&none, 0).is_ok());
+}

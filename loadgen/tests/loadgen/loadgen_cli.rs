@@ -306,13 +306,39 @@ async fn unusable_numbers_exit_64_naming_the_flag() {
         assert_eq!(output.status.code(), Some(64), "{flag} {value}: {stderr}");
         assert!(stderr.contains(flag), "{flag} {value}: {stderr}");
     }
-    let args: Vec<&str> = base
-        .iter()
-        .copied()
-        .chain(["--workers", "2000000000"])
-        .collect();
-    let output = loadgen(&args).await;
-    let stderr = text(&output.stderr);
-    assert_eq!(output.status.code(), Some(1), "{stderr}");
-    assert!(stderr.contains("too large"), "{stderr}");
+    // The GPU count and the workload's own knobs, which clap cannot check alone.
+    for (extra, named) in [
+        (&["--workers", "2000000000"][..], "too large"),
+        (&["--gpus", "0"][..], "--gpus"),
+        (&["--workers", "0"][..], "--workers"),
+        (
+            &["--workers", "1", "--gpus-per-worker", "0"][..],
+            "--gpus-per-worker",
+        ),
+        (
+            &["--workers", "1", "--block-tokens", "0"][..],
+            "--block-tokens",
+        ),
+        (&[][..], "--gpus N or --workers N"),
+    ] {
+        let args: Vec<&str> = base.iter().copied().chain(extra.iter().copied()).collect();
+        let output = loadgen(&args).await;
+        let stderr = text(&output.stderr);
+        assert_eq!(output.status.code(), Some(64), "{extra:?}: {stderr}");
+        assert!(stderr.contains(named), "{extra:?}: {stderr}");
+    }
+    for (extra, named) in [
+        (
+            &["--agentic", "--session-rate", "0"][..],
+            "session_rate_per_s",
+        ),
+        (&["--agentic", "--sessions", "0"][..], "sessions"),
+        (&[][..], "--trace PATH or --agentic"),
+    ] {
+        let args: Vec<&str> = ["plan"].into_iter().chain(extra.iter().copied()).collect();
+        let output = loadgen(&args).await;
+        let stderr = text(&output.stderr);
+        assert_eq!(output.status.code(), Some(64), "plan {extra:?}: {stderr}");
+        assert!(stderr.contains(named), "plan {extra:?}: {stderr}");
+    }
 }

@@ -283,3 +283,13 @@ fn reports_written_before_the_rename_still_load() {
     let negative = old.replace("\"sim_speedup\": 0.0", "\"sim_speedup\": -1.0");
     assert!(serde_json::from_str::<RunMeta>(&negative).is_err());
 }
+
+#[test]
+fn the_markdown_report_says_how_many_trace_lines_were_skipped() {
+    let mut m = meta(4, "agg");
+    let clean = run_markdown(&build_report(m.clone(), &records(), 0, Slo::default()));
+    assert!(!clean.contains("skipped"), "{clean}");
+    m.malformed_trace_lines = 3;
+    let md = run_markdown(&build_report(m, &records(), 0, Slo::default()));
+    assert!(md.contains("3 trace line(s) skipped as malformed"), "{md}");
+}

@@ -202,6 +202,9 @@ fn run(cli: &Cli, checked: Checked) -> Result<()> {
         base.gpus(),
         cli.max_minutes
     );
+    if let Some(warning) = workload.span_warning() {
+        eprintln!("{warning}");
+    }
     let bar = ProgressBar::new(points as u64);
     if cli.quiet {
         bar.set_draw_target(ProgressDrawTarget::hidden());

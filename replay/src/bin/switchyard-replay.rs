@@ -322,6 +322,9 @@ fn run(cli: &Cli, plan: Plan) -> Result<()> {
         base.prefill_workers,
         base.preset.name()
     );
+    if let Some(warning) = workload.span_warning() {
+        eprintln!("{warning}");
+    }
     let mut backend = VirtualBackend::new(&workload, &source, base.clone(), slo);
     let runs = block_on(run_comparison(
         &comparison,

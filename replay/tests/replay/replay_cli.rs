@@ -210,7 +210,15 @@ fn the_planner_refuses_bad_input_and_plans_a_session_trace() {
 fn a_reader_that_goes_away_is_not_a_panic() {
     let out = std::env::temp_dir().join(format!("replay-cli-pipe-{}", std::process::id()));
     let mut child = Command::new(env!("CARGO_BIN_EXE_switchyard-replay"))
-        .args(["--agentic", "--sessions", "2", "--turns", "2", "--modes", "agg"])
+        .args([
+            "--agentic",
+            "--sessions",
+            "2",
+            "--turns",
+            "2",
+            "--modes",
+            "agg",
+        ])
         .arg("--out")
         .arg(&out)
         .stdout(std::process::Stdio::piped())
