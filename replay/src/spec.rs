@@ -94,6 +94,11 @@ impl StackSpec {
     }
 }
 
+/// Most workers one virtual-time run simulates: each holds its engine's KV block table (about
+/// 5 MB at the default preset), and a plan runs one deployment per thread. A cap a user can
+/// read beats a machine out of memory.
+pub const MAX_VIRTUAL_WORKERS: u32 = 512;
+
 /// Counts of what happened in a run, beyond the records.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
 pub struct ReplayCounters {

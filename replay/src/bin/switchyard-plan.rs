@@ -35,7 +35,8 @@ struct Cli {
     #[arg(long)]
     max_requests: Option<usize>,
     /// GPU budget in workers (GPUs per worker come from --perf-preset).
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 8,
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(switchyard_replay::spec::MAX_VIRTUAL_WORKERS)))]
     workers: u32,
     /// Worker performance preset.
     #[arg(long, default_value = "gb200-fp8-tep4")]

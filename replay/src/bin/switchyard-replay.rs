@@ -38,7 +38,8 @@ struct Cli {
     #[command(flatten)]
     workload: WorkloadArgs,
     /// Workers in every mode (equal GPUs).
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 8,
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(switchyard_replay::spec::MAX_VIRTUAL_WORKERS)))]
     workers: u32,
     /// Share of the workers that prefill in disagg and conditional mode (rounded, at least
     /// one prefill and one decode worker). Half suits prefill-heavy traces like Mooncake's

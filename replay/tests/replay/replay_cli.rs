@@ -13,7 +13,7 @@ fn replay(args: &[&str]) -> Output {
 
 #[test]
 fn bad_input_exits_64_with_a_clear_message() {
-    let cases: [(&[&str], &str); 10] = [
+    let cases: [(&[&str], &str); 11] = [
         // An --out that cannot be a folder is found before any run.
         (
             &["--agentic", "--out", "/dev/null/out"],
@@ -49,6 +49,8 @@ fn bad_input_exits_64_with_a_clear_message() {
             "prefill workers",
         ),
         (&["--no-such-flag"], "unexpected argument"),
+        // Each simulated worker holds its KV block table: 100,000 of them ran out of memory.
+        (&["--agentic", "--workers", "100000"], "not in 1..=512"),
     ];
     for (args, expected) in cases {
         let out = replay(args);

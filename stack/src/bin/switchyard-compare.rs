@@ -163,9 +163,13 @@ fn config(cli: Cli) -> Result<CompareConfig, String> {
         None => WorkloadSpec::Agentic(cli.workload.agentic_config()?),
     };
     let modes = cli.modes.clone();
+    // Checked as the control plane checks it (which would otherwise refuse it only once a
+    // stack had started, in its log): JSON, and every field known and in range.
     if let Some(text) = &cli.conditional_disagg_config {
-        serde_json::from_str::<serde_json::Value>(text)
+        let json = serde_json::from_str::<serde_json::Value>(text)
             .map_err(|e| format!("--conditional-disagg-config is not JSON: {e}"))?;
+        switchyard_router::config::RouterConfig::from_json(&json)
+            .map_err(|e| format!("--conditional-disagg-config: {e}"))?;
     }
     let out = cli
         .out

@@ -39,3 +39,25 @@ fn repeated_levels_are_refused_and_a_second_list_replaces_the_first() {
     assert_eq!(code, Some(64), "{err}");
     assert!(err.contains("--workers must be at least 1"), "{err}");
 }
+
+/// A router config the control plane would refuse is refused before any stack starts (it
+/// used to start one and fail with the reason only in the control plane's log, exit 1).
+#[test]
+fn a_router_config_the_control_plane_refuses_is_refused_before_anything_starts() {
+    let dir = std::env::temp_dir().join(format!("compare-cli-config-{}", std::process::id()));
+    let out = dir.to_str().unwrap();
+    for (config, named) in [
+        (r#"{"nonsense": 1}"#, "nonsense"),
+        (
+            r#"{"eff_isl_ratio_threshold": 2}"#,
+            "eff_isl_ratio_threshold",
+        ),
+        ("{not json", "not JSON"),
+    ] {
+        let (code, err) = compare(&["--conditional-disagg-config", config, "--out", out]);
+        assert_eq!(code, Some(64), "{config}: {err}");
+        assert!(err.contains(named), "{config}: {err}");
+        assert!(!err.contains("starting a stack"), "{config}: {err}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
