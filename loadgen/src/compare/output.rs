@@ -107,7 +107,8 @@ pub fn json_lines<T: Serialize>(items: &[T]) -> String {
 }
 
 /// Writes the comparison page, its JSON document and the plots of `reports` into `out`.
-/// A plot with nothing to draw is skipped with a message on stderr.
+/// A plot with nothing to draw is skipped with a message on stderr (and an earlier run's
+/// plot of that name removed).
 ///
 /// # Errors
 /// [`OutputError`].
@@ -129,7 +130,61 @@ pub fn write_comparison<T: Serialize>(
     ] {
         match interactivity_vs_throughput_svg(reports, kind) {
             Ok(svg) => write(&out.join(name), &svg)?,
-            Err(e) => eprintln!("no plot {name}: {e}"),
+            Err(e) => {
+                eprintln!("no plot {name}: {e}");
+                remove_stale(&out.join(name))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Removes a file or folder an earlier run left in a reused output folder (nothing if
+/// there is none).
+///
+/// # Errors
+/// [`OutputError`] if it is there and cannot be removed.
+pub fn remove_stale(path: &Path) -> Result<(), OutputError> {
+    let removed = if path.is_dir() {
+        std::fs::remove_dir_all(path)
+    } else {
+        std::fs::remove_file(path)
+    };
+    match removed {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(OutputError {
+            what: format!("removing {} (left by an earlier run)", path.display()),
+            source: e,
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// Removes the run folders under `out/runs` that are not among `reports` (an earlier
+/// comparison's, in a reused output folder), so that nobody reads, or
+/// `switchyard-loadgen compare`s, two comparisons as one. Only for a tool that writes every
+/// run folder itself: `switchyard-loadgen compare` reads run folders it did not write.
+///
+/// # Errors
+/// [`OutputError`] if the folder cannot be read or a stale run removed.
+pub fn remove_other_runs(out: &Path, reports: &[RunReport]) -> Result<(), OutputError> {
+    let runs = out.join("runs");
+    let entries = match std::fs::read_dir(&runs) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(source) => {
+            return Err(OutputError {
+                what: format!("reading {}", runs.display()),
+                source,
+            })
+        }
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        if !reports
+            .iter()
+            .any(|r| name.to_str() == Some(r.meta.label.as_str()))
+        {
+            remove_stale(&entry.path())?;
         }
     }
     Ok(())

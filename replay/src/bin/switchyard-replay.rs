@@ -12,7 +12,7 @@ use anyhow::{bail, Context, Result};
 use clap::Parser;
 use switchyard_engine::PerfPreset;
 use switchyard_engine::DEFAULT_MODEL_NAME;
-use switchyard_loadgen::compare::output::write_comparison;
+use switchyard_loadgen::compare::output::{remove_other_runs, remove_stale, write_comparison};
 use switchyard_loadgen::compare::table::comparison_tables;
 use switchyard_loadgen::compare::{run_comparison, worker_split, ComparisonPlan, PrefillWorkers};
 use switchyard_loadgen::prompts::{BodyBuilder, PromptFraming};
@@ -389,6 +389,11 @@ fn run(cli: &Cli, plan: Plan) -> Result<()> {
             std::fs::write(&path, text).with_context(|| format!("cannot write {}", path.display()))
         };
         write_comparison(out, &table, &reports, &reports)?;
+        // A reused folder keeps only this run's files.
+        remove_other_runs(out, &reports)?;
+        for stale in ["tuning.md", "tuning.json", "sweep.md", "sweep.json"] {
+            remove_stale(&out.join(stale))?;
+        }
         if let Some((md, dist)) = tuning_md {
             write("tuning.md", md)?;
             write(

@@ -5,6 +5,7 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
+use switchyard_loadgen::compare::output::remove_stale;
 use switchyard_loadgen::compare::plot::{interactivity_vs_throughput_svg, ThroughputKind};
 use switchyard_loadgen::report::RunReport;
 use switchyard_router::config::ServingMode;
@@ -230,6 +231,12 @@ pub fn write_plan(dir: &Path, outcome: &PlanOutcome) -> Result<String, WritePlan
     write("plan.md", &markdown)?;
     if outcome.space.slo_cost {
         write("policies.md", &policies_section(outcome))?;
+    } else {
+        // A reused folder keeps only this plan's files.
+        remove_stale(&dir.join("policies.md")).map_err(|e| WritePlanError::Io {
+            path: dir.join("policies.md").display().to_string(),
+            source: e.source,
+        })?;
     }
     write("plan.json", &serde_json::to_string_pretty(outcome)?)?;
     let frontier_reports: Vec<RunReport> = outcome

@@ -236,3 +236,44 @@ fn a_reader_that_goes_away_is_not_a_panic() {
     assert!(out.join("comparison.md").is_file());
     let _ = std::fs::remove_dir_all(&out);
 }
+
+/// A reused `--out` holds only the latest run's files: a sweep's files and other modes' run
+/// folders from an earlier run are removed, not left beside the new comparison.
+#[test]
+fn a_reused_out_folder_keeps_only_the_latest_runs_files() {
+    let out = std::env::temp_dir().join(format!("replay-cli-reuse-{}", std::process::id()));
+    let dir = out.to_str().unwrap();
+    let small = [
+        "--agentic",
+        "--sessions",
+        "2",
+        "--turns",
+        "2",
+        "--workers",
+        "2",
+    ];
+    let first = replay(&[&small[..], &["--sweep", "--out", dir]].concat());
+    assert_eq!(
+        first.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&first.stderr)
+    );
+    assert!(out.join("sweep.md").is_file() && out.join("runs/disagg@x1").is_dir());
+    let second = replay(&[&small[..], &["--modes", "agg", "--out", dir]].concat());
+    assert_eq!(
+        second.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&second.stderr)
+    );
+    let runs: Vec<String> = std::fs::read_dir(out.join("runs"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(runs, vec!["agg@x1".to_string()]);
+    for stale in ["sweep.md", "sweep.json", "tuning.md", "tuning.json"] {
+        assert!(!out.join(stale).exists(), "{stale} left from the first run");
+    }
+    let _ = std::fs::remove_dir_all(&out);
+}
