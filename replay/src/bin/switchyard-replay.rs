@@ -105,17 +105,17 @@ struct Cli {
     /// Model the gateway in front of the engines (`docs/virtual-time.md`; all gateway costs
     /// 0: no gateway stage): the body's way to the route call (client, Envoy), modelled µs
     /// per prompt token.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, value_parser = microseconds)]
     gateway_body_us_per_token: f64,
     /// Gateway: the control plane's route tokenization, modelled µs per prompt token.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, value_parser = microseconds)]
     gateway_route_us_per_token: f64,
     /// Gateway: the first worker's tokenization, modelled µs per prompt token.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, value_parser = microseconds)]
     gateway_worker_us_per_token: f64,
     /// Gateway: the decode worker's tokenization of a disaggregated request before its KV
     /// transfer, modelled µs per prompt token.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, value_parser = microseconds)]
     gateway_decode_leg_us_per_token: f64,
     /// Gateway: route calls tokenized at once (FIFO beyond; 0 = unbounded).
     #[arg(long, default_value_t = 2)]
@@ -413,4 +413,15 @@ fn run(cli: &Cli, plan: Plan) -> Result<()> {
         eprintln!("wrote {}", out.display());
     }
     Ok(())
+}
+
+/// A gateway cost in µs per prompt token (clap value parser): finite and at least 0, named
+/// with the flag and in the unit the user gave it.
+fn microseconds(text: &str) -> Result<f64, String> {
+    match text.trim().parse::<f64>() {
+        Ok(value) if value.is_finite() && value >= 0.0 => Ok(value),
+        _ => Err(format!(
+            "{text} is not a number of µs per prompt token >= 0"
+        )),
+    }
 }

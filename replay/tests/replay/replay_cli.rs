@@ -13,7 +13,7 @@ fn replay(args: &[&str]) -> Output {
 
 #[test]
 fn bad_input_exits_64_with_a_clear_message() {
-    let cases: [(&[&str], &str); 11] = [
+    let cases: [(&[&str], &str); 12] = [
         // An --out that cannot be a folder is found before any run.
         (
             &["--agentic", "--out", "/dev/null/out"],
@@ -51,6 +51,11 @@ fn bad_input_exits_64_with_a_clear_message() {
         (&["--no-such-flag"], "unexpected argument"),
         // Each simulated worker holds its KV block table: 100,000 of them ran out of memory.
         (&["--agentic", "--workers", "100000"], "not in 1..=512"),
+        // Named as the flag, in the user's unit (it said "ms per prompt token ... -0.001").
+        (
+            &["--agentic", "--gateway-body-us-per-token=-1"],
+            "--gateway-body-us-per-token",
+        ),
     ];
     for (args, expected) in cases {
         let out = replay(args);
