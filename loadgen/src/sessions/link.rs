@@ -244,10 +244,14 @@ impl Linker {
             ));
         }
         if row.parent_session_id.is_some() && row.parent_session_id != state.parent {
+            let started = match &state.parent {
+                Some(parent) => format!("as a sub-agent of {:?}", parent.0),
+                None => "as a main agent (no parent)".to_string(),
+            };
+            let named = row.parent_session_id.as_ref().map_or("", |p| p.0.as_str());
             return Err(format!(
-                "session {name:?} already started with parent {:?}, this row names {:?}",
-                state.parent.as_ref().map(|p| p.0.as_str()),
-                row.parent_session_id.as_ref().map(|p| p.0.as_str())
+                "session {name:?} started {started}; this row names parent {named:?} (a session \
+                 keeps its parent, and sessions cannot be each other's parents)"
             ));
         }
         if row.timestamp.is_some() {

@@ -129,7 +129,7 @@ fn bad_rows_are_reported_by_line_and_do_not_change_the_sessions() {
         (6, "has no turn above this line"),
         (7, "names itself"),
         (8, "not a timestamp"),
-        (10, "already started with parent"),
+        (10, "this row names parent"),
         (12, "after its parent resumed at line 11"),
         (13, "already returned to its own parent at line 11"),
         (14, "needs 2 blocks"),
