@@ -666,6 +666,15 @@ impl SeenText {
     }
 }
 
+/// Greatest common divisor (the periods' least common multiple is built from it).
+fn gcd(a: u64, b: u64) -> u64 {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
+
 #[cfg(test)]
 mod seen_text_tests {
     use super::SeenText;
@@ -686,14 +695,5 @@ mod seen_text_tests {
         );
         let other: Vec<u32> = (7..1007).collect();
         assert_eq!(seen.see(&other), 0, "different text from its start");
-    }
-}
-
-/// Greatest common divisor (the periods' least common multiple is built from it).
-fn gcd(a: u64, b: u64) -> u64 {
-    if b == 0 {
-        a
-    } else {
-        gcd(b, a % b)
     }
 }
