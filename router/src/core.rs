@@ -385,10 +385,11 @@ impl ControlCore {
             .collect()
     }
 
-    /// Periodic housekeeping, every [`TICK_MS`]: expires workers whose heartbeats stopped and
-    /// returns them.
+    /// Periodic housekeeping, every [`TICK_MS`]: frees the load of requests whose lifecycle
+    /// reports are overdue, expires workers whose heartbeats stopped and returns them.
     pub fn tick(&mut self, now_ms: u64) -> Vec<WorkerId> {
         self.observe(now_ms);
+        self.router.expire_overdue_requests(now_ms);
         let expired = self.router.expire_workers(now_ms);
         for id in &expired {
             self.resyncs.remove(id);
@@ -548,6 +549,29 @@ mod tests {
         // b never answers: after the wait it no longer counts.
         assert_eq!(core.dumps_pending(DUMP_WAIT_MS - 1), 1);
         assert_eq!(core.dumps_pending(DUMP_WAIT_MS), 0);
+    }
+
+    /// A request never reported done stops counting once `load.request_timeout_ms` has
+    /// passed, at the next tick, with no route call needed (counts stayed up while traffic
+    /// was quiet).
+    #[test]
+    fn the_tick_frees_requests_whose_reports_are_overdue() {
+        let mut core = ControlCore::new(Router::new(), 3);
+        let timeout = core.router().config().load.request_timeout_ms;
+        let in_flight = |core: &ControlCore| -> u32 {
+            core.router().workers().iter().map(|w| w.in_flight).sum()
+        };
+        // Heartbeats every second keep the worker live through the wait.
+        core.heartbeat(&hb("a", 1), 0);
+        core.route("r1", &[1; 64], 1, 0).unwrap();
+        assert_eq!(in_flight(&core), 1);
+        let mut t = 0;
+        while t < timeout {
+            t += 1_000;
+            core.heartbeat(&hb("a", 1), t);
+            core.tick(t);
+        }
+        assert_eq!(in_flight(&core), 0, "freed by the tick at {t} ms");
     }
 
     #[test]

@@ -106,6 +106,14 @@ impl Router {
         Some(WorkerSlot(slot))
     }
 
+    /// Frees the load of requests whose lifecycle reports are overdue
+    /// (`load.prefill_timeout_ms`, `load.request_timeout_ms`) and forgets failed-open ids
+    /// past their minute. Routing does it before each decision; the control core's tick
+    /// does it too, so that in-flight counts fall when traffic stops.
+    pub fn expire_overdue_requests(&mut self, now_ms: u64) {
+        self.load.expire(now_ms, &self.config.load);
+    }
+
     /// Drops workers whose heartbeats stopped; returns who expired.
     pub fn expire_workers(&mut self, now_ms: u64) -> Vec<WorkerId> {
         let expired: Vec<WorkerId> = self
