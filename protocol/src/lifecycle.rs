@@ -61,6 +61,15 @@ impl LifecycleEvent {
         }
     }
 
+    /// The request the event is about.
+    pub fn request_id(&self) -> &str {
+        match self {
+            LifecycleEvent::FirstToken { request_id } | LifecycleEvent::Done { request_id, .. } => {
+                request_id
+            }
+        }
+    }
+
     /// Whether this is a `done` for a request the filter failed open.
     pub fn is_failed_open(&self) -> bool {
         matches!(

@@ -5,6 +5,7 @@ use warp::reply::Response;
 use warp::Reply;
 
 use switchyard_protocol::lifecycle::LifecycleBatch;
+use switchyard_protocol::route::{is_usable_request_id, MAX_REQUEST_ID_LEN};
 use switchyard_protocol::PROTOCOL_VERSION;
 
 use super::auth::{authorize, Refusal};
@@ -77,6 +78,23 @@ where
             StatusCode::BAD_REQUEST,
             "unsupported_version",
             format!("v: {} is newer than supported {PROTOCOL_VERSION}", batch.v),
+        );
+    }
+    // Ids the route API would refuse can match no verdict, and a remembered failed-open id
+    // holds its text for a minute: a long one is memory anyone could fill.
+    if let Some(j) = batch
+        .events
+        .iter()
+        .position(|e| !is_usable_request_id(e.request_id()))
+    {
+        state.metrics.bad_request("invalid_request_id");
+        return error_reply(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_id",
+            format!(
+                "events[{j}].request_id: must be 1 to {MAX_REQUEST_ID_LEN} visible ASCII \
+                 characters, as the route API takes"
+            ),
         );
     }
     let accepted = batch.events.len();

@@ -589,6 +589,23 @@ async fn lifecycle_health_and_metrics_endpoints_answer_and_refuse_bad_input() {
         ("invalid_json", "expected a JSON object, found an array")
     );
 
+    // An id the route API refuses matches no verdict: a 500 KB one was kept for a minute.
+    for bad in ["Z".repeat(129), "has space".into(), String::new()] {
+        let resp = http
+            .post(&url)
+            .json(&json!({"v": 1, "events": [
+                {"event": "first_token", "request_id": "fine"},
+                {"event": "done", "request_id": bad, "ok": false, "failed_open": true}
+            ]}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 400, "{bad:?}");
+        let err: ApiError = resp.json().await.unwrap();
+        assert_eq!(err.code, "invalid_request_id", "{bad:?}");
+        assert!(err.message.starts_with("events[1].request_id"), "{err:?}");
+    }
+
     // The service's NATS client connects in the background; health reports it once it has.
     eventually(
         std::time::Duration::from_secs(10),
