@@ -26,6 +26,11 @@ impl Outgoing {
         }
     }
 
+    /// The registration batches are stamped with.
+    pub(crate) fn instance_id(&self) -> u64 {
+        self.instance_id
+    }
+
     /// Numbers start over for the worker registered (again) as `instance_id`.
     pub(crate) fn restart(&mut self, instance_id: u64) {
         self.instance_id = instance_id;

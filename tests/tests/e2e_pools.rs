@@ -9,6 +9,8 @@
 //!   back, and the index is rebuilt from its replay buffer.
 //! - A pool file that does not load keeps the last good pools, counted; removing a worker
 //!   from the file takes it out; adding it back brings it in.
+//! - Restarted within its health window, a quiet engine's blocks leave the index: its PUB
+//!   socket's reconnection is the sign.
 //! - The worker list is read from the admin listener with the admin token (from a file); the
 //!   route listener does not serve it, and the admin listener refuses a missing or wrong token.
 
@@ -29,12 +31,18 @@ struct Ports {
 }
 
 fn pool_file(sim: &Ports, with_worker: bool) -> String {
+    pool_file_with(sim, with_worker, 2)
+}
+
+/// [`pool_file`] with health polls every 200 ms and a worker withdrawn after
+/// `unhealthy_after` failed ones.
+fn pool_file_with(sim: &Ports, with_worker: bool, unhealthy_after: u32) -> String {
     let worker = format!(
         "      - id: decode-0\n        role: decode\n        address: 127.0.0.1:{}\n        engine: vllm\n        kv_events: tcp://127.0.0.1:{}\n        kv_replay: tcp://127.0.0.1:{}\n",
         sim.http, sim.events, sim.replay
     );
     format!(
-        "health: {{ interval_ms: 200, timeout_ms: 200, unhealthy_after: 2 }}\nmetrics: {{ interval_ms: 200 }}\nmodels:\n  - name: qwen3\n    block_size: 64\n    workers:\n{}",
+        "health: {{ interval_ms: 200, timeout_ms: 200, unhealthy_after: {unhealthy_after} }}\nmetrics: {{ interval_ms: 200 }}\nmodels:\n  - name: qwen3\n    block_size: 64\n    workers:\n{}",
         if with_worker { worker.as_str() } else { "" }
     )
 }
@@ -138,24 +146,7 @@ async fn declared_workers_join_leave_and_follow_the_pool_file() {
         replay: free_port(),
     };
     let model_dir = artifacts.model_dir.to_string_lossy().into_owned();
-    let mut worker = Process::spawn(
-        "sim-worker",
-        &artifacts.sim_worker,
-        &[
-            "--wire".into(),
-            "vllm".into(),
-            "--worker".into(),
-            format!("decode:decode-0@127.0.0.1:{}", sim.http),
-            "--kv-events-endpoint".into(),
-            format!("tcp://127.0.0.1:{}", sim.events),
-            "--kv-replay-endpoint".into(),
-            format!("tcp://127.0.0.1:{}", sim.replay),
-            "--model-dir".into(),
-            model_dir.clone(),
-        ],
-        Some(&dir.path().join("sim-worker.log")),
-    )
-    .expect("sim worker starts");
+    let mut worker = sim_worker(&artifacts, &sim, &dir, "sim-worker.log");
     let pools = dir.path().join("pools.yaml");
     write(&pools, &pool_file(&sim, true));
     let (cp_port, admin_port) = (free_port(), free_port());
@@ -280,5 +271,63 @@ async fn declared_workers_join_leave_and_follow_the_pool_file() {
         cached_blocks(&http, &cp).await == Some(indexed)
     })
     .await;
+
+    // Restarted faster than its health checks notice (here they allow 10 s), a quiet new
+    // engine sends no KV event that would show it: its PUB socket's reconnection does, and
+    // the old engine's blocks leave the index while the worker stays in the pools.
+    write(&pools, &pool_file_with(&sim, true, 50));
+    let reloads_ok = reloads(&http, &cp, "ok").await;
+    eventually("the long health window is in force", WAIT, || async {
+        reloads(&http, &cp, "ok").await > reloads_ok
+    })
+    .await;
+    // New health settings restart the worker's task: it rejoins with its blocks.
+    eventually("the worker is back with its blocks", WAIT, || async {
+        cached_blocks(&http, &cp).await == Some(indexed)
+    })
+    .await;
+    worker
+        .signal(switchyard_support::Signal::Kill)
+        .expect("SIGKILL");
+    worker.stop(Duration::from_secs(1));
+    let mut worker = sim_worker(&artifacts, &sim, &dir, "sim-worker-2.log");
+    eventually(
+        "the restarted engine's empty cache replaces the old one's blocks",
+        WAIT,
+        || async { cached_blocks(&http, &cp).await == Some(0) },
+    )
+    .await;
+    let metrics = get_text(&http, &format!("{}/metrics", cp.route))
+        .await
+        .unwrap_or_default();
+    let reconnected: f64 = metrics
+        .lines()
+        .filter(|l| l.contains("reason=\"kv_reconnected\""))
+        .map(|l| prom_sum(l, "switchyard_declared_worker_events_total"))
+        .sum();
+    assert!(reconnected >= 1.0, "{metrics}");
+    assert_eq!(workers(&http, &cp).await.len(), 1, "never withdrawn");
     worker.stop(Duration::from_secs(3));
+}
+
+/// A simulated worker on vLLM's wire at `sim`'s ports.
+fn sim_worker(artifacts: &Artifacts, sim: &Ports, dir: &TempDir, log: &str) -> Process {
+    Process::spawn(
+        "sim-worker",
+        &artifacts.sim_worker,
+        &[
+            "--wire".into(),
+            "vllm".into(),
+            "--worker".into(),
+            format!("decode:decode-0@127.0.0.1:{}", sim.http),
+            "--kv-events-endpoint".into(),
+            format!("tcp://127.0.0.1:{}", sim.events),
+            "--kv-replay-endpoint".into(),
+            format!("tcp://127.0.0.1:{}", sim.replay),
+            "--model-dir".into(),
+            artifacts.model_dir.to_string_lossy().into_owned(),
+        ],
+        Some(&dir.path().join(log)),
+    )
+    .expect("sim worker starts")
 }

@@ -66,6 +66,8 @@ pub struct FeedCounters {
     pub partial_rejoins: u64,
     /// Engine restarts seen (numbers back to 0).
     pub restarts: u64,
+    /// Reconnections of the live socket to its publisher (each one a rejoin).
+    pub reconnects: u64,
     /// Batches seen twice or out of date, ignored.
     pub ignored_batches: u64,
     /// Events the mapper refused (wrong block size or token count) or could not chain.
@@ -151,6 +153,19 @@ impl KvFeed {
             FeedAction::Publish(self.reset_batch()),
             FeedAction::RequestReplay { from: 0 },
         ]
+    }
+
+    /// The live SUB socket reconnected to its publisher by itself: the engine's PUB socket
+    /// went away and came back. That is an engine restart unless it was a network blip, and
+    /// a restarted engine that stays quiet sends nothing that would show it. So the worker
+    /// rejoins under its registration: the router's view is cleared and rebuilt from what
+    /// the engine buffers (all of it after a blip, nothing stale after a restart; the cost of
+    /// a blip is at most the blocks older than the engine's replay buffer, as cache hits the
+    /// router does not see, never a wrong one).
+    pub fn on_reconnected(&mut self) -> Vec<FeedAction> {
+        bump(&mut self.counters.reconnects);
+        let instance_id = self.outgoing.instance_id();
+        self.rejoin(instance_id)
     }
 
     /// The live SUB socket (re)subscribed. A PUB socket drops what it publishes while nobody

@@ -249,6 +249,31 @@ fn a_restart_whose_first_batches_were_lost_clears_the_worker_and_replays_from_ze
     );
 }
 
+/// The live socket reconnected to its publisher: the engine may have restarted and stayed
+/// quiet. The old engine's blocks go and the new engine's buffer is replayed from 0; an
+/// empty buffer leaves the worker empty, and the new engine's first batch (0) is in order.
+#[test]
+fn a_reconnected_publisher_clears_the_worker_and_replays_its_buffer() {
+    let mut feed = feed();
+    for seq in 0..=3 {
+        feed.on_live(stored(seq, seq));
+    }
+    let out = feed.on_reconnected();
+    assert_eq!(out.len(), 2);
+    assert!(
+        is_reset(published(&out)[0]),
+        "the old engine's blocks are dropped"
+    );
+    assert_eq!(out[1], FeedAction::RequestReplay { from: 0 });
+    // A quiet new engine buffers nothing: the worker stays empty.
+    assert!(published(&feed.on_replay(ReplayFrame::End)).is_empty());
+    assert!(!feed.replaying());
+    let batches = feed.on_live(stored(0, 0));
+    assert_eq!(stored_hashes(&published(&batches)), vec![our_hash(0)]);
+    let c = feed.counters();
+    assert_eq!((c.reconnects, c.restarts, c.ignored_batches), (1, 0, 0));
+}
+
 #[test]
 fn rejoining_clears_renumbers_and_replays_everything_buffered() {
     let mut feed = feed();

@@ -368,6 +368,11 @@ impl Declared {
                 let actions = self.feed.on_subscribed();
                 self.carry_out(actions).await;
             }
+            LiveMessage::Reconnected => {
+                self.cx.metrics.declared_event("kv_reconnected", 1);
+                let actions = self.feed.on_reconnected();
+                self.carry_out(actions).await;
+            }
             LiveMessage::Batch(Ok(batch)) => {
                 let actions = self.feed.on_live(batch);
                 self.carry_out(actions).await;

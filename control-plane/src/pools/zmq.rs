@@ -8,8 +8,11 @@
 
 use std::time::Duration;
 
+use futures::StreamExt as _;
 use tokio::sync::mpsc;
-use zeromq::{DealerSocket, Socket, SocketOptions, SocketRecv, SocketSend, SubSocket, ZmqMessage};
+use zeromq::{
+    DealerSocket, Socket, SocketEvent, SocketOptions, SocketRecv, SocketSend, SubSocket, ZmqMessage,
+};
 
 use switchyard_adapters::vllm::frame::decode_message;
 use switchyard_adapters::vllm::replay::{decode_reply, encode_request, ReplayFrame};
@@ -28,6 +31,11 @@ pub enum LiveMessage {
     /// The socket (re)subscribed: batches published while it was not were dropped by the
     /// publisher ([`KvFeed::on_subscribed`](switchyard_adapters::vllm::feed::KvFeed::on_subscribed)).
     Subscribed,
+    /// The socket itself re-established its connection to the publisher (or, bound, accepted
+    /// a publisher's new connection): the engine's PUB socket went away and came back, which
+    /// is an engine restart unless a network blip
+    /// ([`KvFeed::on_reconnected`](switchyard_adapters::vllm::feed::KvFeed::on_reconnected)).
+    Reconnected,
     /// One message, decoded.
     Batch(Result<VllmBatch, DecodeError>),
 }
@@ -85,8 +93,24 @@ pub async fn subscribe(events: KvEventsSocket, out: mpsc::Sender<LiveMessage>) {
         if out.send(LiveMessage::Subscribed).await.is_err() {
             return;
         }
+        // The socket reconnects to a publisher that went away by itself, silently: its
+        // monitor is the only sign (a restarted engine that stays quiet would otherwise keep
+        // the old engine's blocks in the index).
+        let mut monitor = socket.monitor();
         loop {
-            match socket.recv().await {
+            let message = tokio::select! {
+                received = socket.recv() => received,
+                Some(event) = monitor.next() => {
+                    if matches!(event, SocketEvent::Connected(..) | SocketEvent::Accepted(..)) {
+                        tracing::info!(%endpoint, "KV event publisher reconnected");
+                        if out.send(LiveMessage::Reconnected).await.is_err() {
+                            return;
+                        }
+                    }
+                    continue;
+                }
+            };
+            match message {
                 Ok(message) => {
                     let frames = message.into_vec();
                     let batch = LiveMessage::Batch(decode_message(&frames));
