@@ -15,7 +15,9 @@ use std::time::Duration;
 use futures::StreamExt;
 
 use switchyard_protocol::kv::{KvEventBatch, ResyncRequest};
-use switchyard_protocol::registration::{unix_now_ms, RegistrationError, RegistrationSecret};
+use switchyard_protocol::registration::{
+    unix_now_ms, RegistrationError, RegistrationSecret, MAX_CLOCK_SKEW_MS,
+};
 use switchyard_protocol::worker::{LoadReport, WorkerHeartbeat, WorkerId};
 use switchyard_protocol::{subjects, PROTOCOL_VERSION};
 
@@ -83,6 +85,21 @@ impl Admission {
     }
 }
 
+/// What the log says of a heartbeat the admission policy refused for `reason`.
+fn admission_refusal(reason: &str) -> String {
+    match reason {
+        // Not a forgery: late, or from a host whose clock is off.
+        "stale" => format!(
+            "signed more than {} s away from this host's clock: the worker's and this host's \
+             clocks differ, or the message came late (after this process stalled, the \
+             heartbeats buffered meanwhile do; the worker's next one registers it)",
+            MAX_CLOCK_SKEW_MS / 1000
+        ),
+        _ => "not a registration this control plane accepts (see --registration-secret-file)"
+            .to_owned(),
+    }
+}
+
 /// How many distinct refused worker ids get a warning each; beyond it refusals are only
 /// counted, so a flood of spoofed ids cannot flood the log.
 const MAX_WARNED_REFUSALS: usize = 1_024;
@@ -147,8 +164,9 @@ struct Consumer {
     service: ServiceHandle,
     metrics: Metrics,
     admission: Admission,
-    /// Worker ids already warned about a refused heartbeat.
-    warned: std::collections::HashSet<WorkerId>,
+    /// Worker ids already warned about a refused heartbeat, with the reason: a new reason
+    /// for the same id is a new problem and warns again.
+    warned: std::collections::HashSet<(WorkerId, &'static str)>,
 }
 
 /// Decodes a message, rejecting newer protocol versions than this build understands.
@@ -238,14 +256,10 @@ impl Consumer {
 
     /// Whether `hb` is refused: by the admission policy, or as a worker the pools cannot hold
     /// (an id that is not one subject token, an address Envoy cannot take, an interval above
-    /// the bound). Counted, and warned once per worker id.
+    /// the bound). Counted, and warned once per worker id and reason.
     fn refuse(&mut self, hb: &WorkerHeartbeat) -> bool {
         let (reason, why) = match self.admission.check(hb, unix_now_ms()) {
-            Err(reason) => (
-                reason,
-                "not a registration this control plane accepts (see --registration-secret-file)"
-                    .to_owned(),
-            ),
+            Err(reason) => (reason, admission_refusal(reason)),
             Ok(()) => match hb.check() {
                 Ok(()) => return false,
                 Err(invalid) => ("invalid", invalid.to_string()),
@@ -256,10 +270,11 @@ impl Consumer {
         true
     }
 
-    /// Counts a refused heartbeat of `id` under `reason`, and warns `why` once per worker id.
+    /// Counts a refused heartbeat of `id` under `reason`, and warns `why` once per worker id
+    /// and reason.
     fn refused(&mut self, id: &WorkerId, reason: &'static str, why: &str) {
         self.metrics.worker_rejected(reason);
-        if self.warned.len() < MAX_WARNED_REFUSALS && self.warned.insert(id.clone()) {
+        if self.warned.len() < MAX_WARNED_REFUSALS && self.warned.insert((id.clone(), reason)) {
             tracing::warn!(worker = %id, reason, "heartbeat refused: {why}");
         } else {
             tracing::debug!(worker = %id, reason, "heartbeat refused");
@@ -334,5 +349,20 @@ mod tests {
         .unwrap_err();
         assert!(err.contains("99"), "{err}");
         assert!(decode::<LoadReport>(b"{", |m| m.v).is_err());
+    }
+
+    /// A late heartbeat (one buffered while this process stalled) does not send the
+    /// operator to the secret file; a forged or unsigned one does.
+    #[test]
+    fn a_stale_heartbeat_is_logged_as_late_not_as_a_secret_problem() {
+        let stale = admission_refusal("stale");
+        assert!(
+            stale.contains("came late") && stale.contains("60 s"),
+            "{stale}"
+        );
+        assert!(!stale.contains("--registration-secret-file"), "{stale}");
+        for reason in ["unsigned", "bad_signature"] {
+            assert!(admission_refusal(reason).contains("--registration-secret-file"));
+        }
     }
 }

@@ -360,7 +360,7 @@ impl Metrics {
         );
         r.add(
             "workers_rejected",
-            "Heartbeats refused, by reason (invalid, unsigned, bad_signature, stale, declared)",
+            "Heartbeats refused, by reason (invalid, unsigned, bad_signature, stale, declared, address_in_use, id_in_use)",
             self.workers_rejected.clone(),
         );
         r.add(
