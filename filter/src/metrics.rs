@@ -29,6 +29,10 @@ pub const PREFILL_RELEASES_TOTAL: &str = "switchyard.prefill.releases_total";
 /// Release calls that were refused or failed (a real vLLM has no release endpoint: its own
 /// timeout frees the KV).
 pub const PREFILL_RELEASE_FAILURES_TOTAL: &str = "switchyard.prefill.release_failures_total";
+/// Prefill legs whose client left before they answered: proxy-wasm cannot cancel the call,
+/// and its answer (which names the KV hold) reaches no context, so the prefill worker keeps
+/// the KV until its own lease ends.
+pub const PREFILL_ABANDONED_TOTAL: &str = "switchyard.prefill.abandoned_total";
 /// Prefill-leg attempts dispatched (retries included).
 pub const PREFILL_ATTEMPTS_TOTAL: &str = "switchyard.prefill.attempts_total";
 /// Prefill-leg retries (502/503/504).
@@ -121,6 +125,8 @@ pub struct StatIds {
     pub prefill_releases_total: u32,
     /// Id of [`PREFILL_RELEASE_FAILURES_TOTAL`].
     pub prefill_release_failures_total: u32,
+    /// Id of [`PREFILL_ABANDONED_TOTAL`].
+    pub prefill_abandoned_total: u32,
     /// Id of [`PREFILL_ATTEMPTS_TOTAL`].
     pub prefill_attempts_total: u32,
     /// Id of [`PREFILL_RETRIES_TOTAL`].

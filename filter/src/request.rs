@@ -93,6 +93,48 @@ pub fn is_client_routing_header(name: &str) -> bool {
             .is_some_and(|p| p.eq_ignore_ascii_case(SWITCHYARD_HEADER_PREFIX))
 }
 
+/// Client request headers the prefill leg does not carry: the ones the filter sets itself
+/// (method, path, authority, content type, request id, destination), the body's framing
+/// (the leg has its own body), hop-by-hop headers, and `accept-encoding` (the filter reads
+/// the answer, so it must come uncompressed). Compared lower-case, as Envoy gives names.
+const NOT_ON_THE_PREFILL_LEG: [&str; 13] = [
+    "content-type",
+    "content-length",
+    "content-encoding",
+    "transfer-encoding",
+    "accept-encoding",
+    "connection",
+    "keep-alive",
+    "te",
+    "trailer",
+    "upgrade",
+    "expect",
+    "host",
+    "proxy-connection",
+];
+
+/// The client's request headers the prefill leg carries as the decode leg does: the
+/// credentials (`authorization`, an API key header) and whatever else the client sent, so
+/// that a prefill worker behind the same authentication as the decode workers accepts the
+/// leg. Pseudo-headers, the filter's own headers, `x-switchyard-*` and the ones in
+/// [`NOT_ON_THE_PREFILL_LEG`] are left out.
+pub fn prefill_leg_headers<'a>(
+    client: &'a [(String, String)],
+    request_id_header: &str,
+) -> Vec<(&'a str, &'a str)> {
+    client
+        .iter()
+        .filter(|(name, _)| {
+            let lower = name.to_ascii_lowercase();
+            !lower.starts_with(':')
+                && !is_client_routing_header(&lower)
+                && lower != request_id_header
+                && !NOT_ON_THE_PREFILL_LEG.contains(&lower.as_str())
+        })
+        .map(|(name, value)| (name.as_str(), value.as_str()))
+        .collect()
+}
+
 /// The names among `headers` to strip, deduplicated (a repeated header is removed once).
 pub fn headers_to_strip<'a, I>(headers: I) -> Vec<String>
 where
@@ -124,6 +166,33 @@ pub fn choose_request_id(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_prefill_leg_carries_the_clients_credentials_not_its_framing() {
+        let client: Vec<(String, String)> = [
+            (":method", "POST"),
+            (":path", "/v1/chat/completions"),
+            ("authorization", "Bearer sk-1"),
+            ("openai-organization", "org"),
+            ("content-type", "application/json"),
+            ("content-length", "120"),
+            ("accept-encoding", "gzip"),
+            ("x-request-id", "r-1"),
+            ("x-switchyard-route", "forged"),
+            ("x-gateway-destination-endpoint", "10.0.0.1:1"),
+            ("Connection", "keep-alive"),
+        ]
+        .iter()
+        .map(|(n, v)| (n.to_string(), v.to_string()))
+        .collect();
+        assert_eq!(
+            prefill_leg_headers(&client, "x-request-id"),
+            vec![
+                ("authorization", "Bearer sk-1"),
+                ("openai-organization", "org")
+            ]
+        );
+    }
 
     #[test]
     fn only_posts_to_openai_paths_are_routed() {

@@ -267,6 +267,7 @@ fn define_stats() -> StatIds {
         client_steering_stripped_total: define_counter(metrics::CLIENT_STEERING_STRIPPED_TOTAL),
         deferred_screens_total: define_counter(metrics::DEFERRED_SCREENS_TOTAL),
         prefill_releases_total: define_counter(metrics::PREFILL_RELEASES_TOTAL),
+        prefill_abandoned_total: define_counter(metrics::PREFILL_ABANDONED_TOTAL),
         prefill_release_failures_total: define_counter(metrics::PREFILL_RELEASE_FAILURES_TOTAL),
         prefill_attempts_total: define_counter(metrics::PREFILL_ATTEMPTS_TOTAL),
         prefill_retries_total: define_counter(metrics::PREFILL_RETRIES_TOTAL),

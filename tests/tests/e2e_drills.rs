@@ -231,6 +231,30 @@ async fn fault_drills_on_one_control_plane() {
     );
     assert!(requeued > requeued_before, "the reports were sent again");
 
+    // 1c. A client that leaves while its route call waits (the control plane stopped for
+    // less than the call's timeout): the call is still read and routed once the control plane
+    // runs, and the filter's `failed_open` report, sent when the client left, keeps it from
+    // being counted in flight (it was, until the request timeout).
+    in_flight_becomes(&http, &stack, "nothing in flight before", |n| n == 0.0).await;
+    stack.freeze(Component::ControlPlane).expect("SIGSTOP");
+    let impatient = http
+        .post(&url)
+        .json(&chat_body("A client that will not wait for its answer.", 16, true))
+        .timeout(Duration::from_millis(300))
+        .send()
+        .await;
+    assert!(impatient.is_err(), "the client gave up: {impatient:?}");
+    // Thawed within the route call's 1 s timeout, so the call is still there to be read.
+    stack
+        .signal(Component::ControlPlane, Signal::Cont)
+        .expect("SIGCONT");
+    // Long enough for the late route call and the report to be read.
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    in_flight_becomes(&http, &stack, "the abandoned request not counted", |n| {
+        n == 0.0
+    })
+    .await;
+
     // 2. Killed and started again (one replica: the filter fails open meanwhile).
     let run = baseline(&http, &stack).await;
     stack.stop_component(Component::ControlPlane);

@@ -27,6 +27,7 @@ use super::{ConcurrentPrefill, Phase, PrefillLeg, SwitchyardRequest};
 use crate::body::{self, DecodeBody, RequestDoc};
 use crate::outcome::{FallbackReason, Served};
 use crate::prefill::{classify_prefill_answer, retry_cluster, PrefillFailure, PrefillStep};
+use crate::request::prefill_leg_headers;
 use crate::shared::increment;
 use crate::verdict::PrefillTarget;
 
@@ -209,6 +210,9 @@ impl SwitchyardRequest {
         } else {
             self.authority.as_str()
         };
+        // The client's credentials go on the leg as on the decode leg: a prefill pool behind
+        // the same authentication (vLLM's `--api-key`) refused every leg without them.
+        let client = self.get_http_request_headers();
         let mut headers = vec![
             (":method", "POST"),
             (":path", self.path.as_str()),
@@ -216,6 +220,7 @@ impl SwitchyardRequest {
             ("content-type", "application/json"),
             (REQUEST_ID_HEADER, self.request_id.as_str()),
         ];
+        headers.extend(prefill_leg_headers(&client, REQUEST_ID_HEADER));
         let cluster = match target {
             Some(target) => {
                 headers.push((DESTINATION_HEADER, target));

@@ -146,6 +146,24 @@ impl SwitchyardRequest {
         if self.response.status.is_none() {
             self.release_hold("the client left before the decode leg answered");
         }
+        match self.phase {
+            // The route call went out: the control plane may have routed it already, and
+            // would count the request in flight until its request timeout.
+            Phase::AwaitingVerdict { .. } => {
+                if self.shared.config.lifecycle_reports {
+                    self.report_unserved(true);
+                }
+                return;
+            }
+            Phase::Prefilling { .. } => {
+                increment(self.shared.stats.prefill_abandoned_total, 1);
+                warn!(
+                    "#{} {} the client left during the prefill leg: the prefill worker keeps its KV until its own lease ends",
+                    self.context_id, self.request_id
+                );
+            }
+            _ => {}
+        }
         if !self.wants_reports() {
             return;
         }
