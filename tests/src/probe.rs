@@ -170,11 +170,7 @@ pub async fn raw_chunked_post(
     body: &str,
     timeout: Duration,
 ) -> Result<(String, String), String> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let authority = base.trim_start_matches("http://");
-    let mut socket = tokio::net::TcpStream::connect(authority)
-        .await
-        .map_err(|e| format!("connect {authority}: {e}"))?;
     let mut request = format!(
         "POST {path} HTTP/1.1\r\nhost: {authority}\r\ncontent-type: application/json\r\n\
          transfer-encoding: chunked\r\nconnection: close\r\n\r\n{:x}\r\n",
@@ -183,9 +179,47 @@ pub async fn raw_chunked_post(
     .into_bytes();
     request.extend_from_slice(body.as_bytes());
     request.extend_from_slice(b"\r\n0\r\n\r\n");
+    raw_exchange(authority, path, &request, timeout).await
+}
+
+/// POSTs `body` to `path` as an HTTP/1.0 client does (nginx's default `proxy_http_version`,
+/// ApacheBench): a `content-length` body, the connection closed after the answer. Returns
+/// the response's head and body.
+///
+/// # Errors
+/// As [`raw_chunked_post`].
+pub async fn raw_http10_post(
+    base: &str,
+    path: &str,
+    body: &str,
+    timeout: Duration,
+) -> Result<(String, String), String> {
+    let authority = base.trim_start_matches("http://");
+    let mut request = format!(
+        "POST {path} HTTP/1.0\r\nhost: {authority}\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    request.extend_from_slice(body.as_bytes());
+    raw_exchange(authority, path, &request, timeout).await
+}
+
+/// Writes `request` on a new connection to `authority` and reads the answer until the
+/// gateway closes it, within `timeout`.
+async fn raw_exchange(
+    authority: &str,
+    path: &str,
+    request: &[u8],
+    timeout: Duration,
+) -> Result<(String, String), String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut socket = tokio::net::TcpStream::connect(authority)
+        .await
+        .map_err(|e| format!("connect {authority}: {e}"))?;
     let exchange = async {
         // The gateway may answer and close before it has read it all: a failed write is fine.
-        let _ = socket.write_all(&request).await;
+        let _ = socket.write_all(request).await;
         let mut answer = Vec::new();
         let _ = socket.read_to_end(&mut answer).await;
         answer

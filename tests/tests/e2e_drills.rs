@@ -239,7 +239,11 @@ async fn fault_drills_on_one_control_plane() {
     stack.freeze(Component::ControlPlane).expect("SIGSTOP");
     let impatient = http
         .post(&url)
-        .json(&chat_body("A client that will not wait for its answer.", 16, true))
+        .json(&chat_body(
+            "A client that will not wait for its answer.",
+            16,
+            true,
+        ))
         .timeout(Duration::from_millis(300))
         .send()
         .await;

@@ -24,7 +24,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use switchyard_e2e::probe::{
     assert_streamed, filter_stat as stat, known_workers, long_prompt, raw_chunked_post,
-    streamed_chat as chat, worker_metric as metric,
+    raw_http10_post, streamed_chat as chat, worker_metric as metric,
 };
 use switchyard_e2e::{
     client, envoy_stats, get_text, post_observed, start_stack, Component, Signal,
@@ -458,6 +458,34 @@ async fn attacks_and_bad_input_are_refused_and_cost_nothing() {
     }
     let stats = envoy_stats(&http, &stack.admin_url()).await.unwrap();
     assert_eq!(stat(&stats, "rejected.too_large"), 4);
+
+    // (8) An HTTP/1.0 client (nginx's default `proxy_http_version`, ApacheBench) is served
+    // and routed like any other; Envoy answered such requests 426.
+    let old_client = json!({
+        "model": "qwen3",
+        "messages": [{"role": "user", "content": "An old client asks."}],
+        "max_tokens": 4,
+    });
+    let (head, body) = raw_http10_post(
+        &gateway,
+        "/v1/chat/completions",
+        &old_client.to_string(),
+        REQUEST_TIMEOUT,
+    )
+    .await
+    .expect("answered");
+    assert!(
+        head.starts_with("HTTP/1.0 200") || head.starts_with("HTTP/1.1 200"),
+        "{head}\n{body}"
+    );
+    let route = head
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{ROUTE_HEADER}: ")))
+        .unwrap_or_default();
+    assert!(
+        ["bypass", "disagg", "agg"].contains(&route),
+        "routed by a verdict: {head}"
+    );
     stack.check_running().expect("every process still runs");
 }
 
