@@ -170,16 +170,7 @@ pub async fn raw_chunked_post(
     body: &str,
     timeout: Duration,
 ) -> Result<(String, String), String> {
-    let authority = base.trim_start_matches("http://");
-    let mut request = format!(
-        "POST {path} HTTP/1.1\r\nhost: {authority}\r\ncontent-type: application/json\r\n\
-         transfer-encoding: chunked\r\nconnection: close\r\n\r\n{:x}\r\n",
-        body.len()
-    )
-    .into_bytes();
-    request.extend_from_slice(body.as_bytes());
-    request.extend_from_slice(b"\r\n0\r\n\r\n");
-    raw_exchange(authority, path, &request, timeout).await
+    raw_post(base, path, body, RawFraming::Chunked, timeout).await
 }
 
 /// POSTs `body` to `path` as an HTTP/1.0 client does (nginx's default `proxy_http_version`,
@@ -194,14 +185,46 @@ pub async fn raw_http10_post(
     body: &str,
     timeout: Duration,
 ) -> Result<(String, String), String> {
+    raw_post(base, path, body, RawFraming::Http10, timeout).await
+}
+
+/// How a raw POST frames its body.
+enum RawFraming {
+    /// HTTP/1.1, chunked in one chunk, `connection: close`.
+    Chunked,
+    /// HTTP/1.0 with `content-length`.
+    Http10,
+}
+
+async fn raw_post(
+    base: &str,
+    path: &str,
+    body: &str,
+    framing: RawFraming,
+    timeout: Duration,
+) -> Result<(String, String), String> {
     let authority = base.trim_start_matches("http://");
+    let (version, framing_headers, chunk_head, chunk_tail) = match framing {
+        RawFraming::Chunked => (
+            "HTTP/1.1",
+            "transfer-encoding: chunked\r\nconnection: close".to_string(),
+            format!("{:x}\r\n", body.len()),
+            "\r\n0\r\n\r\n",
+        ),
+        RawFraming::Http10 => (
+            "HTTP/1.0",
+            format!("content-length: {}", body.len()),
+            String::new(),
+            "",
+        ),
+    };
     let mut request = format!(
-        "POST {path} HTTP/1.0\r\nhost: {authority}\r\ncontent-type: application/json\r\n\
-         content-length: {}\r\n\r\n",
-        body.len()
+        "POST {path} {version}\r\nhost: {authority}\r\ncontent-type: application/json\r\n\
+         {framing_headers}\r\n\r\n{chunk_head}"
     )
     .into_bytes();
     request.extend_from_slice(body.as_bytes());
+    request.extend_from_slice(chunk_tail.as_bytes());
     raw_exchange(authority, path, &request, timeout).await
 }
 
