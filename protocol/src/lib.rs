@@ -42,6 +42,13 @@ pub mod subjects;
 pub mod tokenize;
 pub mod worker;
 
+/// `body` without a leading UTF-8 byte-order mark. Python's `json.loads` accepts one in bytes
+/// (vLLM's OpenAI server reads bodies so), serde_json does not; every reader of a request body
+/// that an engine would accept goes through here.
+pub fn without_bom(body: &[u8]) -> &[u8] {
+    body.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(body)
+}
+
 /// Reads `bytes` as a JSON object into `T`.
 ///
 /// serde's derived structs also accept a JSON array, taking its items as the fields in
@@ -85,7 +92,17 @@ fn default_version() -> u32 {
 
 #[cfg(test)]
 mod tests {
-    use super::from_json_object;
+    use super::{from_json_object, without_bom};
+
+    #[test]
+    fn a_leading_byte_order_mark_is_dropped_and_nothing_else() {
+        let body = b"\xEF\xBB\xBF{\"a\": 1}";
+        assert!(serde_json::from_slice::<serde_json::Value>(body).is_err());
+        assert_eq!(without_bom(body), b"{\"a\": 1}");
+        assert_eq!(without_bom(b"{}"), b"{}");
+        // Only at the start: one inside a string is content.
+        assert_eq!(without_bom(b" \xEF\xBB\xBF{}"), b" \xEF\xBB\xBF{}");
+    }
 
     #[derive(Debug, PartialEq, serde::Deserialize)]
     struct Row {

@@ -89,7 +89,7 @@ pub async fn serve(
             "simulated fault: this worker refuses every --unavailable-every'th request",
         ));
     }
-    let body: Value = serde_json::from_slice(&body)
+    let body: Value = serde_json::from_slice(switchyard_protocol::without_bom(&body))
         .map_err(|e| ApiError::bad_request(format!("request body is not valid JSON: {e}"), None))?;
     let leg = match &body {
         Value::Object(fields) => legs::read(ctx.engine_kind, ctx.role, fields)?,

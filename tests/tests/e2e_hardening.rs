@@ -27,8 +27,8 @@ use switchyard_e2e::probe::{
     raw_http10_post, streamed_chat as chat, worker_metric as metric,
 };
 use switchyard_e2e::{
-    client, envoy_stats, get_text, post_observed, start_stack, Component, Signal,
-    DESTINATION_RESPONSE_HEADER,
+    client, envoy_stats, get_text, post_observed, post_raw_observed, start_stack, Component,
+    Signal, DESTINATION_RESPONSE_HEADER,
 };
 use switchyard_protocol::registration::{unix_now_ms, RegistrationSecret};
 use switchyard_protocol::route::ROUTE_HEADER;
@@ -485,6 +485,20 @@ async fn attacks_and_bad_input_are_refused_and_cost_nothing() {
     assert!(
         ["bypass", "disagg", "agg"].contains(&route),
         "routed by a verdict: {head}"
+    );
+
+    // (9) A body led by a UTF-8 byte-order mark, which vLLM's JSON reader accepts, is routed
+    // and served, not refused as `not_json`.
+    let mut with_bom = b"\xEF\xBB\xBF".to_vec();
+    with_bom.extend_from_slice(old_client.to_string().as_bytes());
+    let response = post_raw_observed(&http, &url, with_bom, &[], REQUEST_TIMEOUT)
+        .await
+        .expect("answered");
+    assert_eq!(response.status, 200, "{}", response.body());
+    assert!(
+        ["bypass", "disagg", "agg"].contains(&response.header(ROUTE_HEADER)),
+        "routed by a verdict: {:?}",
+        response.headers
     );
     stack.check_running().expect("every process still runs");
 }

@@ -341,12 +341,13 @@ where
     };
     // What is validated: the body, or the hashed prompt's fields (the body less its prompt).
     let fields = hashed.as_ref().map_or(&bytes[..], |h| &h.fields[..]);
-    let json: serde_json::Value = serde_json::from_slice(fields).map_err(|e| {
-        fail(RouteFailure::invalid(
-            "body",
-            format!("not valid JSON: {e}"),
-        ))
-    })?;
+    let json: serde_json::Value = serde_json::from_slice(switchyard_protocol::without_bom(fields))
+        .map_err(|e| {
+            fail(RouteFailure::invalid(
+                "body",
+                format!("not valid JSON: {e}"),
+            ))
+        })?;
     let Some(object) = json.as_object() else {
         return Err(fail(RouteFailure::invalid("body", "must be a JSON object")));
     };
