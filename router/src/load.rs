@@ -130,7 +130,26 @@ impl WorkerState {
 struct Active {
     ticket: u64,
     load: RoutedLoad,
-    prefill_pending: bool,
+    stage: Stage,
+}
+
+/// Where a tracked request is, as its lifecycle reports say.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stage {
+    /// Routed, no `first_token` yet: its prefill tokens and blocks count.
+    Prefilling,
+    /// No `first_token` within `prefill_timeout_ms`: its prefill load is freed, but nothing
+    /// says it decodes (it may never have been sent), so it is no running stream.
+    PrefillExpired,
+    /// Past `first_token`: a stream decoding on its decode worker.
+    Decoding,
+}
+
+impl Stage {
+    /// Whether `first_token` is still to come.
+    fn awaits_first_token(self) -> bool {
+        self != Stage::Decoding
+    }
 }
 
 /// Load of every worker, and the requests it is predicted from. See the module docs.
@@ -245,7 +264,7 @@ impl LoadTracker {
             .push(Active {
                 ticket,
                 load,
-                prefill_pending: true,
+                stage: Stage::Prefilling,
             });
     }
 
@@ -262,15 +281,17 @@ impl LoadTracker {
         let ticket = self
             .requests
             .get(request_id)
-            .and_then(|actives| actives.iter().find(|a| a.prefill_pending))
+            .and_then(|actives| actives.iter().find(|a| a.stage.awaits_first_token()))
             .map(|a| a.ticket);
         if let Some(ticket) = ticket {
-            self.first_token_ticket(request_id, ticket);
+            self.leave_prefill(request_id, ticket, Stage::Decoding);
         }
     }
 
-    /// Prefill done for the request of `request_id` routed as `ticket`.
-    fn first_token_ticket(&mut self, request_id: &str, ticket: u64) {
+    /// The request of `request_id` routed as `ticket` leaves its prefill for `next`
+    /// (`Decoding` at its `first_token`, `PrefillExpired` when that is overdue): its prefill
+    /// load is freed once, and it counts as a running stream only once it decodes.
+    fn leave_prefill(&mut self, request_id: &str, ticket: u64, next: Stage) {
         let Some(active) = self
             .requests
             .get_mut(request_id)
@@ -278,13 +299,20 @@ impl LoadTracker {
         else {
             return;
         };
-        if !std::mem::replace(&mut active.prefill_pending, false) {
+        let was = std::mem::replace(&mut active.stage, next);
+        if was == Stage::Decoding || (was == Stage::PrefillExpired && next == Stage::PrefillExpired)
+        {
+            active.stage = was;
             return;
         }
         let load = active.load.clone();
-        self.release_prefill(ticket, &load);
-        if let Some(w) = self.worker_mut(load.decode.slot) {
-            w.decoding += 1;
+        if was == Stage::Prefilling {
+            self.release_prefill(ticket, &load);
+        }
+        if next == Stage::Decoding {
+            if let Some(w) = self.worker_mut(load.decode.slot) {
+                w.decoding += 1;
+            }
         }
     }
 
@@ -330,7 +358,7 @@ impl LoadTracker {
             self.requests.remove(request_id);
         }
         self.tracked -= 1;
-        if active.prefill_pending {
+        if active.stage == Stage::Prefilling {
             self.release_prefill(active.ticket, &active.load);
         }
         if let Some(w) = self.worker_mut(active.load.decode.slot) {
@@ -340,7 +368,7 @@ impl LoadTracker {
             };
             w.release_blocks(key, &active.load.decode);
             w.in_flight = w.in_flight.saturating_sub(1);
-            if !active.prefill_pending {
+            if active.stage == Stage::Decoding {
                 w.decoding = w.decoding.saturating_sub(1);
             }
         }
@@ -390,7 +418,7 @@ impl LoadTracker {
             }
             let (ticket, id) = (*ticket, id.clone());
             self.prefill_order.pop_front();
-            self.first_token_ticket(&id, ticket);
+            self.leave_prefill(&id, ticket, Stage::PrefillExpired);
         }
         while let Some((at, ticket, id)) = self.order.front() {
             if now_ms.saturating_sub(*at) < cfg.request_timeout_ms {
@@ -426,7 +454,7 @@ impl LoadTracker {
             };
             self.order.retain(|(_, t, id)| find(id, *t).is_some());
             self.prefill_order
-                .retain(|(_, t, id)| find(id, *t).is_some_and(|a| a.prefill_pending));
+                .retain(|(_, t, id)| find(id, *t).is_some_and(|a| a.stage == Stage::Prefilling));
         }
     }
 

@@ -167,6 +167,34 @@ fn lost_reports_expire() {
     assert_eq!(t.load(D).active_blocks, 0);
 }
 
+/// An overdue `first_token` frees the prefill load but makes no running stream (the request
+/// may never have been sent); a late `first_token` makes it one, and `done` ends it.
+#[test]
+fn an_overdue_first_token_frees_the_prefill_but_is_no_stream() {
+    let cfg = TIMEOUTS;
+    let mut t = tracker();
+    t.on_route("a", bypass(0..4, 300), 0);
+    t.expire(cfg.prefill_timeout_ms, &cfg);
+    let load = t.load(D);
+    assert_eq!(
+        (load.prefill_tokens, load.decoding, load.in_flight),
+        (0, 0, 1)
+    );
+    t.on_first_token("a");
+    let load = t.load(D);
+    assert_eq!(
+        (load.prefill_tokens, load.decoding),
+        (0, 1),
+        "late, but decoding"
+    );
+    t.on_done("a");
+    assert_eq!(t.load(D), tracker().load(D));
+    // Never reported at all: nothing left once the request times out.
+    t.on_route("b", bypass(0..4, 300), 0);
+    t.expire(cfg.request_timeout_ms, &cfg);
+    assert_eq!(t.load(D), tracker().load(D));
+}
+
 #[test]
 fn requests_sharing_an_id_each_hold_their_load_and_each_report_settles_the_oldest() {
     let cfg = TIMEOUTS;
