@@ -201,6 +201,13 @@ impl ConditionalDisaggConfig {
                 "must be at least 1",
             ));
         }
+        // 0 would give every stall budget 0: no `slo_cost` bypass beside any running stream.
+        if self.itl_stall_horizon_tokens == 0 {
+            return Err(ConfigError::new(
+                "itl_stall_horizon_tokens",
+                "must be at least 1",
+            ));
+        }
         Ok(())
     }
 }

@@ -111,6 +111,10 @@ fn ranges_are_enforced_at_their_boundaries() {
         "prefill_queue_budget_tokens"
     );
     assert_eq!(
+        err(json!({"itl_stall_horizon_tokens": 0})).field,
+        "itl_stall_horizon_tokens"
+    );
+    assert_eq!(
         err(json!({"selection": {"temperature": -1}})).field,
         "selection.temperature"
     );
