@@ -30,6 +30,8 @@ use serde::Serialize;
 use switchyard_engine::PerfModel;
 use switchyard_loadgen::{ArrivalScale, Workload};
 
+use crate::tracker::send_time;
+
 /// The bound for one workload at one arrival scale.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct GoodputCeiling {
@@ -52,17 +54,13 @@ pub fn goodput_ceiling(
     let mut last_done = f64::NEG_INFINITY;
     for index in dependency_order(workload) {
         let r = &requests[index];
-        let arrival = scale.scale_ms(r.arrival_ms as f64);
-        let sent = if r.after.is_empty() {
-            arrival
-        } else {
-            let deps_done = r
-                .after
-                .iter()
-                .map(|&d| done_ms[d])
-                .fold(f64::NEG_INFINITY, f64::max);
-            arrival.max(deps_done + scale.scale_ms(r.think_ms as f64))
-        };
+        // Dependencies outside the workload are ignored, as the tracker ignores them.
+        let deps_done = r
+            .after
+            .iter()
+            .filter_map(|&d| done_ms.get(d).copied())
+            .fold(f64::NEG_INFINITY, f64::max);
+        let sent = send_time(r, scale, deps_done);
         let done = sent + service_floor_ms(perf, r.isl(), uncacheable[index], r.osl);
         done_ms[index] = done;
         first_send = first_send.min(sent);
@@ -185,18 +183,22 @@ mod tests {
         }
     }
 
+    fn workload(requests: Vec<PlannedRequest>) -> Workload {
+        Workload {
+            name: "ceiling".into(),
+            content_seed: 0,
+            requests,
+        }
+    }
+
     #[test]
     fn a_chain_of_turns_waits_for_each_turn_and_its_think_time() {
         let perf = PerfModel::default();
         // Turn 1's prompt (block 1) is in turn 2's prompt, so only block 2 is new there.
-        let workload = Workload {
-            name: "chain".into(),
-            content_seed: 0,
-            requests: vec![
-                request(0, 0, vec![], 0, &[1]),
-                request(1, 0, vec![0], 500, &[1, 2]),
-            ],
-        };
+        let workload = workload(vec![
+            request(0, 0, vec![], 0, &[1]),
+            request(1, 0, vec![0], 500, &[1, 2]),
+        ]);
         let c = goodput_ceiling(&workload, &perf, ArrivalScale::PLANNED);
         let first = service_floor_ms(&perf, 1_000, 0, 100);
         let second = service_floor_ms(&perf, 2_000, 1_000, 100);
@@ -227,14 +229,10 @@ mod tests {
     #[test]
     fn open_loop_requests_keep_their_arrivals() {
         let perf = PerfModel::default();
-        let workload = Workload {
-            name: "open".into(),
-            content_seed: 0,
-            requests: vec![
-                request(0, 0, vec![], 0, &[1]),
-                request(1, 10_000, vec![], 0, &[2]),
-            ],
-        };
+        let workload = workload(vec![
+            request(0, 0, vec![], 0, &[1]),
+            request(1, 10_000, vec![], 0, &[2]),
+        ]);
         let c = goodput_ceiling(&workload, &perf, ArrivalScale::PLANNED);
         let last = 10_000.0 + service_floor_ms(&perf, 1_000, 1_000, 100);
         assert!((c.window_s * 1000.0 - last).abs() < 1e-6);

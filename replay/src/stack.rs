@@ -221,16 +221,12 @@ impl<'a> VirtualStack<'a> {
             let gateway = self.gateway.next_event_ms();
             // Periodic messages keep their queue full forever; they matter only while
             // something else is left to happen.
-            let Some(next_send) = self.sends.next_ms() else {
-                if engines.is_none() && gateway.is_none() {
-                    break;
-                }
-                self.step_one(engines, gateway, f64::INFINITY, limit_ms)?;
-                now = now.max(self.cluster.now_ms());
-                continue;
-            };
+            let next_send = self.sends.next_ms();
             if engines.is_none() && gateway.is_none() {
-                self.skip_idle(next_send);
+                match next_send {
+                    None => break,
+                    Some(at) => self.skip_idle(at),
+                }
             }
             self.step_one(engines, gateway, next_send, limit_ms)?;
             now = now.max(self.cluster.now_ms());
@@ -248,40 +244,38 @@ impl<'a> VirtualStack<'a> {
     }
 
     /// Handles the earliest of: the engines' next event, the next periodic message, the
-    /// gateway stage's next event, the next send (at `next_send`). Ties: engines, then
-    /// periodic messages, then the gateway stage, then sends.
+    /// gateway stage's next event, the next send. Ties: engines, then periodic messages, then
+    /// the gateway stage, then sends.
     fn step_one(
         &mut self,
         engines: Option<f64>,
         gateway: Option<f64>,
-        next_send: f64,
+        next_send: Option<f64>,
         limit_ms: f64,
     ) -> Result<(), ReplayError> {
         let periodic = self.periodic.next_ms();
-        let next = [engines, gateway, periodic, Some(next_send)]
+        let next = [engines, gateway, periodic, next_send]
             .into_iter()
             .flatten()
             .fold(f64::INFINITY, f64::min);
-        {
-            if next > limit_ms {
-                return Err(ReplayError::DidNotFinish {
-                    limit_ms,
-                    unfinished: self.tracker.open(),
-                });
+        if next > limit_ms {
+            return Err(ReplayError::DidNotFinish {
+                limit_ms,
+                unfinished: self.tracker.open(),
+            });
+        }
+        if engines.is_some_and(|t| t <= next) {
+            self.step_engines();
+        } else if periodic.is_some_and(|t| t <= next) {
+            if let Some((at, due)) = self.periodic.pop() {
+                self.on_periodic(due, at);
             }
-            if engines.is_some_and(|t| t <= next) {
-                self.step_engines();
-            } else if periodic.is_some_and(|t| t <= next) {
-                if let Some((at, due)) = self.periodic.pop() {
-                    self.on_periodic(due, at);
-                }
-            } else if let Some(at) = gateway.filter(|&g| g <= next) {
-                for event in self.gateway.take_events(at) {
-                    self.on_gateway(event, at);
-                }
-            } else if let Some((at, id)) = self.sends.pop() {
-                self.send(id, at);
+        } else if let Some(at) = gateway.filter(|&g| g <= next) {
+            for event in self.gateway.take_events(at) {
+                self.on_gateway(event, at);
             }
+        } else if let Some((at, id)) = self.sends.pop() {
+            self.send(id, at);
         }
         Ok(())
     }

@@ -58,6 +58,17 @@ impl RouteNote {
     }
 }
 
+/// When `r` may be sent: its scaled arrival time, and (closed loop) `deps_done`, its last
+/// dependency's completion, plus its scaled think time.
+pub(crate) fn send_time(r: &PlannedRequest, scale: ArrivalScale, deps_done: f64) -> f64 {
+    let arrival = scale.scale_ms(r.arrival_ms as f64);
+    if r.after.is_empty() {
+        arrival
+    } else {
+        arrival.max(deps_done + scale.scale_ms(r.think_ms as f64))
+    }
+}
+
 /// A request sent and not yet finished.
 #[derive(Debug)]
 struct InFlight {
@@ -128,17 +139,17 @@ impl Tracker {
             .map(|r| (r.id, self.ready_ms(r)))
     }
 
-    /// When `r` may be sent once its dependencies are done: its scaled arrival time, and
-    /// (closed loop) its last dependency's completion plus its scaled think time.
+    /// When `r` may be sent once its dependencies are done ([`send_time`]), or its measured
+    /// send time when one replaces its planned arrival.
     fn ready_ms(&self, r: &PlannedRequest) -> f64 {
-        let arrival = self.arrival_scale.scale_ms(r.arrival_ms as f64);
         if r.after.is_empty() {
-            return match self.sent_override.get(r.id) {
-                Some(&t) if t.is_finite() && t >= 0.0 => t,
-                _ => arrival,
-            };
+            if let Some(&t) = self.sent_override.get(r.id) {
+                if t.is_finite() && t >= 0.0 {
+                    return t;
+                }
+            }
         }
-        arrival.max(self.deps_done_ms[r.id] + self.arrival_scale.scale_ms(r.think_ms as f64))
+        send_time(r, self.arrival_scale, self.deps_done_ms[r.id])
     }
 
     /// Requests sent or waiting that have no final record yet.

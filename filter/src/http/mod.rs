@@ -254,11 +254,11 @@ impl SwitchyardRequest {
         self.body_len = body.len();
         // A byte-order mark (which vLLM's JSON reader accepts) is dropped here, so that the
         // screen, the control plane and every worker read the body without it.
-        let body = match switchyard_protocol::without_bom(&body) {
-            stripped if stripped.len() < body.len() && self.replace_body(stripped) => {
-                stripped.to_vec()
-            }
-            _ => body,
+        let stripped = switchyard_protocol::without_bom(&body);
+        let body = if stripped.len() < body.len() && self.replace_body(stripped) {
+            stripped.to_vec()
+        } else {
+            body
         };
         match self.phase {
             Phase::Buffering(api) => self.route_body(api, body),
