@@ -65,6 +65,9 @@ pub async fn subscribe(events: KvEventsSocket, out: mpsc::Sender<LiveMessage>) {
     let mut warned = false;
     loop {
         let mut socket = SubSocket::with_options(options());
+        // Made before the socket connects (or binds), so that it sees the first connection
+        // too, which is no reconnection.
+        let mut monitor = socket.monitor();
         let connected = match &events {
             KvEventsSocket::Connect(e) => socket.connect(e).await,
             KvEventsSocket::Listen(e) => socket.bind(e).await.map(|_| ()),
@@ -95,16 +98,21 @@ pub async fn subscribe(events: KvEventsSocket, out: mpsc::Sender<LiveMessage>) {
         }
         // The socket reconnects to a publisher that went away by itself, silently: its
         // monitor is the only sign (a restarted engine that stays quiet would otherwise keep
-        // the old engine's blocks in the index).
-        let mut monitor = socket.monitor();
+        // the old engine's blocks in the index). The first connection is the subscription's
+        // own, which the feed already asked a replay for: a second replay from the same
+        // start at once would race the first.
+        let mut connections = 0u64;
         loop {
             let message = tokio::select! {
                 received = socket.recv() => received,
                 Some(event) = monitor.next() => {
                     if matches!(event, SocketEvent::Connected(..) | SocketEvent::Accepted(..)) {
-                        tracing::info!(%endpoint, "KV event publisher reconnected");
-                        if out.send(LiveMessage::Reconnected).await.is_err() {
-                            return;
+                        connections += 1;
+                        if connections > 1 {
+                            tracing::info!(%endpoint, "KV event publisher reconnected");
+                            if out.send(LiveMessage::Reconnected).await.is_err() {
+                                return;
+                            }
                         }
                     }
                     continue;
