@@ -228,6 +228,39 @@ async fn raw_post(
     raw_exchange(authority, path, &request, timeout).await
 }
 
+/// POSTs each of `bodies` to `path` on one HTTP/1.1 connection, pipelined in one write (the
+/// last one asks the gateway to close after it), and returns everything the gateway answered
+/// on that connection. Bounded by `timeout`.
+///
+/// # Errors
+/// As [`raw_chunked_post`].
+pub async fn raw_pipelined_posts(
+    base: &str,
+    path: &str,
+    bodies: &[&str],
+    timeout: Duration,
+) -> Result<String, String> {
+    let authority = base.trim_start_matches("http://");
+    let mut request = Vec::new();
+    for (i, body) in bodies.iter().enumerate() {
+        let close = if i + 1 == bodies.len() {
+            "connection: close\r\n"
+        } else {
+            ""
+        };
+        request.extend_from_slice(
+            format!(
+                "POST {path} HTTP/1.1\r\nhost: {authority}\r\ncontent-type: application/json\r\n\
+                 content-length: {}\r\n{close}\r\n{body}",
+                body.len()
+            )
+            .as_bytes(),
+        );
+    }
+    let (head, body) = raw_exchange(authority, path, &request, timeout).await?;
+    Ok(format!("{head}\r\n\r\n{body}"))
+}
+
 /// Writes `request` on a new connection to `authority` and reads the answer until the
 /// gateway closes it, within `timeout`.
 async fn raw_exchange(

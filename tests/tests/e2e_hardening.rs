@@ -24,7 +24,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use switchyard_e2e::probe::{
     assert_streamed, filter_stat as stat, known_workers, long_prompt, raw_chunked_post,
-    raw_http10_post, streamed_chat as chat, worker_metric as metric,
+    raw_http10_post, raw_pipelined_posts, streamed_chat as chat, worker_metric as metric,
 };
 use switchyard_e2e::{
     client, envoy_stats, get_text, post_observed, post_raw_observed, start_stack, Component,
@@ -485,6 +485,33 @@ async fn attacks_and_bad_input_are_refused_and_cost_nothing() {
     assert!(
         ["bypass", "disagg", "agg"].contains(&route),
         "routed by a verdict: {head}"
+    );
+
+    // (10) A request the gateway refuses with a 400 leaves the client's connection open: the
+    // request behind it on the same connection (pipelined, or the next one of a keep-alive
+    // pool) is still answered. Envoy closed HTTP/1 connections after every local 400.
+    let answer = raw_pipelined_posts(
+        &gateway,
+        "/v1/chat/completions",
+        &["{\"model\": \"qwen3\", \"messages\": [", &old_client.to_string()],
+        REQUEST_TIMEOUT,
+    )
+    .await
+    .expect("answered");
+    // A response's body has no line end, so the next status line follows it directly.
+    let statuses: Vec<&str> = answer
+        .match_indices("HTTP/1.1 ")
+        .filter_map(|(at, _)| answer.get(at + 9..at + 12))
+        .collect();
+    assert_eq!(
+        statuses,
+        ["400", "200"],
+        "both pipelined requests answered on one connection:\n{answer}"
+    );
+    let refused_head = answer.split("\r\n\r\n").next().unwrap_or_default();
+    assert!(
+        !refused_head.to_ascii_lowercase().contains("connection: close"),
+        "the 400 keeps the connection: {refused_head}"
     );
 
     // (9) A body led by a UTF-8 byte-order mark, which vLLM's JSON reader accepts, is routed
