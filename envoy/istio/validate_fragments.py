@@ -33,5 +33,7 @@ listener = {"name": "gw", "address": {"socket_address": {"address": "127.0.0.1",
         "route": {"cluster": "outbound|8000||vllm-decode.llm.svc.cluster.local", "timeout": "0s"}}]}]},
     "http_filters": [wasm, {"name": "envoy.filters.http.router", "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}]}}]}]}
 listener.update(patches[2]["patch"]["value"])
+hcm = listener["filter_chains"][0]["filters"][0]["typed_config"]
+hcm.update({k: v for k, v in patches[3]["patch"]["value"]["typed_config"].items() if k != "@type"})
 print(json.dumps({"admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": 0}}},
   "static_resources": {"listeners": [listener], "clusters": clusters}}))
