@@ -178,6 +178,8 @@ pub struct Metrics {
     pub kv_unknown_removals: Counter,
     /// `cleared` events applied (cache resets and resync dumps).
     pub kv_clears: Counter,
+    /// Times a worker's blocks were dropped from the index for passing twice its capacity.
+    pub kv_over_capacity_drops: Counter,
     /// Lifecycle events received, by kind.
     pub lifecycle_events: Family<EventLabels, Counter>,
     /// Route calls that came after the filter had failed their request open (they waited in
@@ -200,8 +202,10 @@ pub struct Metrics {
     /// What happened with declared (pool-file) workers, by event: `health_up`,
     /// `health_down`, `scrape_failed`, `kv_malformed`, `kv_gap_replayed`,
     /// `kv_gap_unrecoverable`, `kv_partial_rejoin` (the replay no longer reached back to the
-    /// engine's start), `kv_restart`, `kv_refused_event`, `kv_replay_failed`, `block_size_mismatch` (the engine's block
-    /// size is not the pool file's).
+    /// engine's start), `kv_restart`, `kv_refused_event`, `kv_replay_failed`,
+    /// `kv_over_capacity_rejoin` (the router dropped its blocks for passing its capacity, and
+    /// the feed started over), `block_size_mismatch` (the engine's block size is not the pool
+    /// file's).
     pub declared_events: Family<ReasonLabels, Counter>,
     /// Per live worker: requests the router believes in flight on it.
     pub worker_in_flight: Family<WorkerLabels, Gauge>,
@@ -258,6 +262,7 @@ impl Default for Metrics {
             kv_blocks_stored: Counter::default(),
             kv_blocks_removed: Counter::default(),
             kv_unknown_removals: Counter::default(),
+            kv_over_capacity_drops: Counter::default(),
             kv_clears: Counter::default(),
             lifecycle_events: Family::default(),
             late_route_calls: Counter::default(),
@@ -427,6 +432,11 @@ impl Metrics {
             "kv_unknown_removals",
             "KV removals naming blocks the index did not know",
             self.kv_unknown_removals.clone(),
+        );
+        r.add(
+            "kv_over_capacity_drops",
+            "Times a worker's KV blocks were all dropped from the index for passing twice its cache capacity (missed removals, or a publisher that is not its engine; a resync follows)",
+            self.kv_over_capacity_drops.clone(),
         );
         r.add(
             "kv_clears",

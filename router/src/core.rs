@@ -50,6 +50,9 @@ pub enum ResyncReason {
     /// The event bus came back after an outage: any batch sent meanwhile may be lost, and a
     /// worker that published none since would never show the gap.
     Reconnected,
+    /// Its blocks in the index passed what its cache can hold and were dropped
+    /// ([`crate::KvApplyOutcome::OverCapacity`]).
+    OverCapacity,
 }
 
 impl ResyncReason {
@@ -60,6 +63,7 @@ impl ResyncReason {
             ResyncReason::Restarted => "restarted",
             ResyncReason::Gap => "gap",
             ResyncReason::Reconnected => "reconnected",
+            ResyncReason::OverCapacity => "over_capacity",
         }
     }
 }
@@ -289,14 +293,13 @@ impl ControlCore {
         if batch.resync && result.is_ok() {
             self.awaiting_dump.remove(&batch.worker_id);
         }
-        let resync = matches!(result, Ok(KvApplyOutcome::NeedsResync)).then(|| {
-            self.resync(
-                &batch.worker_id,
-                batch.instance_id,
-                ResyncReason::Gap,
-                now_ms,
-            )
-        });
+        let reason = match result {
+            Ok(KvApplyOutcome::NeedsResync) => Some(ResyncReason::Gap),
+            Ok(KvApplyOutcome::OverCapacity { .. }) => Some(ResyncReason::OverCapacity),
+            _ => None,
+        };
+        let resync =
+            reason.map(|reason| self.resync(&batch.worker_id, batch.instance_id, reason, now_ms));
         KvBatchOutcome { result, resync }
     }
 
@@ -504,6 +507,31 @@ mod tests {
             sent(ResyncReason::Restarted, "a"),
             "a new instance always"
         );
+    }
+
+    #[test]
+    fn a_worker_dropped_for_passing_its_capacity_is_asked_for_a_resync() {
+        let mut core = ControlCore::new(Router::new(), 3);
+        core.heartbeat(&hb("a", 1), 0);
+        let blocks = (0..crate::held_blocks_limit(100) + 1)
+            .map(|i| switchyard_protocol::kv::StoredBlock {
+                seq_hash: switchyard_protocol::hash::SequenceHash(i + 1),
+                block_id: switchyard_protocol::kv::EngineBlockId(i + 1),
+            })
+            .collect();
+        let mut flood = batch("a", 1, 1);
+        flood.events = vec![KvEvent::Stored {
+            parent: None,
+            parent_block_id: None,
+            block_size: 16,
+            blocks,
+        }];
+        let outcome = core.kv_batch(&flood, 5_000);
+        assert!(matches!(
+            outcome.result,
+            Ok(KvApplyOutcome::OverCapacity { .. })
+        ));
+        assert_eq!(outcome.resync, sent(ResyncReason::OverCapacity, "a"));
     }
 
     #[test]

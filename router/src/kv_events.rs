@@ -13,10 +13,12 @@
 //!   batch seen and not number 1) → `NeedsResync`: stored blocks are facts worth keeping, but
 //!   removals in the gap were missed. Later batches continue from this number, so one gap
 //!   asks for one resync.
+//! - if the worker's blocks then pass [`held_blocks_limit`] of its capacity, they are all
+//!   dropped → `OverCapacity` (a resync rebuilds them).
 
 use switchyard_protocol::kv::{KvEvent, KvEventBatch};
 
-use super::{KvApplyOutcome, KvEventError, Router};
+use super::{held_blocks_limit, KvApplyOutcome, KvEventError, Router};
 
 impl Router {
     /// Applies one batch of KV events from a worker (see the module docs for the rules).
@@ -58,6 +60,7 @@ impl Router {
         };
         worker.last_kv_seq = Some(batch.seq);
         let slot = worker.slot;
+        let limit = held_blocks_limit(worker.info.kv_capacity_blocks);
         for event in &batch.events {
             match event {
                 KvEvent::Stored {
@@ -82,6 +85,12 @@ impl Router {
                     self.kv_counters.clears += 1;
                 }
             }
+        }
+        let held = self.index.blocks_of(slot) as u64;
+        if held > limit {
+            self.index.clear_worker(slot);
+            self.kv_counters.over_capacity_drops += 1;
+            return Ok(KvApplyOutcome::OverCapacity { held, limit });
         }
         Ok(if in_order || rebuild {
             KvApplyOutcome::Applied

@@ -107,6 +107,31 @@ pub enum KvApplyOutcome {
     /// A gap in sequence numbers (or an unknown worker/instance): the batch was applied as far
     /// as is safe, and the caller should send a resync request to this worker.
     NeedsResync,
+    /// The worker's blocks in the index passed what its cache can hold
+    /// ([`held_blocks_limit`]): removals were missed, or what publishes on its behalf is not
+    /// its engine. They were all dropped (no verdict counts on blocks the engine cannot hold),
+    /// and the caller should ask the worker for its state again.
+    OverCapacity {
+        /// Blocks the index held for it.
+        held: u64,
+        /// The most it may hold.
+        limit: u64,
+    },
+}
+
+/// Most blocks the index keeps for a worker of `kv_capacity_blocks` (0: not stated): twice its
+/// capacity plus a margin for a batch whose stores come before the removals that made room,
+/// and 4 Mi blocks while the capacity is unknown (more than any engine holds today: a GB200
+/// worker caches ~260 k blocks of 16 tokens). Honest event streams never reach it; without it a
+/// publisher that only stores would grow the index without bound.
+pub fn held_blocks_limit(kv_capacity_blocks: u64) -> u64 {
+    const MARGIN: u64 = 4096;
+    const UNKNOWN_CAPACITY: u64 = 1 << 22;
+    if kv_capacity_blocks == 0 {
+        UNKNOWN_CAPACITY
+    } else {
+        kv_capacity_blocks.saturating_mul(2).saturating_add(MARGIN)
+    }
 }
 
 /// Why a batch was rejected (counted and logged by the caller, never fatal).
@@ -182,6 +207,8 @@ pub struct KvCounters {
     pub unknown_removals: u64,
     /// `cleared` events applied (including resync dumps).
     pub clears: u64,
+    /// Times a worker's blocks were dropped for passing [`held_blocks_limit`].
+    pub over_capacity_drops: u64,
 }
 
 struct WorkerState {

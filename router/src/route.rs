@@ -283,7 +283,10 @@ impl Router {
                         isl,
                         eff_isl,
                         prefill_queued_tokens: p.load.prefill_tokens,
-                        decode_projected_blocks: d.load.active_blocks + decode_request_blocks,
+                        decode_projected_blocks: d
+                            .load
+                            .active_blocks
+                            .saturating_add(decode_request_blocks),
                         decode_capacity_blocks: d.load.kv_capacity_blocks,
                         prefill_cached_tokens: cached_tokens(p, isl),
                         decode_queued_tokens: d.load.prefill_tokens,
@@ -314,9 +317,10 @@ impl Router {
                     && choices <= 1
                     && !decode.iter().any(|c| self.decode_can_take(c, isl))
                     && can_take(
-                        pw.load.active_blocks
-                            + pw.load.waiting_blocks
-                            + request_blocks(isl, pw.block_size),
+                        pw.load
+                            .active_blocks
+                            .saturating_add(pw.load.waiting_blocks)
+                            .saturating_add(request_blocks(isl, pw.block_size)),
                         pw.load.kv_capacity_blocks,
                         None,
                     ) =>
@@ -409,7 +413,10 @@ impl Router {
     /// the request's fit its capacity, and the decode-busy guard's fraction of it when set.
     fn decode_can_take(&self, c: &Candidate, isl: u32) -> bool {
         can_take(
-            c.load.active_blocks + c.load.waiting_blocks + request_blocks(isl, c.block_size),
+            c.load
+                .active_blocks
+                .saturating_add(c.load.waiting_blocks)
+                .saturating_add(request_blocks(isl, c.block_size)),
             c.load.kv_capacity_blocks,
             self.config.conditional.decode_busy_threshold,
         )

@@ -561,6 +561,46 @@ fn same_seed_same_verdicts() {
 }
 
 #[test]
+fn a_worker_whose_events_pass_its_capacity_is_dropped_from_the_index() {
+    let mut r = Router::with_config(RouterConfig::default(), 7);
+    let mut small = info("decode-0", WorkerRole::Decode);
+    small.kv_capacity_blocks = 10;
+    assert_eq!(r.upsert_worker(&small, 3_000, 0), WorkerChange::New);
+    let limit = held_blocks_limit(10);
+    let cached = |r: &Router| r.worker_stats()[0].cached_blocks;
+    let at_limit = prompt(1, (BS as u64 * limit) as usize);
+    assert_eq!(
+        r.apply_kv_batch(&stored("decode-0", 1, &at_limit)),
+        Ok(KvApplyOutcome::Applied),
+        "up to the limit is kept"
+    );
+    assert_eq!(cached(&r), limit);
+    assert_eq!(
+        r.apply_kv_batch(&stored("decode-0", 2, &prompt(2, BS as usize))),
+        Ok(KvApplyOutcome::OverCapacity {
+            held: limit + 1,
+            limit
+        })
+    );
+    assert_eq!(cached(&r), 0, "every block dropped");
+    assert_eq!(r.index_stats().pairs, 0);
+    assert_eq!(r.kv_counters().over_capacity_drops, 1);
+    // A resync dump within the capacity rebuilds it.
+    let mut dump = stored("decode-0", 3, &prompt(3, 4 * BS as usize));
+    dump.resync = true;
+    dump.events.insert(0, KvEvent::Cleared);
+    assert_eq!(r.apply_kv_batch(&dump), Ok(KvApplyOutcome::Applied));
+    assert_eq!(cached(&r), 4);
+}
+
+#[test]
+fn the_held_blocks_limit_is_twice_the_capacity_and_bounded_when_unknown() {
+    assert_eq!(held_blocks_limit(1_000), 2_000 + 4_096);
+    assert_eq!(held_blocks_limit(0), 1 << 22);
+    assert_eq!(held_blocks_limit(u64::MAX), u64::MAX, "no overflow");
+}
+
+#[test]
 fn kv_batch_ordering_rules() {
     let mut r = pool();
     let t = prompt(1, 64);

@@ -27,7 +27,7 @@ use switchyard_adapters::trtllm::decode::{decode_body, Limits};
 use switchyard_adapters::trtllm::feed::{TrtllmCounters, TrtllmFeed};
 use switchyard_adapters::vllm::feed::{FeedAction, FeedCounters, KvFeed};
 use switchyard_adapters::vllm::mapper::MapperConfig;
-use switchyard_protocol::worker::WorkerInfo;
+use switchyard_protocol::worker::{WorkerInfo, MAX_KV_BLOCKS};
 
 use super::file::{DeclaredWorker, HealthSettings, KvEventsSource, MetricsSettings};
 use super::first_polls::FirstPollToken;
@@ -35,6 +35,7 @@ use super::health::{HealthChange, HealthTracker};
 use super::scrape::EngineLoad;
 use super::zmq::{self, LiveMessage, ReplayEvent};
 use crate::metrics::Metrics;
+use crate::router::KvApplyOutcome;
 use crate::service::ServiceHandle;
 
 /// Live KV messages queued between the socket and this task.
@@ -145,7 +146,14 @@ struct Declared {
     registrations: u64,
     /// The engine's block size when it differs from the pool file's (said once).
     block_size_mismatch: Option<u32>,
+    /// When the feed last started over because the router dropped the worker's blocks for
+    /// passing its capacity ([`OVER_CAPACITY_REJOIN_INTERVAL`] apart at most).
+    over_capacity_rejoined: Option<Instant>,
 }
+
+/// Least time between two restarts of a feed whose events overfilled the index: an engine
+/// whose own replay overfills it again is not asked again at once.
+const OVER_CAPACITY_REJOIN_INTERVAL: Duration = Duration::from_secs(30);
 
 impl Declared {
     fn new(
@@ -170,6 +178,7 @@ impl Declared {
             started: Instant::now(),
             registrations: 0,
             block_size_mismatch: None,
+            over_capacity_rejoined: None,
         }
     }
 
@@ -307,7 +316,11 @@ impl Declared {
             }
         }
         if self.worker.kv_capacity_blocks.is_none() {
-            if let Some(blocks) = load.capacity_blocks.filter(|b| *b != self.capacity_blocks) {
+            // A capacity past any engine's (a float's `1e30` saturates) is not taken.
+            if let Some(blocks) = load
+                .capacity_blocks
+                .filter(|b| *b != self.capacity_blocks && *b <= MAX_KV_BLOCKS)
+            {
                 self.capacity_blocks = blocks;
                 if let Some(info) = &mut self.registered {
                     info.kv_capacity_blocks = blocks;
@@ -317,7 +330,15 @@ impl Declared {
         }
         if self.registered.is_some() {
             let report = load.report(&self.worker.id, self.capacity_blocks);
-            let _ = self.cx.service.load(report).await;
+            match report.check() {
+                Ok(()) => {
+                    let _ = self.cx.service.load(report).await;
+                }
+                Err(e) => {
+                    self.cx.metrics.declared_event("scrape_failed", 1);
+                    tracing::debug!(worker = %self.worker.id, error = %e, "metrics scrape unusable");
+                }
+            }
         }
     }
 
@@ -408,10 +429,14 @@ impl Declared {
             for action in actions {
                 match action {
                     FeedAction::Publish(batch) if self.registered.is_some() => {
-                        if let Ok(outcome) = self.cx.service.kv_batch(batch).await {
-                            if let Err(e) = outcome.result {
+                        match self.cx.service.kv_batch(batch).await.map(|o| o.result) {
+                            Ok(Err(e)) => {
                                 tracing::warn!(worker = %self.worker.id, error = %e, "KV batch refused by the router");
                             }
+                            Ok(Ok(KvApplyOutcome::OverCapacity { .. })) => {
+                                next.extend(self.rejoin_over_capacity());
+                            }
+                            _ => {}
                         }
                     }
                     FeedAction::Publish(_) => {}
@@ -433,6 +458,32 @@ impl Declared {
             actions = next;
         }
         self.count_feed();
+    }
+
+    /// The router dropped the worker's blocks for passing its capacity: the feed starts over
+    /// under the same registration (its mapper cleared, the engine's buffered events replayed),
+    /// as it does when the engine's socket reconnects; at most once per
+    /// [`OVER_CAPACITY_REJOIN_INTERVAL`].
+    fn rejoin_over_capacity(&mut self) -> Vec<FeedAction> {
+        let Some(instance_id) = self.registered.as_ref().map(|r| r.instance_id) else {
+            return Vec::new();
+        };
+        if self
+            .over_capacity_rejoined
+            .is_some_and(|at| at.elapsed() < OVER_CAPACITY_REJOIN_INTERVAL)
+        {
+            return Vec::new();
+        }
+        self.over_capacity_rejoined = Some(Instant::now());
+        self.cx.metrics.declared_event("kv_over_capacity_rejoin", 1);
+        match &mut self.polled {
+            Some(polled) => polled
+                .rejoin(instance_id)
+                .into_iter()
+                .map(FeedAction::Publish)
+                .collect(),
+            None => self.feed.rejoin(instance_id),
+        }
     }
 
     fn count_feed(&mut self) {

@@ -17,7 +17,7 @@ use crate::metrics::{
     set_gauges, variant_label, Metrics, ModelLabels, ModelRoleLabels, RoleLabels, WorkerLabels,
 };
 use crate::replicas::ReplicaLink;
-use crate::router::{ControlCore, KvCounters, Router, WorkerChange};
+use crate::router::{ControlCore, KvApplyOutcome, KvCounters, Router, WorkerChange};
 
 /// The owner's state: the control core plus what it needs to timestamp and count.
 pub(super) struct Owner {
@@ -105,6 +105,15 @@ impl Owner {
                 let outcome = self.core.kv_batch(&batch, now_ms);
                 // Counted here, whichever source the batch came from (NATS, a vLLM feed).
                 match &outcome.result {
+                    Ok(KvApplyOutcome::OverCapacity { held, limit }) => {
+                        self.metrics.kv_batches_applied.inc();
+                        tracing::warn!(
+                            worker = %batch.worker_id,
+                            held,
+                            limit,
+                            "the worker's KV events hold more blocks than twice its cache: they were all dropped from the index and a resync asked (missed removals, or a publisher that is not its engine; if its registered capacity is too low, correct it)"
+                        );
+                    }
                     Ok(_) => {
                         self.metrics.kv_batches_applied.inc();
                     }
@@ -269,6 +278,10 @@ impl Owner {
         self.metrics
             .kv_clears
             .inc_by(kv.clears.saturating_sub(seen.clears));
+        self.metrics.kv_over_capacity_drops.inc_by(
+            kv.over_capacity_drops
+                .saturating_sub(seen.over_capacity_drops),
+        );
         let late = self.router().late_routes();
         let seen = std::mem::replace(&mut self.late_routes_seen, late);
         self.metrics
