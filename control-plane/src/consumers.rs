@@ -229,7 +229,10 @@ impl Consumer {
                 Err(e) => self.bad(kind, subject, &e),
             },
             Kind::Load => match decode::<LoadReport>(payload, |m| m.v) {
-                Ok(report) => self.service.load(report).await?,
+                Ok(report) => match report.check() {
+                    Ok(()) => self.service.load(report).await?,
+                    Err(e) => self.bad(kind, subject, &e.to_string()),
+                },
                 Err(e) => self.bad(kind, subject, &e),
             },
             Kind::KvEvents => match decode::<KvEventBatch>(payload, |m| m.v) {

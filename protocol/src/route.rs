@@ -59,11 +59,15 @@ pub fn model_cluster(cluster: &str, model: &str) -> String {
 
 /// Whether `model` can be copied into [`MODEL_HEADER`] as it is: 1 to
 /// [`MAX_MODEL_HEADER_LEN`] printable ASCII characters (spaces allowed inside, as in a header
-/// value; no controls, nothing a header could not carry).
+/// value; no controls, nothing a header could not carry), and no `"` or `\`: a worker's model
+/// is also a Prometheus label value, which the exposition writes unescaped (a quote or a
+/// line break there would forge series). No model name on a hub has them.
 pub fn is_header_safe_model(model: &str) -> bool {
     !model.is_empty()
         && model.len() <= MAX_MODEL_HEADER_LEN
-        && model.bytes().all(|b| b == b' ' || b.is_ascii_graphic())
+        && model
+            .bytes()
+            .all(|b| (b == b' ' || b.is_ascii_graphic()) && b != b'"' && b != b'\\')
         && !model.starts_with(' ')
         && !model.ends_with(' ')
 }
@@ -445,7 +449,7 @@ mod tests {
         );
         assert_eq!(model_cluster(PREFILL_CLUSTER, "a"), "switchyard_prefill__a");
         assert!(is_header_safe_model("Qwen/Qwen3 0.6B"));
-        for bad in ["", " a", "a\n", "a\u{7f}", "é"] {
+        for bad in ["", " a", "a\n", "a\u{7f}", "é", "a\"b", "a\\b"] {
             assert!(!is_header_safe_model(bad), "{bad:?}");
         }
         assert!(!is_header_safe_model(&"m".repeat(MAX_MODEL_HEADER_LEN + 1)));

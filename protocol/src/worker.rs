@@ -21,6 +21,12 @@ pub const DEFAULT_HEARTBEAT_MISSES: u32 = 3;
 pub const MAX_HEARTBEAT_INTERVAL_MS: u64 = 60_000;
 /// Longest worker id a heartbeat may carry.
 pub const MAX_WORKER_ID_LEN: usize = 128;
+/// Most KV blocks a worker may state as its capacity or its use: 2^40, far above any engine
+/// (a GB200 worker holds ~2^18 blocks of 16 tokens), so that the router's sums of a few such
+/// counts stay far from `u64`'s end.
+pub const MAX_KV_BLOCKS: u64 = 1 << 40;
+/// Most prompt tokens a load report may state as queued.
+pub const MAX_QUEUED_TOKENS: u64 = 1 << 48;
 
 /// Whether `id` can name a worker that registers over NATS: one subject token of 1 to
 /// [`MAX_WORKER_ID_LEN`] ASCII letters, digits, `-` or `_`.
@@ -40,6 +46,35 @@ pub enum InvalidWorker {
     /// The promised interval is longer than [`MAX_HEARTBEAT_INTERVAL_MS`].
     #[error("interval_ms {0} is above {MAX_HEARTBEAT_INTERVAL_MS}")]
     Interval(u64),
+    /// The model name cannot be a header value and a metric label.
+    #[error("model {0:?} must be 1 to {max} printable ASCII characters without quotes or backslashes (it becomes a header value and a metric label)", max = crate::route::MAX_MODEL_HEADER_LEN)]
+    Model(String),
+    /// The stated KV capacity is above [`MAX_KV_BLOCKS`].
+    #[error("kv_capacity_blocks {0} is above {MAX_KV_BLOCKS}")]
+    Capacity(u64),
+}
+
+/// Why a load report is not used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidLoad {
+    /// A count above its bound ([`MAX_KV_BLOCKS`], [`MAX_QUEUED_TOKENS`]).
+    #[error("{field} {value} is above {max}")]
+    TooLarge {
+        /// The field.
+        field: &'static str,
+        /// What it said.
+        value: u64,
+        /// Its bound.
+        max: u64,
+    },
+    /// More KV blocks in use than the capacity it states.
+    #[error("kv_used_blocks {used} is above kv_total_blocks {total}")]
+    UsedOverTotal {
+        /// `kv_used_blocks`.
+        used: u64,
+        /// `kv_total_blocks`.
+        total: u64,
+    },
 }
 
 /// Checks that `address` is `ip:port` (port above 0), the form of an Envoy endpoint.
@@ -207,6 +242,12 @@ impl WorkerHeartbeat {
         if self.interval_ms > MAX_HEARTBEAT_INTERVAL_MS {
             return Err(InvalidWorker::Interval(self.interval_ms));
         }
+        if !crate::route::is_header_safe_model(&self.worker.model) {
+            return Err(InvalidWorker::Model(self.worker.model.clone()));
+        }
+        if self.worker.kv_capacity_blocks > MAX_KV_BLOCKS {
+            return Err(InvalidWorker::Capacity(self.worker.kv_capacity_blocks));
+        }
         Ok(())
     }
 }
@@ -261,6 +302,38 @@ pub struct LoadReport {
     /// from workers that do not report it.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub kv_waiting_blocks: u64,
+}
+
+impl LoadReport {
+    /// Checks that the counts can be true of an engine: none above its bound, and no more
+    /// blocks in use than the capacity stated (0: not stated). The router adds these counts up
+    /// when it routes; a report of `u64::MAX` blocks in use wrapped around and made a full
+    /// worker look empty.
+    ///
+    /// # Errors
+    /// The first [`InvalidLoad`] found.
+    pub fn check(&self) -> Result<(), InvalidLoad> {
+        let bounded = [
+            ("kv_used_blocks", self.kv_used_blocks, MAX_KV_BLOCKS),
+            ("kv_total_blocks", self.kv_total_blocks, MAX_KV_BLOCKS),
+            ("kv_waiting_blocks", self.kv_waiting_blocks, MAX_KV_BLOCKS),
+            (
+                "queued_prefill_tokens",
+                self.queued_prefill_tokens,
+                MAX_QUEUED_TOKENS,
+            ),
+        ];
+        if let Some(&(field, value, max)) = bounded.iter().find(|(_, v, max)| v > max) {
+            return Err(InvalidLoad::TooLarge { field, value, max });
+        }
+        if self.kv_total_blocks > 0 && self.kv_used_blocks > self.kv_total_blocks {
+            return Err(InvalidLoad::UsedOverTotal {
+                used: self.kv_used_blocks,
+                total: self.kv_total_blocks,
+            });
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -325,5 +398,57 @@ mod tests {
             heartbeat("decode-0", "127.0.0.1:8000", u64::MAX).check(),
             Err(InvalidWorker::Interval(u64::MAX))
         );
+        for model in ["evil\"} 1\nforged 42\n#", "", "a\\b", &"m".repeat(300)] {
+            let mut hb = heartbeat("decode-0", "127.0.0.1:8000", 1_000);
+            hb.worker.model = model.into();
+            assert_eq!(hb.check(), Err(InvalidWorker::Model(model.into())));
+        }
+        let mut hb = heartbeat("decode-0", "127.0.0.1:8000", 1_000);
+        hb.worker.kv_capacity_blocks = MAX_KV_BLOCKS + 1;
+        assert_eq!(hb.check(), Err(InvalidWorker::Capacity(MAX_KV_BLOCKS + 1)));
+    }
+
+    fn load(used: u64, total: u64) -> LoadReport {
+        LoadReport {
+            v: 1,
+            worker_id: WorkerId("decode-0".into()),
+            running: 1,
+            waiting: 0,
+            kv_used_blocks: used,
+            kv_total_blocks: total,
+            queued_prefill_tokens: 0,
+            kv_waiting_blocks: 0,
+        }
+    }
+
+    #[test]
+    fn a_load_report_states_counts_an_engine_can_have() {
+        assert_eq!(load(10, 100).check(), Ok(()));
+        assert_eq!(load(100, 100).check(), Ok(()));
+        assert_eq!(load(10, 0).check(), Ok(()), "capacity not stated");
+        assert_eq!(
+            load(101, 100).check(),
+            Err(InvalidLoad::UsedOverTotal {
+                used: 101,
+                total: 100
+            })
+        );
+        assert_eq!(
+            load(u64::MAX, 0).check(),
+            Err(InvalidLoad::TooLarge {
+                field: "kv_used_blocks",
+                value: u64::MAX,
+                max: MAX_KV_BLOCKS
+            })
+        );
+        let mut queued = load(0, 100);
+        queued.queued_prefill_tokens = u64::MAX;
+        assert!(matches!(
+            queued.check(),
+            Err(InvalidLoad::TooLarge {
+                field: "queued_prefill_tokens",
+                ..
+            })
+        ));
     }
 }

@@ -104,6 +104,15 @@ async fn malformed_nats_messages_are_counted_and_harmless() {
             json!([1, worker("positional", WorkerRole::Decode, 9014, 1), 60_000]).to_string(),
         ),
         (subjects::LOAD.to_string(), "{".to_string()),
+        // Well-formed but impossible: u64::MAX blocks in use wrapped the router's sums around
+        // and made a full worker look empty.
+        (
+            subjects::LOAD.to_string(),
+            json!({"v": 1, "worker_id": "probe", "running": 0, "waiting": 0,
+                   "kv_used_blocks": u64::MAX, "kv_total_blocks": 1000,
+                   "queued_prefill_tokens": 0})
+            .to_string(),
+        ),
         (
             subjects::kv_events(&probe.worker_id),
             json!({"events": "x"}).to_string(),
@@ -132,6 +141,10 @@ async fn malformed_nats_messages_are_counted_and_harmless() {
         u64::MAX,
     )
     .await;
+    // A model name that would forge series in the Prometheus exposition.
+    let mut forger = worker("forger", WorkerRole::Decode, 9016, 1);
+    forger.model = "m\"} 1\nswitchyard_forged 42\n#".into();
+    heartbeat(&nats, &forger, 1_000).await;
     // A second id at the live probe's address (one address is one engine).
     heartbeat(&nats, &worker("twin", WorkerRole::Decode, 9009, 1), 1_000).await;
     // A second process under the live probe's id, at another address.
@@ -141,9 +154,9 @@ async fn malformed_nats_messages_are_counted_and_harmless() {
     eventually(WAIT, "bad messages counted", || async {
         let m = svc.metrics().await;
         metric_value(&m, "switchyard_bad_messages_total{kind=\"heartbeat\"}") == 3.0
-            && metric_value(&m, "switchyard_bad_messages_total{kind=\"load\"}") == 1.0
+            && metric_value(&m, "switchyard_bad_messages_total{kind=\"load\"}") == 2.0
             && metric_value(&m, "switchyard_bad_messages_total{kind=\"kv_events\"}") == 2.0
-            && metric_value(&m, "switchyard_workers_rejected_total{reason=\"invalid\"}") == 4.0
+            && metric_value(&m, "switchyard_workers_rejected_total{reason=\"invalid\"}") == 5.0
             && metric_value(
                 &m,
                 "switchyard_workers_rejected_total{reason=\"address_in_use\"}",
@@ -155,7 +168,19 @@ async fn malformed_nats_messages_are_counted_and_harmless() {
     })
     .await;
     let ids = svc.worker_ids().await;
-    for refused in ["broken", "named", "bad.id", "forever", "positional", "twin"] {
+    assert!(
+        !svc.metrics().await.contains("switchyard_forged"),
+        "no forged series"
+    );
+    for refused in [
+        "broken",
+        "named",
+        "bad.id",
+        "forever",
+        "positional",
+        "twin",
+        "forger",
+    ] {
         assert!(!ids.contains(&refused.to_string()), "{refused} in {ids:?}");
     }
 
