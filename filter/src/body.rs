@@ -30,13 +30,16 @@ use switchyard_protocol::handoff::{BootstrapRoom, DecodeLeg, Handoff};
 use switchyard_protocol::openai::CLIENT_STEERING_KEYS;
 use switchyard_protocol::route::is_header_safe_model;
 
-/// Why a body cannot be passed on (the client gets a 400 from the gateway).
+/// Why a body cannot be passed on (the client gets a [`InvalidBody::status`] from the gateway).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum InvalidBody {
     /// Not JSON (syntax error, truncated, `NaN`).
     NotJson,
     /// JSON, but not an object.
     NotAnObject,
+    /// Sent with a `content-encoding` (gzip, ...): the prompt cannot be read to route it, and
+    /// no engine decompresses request bodies either.
+    Encoded,
 }
 
 impl InvalidBody {
@@ -45,8 +48,28 @@ impl InvalidBody {
         match self {
             InvalidBody::NotJson => "not_json",
             InvalidBody::NotAnObject => "not_an_object",
+            InvalidBody::Encoded => "encoded",
         }
     }
+
+    /// The status the client is answered: 400, or 415 for an encoded body.
+    pub fn status(self) -> u16 {
+        match self {
+            InvalidBody::NotJson | InvalidBody::NotAnObject => 400,
+            InvalidBody::Encoded => 415,
+        }
+    }
+}
+
+/// Whether a request's `content-encoding` header says its body is encoded: anything but
+/// `identity` (the header may list several codings, applied in order).
+pub fn is_encoded(content_encoding: Option<&str>) -> bool {
+    content_encoding.is_some_and(|codings| {
+        codings
+            .split(',')
+            .map(str::trim)
+            .any(|c| !c.is_empty() && !c.eq_ignore_ascii_case("identity"))
+    })
 }
 
 impl fmt::Display for InvalidBody {
@@ -284,18 +307,35 @@ pub fn too_large_error(size: u64, limit: u64) -> Vec<u8> {
     )
 }
 
-/// The body of the 400 for a body the filter refuses.
+/// The body of the error ([`InvalidBody::status`]) for a body the filter refuses.
 pub fn invalid_body_error(invalid: InvalidBody) -> Vec<u8> {
     let message = match invalid {
         InvalidBody::NotJson => "the request body is not valid JSON",
         InvalidBody::NotAnObject => "the request body must be a JSON object",
+        InvalidBody::Encoded => {
+            "the request body is content-encoded (content-encoding header): the gateway reads the prompt to route it, so send the body uncompressed, or decompress it in the gateway before the Switchyard filter"
+        }
     };
-    error_body(400, "BadRequestError", message.to_string())
+    error_body(invalid.status(), "BadRequestError", message.to_string())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_content_encoding_other_than_identity_is_an_encoded_body() {
+        assert!(!is_encoded(None));
+        assert!(!is_encoded(Some("identity")));
+        assert!(!is_encoded(Some(" Identity ")));
+        assert!(!is_encoded(Some("")));
+        assert!(is_encoded(Some("gzip")));
+        assert!(is_encoded(Some("identity, br")));
+        let error: serde_json::Value =
+            serde_json::from_slice(&invalid_body_error(InvalidBody::Encoded)).unwrap();
+        assert_eq!(error["error"]["code"], 415);
+        assert_eq!(InvalidBody::Encoded.as_str(), "encoded");
+    }
 
     #[test]
     fn only_a_body_opening_an_object_can_wait_for_the_verdict() {

@@ -88,12 +88,13 @@ pub enum Rejection {
 
 impl Rejection {
     /// Every label, in a fixed order (the root context defines one counter each).
-    pub const STAT_KEYS: [&'static str; 6] = [
+    pub const STAT_KEYS: [&'static str; 7] = [
         "invalid_request",
         "prompt_too_long",
         "unknown_model",
         "not_json",
         "not_an_object",
+        "encoded",
         "too_large",
     ];
 
@@ -225,6 +226,7 @@ mod tests {
         all.extend([
             Rejection::Body(InvalidBody::NotJson),
             Rejection::Body(InvalidBody::NotAnObject),
+            Rejection::Body(InvalidBody::Encoded),
             Rejection::TooLarge,
         ]);
         let keys: Vec<&str> = all.iter().map(|r| r.as_str()).collect();

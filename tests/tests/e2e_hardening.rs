@@ -487,6 +487,28 @@ async fn attacks_and_bad_input_are_refused_and_cost_nothing() {
         "routed by a verdict: {head}"
     );
 
+    // (11) A compressed body (gzip bytes, as a client that compresses requests sends) is
+    // answered 415 with what to do, not the generic `not_json`.
+    let gzip_bytes = vec![0x1f, 0x8b, 0x08, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x03];
+    let response = post_raw_observed(
+        &http,
+        &url,
+        gzip_bytes,
+        &[("content-encoding", "gzip")],
+        REQUEST_TIMEOUT,
+    )
+    .await
+    .expect("answered");
+    assert_eq!(response.status, 415, "{}", response.body());
+    assert_eq!(response.header(ROUTE_HEADER), "rejected;reason=encoded");
+    assert!(
+        response.body().contains("uncompressed"),
+        "says what to do: {}",
+        response.body()
+    );
+    let stats = envoy_stats(&http, &stack.admin_url()).await.unwrap();
+    assert_eq!(stat(&stats, "rejected.encoded"), 1);
+
     // (10) A request the gateway refuses with a 400 leaves the client's connection open: the
     // request behind it on the same connection (pipelined, or the next one of a keep-alive
     // pool) is still answered. Envoy closed HTTP/1 connections after every local 400.

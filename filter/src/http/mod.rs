@@ -252,6 +252,18 @@ impl SwitchyardRequest {
             return Action::Pause;
         }
         self.body_len = body.len();
+        if matches!(self.phase, Phase::Buffering(_))
+            && body::is_encoded(self.get_http_request_header("content-encoding").as_deref())
+        {
+            // Compressed, the prompt cannot be read, and the engine would refuse it too.
+            let invalid = body::InvalidBody::Encoded;
+            self.reject(
+                Rejection::Body(invalid),
+                invalid.status(),
+                &body::invalid_body_error(invalid),
+            );
+            return Action::Pause;
+        }
         // A byte-order mark (which vLLM's JSON reader accepts) is dropped here, so that the
         // screen, the control plane and every worker read the body without it.
         let stripped = switchyard_protocol::without_bom(&body);
@@ -288,7 +300,7 @@ impl SwitchyardRequest {
             body::Screened::Invalid(invalid) if body::may_steer(body) => {
                 self.reject(
                     Rejection::Body(invalid),
-                    400,
+                    invalid.status(),
                     &body::invalid_body_error(invalid),
                 );
                 Action::Pause

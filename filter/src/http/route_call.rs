@@ -99,7 +99,7 @@ impl SwitchyardRequest {
             Screened::Invalid(invalid) => {
                 self.reject(
                     Rejection::Body(invalid),
-                    400,
+                    invalid.status(),
                     &body::invalid_body_error(invalid),
                 );
                 None
