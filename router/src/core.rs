@@ -266,7 +266,17 @@ impl ControlCore {
             | WorkerChange::AddressInUse
             | WorkerChange::IdInUse => None,
         };
-        let resync = reason.map(|r| self.resync(&worker.worker_id, worker.instance_id, r, now_ms));
+        // A registration wipes what the index knew of the worker, so its dump is always asked
+        // for, never rate-limited: a resync asked of this instance just before (for batches
+        // that outran its first heartbeat) had its dump refused as an unknown instance's.
+        let resync = reason.map(|reason| {
+            self.resyncs
+                .insert(worker.worker_id.clone(), (worker.instance_id, now_ms));
+            Resync::Send {
+                worker: worker.worker_id.clone(),
+                reason,
+            }
+        });
         HeartbeatOutcome { change, resync }
     }
 
@@ -532,6 +542,27 @@ mod tests {
             Ok(KvApplyOutcome::OverCapacity { .. })
         ));
         assert_eq!(outcome.resync, sent(ResyncReason::OverCapacity, "a"));
+    }
+
+    #[test]
+    fn a_restart_whose_batches_outrun_its_heartbeat_still_gets_its_dump() {
+        let mut core = ControlCore::new(Router::new(), 3);
+        core.heartbeat(&hb("a", 1), 0);
+        // The new process serves at once; its first batch comes before its heartbeat.
+        let early = core.kv_batch(&batch("a", 2, 1), 5_000);
+        assert_eq!(early.resync, sent(ResyncReason::Gap, "a"));
+        // Its dump, also under the unregistered instance, is refused; then it registers. The
+        // registration wipes the index, so this resync must go, however soon after.
+        let mut dump = batch("a", 2, 2);
+        dump.resync = true;
+        assert!(matches!(
+            core.kv_batch(&dump, 5_100).result,
+            Ok(KvApplyOutcome::NeedsResync)
+        ));
+        assert_eq!(
+            core.heartbeat(&hb("a", 2), 5_300).resync,
+            sent(ResyncReason::Restarted, "a")
+        );
     }
 
     #[test]
