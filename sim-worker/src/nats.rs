@@ -70,12 +70,19 @@ async fn heartbeats(ctx: Arc<WorkerContext>, client: async_nats::Client, interva
     let interval_ms = u64::try_from(interval.as_millis()).unwrap_or(u64::MAX);
     loop {
         ticker.tick().await;
-        if connected(&client) {
-            let heartbeat = ctx.heartbeat(interval_ms, unix_now_ms());
-            publish_json(&ctx, &client, subjects::HEARTBEAT.to_owned(), &heartbeat).await;
+        // The first tick comes before the connection is up, and one after an outage may too:
+        // the heartbeat goes out as soon as it is, not a whole interval later (the worker
+        // serves from its start; unregistered, it gets no verdicts).
+        while !connected(&client) {
+            tokio::time::sleep(CONNECTION_POLL).await;
         }
+        let heartbeat = ctx.heartbeat(interval_ms, unix_now_ms());
+        publish_json(&ctx, &client, subjects::HEARTBEAT.to_owned(), &heartbeat).await;
     }
 }
+
+/// How often a heartbeat due while NATS is unreachable checks the connection again.
+const CONNECTION_POLL: Duration = Duration::from_millis(20);
 
 async fn load_reports(ctx: Arc<WorkerContext>, client: async_nats::Client, interval: Duration) {
     let mut ticker = tokio::time::interval(interval);

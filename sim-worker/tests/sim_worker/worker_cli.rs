@@ -137,6 +137,42 @@ impl Drop for WorkerProcess {
 }
 
 #[tokio::test]
+async fn a_worker_registers_at_start_not_one_interval_later() {
+    let server = NatsServer::start_on(free_port());
+    let observer = async_nats::connect(&server.url).await.unwrap();
+    let mut heartbeats = observer.subscribe(subjects::HEARTBEAT).await.unwrap();
+    observer.flush().await.unwrap();
+    let http_port = free_port();
+    let started = std::time::Instant::now();
+    let child = Command::new(BIN)
+        .args([
+            "--nats-url",
+            &server.url,
+            "--worker",
+            &format!("decode:early-0@127.0.0.1:{http_port}"),
+            "--heartbeat-interval-ms",
+            "10000",
+        ])
+        .env("NO_COLOR", "1")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("binary starts");
+    let _guard = WorkerProcess(child);
+    let msg = tokio::time::timeout(Duration::from_secs(15), heartbeats.next())
+        .await
+        .expect("a heartbeat")
+        .unwrap();
+    let hb: WorkerHeartbeat = serde_json::from_slice(&msg.payload).unwrap();
+    assert_eq!(hb.worker.worker_id.0, "early-0");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "the first heartbeat came {:?} after start, with a 10 s interval",
+        started.elapsed()
+    );
+}
+
+#[tokio::test]
 async fn a_worker_started_before_nats_serves_http_and_joins_nats_later() {
     let nats_port = free_port();
     let http_port = free_port();
