@@ -223,7 +223,7 @@ mod tests {
     fn ids() -> StatIds {
         StatIds {
             fail_open_total: 1,
-            fail_open: (10..16).collect(),
+            fail_open: (10..17).collect(),
             routed: vec![20, 21, 22],
             fallback: vec![30, 31],
             route_calls_total: 2,

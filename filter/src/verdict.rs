@@ -4,13 +4,16 @@
 //! here. A failed `dispatch_http_call` still calls back, with a synthetic `:status` from
 //! Envoy's own router (503 when the control plane is unreachable, 504 on timeout) and a
 //! plain-text body, so the status is checked, not only the presence of headers. A 5xx that
-//! carries the control plane's own [`ApiError`] JSON is the control plane speaking (e.g.
-//! `no_workers`), not an outage, and is reported as `bad_status_<code>`.
+//! carries the control plane's own [`ApiError`] JSON is the control plane speaking, not an
+//! outage: `no_workers` (it knows no live decode worker: starting, or no worker registers) is
+//! a reason of its own, anything else is reported as `bad_status_<code>`.
 
 use std::fmt;
 
 use switchyard_protocol::handoff::{Handoff, LegOrder};
-use switchyard_protocol::route::{ApiError, Endpoint, RejectReason, RouteMode, Verdict};
+use switchyard_protocol::route::{
+    ApiError, Endpoint, RejectReason, RouteMode, Verdict, NO_WORKERS,
+};
 use switchyard_protocol::worker::Engine;
 
 /// Why a request failed open (went to Envoy's fallback load balancer).
@@ -29,17 +32,21 @@ pub enum FailOpenReason {
     DispatchFailed,
     /// A routed API request arrived without a body: nothing to route on.
     EmptyBody,
+    /// The control plane knows no live decode worker (its 503 `no_workers`): it has just
+    /// started and heard no heartbeat yet, or no worker reaches it.
+    NoWorkers,
 }
 
 impl FailOpenReason {
     /// Every stat key, in a fixed order (the root context defines one counter per key).
-    pub const STAT_KEYS: [&'static str; 6] = [
+    pub const STAT_KEYS: [&'static str; 7] = [
         "control_plane_unavailable",
         "timeout",
         "bad_status",
         "bad_verdict",
         "dispatch_failed",
         "empty_body",
+        "no_workers",
     ];
 
     /// The stat key: like the header reason, but without the status code, so the number of
@@ -52,6 +59,7 @@ impl FailOpenReason {
             FailOpenReason::BadVerdict => Self::STAT_KEYS[3],
             FailOpenReason::DispatchFailed => Self::STAT_KEYS[4],
             FailOpenReason::EmptyBody => Self::STAT_KEYS[5],
+            FailOpenReason::NoWorkers => Self::STAT_KEYS[6],
         }
     }
 }
@@ -177,10 +185,11 @@ pub fn classify_route_response(
             _ => RouteOutcome::FailOpen(FailOpenReason::BadVerdict),
         };
     }
-    let from_control_plane = serde_json::from_slice::<ApiError>(body).is_ok();
-    let reason = match code {
-        503 if !from_control_plane => FailOpenReason::ControlPlaneUnavailable,
-        504 if !from_control_plane => FailOpenReason::Timeout,
+    let api_error = serde_json::from_slice::<ApiError>(body).ok();
+    let reason = match (code, api_error) {
+        (503, None) => FailOpenReason::ControlPlaneUnavailable,
+        (504, None) => FailOpenReason::Timeout,
+        (503, Some(e)) if e.code == NO_WORKERS => FailOpenReason::NoWorkers,
         _ => FailOpenReason::BadStatus(code),
     };
     RouteOutcome::FailOpen(reason)
@@ -349,12 +358,11 @@ mod tests {
     fn control_plane_errors_are_bad_status_with_the_code() {
         let api_error = br#"{"code":"no_workers","message":"no decode worker is live"}"#;
         let outcome = classify_route_response(Some("503"), None, api_error);
+        assert_eq!(outcome, RouteOutcome::FailOpen(FailOpenReason::NoWorkers));
+        assert_eq!(outcome.route_header_value(), "fail-open;reason=no_workers");
+        let other = br#"{"code":"internal","message":"the router task is gone"}"#;
         assert_eq!(
-            outcome,
-            RouteOutcome::FailOpen(FailOpenReason::BadStatus(503))
-        );
-        assert_eq!(
-            outcome.route_header_value(),
+            classify_route_response(Some("503"), None, other).route_header_value(),
             "fail-open;reason=bad_status_503"
         );
         let outcome = classify_route_response(Some("400"), None, b"");
@@ -440,6 +448,7 @@ mod tests {
             FailOpenReason::BadVerdict,
             FailOpenReason::DispatchFailed,
             FailOpenReason::EmptyBody,
+            FailOpenReason::NoWorkers,
         ];
         let keys: Vec<_> = reasons.iter().map(|r| r.stat_key()).collect();
         assert_eq!(keys, FailOpenReason::STAT_KEYS);

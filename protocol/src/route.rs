@@ -403,6 +403,9 @@ fn is_false(b: &bool) -> bool {
     !*b
 }
 
+/// [`ApiError::code`] of the control plane's 503 when it knows no live decode (or agg) worker.
+pub const NO_WORKERS: &str = "no_workers";
+
 /// Error body of the control plane's API (4xx/5xx), so callers can act on `code`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ApiError {

@@ -25,8 +25,8 @@ use switchyard_protocol::openai::{
     check_prompt_length, generation_params, prompt_count, InvalidRequest, CLIENT_STEERING_KEYS,
 };
 use switchyard_protocol::route::{
-    is_usable_request_id, ApiKind, RejectReason, API_HEADER, MAX_REQUEST_ID_LEN, REJECT_HEADER,
-    REQUEST_ID_HEADER,
+    is_usable_request_id, ApiKind, RejectReason, API_HEADER, MAX_REQUEST_ID_LEN, NO_WORKERS,
+    REJECT_HEADER, REQUEST_ID_HEADER,
 };
 use switchyard_protocol::route_input::{HashedPrompt, ROUTE_INPUT_HASHES, ROUTE_INPUT_HEADER};
 
@@ -100,7 +100,7 @@ impl RouteFailure {
                 (StatusCode::NOT_FOUND, RejectReason::UnknownModel.as_str())
             }
             RouteFailure::Tokenizer(_) => (StatusCode::INTERNAL_SERVER_ERROR, "tokenizer"),
-            RouteFailure::NoWorkers => (StatusCode::SERVICE_UNAVAILABLE, "no_workers"),
+            RouteFailure::NoWorkers => (StatusCode::SERVICE_UNAVAILABLE, NO_WORKERS),
             RouteFailure::Unavailable => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
         }
     }

@@ -155,6 +155,7 @@ impl SwitchyardRequest {
             match reason {
                 FailOpenReason::ControlPlaneUnavailable
                 | FailOpenReason::Timeout
+                | FailOpenReason::NoWorkers
                 | FailOpenReason::EmptyBody => {
                     debug!(
                         "#{} {} fails open: {reason}",
