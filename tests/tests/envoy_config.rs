@@ -94,3 +94,43 @@ fn a_bad_filter_config_fails_validation() {
         "the filter's error should name the key:\n{log}"
     );
 }
+
+/// The clusters `name` in an Envoy YAML config: (name, its lines up to the next cluster).
+fn cluster_blocks(yaml: &str) -> Vec<(String, String)> {
+    let mut blocks: Vec<(String, String)> = Vec::new();
+    for line in yaml.lines() {
+        if let Some(name) = line.trim_start().strip_prefix("- name: ") {
+            if line.starts_with("    - name: ") {
+                blocks.push((name.trim().to_string(), String::new()));
+                continue;
+            }
+        }
+        if let Some((_, block)) = blocks.last_mut() {
+            block.push_str(line);
+            block.push('\n');
+        }
+    }
+    blocks
+}
+
+#[test]
+fn both_worker_pools_eject_a_worker_that_refuses_connections() {
+    let artifacts = artifacts();
+    let rendered = render_bootstrap(&settings(&artifacts, 200)).expect("render");
+    let example = std::fs::read_to_string(workspace_root().join("envoy/envoy.yaml")).unwrap();
+    for (config, yaml) in [("bootstrap", rendered), ("envoy.yaml", example)] {
+        let blocks = cluster_blocks(&yaml);
+        for pool in ["switchyard_decode", "switchyard_prefill"] {
+            let (_, block) = blocks
+                .iter()
+                .find(|(name, _)| name == pool)
+                .unwrap_or_else(|| panic!("{config}: no cluster {pool}"));
+            assert!(
+                block.contains("outlier_detection:")
+                    && block.contains("consecutive_local_origin_failure: 1"),
+                "{config}: {pool} must eject a worker that refuses a connection (a dead \
+                 prefill worker otherwise takes the prefill leg's retry too):\n{block}"
+            );
+        }
+    }
+}
