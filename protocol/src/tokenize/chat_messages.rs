@@ -29,11 +29,26 @@ pub(crate) fn prepare_message(
         Some(_) => return Err(TokenizeError::invalid(field("role"), "must be a string")),
         None => return Err(TokenizeError::invalid(field("role"), "is required")),
     };
+    let is_system = role == "system";
     let content = match message.get("content") {
-        None | Some(Json::Null) => Cow::Owned(Json::String(String::new())),
+        None => Cow::Owned(Json::String(String::new())),
+        Some(Json::Null) if may_have_null_content(role, message) => {
+            Cow::Owned(Json::String(String::new()))
+        }
+        Some(Json::Null) => {
+            return Err(TokenizeError::invalid(
+                field("content"),
+                format!("must not be null in a `{role}` message (only assistant messages may have null content)"),
+            ))
+        }
+        Some(Json::String(text)) if is_system && text.starts_with(CLAUDE_CODE_BILLING_HEADER) => {
+            Cow::Owned(Json::String(without_billing_header(text).to_owned()))
+        }
         Some(text @ Json::String(_)) => Cow::Borrowed(text),
         Some(Json::Array(parts)) => {
-            Cow::Owned(Json::String(flatten_parts(parts, &field("content"))?))
+            let text = flatten_parts(parts, &field("content"), is_system)?;
+            require_a_typed_part(role, parts, &field("content"))?;
+            Cow::Owned(Json::String(text))
         }
         Some(_) => {
             return Err(TokenizeError::invalid(
@@ -97,20 +112,27 @@ pub(crate) fn prepare_message(
     Ok(entries)
 }
 
-/// The texts of a content-part list joined with "\n" (vLLM's "string" content format).
-pub(crate) fn flatten_parts(parts: &[Json], field: &str) -> Result<String, TokenizeError> {
+/// The texts of a content-part list joined with "\n" (vLLM's "string" content format). In a
+/// system message (`strip_billing_header`) a `text` part or bare string that starts with
+/// Claude Code's billing header loses its first line (see [`without_billing_header`]).
+pub(crate) fn flatten_parts(
+    parts: &[Json],
+    field: &str,
+    strip_billing_header: bool,
+) -> Result<String, TokenizeError> {
     let mut texts: Vec<&str> = Vec::with_capacity(parts.len());
     for (j, part) in parts.iter().enumerate() {
         let part_field = || format!("{field}[{j}]");
-        let text = match part {
-            Json::String(s) => Some(s.as_str()),
+        let (text, is_plain_text) = match part {
+            Json::String(s) => (Some(s.as_str()), true),
             Json::Object(part) => {
-                let key = match part.get("type") {
+                let (key, is_plain_text) = match part.get("type") {
                     Some(Json::String(t)) => match t.as_str() {
-                        "text" | "input_text" | "output_text" => "text",
-                        "refusal" => "refusal",
-                        "thinking" => "thinking",
-                        "tool_reference" => "name",
+                        "text" => ("text", true),
+                        "input_text" | "output_text" => ("text", false),
+                        "refusal" => ("refusal", false),
+                        "thinking" => ("thinking", false),
+                        "tool_reference" => ("name", false),
                         "image_url" | "input_image" | "image_pil" | "image_embeds" | "audio_url"
                         | "input_audio" | "audio_embeds" | "video_url" | "prompt_embeds" => {
                             return Err(TokenizeError::invalid(
@@ -128,7 +150,7 @@ pub(crate) fn flatten_parts(parts: &[Json], field: &str) -> Result<String, Token
                     Some(_) => return Err(TokenizeError::invalid(format!("{}.type", part_field()), "must be a string")),
                     None => return Err(TokenizeError::invalid(format!("{}.type", part_field()), "is required")),
                 };
-                match part.get(key) {
+                let text = match part.get(key) {
                     None | Some(Json::Null) => None,
                     Some(Json::String(s)) => Some(s.as_str()),
                     Some(_) => {
@@ -137,7 +159,8 @@ pub(crate) fn flatten_parts(parts: &[Json], field: &str) -> Result<String, Token
                             "must be a string",
                         ))
                     }
-                }
+                };
+                (text, is_plain_text)
             }
             _ => {
                 return Err(TokenizeError::invalid(
@@ -145,6 +168,12 @@ pub(crate) fn flatten_parts(parts: &[Json], field: &str) -> Result<String, Token
                     "must be an object or a string",
                 ))
             }
+        };
+        let text = match text {
+            Some(text) if strip_billing_header && is_plain_text => {
+                Some(without_billing_header(text))
+            }
+            other => other,
         };
         // vLLM skips parts that parse to nothing, empty strings included.
         if let Some(text) = text.filter(|t| !t.is_empty()) {
@@ -154,7 +183,71 @@ pub(crate) fn flatten_parts(parts: &[Json], field: &str) -> Result<String, Token
     Ok(texts.join("\n"))
 }
 
-/// A tool call with string `arguments` parsed into JSON (vLLM's `_postprocess_messages`).
+/// Claude Code starts its system prompt with this line; its `cch` value changes on every
+/// request, so vLLM (`_strip_claude_code_billing_header`) drops the line to keep the prompt
+/// cacheable.
+const CLAUDE_CODE_BILLING_HEADER: &str = "x-anthropic-billing-header";
+
+/// A system text without its first line when it starts with Claude Code's billing header
+/// (nothing is left if that is its only line); any other text as it is.
+fn without_billing_header(text: &str) -> &str {
+    if !text.starts_with(CLAUDE_CODE_BILLING_HEADER) {
+        return text;
+    }
+    text.split_once('\n').map_or("", |(_, rest)| rest)
+}
+
+/// Whether a message may say `"content": null`. vLLM validates each message against the
+/// OpenAI message types and its own catch-all type, and only the assistant type (and the
+/// legacy `function` one, which needs a `name`) lets content be null: for any other role it
+/// answers 400. A missing `content` is accepted for every role.
+fn may_have_null_content(role: &str, message: &Map<String, Json>) -> bool {
+    match role {
+        "assistant" => true,
+        "function" => message.get("name").is_some_and(Json::is_string),
+        _ => false,
+    }
+}
+
+/// Roles that have an OpenAI message type of their own, with typed content parts.
+const OPENAI_ROLES: [&str; 5] = ["user", "system", "developer", "assistant", "tool"];
+
+/// Refuses what vLLM 0.32 refuses: a content list of an OpenAI role made only of parts that
+/// its OpenAI type does not know and that its catch-all type matches only loosely
+/// (`input_text`/`output_text` parts, bare strings, `text` parts without a string `text`).
+/// pydantic's union then keeps the OpenAI type, whose parts fail validation. One fully typed
+/// part (`text`, `refusal`, `thinking`, ...) makes the catch-all type win and the whole list
+/// pass, so only lists of loose parts alone are refused; other roles always pass.
+fn require_a_typed_part(role: &str, parts: &[Json], field: &str) -> Result<(), TokenizeError> {
+    if !OPENAI_ROLES.contains(&role) || parts.is_empty() || !parts.iter().all(is_loose_part) {
+        return Ok(());
+    }
+    Err(TokenizeError::invalid(
+        field,
+        format!(
+            "a `{role}` message's content parts must include one of type `text` (with a string \
+             `text`), `refusal`, `thinking` or `tool_reference`: vLLM refuses a list made only of \
+             `input_text`/`output_text` parts, bare strings and text parts without text"
+        ),
+    ))
+}
+
+/// A part only vLLM's catch-all message type accepts, and only loosely (see
+/// [`require_a_typed_part`]).
+fn is_loose_part(part: &Json) -> bool {
+    match part {
+        Json::String(_) => true,
+        Json::Object(part) => match part.get("type").and_then(Json::as_str) {
+            Some("input_text" | "output_text") => true,
+            Some("text") => !part.get("text").is_some_and(Json::is_string),
+            _ => false,
+        },
+        _ => false,
+    }
+}
+
+/// A tool call with its string `arguments` parsed into a JSON object (vLLM's
+/// `_postprocess_messages`).
 pub(crate) fn prepare_tool_call(call: &Json, field: &str) -> Result<Json, TokenizeError> {
     let mut call = call
         .as_object()
@@ -170,14 +263,27 @@ pub(crate) fn prepare_tool_call(call: &Json, field: &str) -> Result<Json, Tokeni
         }
     };
     let arguments = match function.get("arguments") {
-        Some(Json::String(s)) => {
-            serde_json::from_str::<Json>(s).unwrap_or_else(|_| Json::Object(Map::new()))
+        Some(Json::String(text)) => arguments_object(text),
+        _ => {
+            // OpenAI's tool-call type, which vLLM validates against, holds them as a string.
+            return Err(TokenizeError::invalid(
+                format!("{field}.function.arguments"),
+                "must be a string (the arguments as JSON text)",
+            ));
         }
-        Some(v @ (Json::Object(_) | Json::Array(_))) => v.clone(),
-        _ => Json::Object(Map::new()),
     };
     function.insert("arguments".into(), arguments);
     Ok(Json::Object(call))
+}
+
+/// Tool-call arguments as chat templates get them: the JSON object the text holds, or `{}` for
+/// anything else (invalid JSON, an empty text, an array, a number, a string, `null`), as vLLM
+/// coerces them: templates expect a mapping.
+fn arguments_object(text: &str) -> Json {
+    match serde_json::from_str::<Json>(text) {
+        Ok(object @ Json::Object(_)) => object,
+        _ => Json::Object(Map::new()),
+    }
 }
 
 /// The template value of a message: `None`s dropped, reasoning aliased (transformers 5).
@@ -208,7 +314,12 @@ pub(crate) fn message_value(entries: MessageEntries<'_>) -> Value {
     map.into_value()
 }
 
-/// A tool as vLLM's pydantic `ChatCompletionToolsParam.model_dump()` writes it.
+/// A tool as vLLM's `ChatCompletionToolsParam` serializes it: its declared fields only, in
+/// declaration order. `{"type": "function", "function": {"name", "description",
+/// "parameters", "strict"?, "defer_loading"?}, "defer_loading"?}`: a missing description or
+/// parameters is `null`, `strict` and `defer_loading` are left out when unset, a tool-level
+/// `defer_loading` also fills the function's when that is unset, and any other key the client
+/// sent, at either level, is dropped.
 pub(crate) fn tool_value(i: usize, tool: &Json) -> Result<Value, TokenizeError> {
     let field = format!("tools[{i}]");
     let tool = tool
@@ -233,11 +344,12 @@ pub(crate) fn tool_value(i: usize, tool: &Json) -> Result<Value, TokenizeError> 
             ))
         }
     };
+    let function_field = format!("{field}.function");
     let name = match function.get("name") {
         Some(Json::String(name)) => name,
         _ => {
             return Err(TokenizeError::invalid(
-                format!("{field}.function.name"),
+                format!("{function_field}.name"),
                 "must be a string",
             ))
         }
@@ -246,10 +358,15 @@ pub(crate) fn tool_value(i: usize, tool: &Json) -> Result<Value, TokenizeError> 
         None => Ok(Value::from(())),
         Some(v) if v.is_null() || ok(v) => Ok(json_to_value(v)),
         Some(_) => Err(TokenizeError::invalid(
-            format!("{field}.function.{key}"),
+            format!("{function_field}.{key}"),
             format!("must be {what} or null"),
         )),
     };
+    let tool_defer_loading = optional_bool(tool, "defer_loading", &field)?;
+    let strict = optional_bool(function, "strict", &function_field)?;
+    let defer_loading =
+        optional_bool(function, "defer_loading", &function_field)?.or(tool_defer_loading);
+
     let mut dumped_function = OrderedMap::default();
     dumped_function.insert(Arc::from("name"), Value::from(name.as_str()));
     dumped_function.insert(
@@ -260,20 +377,34 @@ pub(crate) fn tool_value(i: usize, tool: &Json) -> Result<Value, TokenizeError> 
         Arc::from("parameters"),
         optional("parameters", Json::is_object, "an object")?,
     );
-    for (key, value) in function
-        .iter()
-        .filter(|(k, _)| !matches!(k.as_str(), "name" | "description" | "parameters"))
-    {
-        dumped_function.insert(Arc::from(key.as_str()), json_to_value(value));
+    if let Some(strict) = strict {
+        dumped_function.insert(Arc::from("strict"), Value::from(strict));
+    }
+    if let Some(defer_loading) = defer_loading {
+        dumped_function.insert(Arc::from("defer_loading"), Value::from(defer_loading));
     }
     let mut dumped = OrderedMap::default();
     dumped.insert(Arc::from("type"), Value::from("function"));
     dumped.insert(Arc::from("function"), dumped_function.into_value());
-    for (key, value) in tool
-        .iter()
-        .filter(|(k, _)| !matches!(k.as_str(), "type" | "function"))
-    {
-        dumped.insert(Arc::from(key.as_str()), json_to_value(value));
+    if let Some(defer_loading) = tool_defer_loading {
+        dumped.insert(Arc::from("defer_loading"), Value::from(defer_loading));
     }
     Ok(dumped.into_value())
+}
+
+/// An optional boolean of a tool, read as pydantic's lax mode reads it; `None` if missing or
+/// null.
+fn optional_bool(
+    object: &Map<String, Json>,
+    key: &str,
+    field: &str,
+) -> Result<Option<bool>, TokenizeError> {
+    match object.get(key) {
+        None | Some(Json::Null) => Ok(None),
+        Some(value) => crate::openai::lax_bool_value(value)
+            .map(Some)
+            .ok_or_else(|| {
+                TokenizeError::invalid(format!("{field}.{key}"), "must be a boolean or null")
+            }),
+    }
 }

@@ -1,21 +1,26 @@
 //! A chat completions body -> the variables its chat template sees, prepared the way vLLM
 //! prepares them before calling transformers' `apply_chat_template`.
 //!
-//! What vLLM does (`vllm/entrypoints/chat_utils.py`, "string" content format, which is what
+//! What vLLM does (`vllm/renderers/chat_utils.py`, "string" content format, which is what
 //! templates that treat `message.content` as a string get, Qwen3's among them):
-//! - `content`: a string stays; `null`/missing becomes `""`; a list of parts becomes the texts
-//!   of its text-like parts (`text`, `input_text`, `output_text`, `refusal`, `thinking`,
-//!   `tool_reference`) joined with `"\n"`, empty texts dropped. Media parts need a multimodal
-//!   model, which this tokenizer is not: they are rejected.
+//! - `content`: a string stays; missing becomes `""`, and so does `null` for assistants (other
+//!   roles are refused); a list of parts becomes the texts of its text-like parts (`text`,
+//!   `input_text`, `output_text`, `refusal`, `thinking`, `tool_reference`) joined with `"\n"`,
+//!   empty texts dropped. Media parts need a multimodal model, which this tokenizer is not:
+//!   they are rejected. In system messages, Claude Code's billing header line is dropped.
 //! - each message is rebuilt as `{role, content}` plus, for assistants, `tool_calls` (an empty
-//!   list is dropped; string `arguments` are parsed as JSON, `{}` if invalid) and `reasoning`
-//!   (copied to `reasoning_content` too); for tools `tool_call_id`; `name` and `task` if they are
-//!   strings; for developers `tools`. Other keys are dropped.
-//! - `tools` are pydantic-dumped: `{"type": "function", "function": {"name", "description",
-//!   "parameters", ...extra keys}, ...extra keys}`, missing description/parameters as `null`.
+//!   list is dropped; string `arguments` are parsed as JSON, `{}` unless they hold an object)
+//!   and `reasoning` (copied to `reasoning_content` too); for tools `tool_call_id`; `name` and
+//!   `task` if they are strings; for developers `tools`. Other keys are dropped.
+//! - if the template never names the `developer` role, developer messages become system
+//!   messages and system messages are merged at the front (`developer_role`).
+//! - `tools` are serialized with their declared fields only (`chat_messages::tool_value`).
 //! - then transformers (5.x) drops `None`-valued message keys and aliases reasoning to
 //!   `thinking` (first key) and `reasoning_content` (last key).
-//! - `add_generation_prompt` defaults to true; `chat_template_kwargs` override every variable.
+//! - `chat_template_kwargs` are template variables, but the request's own
+//!   `add_generation_prompt` (default true), `continue_final_message`, and, when set,
+//!   `documents` and `reasoning_effort` win over them; `reasoning_effort` also sets
+//!   `enable_thinking` unless the kwargs do.
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -24,8 +29,20 @@ use minijinja::Value;
 use serde_json::{Map, Value as Json};
 
 use super::chat_messages::{message_value, prepare_message, tool_value};
+use super::developer_role::developer_as_system;
 use super::error::TokenizeError;
 use super::ordered::{json_to_value, OrderedMap};
+
+/// The values vLLM's request model accepts for `reasoning_effort`.
+const REASONING_EFFORTS: [&str; 7] = ["none", "minimal", "low", "medium", "high", "xhigh", "max"];
+
+/// Template kwargs that transformers' `apply_chat_template` takes as its own parameters, which
+/// vLLM always fills from the request's fields: the client's values never reach the template.
+const REQUEST_OWNED_KWARGS: [&str; 3] = [
+    "messages",
+    "add_generation_prompt",
+    "continue_final_message",
+];
 
 /// transformers appends this to the final message for `continue_final_message` and cuts the
 /// rendered prompt there.
@@ -42,10 +59,12 @@ pub(crate) struct PreparedChat {
     pub add_special_tokens: bool,
 }
 
-/// Prepares `body` for the template; `special_tokens` are the tokenizer's `bos_token`, ...
+/// Prepares `body` for the template; `special_tokens` are the tokenizer's `bos_token`, ...;
+/// `template_knows_developer_role` is [`super::template::ChatTemplate::knows_developer_role`].
 pub(crate) fn prepare_chat(
     body: &Json,
     special_tokens: &[(&'static str, String)],
+    template_knows_developer_role: bool,
 ) -> Result<PreparedChat, TokenizeError> {
     let body = body
         .as_object()
@@ -66,17 +85,11 @@ pub(crate) fn prepare_chat(
             ))
         }
     };
-    let mut add_generation_prompt = bool_field(body, "add_generation_prompt", true)?;
-    let mut continue_final_message = bool_field(body, "continue_final_message", false)?;
+    // These two always have a value, so vLLM's `merge_kwargs` lets them override the kwargs.
+    let add_generation_prompt = bool_field(body, "add_generation_prompt", true)?;
+    let continue_final_message = bool_field(body, "continue_final_message", false)?;
     let add_special_tokens = bool_field(body, "add_special_tokens", false)?;
-    if let Some(kwargs) = kwargs {
-        add_generation_prompt = kwargs
-            .get("add_generation_prompt")
-            .map_or(add_generation_prompt, Json::is_true_ish);
-        continue_final_message = kwargs
-            .get("continue_final_message")
-            .map_or(continue_final_message, Json::is_true_ish);
-    }
+    let reasoning_effort = reasoning_effort(body)?;
     if add_generation_prompt && continue_final_message {
         return Err(TokenizeError::invalid(
             "continue_final_message",
@@ -102,6 +115,10 @@ pub(crate) fn prepare_chat(
         .enumerate()
         .map(|(i, m)| prepare_message(i, m))
         .collect::<Result<Vec<_>, _>>()?;
+    if !template_knows_developer_role {
+        // Before the final message is tagged: the merge can change which message is last.
+        messages = developer_as_system(messages);
+    }
 
     let mut continue_final = None;
     if continue_final_message {
@@ -127,6 +144,12 @@ pub(crate) fn prepare_chat(
     let messages: Vec<Value> = messages.into_iter().map(message_value).collect();
     let tools = match body.get("tools") {
         None | Some(Json::Null) => Value::from(()),
+        Some(Json::Array(tools)) if tools.is_empty() => {
+            return Err(TokenizeError::invalid(
+                "tools",
+                "must not be an empty array; give at least one tool or omit the field",
+            ))
+        }
         Some(Json::Array(tools)) => tools
             .iter()
             .enumerate()
@@ -142,17 +165,24 @@ pub(crate) fn prepare_chat(
     }
     context.insert(Arc::from("messages"), Value::from(messages));
     context.insert(Arc::from("tools"), tools);
-    context.insert(
-        Arc::from("documents"),
-        body.get("documents").map_or(Value::from(()), json_to_value),
-    );
+    context.insert(Arc::from("documents"), Value::from(()));
     context.insert(
         Arc::from("add_generation_prompt"),
         Value::from(add_generation_prompt),
     );
     for (key, value) in kwargs.into_iter().flatten() {
-        if key != "messages" {
+        if !REQUEST_OWNED_KWARGS.contains(&key.as_str()) {
             context.insert(Arc::from(key.as_str()), json_to_value(value));
+        }
+    }
+    // vLLM merges these over the kwargs only when the request sets them.
+    if let Some(documents) = body.get("documents").filter(|d| !d.is_null()) {
+        context.insert(Arc::from("documents"), json_to_value(documents));
+    }
+    if let Some(effort) = reasoning_effort {
+        context.insert(Arc::from("reasoning_effort"), Value::from(effort));
+        if !kwargs.is_some_and(|k| k.contains_key("enable_thinking")) {
+            context.insert(Arc::from("enable_thinking"), Value::from(effort != "none"));
         }
     }
     Ok(PreparedChat {
@@ -186,21 +216,17 @@ pub(crate) fn cut_after_final_message(
     Ok(rendered)
 }
 
-trait TrueIsh {
-    fn is_true_ish(&self) -> bool;
-}
-
-impl TrueIsh for Json {
-    /// Python truthiness of a JSON value passed as a template kwarg.
-    fn is_true_ish(&self) -> bool {
-        match self {
-            Json::Null => false,
-            Json::Bool(b) => *b,
-            Json::Number(n) => n.as_f64().is_some_and(|f| f != 0.0),
-            Json::String(s) => !s.is_empty(),
-            Json::Array(a) => !a.is_empty(),
-            Json::Object(o) => !o.is_empty(),
+/// The body's `reasoning_effort`, `None` if missing or null.
+fn reasoning_effort(body: &Map<String, Json>) -> Result<Option<&str>, TokenizeError> {
+    match body.get("reasoning_effort") {
+        None | Some(Json::Null) => Ok(None),
+        Some(Json::String(effort)) if REASONING_EFFORTS.contains(&effort.as_str()) => {
+            Ok(Some(effort))
         }
+        Some(_) => Err(TokenizeError::invalid(
+            "reasoning_effort",
+            format!("must be one of {} or null", REASONING_EFFORTS.join(", ")),
+        )),
     }
 }
 

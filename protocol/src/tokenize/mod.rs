@@ -5,10 +5,10 @@
 //! hash misses. [`ModelTokenizer`] reproduces vLLM's path:
 //!
 //! - **chat**: the body is prepared as vLLM prepares it (content parts flattened, tool-call
-//!   arguments parsed, tools pydantic-dumped; see `chat_request`), rendered with the model's
-//!   Jinja chat template in an environment that behaves like transformers' (`template`, with
-//!   Python's `json.dumps` as `tojson` in `pyjson`), and encoded without adding special
-//!   tokens (vLLM's chat default).
+//!   arguments parsed, tools serialized, developer messages made system messages for templates
+//!   without that role; see `chat_request`), rendered with the model's Jinja chat template in
+//!   an environment that behaves like transformers' (`template`, with Python's `json.dumps` as
+//!   `tojson` in `pyjson`), and encoded without adding special tokens (vLLM's chat default).
 //! - **completions**: a text prompt is encoded with the post-processor's special tokens
 //!   (`add_special_tokens=True`); token-id prompts are used as given; a batch is routed by its
 //!   first prompt (`completion_request`).
@@ -32,6 +32,7 @@ mod chat_request;
 mod chunks;
 mod completion_request;
 mod concat_output;
+mod developer_role;
 mod error;
 mod model;
 mod ordered;
@@ -291,7 +292,7 @@ impl ModelTokenizer {
                 ))
             }
         };
-        let chat = prepare_chat(body, &self.special_tokens)?;
+        let chat = prepare_chat(body, &self.special_tokens, template.knows_developer_role())?;
         let mut text = template.render(chat.context)?;
         if let Some(final_content) = &chat.continue_final {
             text = cut_after_final_message(text, final_content)?;

@@ -24,6 +24,10 @@ const RAISED_PREFIX: &str = "raise_exception: ";
 /// A compiled chat template.
 pub(crate) struct ChatTemplate {
     env: Environment<'static>,
+    /// Whether the source names the `developer` role as a quoted string literal: vLLM's test
+    /// for templates that render developer messages themselves (the others get them as
+    /// system messages, see `developer_role`).
+    knows_developer_role: bool,
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -38,17 +42,20 @@ impl ChatTemplate {
     /// # Errors
     /// [`TokenizeError::Template`] if minijinja cannot parse it.
     pub(crate) fn compile(source: &str) -> Result<Self, TokenizeError> {
-        Self::compile_exactly(split_concatenated_output(&strip_generation_tags(source)))
+        Self::compile_exactly(
+            split_concatenated_output(&strip_generation_tags(source)),
+            names_developer_role(source),
+        )
     }
 
     /// Compiles `source` without splitting its concatenating output tags: what the split is
     /// tested against.
     #[cfg(test)]
     pub(crate) fn compile_unsplit(source: &str) -> Result<Self, TokenizeError> {
-        Self::compile_exactly(strip_generation_tags(source))
+        Self::compile_exactly(strip_generation_tags(source), names_developer_role(source))
     }
 
-    fn compile_exactly(source: String) -> Result<Self, TokenizeError> {
+    fn compile_exactly(source: String, knows_developer_role: bool) -> Result<Self, TokenizeError> {
         let mut env = Environment::new();
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
@@ -62,7 +69,16 @@ impl ChatTemplate {
         env.add_function("strftime_now", strftime_now);
         env.add_template_owned(TEMPLATE_NAME, source)
             .map_err(|e| TokenizeError::Template(format!("cannot compile: {e:#}")))?;
-        Ok(ChatTemplate { env })
+        Ok(ChatTemplate {
+            env,
+            knows_developer_role,
+        })
+    }
+
+    /// Whether the template handles `developer` messages itself (vLLM's
+    /// `_detect_developer_role_support`: the source holds `"developer"` or `'developer'`).
+    pub(crate) fn knows_developer_role(&self) -> bool {
+        self.knows_developer_role
     }
 
     /// Renders the template with `context` (a map value).
@@ -86,6 +102,12 @@ impl ChatTemplate {
             _ => TokenizeError::Template(format!("cannot render: {e:#}")),
         })
     }
+}
+
+/// vLLM's test is textual, not semantic: a quoted `developer` anywhere counts, even in a
+/// comment, and a role compared some other way does not.
+fn names_developer_role(source: &str) -> bool {
+    source.contains("\"developer\"") || source.contains("'developer'")
 }
 
 fn raise_exception(message: String) -> Result<Value, Error> {

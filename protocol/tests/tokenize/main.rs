@@ -4,3 +4,4 @@
 mod tokenize_cache;
 mod tokenize_fixtures;
 mod tokenize_requests;
+mod tokenize_vllm032;

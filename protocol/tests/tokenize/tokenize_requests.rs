@@ -260,6 +260,26 @@ fn named_templates_object_tokens_and_jinja_file() {
 }
 
 #[test]
+fn templates_that_name_the_developer_role_get_developer_messages() {
+    // vLLM rewrites developer messages only for templates that never quote "developer".
+    let template = "{% for m in messages %}{{ m.role }}={{ m.content }};{% endfor %}";
+    let aware = format!("{{# handles 'developer' #}}{template}");
+    let chat = json!({"messages": [
+        {"role": "user", "content": "a"},
+        {"role": "developer", "content": "d"},
+    ]});
+    let render = |name: &str, template: &str| {
+        let dir = model_dir(name, &json!({"chat_template": template}), |_| {});
+        ModelTokenizer::from_dir(&dir)
+            .unwrap()
+            .render_chat(&chat)
+            .unwrap()
+    };
+    assert_eq!(render("dev-aware", &aware), "user=a;developer=d;");
+    assert_eq!(render("dev-unaware", template), "system=d;user=a;");
+}
+
+#[test]
 fn models_without_template_still_serve_completions() {
     let dir = model_dir("no-template", &json!({}), |_| {});
     let tok = ModelTokenizer::from_dir(&dir).unwrap();

@@ -143,7 +143,7 @@ async fn a_worker_registers_at_start_not_one_interval_later() {
     let mut heartbeats = observer.subscribe(subjects::HEARTBEAT).await.unwrap();
     observer.flush().await.unwrap();
     let http_port = free_port();
-    let started = std::time::Instant::now();
+    let started = tokio::time::Instant::now();
     let child = Command::new(BIN)
         .args([
             "--nats-url",
