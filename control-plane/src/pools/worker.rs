@@ -259,15 +259,22 @@ impl Declared {
         };
         tracing::info!(worker = %self.worker.id, change = ?outcome.change, capacity_blocks = self.capacity_blocks, "declared worker healthy: in the pools");
         self.registered = Some(info);
-        let rejoin = match &mut self.polled {
+        let rejoin = self.restart_feed(instance_id);
+        self.carry_out(rejoin).await;
+    }
+
+    /// Starts the worker's KV feed over under `instance_id`: the router's view is cleared and
+    /// rebuilt from what the engine still has to give (a ZMQ feed's replay; nothing for a
+    /// polled one).
+    fn restart_feed(&mut self, instance_id: u64) -> Vec<FeedAction> {
+        match &mut self.polled {
             Some(polled) => polled
                 .rejoin(instance_id)
                 .into_iter()
                 .map(FeedAction::Publish)
                 .collect(),
             None => self.feed.rejoin(instance_id),
-        };
-        self.carry_out(rejoin).await;
+        }
     }
 
     async fn refresh(&mut self) {
@@ -476,14 +483,7 @@ impl Declared {
         }
         self.over_capacity_rejoined = Some(Instant::now());
         self.cx.metrics.declared_event("kv_over_capacity_rejoin", 1);
-        match &mut self.polled {
-            Some(polled) => polled
-                .rejoin(instance_id)
-                .into_iter()
-                .map(FeedAction::Publish)
-                .collect(),
-            None => self.feed.rejoin(instance_id),
-        }
+        self.restart_feed(instance_id)
     }
 
     fn count_feed(&mut self) {
