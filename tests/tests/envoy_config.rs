@@ -134,3 +134,29 @@ fn both_worker_pools_eject_a_worker_that_refuses_connections() {
         }
     }
 }
+
+#[test]
+fn one_ready_control_plane_replica_of_three_takes_every_route_call() {
+    let artifacts = artifacts();
+    let rendered = render_bootstrap(&settings(&artifacts, 200)).expect("render");
+    let example = std::fs::read_to_string(workspace_root().join("envoy/envoy.yaml")).unwrap();
+    for (config, yaml) in [("bootstrap", rendered), ("envoy.yaml", example)] {
+        let blocks = cluster_blocks(&yaml);
+        let (_, block) = blocks
+            .iter()
+            .find(|(name, _)| name == "switchyard_control_plane")
+            .unwrap_or_else(|| panic!("{config}: no control-plane cluster"));
+        // Envoy panics (calls every host, healthy or not) below this share of healthy hosts:
+        // it must be under a third, or one ready replica of three shares its calls with dead
+        // ones.
+        let threshold: f64 = block
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("healthy_panic_threshold: { value: "))
+            .and_then(|v| v.trim_end_matches('}').trim().parse().ok())
+            .unwrap_or(50.0);
+        assert!(
+            threshold > 0.0 && threshold < 100.0 / 3.0,
+            "{config}: healthy_panic_threshold {threshold}"
+        );
+    }
+}
