@@ -121,6 +121,10 @@ pub enum Command {
         config: RouterConfig,
         /// Its version.
         version: u64,
+        /// Whether it is what the store holds now (just written, or read directly), so that
+        /// it applies even when its version is below ours: the store's revisions restarted.
+        /// A watched revision may be an older one arriving late, and is not.
+        current: bool,
         /// Done (or refused: the owner validates again).
         reply: oneshot::Sender<Result<(), ConfigError>>,
     },
@@ -352,7 +356,8 @@ impl ServiceHandle {
             .map_err(|_| ServiceStopped)
     }
 
-    /// Applies version `version` of the shared config, unless a newer one is in force.
+    /// Applies version `version` of the shared config, unless a newer one is in force, or,
+    /// when `current` (what the store holds now), unless that very version is.
     ///
     /// # Errors
     /// [`ServiceStopped`] during shutdown.
@@ -360,10 +365,12 @@ impl ServiceHandle {
         &self,
         config: RouterConfig,
         version: u64,
+        current: bool,
     ) -> Result<Result<(), ConfigError>, ServiceStopped> {
         self.call(|reply| Command::SetSharedConfig {
             config,
             version,
+            current,
             reply,
         })
         .await

@@ -278,6 +278,49 @@ async fn two_replicas_share_load_and_config_and_a_replica_lost_or_late_costs_not
         );
     }
 
+    // NATS recreated without its JetStream data (kept in memory, or on an emptyDir): the
+    // bucket's revisions start again. A PUT still reaches both replicas, under one version;
+    // it answered 200 and was applied nowhere, its revision below theirs.
+    stack.stop_component(Component::Nats);
+    std::fs::remove_dir_all(stack.run_dir().join("nats-store")).expect("drop NATS's store");
+    stack.restart_nats().await.expect("NATS starts again");
+    let mut reset = None;
+    let mut last = String::new();
+    for _ in 0..60 {
+        let (status, body, version) =
+            put_config(&http, &stack, 1, json!({"eff_isl_threshold": 999})).await;
+        if status == 200 {
+            reset = Some(version);
+            break;
+        }
+        last = format!("{status} {body}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let reset = reset.unwrap_or_else(|| panic!("no PUT after NATS lost its store: {last}"));
+    eventually_ok(
+        "both replicas follow the recreated store",
+        Duration::from_secs(15),
+        || async {
+            let mut seen = Vec::new();
+            for replica in 0..2 {
+                let (config, etag) = config(&http, &stack, replica).await;
+                seen.push((config["eff_isl_threshold"].clone(), etag));
+            }
+            seen.iter()
+                .all(|(threshold, etag)| threshold == 999 && etag == &reset)
+                .then_some(())
+                .ok_or(format!("{seen:?}, the PUT said {reset}"))
+        },
+    )
+    .await;
+    wait_both_healthy(
+        &http,
+        &stack,
+        "both replicas ready after the NATS restart",
+        Duration::from_secs(15),
+    )
+    .await;
+
     // Drill: replica 1 killed under streaming load, then started again.
     let run = drill::start(&http, &stack.gateway_url(), DrillLoad::default());
     tokio::time::sleep(Duration::from_secs(3)).await;

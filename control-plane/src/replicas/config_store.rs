@@ -21,6 +21,12 @@ use crate::service::ServiceHandle;
 
 /// Writes retried on a concurrent change before giving up.
 const WRITE_ATTEMPTS: usize = 5;
+/// How long a `PUT /v1/config` waits for the store before answering 503 (JetStream's own
+/// request timeouts add up to 20 s, past many clients' patience).
+const PATCH_TIMEOUT: Duration = Duration::from_secs(5);
+/// How often [`follow`] checks the store's current revision against what it watched: a
+/// store whose data was lost restarts its revisions, and its watch may stay silent.
+const STORE_CHECK_INTERVAL: Duration = Duration::from_secs(5);
 
 /// Why the shared config could not be read or written.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -151,6 +157,22 @@ pub async fn patch(
     patch: &serde_json::Value,
     if_match: Option<&IfMatch>,
 ) -> Result<Result<Versioned, PatchRefusal>, ConfigStoreError> {
+    tokio::time::timeout(PATCH_TIMEOUT, patch_store(nats, service, patch, if_match))
+        .await
+        .unwrap_or_else(|_| {
+            Err(unavailable(format!(
+                "no answer within {} s",
+                PATCH_TIMEOUT.as_secs()
+            )))
+        })
+}
+
+async fn patch_store(
+    nats: &async_nats::Client,
+    service: &ServiceHandle,
+    patch: &serde_json::Value,
+    if_match: Option<&IfMatch>,
+) -> Result<Result<Versioned, PatchRefusal>, ConfigStoreError> {
     let store = ConfigStore::open(nats).await?;
     for _ in 0..WRITE_ATTEMPTS {
         let (base, expected) = match store.current().await? {
@@ -169,8 +191,9 @@ pub async fn patch(
         match store.write(&next, expected).await {
             Ok(version) => {
                 // `next` passed the same validation the owner runs: this cannot refuse it.
+                // The revision just written is the store's current one, whatever its number.
                 if let Err(e) = service
-                    .set_shared_config(next.clone(), version)
+                    .set_shared_config(next.clone(), version, true)
                     .await
                     .map_err(unavailable)?
                 {
@@ -243,26 +266,94 @@ async fn follow_once(
         .watch_with_history(CONFIG_KEY)
         .await
         .map_err(unavailable)?;
-    while let Some(entry) = watch.next().await {
-        let entry = entry.map_err(unavailable)?;
-        if entry.operation != Operation::Put {
-            continue;
-        }
-        match parse(&entry.value, entry.revision) {
-            Ok(v) => {
-                if service
-                    .set_shared_config(v.config, v.version)
-                    .await
-                    .is_err()
-                {
-                    return Ok(());
+    let mut check = tokio::time::interval(STORE_CHECK_INTERVAL);
+    check.tick().await;
+    // The latest revision watched; the first one of a session is the store's current one.
+    let mut watched: Option<u64> = None;
+    let mut behind_checks = 0;
+    loop {
+        tokio::select! {
+            entry = watch.next() => {
+                let Some(entry) = entry else {
+                    return Err(unavailable("the config watch ended"));
+                };
+                let entry = entry.map_err(unavailable)?;
+                if entry.operation != Operation::Put {
+                    continue;
+                }
+                let current = watched.is_none();
+                watched = Some(entry.revision);
+                match parse(&entry.value, entry.revision) {
+                    Ok(v) => {
+                        if service
+                            .set_shared_config(v.config, v.version, current)
+                            .await
+                            .is_err()
+                        {
+                            return Ok(());
+                        }
+                    }
+                    Err(error) => {
+                        metrics.bad_message("shared_config");
+                        tracing::warn!(%error, "shared config ignored");
+                    }
                 }
             }
-            Err(error) => {
-                metrics.bad_message("shared_config");
-                tracing::warn!(%error, "shared config ignored");
+            _ = check.tick() => {
+                let stored = store.current().await?.map(|v| v.version);
+                match store_drift(watched, stored) {
+                    StoreDrift::InStep => behind_checks = 0,
+                    StoreDrift::Restarted => {
+                        return Err(unavailable(
+                            "the store's revisions restarted (its JetStream data was lost): following it again",
+                        ));
+                    }
+                    StoreDrift::Behind => {
+                        // A revision may be on its way; twice in a row, the watch is stuck.
+                        behind_checks += 1;
+                        if behind_checks >= 2 {
+                            return Err(unavailable("the config watch fell behind the store"));
+                        }
+                    }
+                }
             }
         }
     }
-    Err(unavailable("the config watch ended"))
+}
+
+/// How the store's current revision compares with the latest one watched.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StoreDrift {
+    /// The same (or nothing stored and nothing watched yet).
+    InStep,
+    /// The store is behind what was watched, or empty after holding a config: its data was
+    /// lost and its revisions start again.
+    Restarted,
+    /// The store holds a revision the watch has not delivered.
+    Behind,
+}
+
+fn store_drift(watched: Option<u64>, stored: Option<u64>) -> StoreDrift {
+    match (watched, stored) {
+        (Some(w), Some(s)) if s < w => StoreDrift::Restarted,
+        (Some(_), None) => StoreDrift::Restarted,
+        (Some(w), Some(s)) if s > w => StoreDrift::Behind,
+        (None, Some(_)) => StoreDrift::Behind,
+        _ => StoreDrift::InStep,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_store_behind_or_emptied_restarted_its_revisions() {
+        assert_eq!(store_drift(Some(31), Some(31)), StoreDrift::InStep);
+        assert_eq!(store_drift(None, None), StoreDrift::InStep);
+        assert_eq!(store_drift(Some(31), Some(1)), StoreDrift::Restarted);
+        assert_eq!(store_drift(Some(31), None), StoreDrift::Restarted);
+        assert_eq!(store_drift(Some(31), Some(32)), StoreDrift::Behind);
+        assert_eq!(store_drift(None, Some(1)), StoreDrift::Behind);
+    }
 }

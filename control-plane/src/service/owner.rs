@@ -157,11 +157,20 @@ impl Owner {
             Command::SetSharedConfig {
                 config,
                 version,
+                current,
                 reply,
             } => {
-                let result = if version <= self.config_version {
+                let stale = version < self.config_version && !current;
+                let result = if version == self.config_version || stale {
                     Ok(())
                 } else {
+                    if version < self.config_version {
+                        tracing::warn!(
+                            version,
+                            was = self.config_version,
+                            "the shared config store's revisions restarted (NATS lost or recreated its JetStream data): following it from this revision"
+                        );
+                    }
                     self.core.router_mut().set_config(config).map(|()| {
                         self.set_config_version(version);
                         tracing::info!(version, config = %serde_json::to_string(self.router().config()).unwrap_or_default(), "shared router config applied");
