@@ -60,7 +60,7 @@ use switchyard_protocol::worker::{LoadReport, WorkerId, WorkerInfo};
 
 use crate::config::{ConfigError, RouterConfig};
 use crate::index::{IndexStats, KvIndex, OverlapScores, WorkerSlot};
-use crate::load::{LoadTracker, WorkerLoad};
+use crate::load::{LoadTracker, RoutedLoad, WorkerLoad};
 use crate::predict::Predictions;
 
 pub use replica::PeerRouteError;
@@ -333,8 +333,9 @@ impl Router {
     }
 
     /// Frees predicted load on lifecycle milestones: `first_token` frees prefill tokens,
-    /// `done` frees the request's KV blocks. Unknown request ids are ignored, except a
-    /// `done` with `failed_open`, remembered until its late route call comes.
+    /// `done` frees the request's KV blocks (and, for a request that failed before its first
+    /// token, its KV predictions). Unknown request ids are ignored, except a `done` with
+    /// `failed_open`, remembered until its late route call comes.
     pub fn apply_lifecycle(&mut self, event: &LifecycleEvent, now_ms: u64) {
         match event {
             LifecycleEvent::FirstToken { request_id } => {
@@ -351,10 +352,21 @@ impl Router {
                 failed_open,
                 ..
             } => {
-                if *failed_open {
-                    self.load.on_failed_open(request_id, now_ms);
+                let finished = if *failed_open {
+                    self.load.on_failed_open(request_id, now_ms)
                 } else {
-                    self.load.on_done(request_id);
+                    self.load.on_done(request_id)
+                };
+                if let Some(finished) = finished.filter(|f| !f.decoded && !*ok) {
+                    // It ended before its first token: its workers may never have seen it (a
+                    // client that left during the prefill leg, a fail-open), so its predicted
+                    // blocks go; what they did compute, their events say. Kept, the next
+                    // attempt of the same prompt was bypassed onto an empty cache.
+                    let RoutedLoad { decode, prefill } = finished.load;
+                    self.predictions.withdraw(decode.slot, &decode.blocks);
+                    if let Some(prefill) = prefill {
+                        self.predictions.withdraw(prefill.slot, &prefill.blocks);
+                    }
                 }
                 self.learning.on_done(
                     request_id,

@@ -126,6 +126,15 @@ impl WorkerState {
     }
 }
 
+/// A tracked request that finished, as [`LoadTracker::on_done`] returns it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Finished {
+    /// What its verdict put on workers.
+    pub load: RoutedLoad,
+    /// Whether its `first_token` came (it decoded on its decode worker).
+    pub decoded: bool,
+}
+
 #[derive(Debug)]
 struct Active {
     ticket: u64,
@@ -332,27 +341,21 @@ impl LoadTracker {
         }
     }
 
-    /// The oldest request of `request_id` finished: frees everything it still holds.
-    /// Unknown ids are ignored.
-    pub fn on_done(&mut self, request_id: &str) {
+    /// The oldest request of `request_id` finished: frees everything it still holds, and
+    /// returns what it held. Unknown ids are ignored.
+    pub fn on_done(&mut self, request_id: &str) -> Option<Finished> {
         let oldest = self
             .requests
             .get(request_id)
             .and_then(|actives| actives.first())
-            .map(|a| a.ticket);
-        if let Some(ticket) = oldest {
-            self.done_ticket(request_id, ticket);
-        }
+            .map(|a| a.ticket)?;
+        self.done_ticket(request_id, oldest)
     }
 
     /// The request of `request_id` routed as `ticket` finished.
-    fn done_ticket(&mut self, request_id: &str, ticket: u64) {
-        let Some(actives) = self.requests.get_mut(request_id) else {
-            return;
-        };
-        let Some(i) = actives.iter().position(|a| a.ticket == ticket) else {
-            return;
-        };
+    fn done_ticket(&mut self, request_id: &str, ticket: u64) -> Option<Finished> {
+        let actives = self.requests.get_mut(request_id)?;
+        let i = actives.iter().position(|a| a.ticket == ticket)?;
         let active = actives.remove(i);
         if actives.is_empty() {
             self.requests.remove(request_id);
@@ -372,15 +375,18 @@ impl LoadTracker {
                 w.decoding = w.decoding.saturating_sub(1);
             }
         }
+        Some(Finished {
+            load: active.load,
+            decoded: active.stage == Stage::Decoding,
+        })
     }
 
     /// The filter failed `request_id` open after sending its route call: frees the request if
     /// that call was routed already, else remembers the id so the call, if it still comes, is
     /// not tracked.
-    pub fn on_failed_open(&mut self, request_id: &str, now_ms: u64) {
+    pub fn on_failed_open(&mut self, request_id: &str, now_ms: u64) -> Option<Finished> {
         if self.requests.contains_key(request_id) {
-            self.on_done(request_id);
-            return;
+            return self.on_done(request_id);
         }
         while self.failed_open.len() >= MAX_FAILED_OPEN {
             let Some((at, id)) = self.failed_open_order.pop_front() else {
@@ -393,6 +399,7 @@ impl LoadTracker {
         self.failed_open.insert(request_id.to_string(), now_ms);
         self.failed_open_order
             .push_back((now_ms, request_id.to_string()));
+        None
     }
 
     /// Whether `request_id` was failed open before this route call of it came (the id is

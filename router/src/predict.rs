@@ -9,7 +9,10 @@
 //! names, for `load.kv_prediction_ms`; a route query counts a block as cached on a worker if
 //! the index has it **or** it is predicted there. The worker's own events then take over:
 //! once stored, the index has the blocks whatever the prediction says; a prediction that the
-//! worker never confirms (it failed the request, evicted at once) simply runs out.
+//! worker never confirms (it evicted at once) simply runs out. A request that ended before
+//! its first token (its client left during the prefill leg or while the worker prefilled, or
+//! the filter failed it open) withdraws its prediction: its worker may never have seen it,
+//! and whatever it did compute, its events say.
 //!
 //! A block may be predicted on several workers (a disaggregated verdict predicts it on its
 //! prefill and its decode worker). Each worker keeps its live predictions as the prompts'
@@ -104,6 +107,14 @@ impl Predictions {
             .map(|r| &r.hashes[..]);
         let held = longest_shared_prefix(live, hashes, cached as usize);
         u32::try_from(held).unwrap_or(u32::MAX).max(cached)
+    }
+
+    /// Drops the prediction of `hashes` on `slot`, if it is still there: the request it was
+    /// made for never reached that worker.
+    pub fn withdraw(&mut self, slot: WorkerSlot, hashes: &Chain) {
+        if let Some(records) = self.per_worker.get_mut(usize::from(slot.0)) {
+            records.retain(|r| !std::sync::Arc::ptr_eq(&r.hashes, hashes));
+        }
     }
 
     /// Drops every prediction on `slot` (the worker left or restarted with a cold cache).

@@ -1007,6 +1007,42 @@ fn back_to_back_turns_stay_on_one_worker_before_its_kv_events_arrive() {
 }
 
 #[test]
+fn a_request_that_ends_before_its_first_token_withdraws_its_prediction() {
+    let abandoned = |id: &str| LifecycleEvent::Done {
+        request_id: id.into(),
+        prompt_tokens: None,
+        completion_tokens: None,
+        ok: false,
+        failed_open: false,
+    };
+    let mut r = pool();
+    let p = prompt(6, 3_000);
+    // The client left during the prefill leg: the decode worker never saw the prompt.
+    r.route("left", &p, 0).unwrap();
+    r.apply_lifecycle(&abandoned("left"), 10);
+    assert_eq!(
+        r.route("retry", &p, 20).unwrap().cached_tokens,
+        0,
+        "the retry is not bypassed onto a cache that is not there"
+    );
+    // Past its first token the worker has the prompt: an error later keeps the prediction.
+    r.apply_lifecycle(
+        &LifecycleEvent::FirstToken {
+            request_id: "retry".into(),
+        },
+        30,
+    );
+    r.apply_lifecycle(&abandoned("retry"), 40);
+    assert!(r.route("third", &p, 50).unwrap().cached_tokens > 0);
+    r.apply_lifecycle(&done("third"), 60);
+    // A request the filter failed open went where Envoy sent it: its prediction goes too.
+    let q = prompt(7, 3_000);
+    r.route("open", &q, 70).unwrap();
+    r.apply_lifecycle(&LifecycleEvent::failed_open("open"), 80);
+    assert_eq!(r.route("after", &q, 90).unwrap().cached_tokens, 0);
+}
+
+#[test]
 fn predictions_run_out_and_can_be_turned_off() {
     let mut r = pool();
     // Heartbeats keep coming for this whole test; only predictions run out.
