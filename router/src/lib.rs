@@ -334,8 +334,9 @@ impl Router {
 
     /// Frees predicted load on lifecycle milestones: `first_token` frees prefill tokens,
     /// `done` frees the request's KV blocks (and, for a request that failed before its first
-    /// token, its KV predictions). Unknown request ids are ignored, except a `done` with
-    /// `failed_open`, remembered until its late route call comes.
+    /// token, its KV predictions). A `done` for a request not routed here (a `failed_open`
+    /// one, or another replica's whose decision has not arrived) is remembered until its late
+    /// route comes, which is then not counted.
     pub fn apply_lifecycle(&mut self, event: &LifecycleEvent, now_ms: u64) {
         match event {
             LifecycleEvent::FirstToken { request_id } => {
@@ -355,7 +356,15 @@ impl Router {
                 let finished = if *failed_open {
                     self.load.on_failed_open(request_id, now_ms)
                 } else {
-                    self.load.on_done(request_id)
+                    let finished = self.load.on_done(request_id);
+                    if finished.is_none() {
+                        // Not routed here (yet): another replica's verdict whose share is on
+                        // its way, or held back by a NATS outage. Remembered as a failed-open
+                        // request is, so that the route is not counted when it comes (it was
+                        // counted for ten minutes).
+                        self.load.on_failed_open(request_id, now_ms);
+                    }
+                    finished
                 };
                 if let Some(finished) = finished.filter(|f| !f.decoded && !*ok) {
                     // It ended before its first token: its workers may never have seen it (a

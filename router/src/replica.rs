@@ -179,6 +179,23 @@ mod tests {
     }
 
     #[test]
+    fn a_peers_route_that_arrives_after_the_request_finished_is_not_counted() {
+        let (mut a, mut b) = two_replicas();
+        let tokens: Vec<u32> = (0..100).collect();
+        a.route("r-2", &tokens, 10).unwrap();
+        let (decode, prefill) = a.shared_route("r-2").expect("tracked");
+        // The request ends, and its `done` reaches `b` before `a`'s decision does (held back
+        // while NATS was down).
+        let done = LifecycleEvent::completed("r-2");
+        a.apply_lifecycle(&done, 20);
+        b.apply_lifecycle(&done, 20);
+        b.apply_peer_route("r-2", &decode, prefill.as_ref(), 30)
+            .unwrap();
+        assert!(b.shared_route("r-2").is_none());
+        assert!(b.worker_stats().iter().all(|w| w.load.in_flight == 0));
+    }
+
+    #[test]
     fn a_peers_route_steers_the_next_similar_request_to_the_same_worker() {
         let (mut a, mut b) = two_replicas();
         let tokens: Vec<u32> = (0..4_096).collect();
