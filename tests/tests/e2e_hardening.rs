@@ -494,12 +494,17 @@ async fn attacks_and_bad_input_are_refused_and_cost_nothing() {
         &http,
         &url,
         gzip_bytes,
-        &[("content-encoding", "gzip")],
+        &[("content-encoding", "gzip"), ("x-request-id", "client-refused-1")],
         REQUEST_TIMEOUT,
     )
     .await
     .expect("answered");
     assert_eq!(response.status, 415, "{}", response.body());
+    assert_eq!(
+        response.header("x-request-id"),
+        "client-refused-1",
+        "the gateway's own answers carry the request id, as served ones do"
+    );
     assert_eq!(response.header(ROUTE_HEADER), "rejected;reason=encoded");
     assert!(
         response.body().contains("uncompressed"),

@@ -197,7 +197,7 @@ impl SwitchyardRequest {
         let route = served.route_header_value();
         if let Err(status) = hostcalls::send_http_response(
             u32::from(status),
-            vec![("content-type", "application/json"), (ROUTE_HEADER, &route)],
+            self.local_reply_headers(&route),
             Some(body),
         ) {
             warn!("#{} cannot send a local reply: {status:?}", self.context_id);
@@ -207,6 +207,16 @@ impl SwitchyardRequest {
             prefill: None,
             hold: None,
         };
+    }
+
+    /// The headers of an answer the filter gives itself: JSON, how the request was served,
+    /// and its request id, as every served response carries it (for the client's logs).
+    fn local_reply_headers<'a>(&'a self, route: &'a str) -> Vec<(&'a str, &'a str)> {
+        let mut headers = vec![("content-type", "application/json"), (ROUTE_HEADER, route)];
+        if !self.request_id.is_empty() {
+            headers.push((REQUEST_ID_HEADER, self.request_id.as_str()));
+        }
+        headers
     }
 
     fn reply_too_large(&mut self, size: u64) {

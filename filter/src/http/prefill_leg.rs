@@ -21,7 +21,7 @@ use log::{debug, warn};
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext};
 use switchyard_protocol::handoff::{address_host, BootstrapRoom, LegOrder};
-use switchyard_protocol::route::{RouteMode, DESTINATION_HEADER, REQUEST_ID_HEADER, ROUTE_HEADER};
+use switchyard_protocol::route::{RouteMode, DESTINATION_HEADER, REQUEST_ID_HEADER};
 
 use super::{ConcurrentPrefill, Phase, PrefillLeg, SwitchyardRequest};
 use crate::body::{self, DecodeBody, RequestDoc};
@@ -160,11 +160,9 @@ impl SwitchyardRequest {
             *s = served;
         }
         let body = body::prefill_lost_error(&failure.to_string());
-        if let Err(status) = hostcalls::send_http_response(
-            502,
-            vec![("content-type", "application/json"), (ROUTE_HEADER, &route)],
-            Some(&body),
-        ) {
+        if let Err(status) =
+            hostcalls::send_http_response(502, self.local_reply_headers(&route), Some(&body))
+        {
             warn!("#{} cannot send the 502: {status:?}", self.context_id);
         }
     }

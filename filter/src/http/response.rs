@@ -157,7 +157,8 @@ impl SwitchyardRequest {
             }
             Phase::Prefilling { .. } => {
                 increment(self.shared.stats.prefill_abandoned_total, 1);
-                warn!(
+                // Counted; a line each would let clients flood the log.
+                debug!(
                     "#{} {} the client left during the prefill leg: the prefill worker keeps its KV until its own lease ends",
                     self.context_id, self.request_id
                 );
