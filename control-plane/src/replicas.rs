@@ -35,6 +35,65 @@ pub fn is_valid_replica_id(id: &str) -> bool {
     !id.is_empty() && id.len() <= 64 && switchyard_protocol::subjects::is_valid_worker_token(id)
 }
 
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_second_process_under_this_replicas_id_is_told_apart() {
+        let me = ReplicaIdentity {
+            id: "cp-0".into(),
+            process: 42,
+        };
+        assert_eq!(me.sender("cp-0", 42), Sender::Itself);
+        assert_eq!(me.sender("cp-0", 0), Sender::Itself, "an older replica");
+        assert_eq!(me.sender("cp-1", 42), Sender::Peer);
+        assert_eq!(me.sender("cp-0", 43), Sender::SameIdElsewhere);
+        assert_ne!(ReplicaIdentity::new("a".into()).process, 0);
+    }
+}
+
+/// This replica as its updates name it: its `--replica-id`, and a number its process drew at
+/// start, so that two processes started under one id see each other's updates.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplicaIdentity {
+    /// `--replica-id`.
+    pub id: String,
+    /// Made at start from the start time and process id (never 0).
+    pub process: u64,
+}
+
+impl ReplicaIdentity {
+    /// Replica `id` in this process.
+    pub fn new(id: String) -> Self {
+        // Start time and process id: two processes under one id almost never share both.
+        let process = ((unix_now_ms() << 20) ^ u64::from(std::process::id())).max(1);
+        ReplicaIdentity { id, process }
+    }
+
+    /// Who sent an update naming `replica` and `process`.
+    pub fn sender(&self, replica: &str, process: u64) -> Sender {
+        if replica != self.id {
+            Sender::Peer
+        } else if process == 0 || process == self.process {
+            Sender::Itself
+        } else {
+            Sender::SameIdElsewhere
+        }
+    }
+}
+
+/// Who sent an update, as [`ReplicaIdentity::sender`] tells.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sender {
+    /// This process (NATS delivers a replica's own updates back to it).
+    Itself,
+    /// Another replica.
+    Peer,
+    /// Another process under this replica's id.
+    SameIdElsewhere,
+}
+
 /// The router owner's side of the sync: hands updates to the publisher without waiting.
 #[derive(Debug, Clone)]
 pub struct ReplicaLink {
@@ -58,17 +117,18 @@ impl ReplicaLink {
     }
 }
 
-/// Publishes queued updates on [`SYNC_SUBJECT`] as replica `id` until the link is dropped.
+/// Publishes queued updates on [`SYNC_SUBJECT`] as replica `me` until the link is dropped.
 pub async fn publish(
     nats: async_nats::Client,
-    id: String,
+    me: ReplicaIdentity,
     mut updates: mpsc::Receiver<ReplicaUpdate>,
     metrics: Metrics,
 ) {
     while let Some(update) = updates.recv().await {
         let sync = ReplicaSync {
             v: PROTOCOL_VERSION,
-            replica: id.clone(),
+            replica: me.id.clone(),
+            process: me.process,
             sent_at_unix_ms: unix_now_ms(),
             update,
         };
@@ -84,10 +144,11 @@ pub async fn publish(
 /// here) until the router owner stops.
 pub async fn subscribe(
     nats: async_nats::Client,
-    id: String,
+    me: ReplicaIdentity,
     service: ServiceHandle,
     metrics: Metrics,
 ) {
+    let mut warned_about = std::collections::HashSet::new();
     use futures::StreamExt;
     let mut sub = subscribe_with_retry(&nats, SYNC_SUBJECT).await;
     while let Some(message) = sub.next().await {
@@ -99,8 +160,20 @@ pub async fn subscribe(
                 continue;
             }
         };
-        if sync.replica == id {
-            continue;
+        match me.sender(&sync.replica, sync.process) {
+            Sender::Itself => continue,
+            Sender::Peer => {}
+            Sender::SameIdElsewhere => {
+                // Its decisions are still another replica's: applied, and said loudly, since
+                // each process under one id skipped the other's until now.
+                metrics.replica_update("duplicate_id");
+                if warned_about.len() < 64 && warned_about.insert(sync.process) {
+                    tracing::error!(
+                        replica = %me.id,
+                        "another control-plane process runs under this --replica-id: give every replica its own id (their updates are applied, but /metrics and logs cannot tell them apart)"
+                    );
+                }
+            }
         }
         let lag_ms = unix_now_ms().saturating_sub(sync.sent_at_unix_ms);
         metrics

@@ -26,6 +26,10 @@ pub const CONFIG_BUCKET: &str = "switchyard_config";
 /// The key of the router config in [`CONFIG_BUCKET`].
 pub const CONFIG_KEY: &str = "router";
 
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
 /// One update from one replica.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReplicaSync {
@@ -34,6 +38,11 @@ pub struct ReplicaSync {
     pub v: u32,
     /// The sending replica's id (`--replica-id`): a replica skips its own updates.
     pub replica: String,
+    /// A number the sending process drew at start: two processes started under one id (a
+    /// misconfiguration) tell each other's updates from their own by it. 0 (absent) from
+    /// replicas older than the field.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub process: u64,
     /// When it was sent, Unix milliseconds on the sender's clock: receivers measure how stale
     /// their view of the others is.
     pub sent_at_unix_ms: u64,
@@ -84,6 +93,7 @@ mod tests {
         let sync = ReplicaSync {
             v: 1,
             replica: "cp-0".into(),
+            process: 7,
             sent_at_unix_ms: 1_700_000_000_000,
             update: ReplicaUpdate::Routed {
                 request_id: "r-1".into(),

@@ -190,15 +190,16 @@ pub async fn run_with_tokenizer(
     let (service, owner) = super::spawn(router, metrics.clone(), settings.heartbeat_misses, link);
     let mut replica_tasks = Vec::new();
     if let (Some(id), Some(updates)) = (&settings.replica_id, updates) {
+        let me = replicas::ReplicaIdentity::new(id.clone());
         replica_tasks.push(tokio::spawn(replicas::publish(
             nats.clone(),
-            id.clone(),
+            me.clone(),
             updates,
             metrics.clone(),
         )));
         replica_tasks.push(tokio::spawn(replicas::subscribe(
             nats.clone(),
-            id.clone(),
+            me,
             service.clone(),
             metrics.clone(),
         )));
