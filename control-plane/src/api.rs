@@ -83,9 +83,9 @@ pub struct ApiState {
     pub needs_nats: bool,
     /// `--ready-after-ms`.
     pub ready_after_ms: u64,
-    /// Whether the router config is shared with other replicas (`--replica-id`): `PUT
-    /// /v1/config` then writes the shared config.
-    pub shares_config: bool,
+    /// `--replica-id`: with one, the router config is shared with the other replicas (`PUT
+    /// /v1/config` writes the shared config), and `/v1/status` names the replica.
+    pub replica_id: Option<String>,
     /// `--whatif-dir`: the status page's what-if module.
     pub whatif_dir: whatif::WhatIfDir,
 }

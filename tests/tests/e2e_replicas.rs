@@ -241,6 +241,28 @@ async fn two_replicas_share_load_and_config_and_a_replica_lost_or_late_costs_not
         .await;
     }
 
+    // Each replica's status says which replica it is (each shows its own verdicts).
+    let mut names = Vec::new();
+    for replica in 0..2 {
+        let status: Value = http
+            .get(format!(
+                "{}/v1/status",
+                stack.control_plane_replica_admin_url(replica)
+            ))
+            .bearer_auth(stack.control_plane_admin_token())
+            .send()
+            .await
+            .expect("/v1/status answers")
+            .json()
+            .await
+            .expect("JSON");
+        names.push(status["replica"].as_str().unwrap_or_default().to_string());
+    }
+    assert!(
+        names.iter().all(|n| !n.is_empty()) && names[0] != names[1],
+        "{names:?}"
+    );
+
     // One PUT, on either replica, changes both, under one version.
     let (_, before) = config(&http, &stack, 0).await;
     assert!(!before.is_empty(), "the shared config has a version");

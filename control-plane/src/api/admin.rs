@@ -134,6 +134,8 @@ pub async fn status(headers: HeaderMap, state: ApiState) -> Response {
     let now_ms = state.now_ms();
     let decisions = state.recent().view(now_ms);
     warp::reply::json(&serde_json::json!({
+        // Several replicas each show their own verdicts on their own clock: say whose.
+        "replica": state.replica_id,
         "now_ms": now_ms,
         "workers": workers,
         "config": config,
@@ -198,7 +200,7 @@ where
             .and_then(IfMatch::parse)
             .unwrap_or(IfMatch::Versions(Vec::new()))
     });
-    if state.shares_config {
+    if state.replica_id.is_some() {
         let patched = crate::replicas::config_store::patch(
             &state.nats,
             &state.service,

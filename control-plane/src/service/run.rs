@@ -281,7 +281,7 @@ pub async fn run_with_tokenizer(
         readiness,
         needs_nats,
         ready_after_ms: settings.ready_after_ms,
-        shares_config: settings.replica_id.is_some(),
+        replica_id: settings.replica_id.clone(),
         whatif_dir: settings.whatif_dir.as_deref().map(Arc::from),
     };
     match &state.whatif_dir {
