@@ -100,6 +100,7 @@ impl TrtllmFeed {
     /// are kept, so the next poll's are still checked for gaps.
     pub fn rejoin(&mut self, instance_id: u64) -> Vec<KvEventBatch> {
         self.outgoing.restart(instance_id);
+        self.window = None;
         vec![self.reset_batch()]
     }
 
@@ -144,6 +145,10 @@ impl TrtllmFeed {
             }
             Order::Restarted => {
                 bump(&mut self.counters.restarts);
+                // A new engine may run with other attention windows: its largest is learned
+                // again (kept, a window the old engine had and the new one lacks dropped
+                // every event for good).
+                self.window = None;
                 self.reset(pending, out);
             }
         }
@@ -402,6 +407,30 @@ mod tests {
             "blocks": [{"block_hash": 9, "tokens": [{"token_id": 1}, {"token_id": 2}, {"token_id": 3}, {"token_id": 4}]}]}}"#;
         assert!(poll(&mut feed, &[short_window.to_string()]).is_empty());
         assert_eq!(feed.counters().other_window, 1);
+    }
+
+    #[test]
+    fn a_restarted_engine_with_a_smaller_window_is_indexed_again() {
+        let mut feed = feed();
+        poll(&mut feed, &[stored(5, None, 1, &[1, 2, 3, 4])]);
+        let wider = stored(6, None, 20, &[5, 6, 7, 8]).replace("256", "8192");
+        poll(&mut feed, &[wider]);
+        // The engine restarts (its ids from 0) with windows of 256 only.
+        let batches = poll(
+            &mut feed,
+            &[
+                r#"{"event_id": 0, "window_size": 256, "data": {"type": "created", "num_blocks_per_cache_level": [64]}}"#.to_string(),
+                stored(1, None, 40, &[1, 2, 3, 4]),
+            ],
+        );
+        assert!(
+            batches
+                .iter()
+                .flat_map(|b| &b.events)
+                .any(|e| matches!(e, KvEvent::Stored { .. })),
+            "{batches:?}"
+        );
+        assert_eq!(feed.counters().other_window, 0);
     }
 
     #[test]

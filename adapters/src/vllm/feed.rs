@@ -317,6 +317,19 @@ impl KvFeed {
         out
     }
 
+    /// A replayed batch did not decode: whatever it stored or removed is unknown, so the
+    /// worker's blocks are dropped, as for a gap the replay cannot fill, and the replay goes
+    /// on (its later batches index what they store). Kept, the index claimed blocks that
+    /// batch had evicted.
+    pub fn on_replay_malformed(&mut self) -> Vec<FeedAction> {
+        let mut out = Vec::new();
+        if matches!(self.state, State::Replaying { .. }) {
+            bump(&mut self.counters.unrecoverable_gaps);
+            out.push(FeedAction::Publish(self.reset_batch()));
+        }
+        out
+    }
+
     /// The replay did not answer in time (or its socket failed): the gap cannot be filled.
     pub fn on_replay_failed(&mut self) -> Vec<FeedAction> {
         let mut out = Vec::new();

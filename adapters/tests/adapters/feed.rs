@@ -398,3 +398,27 @@ fn a_catch_up_past_the_engines_buffer_drops_the_workers_blocks() {
     assert!(feed.on_replay_failed().is_empty());
     assert!(!feed.replaying());
 }
+
+#[test]
+fn a_replayed_batch_that_does_not_decode_drops_the_workers_blocks() {
+    let mut feed = feed();
+    feed.on_live(stored(0, 0));
+    assert_eq!(
+        feed.on_live(stored(3, 3)),
+        vec![FeedAction::RequestReplay { from: 1 }]
+    );
+    let mut all = feed.on_replay(ReplayFrame::Batch(stored(1, 1)));
+    // Batch 2 (a removal, say) does not decode: what it did is unknown.
+    all.extend(feed.on_replay_malformed());
+    all.extend(feed.on_replay(ReplayFrame::Batch(stored(3, 3))));
+    all.extend(feed.on_replay(ReplayFrame::End));
+    let batches = published(&all);
+    assert!(
+        batches.iter().any(|b| is_reset(b)),
+        "the worker's blocks are dropped: {batches:?}"
+    );
+    assert_eq!(feed.counters().unrecoverable_gaps, 1);
+    assert!(!feed.replaying());
+    // Not while live: a late malformed answer of an abandoned replay changes nothing.
+    assert!(feed.on_replay_malformed().is_empty());
+}

@@ -146,6 +146,8 @@ struct Declared {
     registrations: u64,
     /// The engine's block size when it differs from the pool file's (said once).
     block_size_mismatch: Option<u32>,
+    /// Why the metrics scrapes fail, while they do (warned once per streak).
+    scrape_failing: Option<String>,
     /// When the feed last started over because the router dropped the worker's blocks for
     /// passing its capacity ([`OVER_CAPACITY_REJOIN_INTERVAL`] apart at most).
     over_capacity_rejoined: Option<Instant>,
@@ -179,6 +181,7 @@ impl Declared {
             registrations: 0,
             block_size_mismatch: None,
             over_capacity_rejoined: None,
+            scrape_failing: None,
         }
     }
 
@@ -292,23 +295,33 @@ impl Declared {
             .get(&self.worker.metrics_url, self.cx.scrape.timeout_ms)
             .await
         {
-            Ok(response) if response.status().is_success() => response.text().await.ok(),
-            _ => None,
+            Ok(response) if response.status().is_success() => response
+                .text()
+                .await
+                .map_err(|e| format!("cannot read the body: {e}")),
+            Ok(response) => Err(format!("answered {}", response.status())),
+            Err(e) => Err(e.to_string()),
         };
         let engine = self.worker.engine;
         let block_size = self.worker.block_size.get();
-        let load = match text
-            .as_deref()
-            .map(|text| EngineLoad::parse(engine, text, block_size))
-        {
-            Some(Ok(load)) => load,
-            Some(Err(e)) => {
-                self.cx.metrics.declared_event("scrape_failed", 1);
-                tracing::debug!(worker = %self.worker.id, error = %e, "metrics scrape unusable");
-                return;
+        let parsed = text.and_then(|text| {
+            EngineLoad::parse(engine, &text, block_size).map_err(|e| e.to_string())
+        });
+        let load = match parsed {
+            Ok(load) => {
+                if self.scrape_failing.take().is_some() {
+                    tracing::info!(worker = %self.worker.id, "metrics scrape usable again");
+                }
+                load
             }
-            None => {
+            Err(error) => {
                 self.cx.metrics.declared_event("scrape_failed", 1);
+                // Once per failing streak: an engine without metrics fails every interval.
+                if self.scrape_failing.replace(error.clone()).is_none() {
+                    tracing::warn!(worker = %self.worker.id, url = %self.worker.metrics_url, %error, "metrics scrape unusable: the worker's load comes from the router's own accounting until it is");
+                } else {
+                    tracing::debug!(worker = %self.worker.id, %error, "metrics scrape unusable");
+                }
                 return;
             }
         };
@@ -417,8 +430,8 @@ impl Declared {
             ReplayEvent::Frame(frame) => self.feed.on_replay(frame),
             ReplayEvent::Malformed(e) => {
                 self.cx.metrics.declared_event("kv_malformed", 1);
-                tracing::warn!(worker = %self.worker.id, error = %e, "malformed replay message skipped");
-                return;
+                tracing::warn!(worker = %self.worker.id, error = %e, "malformed replay message: the worker's blocks are dropped (what it changed is unknown) and rebuilt from the rest of the replay");
+                self.feed.on_replay_malformed()
             }
             ReplayEvent::Failed(e) => {
                 self.cx.metrics.declared_event("kv_replay_failed", 1);
@@ -503,7 +516,7 @@ impl Declared {
         );
         m.declared_event("kv_refused_event", now.refused_events - was.refused_events);
         if now.unrecoverable_gaps > was.unrecoverable_gaps {
-            tracing::warn!(worker = %self.worker.id, "KV events missed beyond the engine's replay buffer: the worker's blocks were dropped and are rebuilt from live events");
+            tracing::warn!(worker = %self.worker.id, "KV events lost (missed beyond the engine's replay buffer, or a replay that failed or did not decode): the worker's blocks were dropped and are rebuilt from new events");
         }
     }
 
@@ -518,6 +531,7 @@ impl Declared {
         m.declared_event("kv_restart", now.restarts - was.restarts);
         m.declared_event("kv_refused_event", now.refused_events - was.refused_events);
         m.declared_event("kv_malformed", now.malformed_events - was.malformed_events);
+        m.declared_event("kv_other_window", now.other_window - was.other_window);
         if now.gaps > was.gaps {
             tracing::warn!(worker = %self.worker.id, "KV events missed (TensorRT-LLM keeps no replay): the worker's blocks were dropped and are rebuilt from new events");
         }

@@ -2,6 +2,8 @@
 //! leniently: comments, malformed lines and other metrics are skipped, so an engine adding
 //! metrics changes nothing. Shared by the engines that speak Prometheus (vLLM, SGLang).
 
+use switchyard_protocol::worker::MAX_KV_BLOCKS;
+
 /// A gauge value as a count: non-negative, finite, saturating.
 pub(super) fn count(value: f64) -> u32 {
     if value.is_finite() && value > 0.0 {
@@ -9,6 +11,14 @@ pub(super) fn count(value: f64) -> u32 {
     } else {
         0
     }
+}
+
+/// A KV capacity in blocks from a gauge: `None` unless it is a whole number of blocks an
+/// engine can have (1 to [`MAX_KV_BLOCKS`]); a float's `1e30` is refused here, not clamped
+/// into a plausible-looking count.
+pub(super) fn capacity_blocks(value: f64) -> Option<u64> {
+    let blocks = value.floor();
+    (blocks.is_finite() && blocks >= 1.0 && blocks <= MAX_KV_BLOCKS as f64).then(|| blocks as u64)
 }
 
 #[derive(Debug, Default, Clone, Copy)]

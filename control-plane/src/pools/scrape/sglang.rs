@@ -10,7 +10,7 @@
 //! SGLang exports one series per data-parallel rank where it runs several: counts and
 //! capacities are summed, the usage fraction averaged.
 
-use super::exposition::{count, Sample, Sum};
+use super::exposition::{capacity_blocks, count, Sample, Sum};
 use super::{EngineLoad, ScrapeError};
 
 /// Requests running.
@@ -53,10 +53,7 @@ pub fn parse(text: &str, block_size: u32) -> Result<EngineLoad, ScrapeError> {
             .mean()
             .ok_or(ScrapeError::Missing(TOKEN_USAGE))?
             .clamp(0.0, 1.0),
-        capacity_blocks: tokens
-            .total()
-            .map(|t| u64::from(count((t / per_block).floor())))
-            .filter(|b| *b > 0),
+        capacity_blocks: tokens.total().and_then(|t| capacity_blocks(t / per_block)),
         block_size: page_size.map(count).filter(|s| *s > 0),
     })
 }
@@ -99,6 +96,18 @@ sglang:cache_hit_rate{model_name="qwen"} 0.25
         assert_eq!(load.capacity_blocks, None);
         assert_eq!(load.block_size, None);
         assert_eq!(load.kv_usage, 1.0, "clamped");
+    }
+
+    #[test]
+    fn a_capacity_no_engine_has_is_not_taken() {
+        for tokens in ["1e30", "1e12", "NaN", "0.5"] {
+            let text = format!(
+                "sglang:num_running_reqs 1\nsglang:num_queue_reqs 0\nsglang:token_usage 0.5\nsglang:max_total_num_tokens {tokens}\n"
+            );
+            let load = parse(&text, 16).unwrap();
+            let expected = (tokens == "1e12").then_some(62_500_000_000);
+            assert_eq!(load.capacity_blocks, expected, "{tokens}");
+        }
     }
 
     #[test]

@@ -7,7 +7,7 @@
 //! A data-parallel engine exports one series per rank (label `engine`): counts are summed,
 //! the usage fraction averaged.
 
-use super::exposition::{count, Sample, Sum};
+use super::exposition::{capacity_blocks, count, Sample, Sum};
 use super::{EngineLoad, ScrapeError};
 
 /// Requests being computed.
@@ -52,7 +52,7 @@ pub fn parse(text: &str) -> Result<EngineLoad, ScrapeError> {
             .mean()
             .ok_or(ScrapeError::Missing(KV_USAGE))?
             .clamp(0.0, 1.0),
-        capacity_blocks: blocks.total().map(|b| b as u64),
+        capacity_blocks: blocks.total().and_then(capacity_blocks),
         block_size,
     })
 }
