@@ -149,6 +149,8 @@ pub enum Command {
 pub struct RouteRequest {
     /// Request id to echo and track.
     pub request_id: String,
+    /// The filter's number for this call (`ROUTE_CALL_HEADER`), if it sent one.
+    pub route_call: Option<u64>,
     /// The prompt, tokenized here or hashed by the filter.
     pub prompt: RoutePrompt,
     /// Choices the client asked for (`n`).

@@ -40,6 +40,11 @@ pub enum LifecycleEvent {
         /// and the unknown id.
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         failed_open: bool,
+        /// With `failed_open`: the route call the request was failed open after
+        /// ([`crate::route::ROUTE_CALL_HEADER`]), so that only that call is taken for the late
+        /// one, not a new request's under the same `x-request-id`. Absent from older filters.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        route_call: Option<u64>,
     },
 }
 
@@ -90,6 +95,7 @@ impl LifecycleEvent {
             completion_tokens: None,
             ok: true,
             failed_open: false,
+            route_call: None,
         }
     }
 
@@ -101,6 +107,7 @@ impl LifecycleEvent {
             completion_tokens: None,
             ok: false,
             failed_open: true,
+            route_call: None,
         }
     }
 }
@@ -137,6 +144,7 @@ mod tests {
             completion_tokens: None,
             ok: false,
             failed_open: false,
+            route_call: None,
         };
         let text = serde_json::to_string(&plain).unwrap();
         assert!(!text.contains("failed_open"), "{text}");

@@ -16,6 +16,10 @@ pub const ROUTE_PATH: &str = "/v1/route";
 pub const API_HEADER: &str = "x-switchyard-api";
 /// Request id shared by the route call, both legs and lifecycle reports.
 pub const REQUEST_ID_HEADER: &str = "x-request-id";
+/// Header of a route call naming the call itself: a number the filter makes per call, which
+/// its `failed_open` report repeats, so that the control plane tells the late call of a
+/// failed-open request from a new request that reuses the client's `x-request-id`.
+pub const ROUTE_CALL_HEADER: &str = "x-switchyard-route-call";
 /// Longest request id anyone keeps: the filter replaces a longer client id with its own, and
 /// the control plane refuses one, so a client cannot blow up headers, logs or metric labels.
 pub const MAX_REQUEST_ID_LEN: usize = 128;

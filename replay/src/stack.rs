@@ -457,6 +457,7 @@ impl<'a> VirtualStack<'a> {
             completion_tokens: usage.map(|u| u.1),
             ok,
             failed_open: false,
+            route_call: None,
         };
         self.control.lifecycle(&event, router_ms(at_ms));
     }

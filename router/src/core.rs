@@ -372,6 +372,24 @@ impl ControlCore {
         self.router
             .route_traced(request_id, prompt, choices, model, now_ms)
     }
+    /// [`ControlCore::route_traced`] for route call `route_call` of the request (see
+    /// [`Router::route_numbered`]).
+    ///
+    /// # Errors
+    /// [`RouteError::NoDecodeWorkers`] when no live worker of `model` can decode.
+    pub fn route_numbered<'a>(
+        &mut self,
+        request_id: &str,
+        route_call: Option<u64>,
+        prompt: impl Into<Prompt<'a>>,
+        choices: u32,
+        model: Option<&str>,
+        now_ms: u64,
+    ) -> Result<Routed, RouteError> {
+        self.observe(now_ms);
+        self.router
+            .route_numbered(request_id, route_call, prompt, choices, model, now_ms)
+    }
 
     /// Whether heartbeats can reach the control plane (its event-bus connection). When they
     /// can again after an outage, every known worker is asked for a resync (rate-limited as

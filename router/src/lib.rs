@@ -351,10 +351,11 @@ impl Router {
                 completion_tokens,
                 ok,
                 failed_open,
+                route_call,
                 ..
             } => {
                 let finished = if *failed_open {
-                    self.load.on_failed_open(request_id, now_ms)
+                    self.load.on_failed_open(request_id, *route_call, now_ms)
                 } else {
                     let finished = self.load.on_done(request_id);
                     if finished.is_none() {
@@ -362,7 +363,7 @@ impl Router {
                         // its way, or held back by a NATS outage. Remembered as a failed-open
                         // request is, so that the route is not counted when it comes (it was
                         // counted for ten minutes).
-                        self.load.on_failed_open(request_id, now_ms);
+                        self.load.on_failed_open(request_id, None, now_ms);
                     }
                     finished
                 };

@@ -126,6 +126,27 @@ impl WorkerState {
     }
 }
 
+/// What is remembered of a request failed open before its route call was counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct FailedOpenMark {
+    /// When the report came.
+    at_ms: u64,
+    /// The route call it names, if the filter numbered it.
+    route_call: Option<u64>,
+}
+
+impl FailedOpenMark {
+    /// Whether a call numbered `route_call` is the one this mark is about: yes unless both
+    /// are numbered and differ (an unnumbered side, from an older filter or a peer's share,
+    /// is taken as before numbers existed).
+    fn matches(&self, route_call: Option<u64>) -> bool {
+        match (self.route_call, route_call) {
+            (Some(marked), Some(call)) => marked == call,
+            _ => true,
+        }
+    }
+}
+
 /// A tracked request that finished, as [`LoadTracker::on_done`] returns it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Finished {
@@ -176,7 +197,7 @@ pub struct LoadTracker {
     prefill_order: VecDeque<(u64, u64, String)>,
     next_ticket: u64,
     /// Requests failed open before their route call was seen, by id, with when.
-    failed_open: HashMap<String, u64>,
+    failed_open: HashMap<String, FailedOpenMark>,
     /// (reported at, id), in report order, for expiry and the bound.
     failed_open_order: VecDeque<(u64, String)>,
 }
@@ -384,7 +405,12 @@ impl LoadTracker {
     /// The filter failed `request_id` open after sending its route call: frees the request if
     /// that call was routed already, else remembers the id so the call, if it still comes, is
     /// not tracked.
-    pub fn on_failed_open(&mut self, request_id: &str, now_ms: u64) -> Option<Finished> {
+    pub fn on_failed_open(
+        &mut self,
+        request_id: &str,
+        route_call: Option<u64>,
+        now_ms: u64,
+    ) -> Option<Finished> {
         if self.requests.contains_key(request_id) {
             return self.on_done(request_id);
         }
@@ -392,20 +418,34 @@ impl LoadTracker {
             let Some((at, id)) = self.failed_open_order.pop_front() else {
                 break;
             };
-            if self.failed_open.get(&id) == Some(&at) {
+            if self.failed_open.get(&id).map(|m| m.at_ms) == Some(at) {
                 self.failed_open.remove(&id);
             }
         }
-        self.failed_open.insert(request_id.to_string(), now_ms);
+        self.failed_open.insert(
+            request_id.to_string(),
+            FailedOpenMark {
+                at_ms: now_ms,
+                route_call,
+            },
+        );
         self.failed_open_order
             .push_back((now_ms, request_id.to_string()));
         None
     }
 
-    /// Whether `request_id` was failed open before this route call of it came (the id is
-    /// forgotten then: the call is the one the report was about).
-    pub fn take_failed_open(&mut self, request_id: &str) -> bool {
-        self.failed_open.remove(request_id).is_some()
+    /// Whether route call `route_call` of `request_id` comes after its request was failed
+    /// open: the mark is taken then (the call is the one the report was about). A call the
+    /// mark does not name (both numbered, and differently) is a new request reusing the id,
+    /// and leaves the mark for the late call.
+    pub fn take_failed_open(&mut self, request_id: &str, route_call: Option<u64>) -> bool {
+        match self.failed_open.get(request_id) {
+            Some(mark) if mark.matches(route_call) => {
+                self.failed_open.remove(request_id);
+                true
+            }
+            _ => false,
+        }
     }
 
     /// A worker's own report: the new baseline (see the module docs).
@@ -439,7 +479,7 @@ impl LoadTracker {
             if now_ms.saturating_sub(*at) < FAILED_OPEN_MEMORY_MS {
                 break;
             }
-            if self.failed_open.get(id) == Some(at) {
+            if self.failed_open.get(id).map(|m| m.at_ms) == Some(*at) {
                 self.failed_open.remove(id);
             }
             self.failed_open_order.pop_front();
@@ -447,7 +487,7 @@ impl LoadTracker {
         if self.failed_open_order.len() > 2 * self.failed_open.len() + 1024 {
             let failed_open = &self.failed_open;
             self.failed_open_order
-                .retain(|(at, id)| failed_open.get(id) == Some(at));
+                .retain(|(at, id)| failed_open.get(id).map(|m| m.at_ms) == Some(*at));
         }
         // Done requests leave stale entries behind; drop them when they dominate, so the
         // queues stay proportional to the live requests.

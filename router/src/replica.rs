@@ -56,7 +56,8 @@ impl Router {
     ) -> Result<(), PeerRouteError> {
         let decode = self.local_leg(decode)?;
         let prefill = prefill.map(|p| self.local_leg(p)).transpose()?;
-        if self.load.take_failed_open(request_id) {
+        // A peer's share names no route call: any mark of the id is taken.
+        if self.load.take_failed_open(request_id, None) {
             self.late_routes += 1;
             return Ok(());
         }

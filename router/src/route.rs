@@ -164,6 +164,24 @@ impl Router {
         model: Option<&str>,
         now_ms: u64,
     ) -> Result<Routed, RouteError> {
+        self.route_numbered(request_id, None, prompt, choices, model, now_ms)
+    }
+
+    /// [`Router::route_traced`] for route call `route_call` of the request, when the caller
+    /// numbers its calls (the filter does: `ROUTE_CALL_HEADER`): a failed-open report of
+    /// another call of the same id does not make this one late.
+    ///
+    /// # Errors
+    /// [`RouteError::NoDecodeWorkers`] when no live worker (of `model`) can decode.
+    pub fn route_numbered<'a>(
+        &mut self,
+        request_id: &str,
+        route_call: Option<u64>,
+        prompt: impl Into<Prompt<'a>>,
+        choices: u32,
+        model: Option<&str>,
+        now_ms: u64,
+    ) -> Result<Routed, RouteError> {
         let prompt = prompt.into();
         self.load.expire(now_ms, &self.config.load);
         let mode = self.config.serving_mode;
@@ -364,7 +382,7 @@ impl Router {
             // The router never sees the body; the control plane's API sets it.
             steering_free: false,
         };
-        if self.load.take_failed_open(request_id) {
+        if self.load.take_failed_open(request_id, route_call) {
             // A late call: the filter failed the request open and sent it to a worker of
             // Envoy's choosing already. Nothing here will be freed by a report.
             self.late_routes += 1;

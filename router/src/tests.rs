@@ -193,6 +193,30 @@ fn a_route_call_after_its_request_failed_open_is_answered_but_not_counted() {
 }
 
 #[test]
+fn a_new_request_reusing_a_failed_open_id_is_counted_and_the_late_call_is_not() {
+    let mut r = pool();
+    let failed_open = |call: u64| LifecycleEvent::Done {
+        request_id: "dup".into(),
+        prompt_tokens: None,
+        completion_tokens: None,
+        ok: false,
+        failed_open: true,
+        route_call: Some(call),
+    };
+    // Call 1 was failed open (its client left, or it timed out) before it was routed here.
+    r.apply_lifecycle(&failed_open(1), 0);
+    // The client retries under the same x-request-id: call 2, a new request, counted.
+    r.route_numbered("dup", Some(2), &prompt(1, 3000), 1, None, 1)
+        .unwrap();
+    assert_eq!(r.tracked_requests(), 1);
+    // Call 1 arrives late: answered, not counted.
+    r.route_numbered("dup", Some(1), &prompt(2, 3000), 1, None, 2)
+        .unwrap();
+    assert_eq!(r.tracked_requests(), 1);
+    assert_eq!(r.late_routes(), 1);
+}
+
+#[test]
 fn a_busy_decode_worker_gets_no_bypass() {
     let mut r = router_with(&[
         ("decode-0", WorkerRole::Decode),
@@ -1014,6 +1038,7 @@ fn a_request_that_ends_before_its_first_token_withdraws_its_prediction() {
         completion_tokens: None,
         ok: false,
         failed_open: false,
+        route_call: None,
     };
     let mut r = pool();
     let p = prompt(6, 3_000);
@@ -1161,6 +1186,7 @@ fn slo_cost_learns_a_preset_twice_too_slow_from_the_lifecycle_reports() {
                 completion_tokens: Some(100),
                 ok: true,
                 failed_open: false,
+                route_call: None,
             },
             now,
         );

@@ -26,7 +26,7 @@ use switchyard_protocol::openai::{
 };
 use switchyard_protocol::route::{
     is_usable_request_id, ApiKind, RejectReason, API_HEADER, MAX_REQUEST_ID_LEN, NO_WORKERS,
-    REJECT_HEADER, REQUEST_ID_HEADER,
+    REJECT_HEADER, REQUEST_ID_HEADER, ROUTE_CALL_HEADER,
 };
 use switchyard_protocol::route_input::{HashedPrompt, ROUTE_INPUT_HASHES, ROUTE_INPUT_HEADER};
 
@@ -408,6 +408,11 @@ where
     }
     let request = RouteRequest {
         request_id,
+        // Unparsable, it numbers nothing: the call is taken as one of an older filter.
+        route_call: headers
+            .get(ROUTE_CALL_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse().ok()),
         prompt,
         choices,
         model: model.name.clone(),

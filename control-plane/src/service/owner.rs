@@ -133,8 +133,9 @@ impl Owner {
                 }
             }
             Command::Route { request, reply } => {
-                let verdict = self.core.route_traced(
+                let verdict = self.core.route_numbered(
                     &request.request_id,
+                    request.route_call,
                     request.prompt.as_prompt(),
                     request.choices,
                     request.model.as_deref(),

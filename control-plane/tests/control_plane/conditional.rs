@@ -166,6 +166,7 @@ async fn second_turn_goes_home_and_bypasses_cold_prompts_disaggregate_busy_decod
                 completion_tokens: Some(12),
                 ok: true,
                 failed_open: false,
+                route_call: None,
             },
         ],
     };

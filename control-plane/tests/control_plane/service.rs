@@ -87,6 +87,53 @@ async fn route_picks_a_live_decode_worker_and_503s_without_one() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_open_report_makes_only_its_own_route_call_late() {
+    let (_server, svc, nats) = service_with_nats(Settings::for_tests()).await;
+    register_worker(&svc, &nats, "decode-0", WorkerRole::Decode, 9001).await;
+    let numbered = |call: &str| {
+        reqwest::Client::new()
+            .post(format!("{}/v1/route", svc.base))
+            .header(switchyard_protocol::route::API_HEADER, "chat")
+            .header(switchyard_protocol::route::REQUEST_ID_HEADER, "dup")
+            .header(switchyard_protocol::route::ROUTE_CALL_HEADER, call)
+            .body(chat("same id twice"))
+            .send()
+    };
+    // Call 1 of "dup" was failed open (its client left) before the control plane read it.
+    let resp = reqwest::Client::new()
+        .post(format!("{}/v1/lifecycle", svc.base))
+        .json(&json!({"v": 1, "events": [
+            {"event": "done", "request_id": "dup", "ok": false, "failed_open": true,
+             "route_call": 1}
+        ]}))
+        .send()
+        .await
+        .unwrap();
+    assert!(resp.status().is_success(), "{}", resp.status());
+    // The client's retry reuses the id: call 2, a new request, counted in flight.
+    assert_eq!(numbered("2").await.unwrap().status(), 200);
+    let in_flight = |m: &str| {
+        metric_value(
+            m,
+            "switchyard_worker_in_flight{worker=\"decode-0\",role=\"decode\",model=\"qwen3\"}",
+        )
+    };
+    eventually(WAIT, "the retry counted", || async {
+        in_flight(&svc.metrics().await) == 1.0
+    })
+    .await;
+    // Call 1 comes late: answered, not counted.
+    assert_eq!(numbered("1").await.unwrap().status(), 200);
+    eventually(WAIT, "call 1 counted late", || async {
+        metric_value(&svc.metrics().await, "switchyard_late_route_calls_total") == 1.0
+    })
+    .await;
+    let m = svc.metrics().await;
+    assert_eq!(in_flight(&m), 1.0, "{m}");
+    svc.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_nats_messages_are_counted_and_harmless() {
     let (_server, svc, nats) = service_with_nats(Settings::for_tests()).await;
     // Let the consumer subscribe before publishing (core NATS does not buffer).

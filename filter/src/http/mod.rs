@@ -137,6 +137,9 @@ pub(crate) struct SwitchyardRequest {
     body_len: usize,
     /// A concurrent handoff's prefill leg, while in flight.
     concurrent_prefill: Option<ConcurrentPrefill>,
+    /// The number of the route call sent (`ROUTE_CALL_HEADER`), which a `failed_open`
+    /// report repeats.
+    route_call: Option<u64>,
     response: ResponseSide,
 }
 
@@ -169,6 +172,7 @@ impl SwitchyardRequest {
             had_content_length: false,
             body_len: 0,
             concurrent_prefill: None,
+            route_call: None,
             response: ResponseSide::default(),
         }
     }

@@ -180,6 +180,7 @@ impl SwitchyardRequest {
             completion_tokens: usage.completion_tokens,
             ok,
             failed_open: false,
+            route_call: None,
         });
     }
 
@@ -193,6 +194,7 @@ impl SwitchyardRequest {
             completion_tokens: None,
             ok: false,
             failed_open,
+            route_call: self.route_call.filter(|_| failed_open),
         });
     }
 

@@ -7,10 +7,11 @@ use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action;
 use switchyard_protocol::route::{
     ApiKind, RouteMode, API_HEADER, MODEL_HEADER, POOL_HEADER, POOL_PREFILL, REQUEST_ID_HEADER,
-    ROUTE_PATH,
+    ROUTE_CALL_HEADER, ROUTE_PATH,
 };
 
 use super::{Phase, SwitchyardRequest};
+use std::time::UNIX_EPOCH;
 use switchyard_protocol::route_input::{
     HashedPrompt, HASHED_PROMPT_CONTENT_TYPE, ROUTE_INPUT_HASHES, ROUTE_INPUT_HEADER,
 };
@@ -215,6 +216,16 @@ impl SwitchyardRequest {
     /// Sends the route input (the screened body, or a hashed prompt when `hashed`) to the
     /// control plane; `None` if the call could not even be dispatched.
     fn dispatch_route_call(&mut self, api: ApiKind, body: &[u8], hashed: bool) -> Option<u32> {
+        // The call's number: the host clock in nanoseconds and this context, so two calls
+        // under one request id (a client's retry reusing it) never share one.
+        let route_call = (self
+            .get_current_time()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos() as u64)
+            ^ u64::from(self.context_id);
+        self.route_call = Some(route_call);
+        let route_call = route_call.to_string();
         let config = &self.shared.config;
         let mut headers = vec![
             (":method", "POST"),
@@ -222,6 +233,7 @@ impl SwitchyardRequest {
             (":authority", config.control_plane_authority.as_str()),
             (API_HEADER, api.as_str()),
             (REQUEST_ID_HEADER, self.request_id.as_str()),
+            (ROUTE_CALL_HEADER, route_call.as_str()),
         ];
         if hashed {
             headers.push(("content-type", HASHED_PROMPT_CONTENT_TYPE));

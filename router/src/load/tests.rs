@@ -245,24 +245,27 @@ fn a_failed_open_report_frees_a_routed_request_or_waits_for_its_late_call() {
     let mut t = tracker();
     // The call was routed before the report: the report frees it.
     t.on_route("early", disagg(0..4, 256), 0);
-    t.on_failed_open("early", 10);
+    t.on_failed_open("early", None, 10);
     assert_eq!(t.active_requests(), 0);
     assert_eq!(t.load(D), tracker().load(D));
     assert_eq!(t.load(P), tracker().load(P));
-    assert!(!t.take_failed_open("early"), "nothing left to wait for");
-    // The report came first: its late call is recognised, once.
-    t.on_failed_open("late", 20);
-    assert!(t.take_failed_open("late"));
     assert!(
-        !t.take_failed_open("late"),
+        !t.take_failed_open("early", None),
+        "nothing left to wait for"
+    );
+    // The report came first: its late call is recognised, once.
+    t.on_failed_open("late", None, 20);
+    assert!(t.take_failed_open("late", None));
+    assert!(
+        !t.take_failed_open("late", None),
         "a later call of that id is a new request"
     );
     // Remembered for a minute, no longer.
-    t.on_failed_open("never", 30);
+    t.on_failed_open("never", None, 30);
     t.expire(30 + FAILED_OPEN_MEMORY_MS - 1, &cfg);
     assert!(t.failed_open.contains_key("never"));
     t.expire(30 + FAILED_OPEN_MEMORY_MS, &cfg);
-    assert!(!t.take_failed_open("never"));
+    assert!(!t.take_failed_open("never", None));
     assert!(t.failed_open_order.is_empty());
 }
 
@@ -270,15 +273,15 @@ fn a_failed_open_report_frees_a_routed_request_or_waits_for_its_late_call() {
 fn failed_open_ids_are_bounded_oldest_first() {
     let mut t = tracker();
     for i in 0..MAX_FAILED_OPEN + 10 {
-        t.on_failed_open(&format!("r{i}"), i as u64);
+        t.on_failed_open(&format!("r{i}"), None, i as u64);
     }
     assert_eq!(t.failed_open.len(), MAX_FAILED_OPEN);
-    assert!(!t.take_failed_open("r9"), "the oldest went first");
-    assert!(t.take_failed_open("r10"));
-    assert!(t.take_failed_open(&format!("r{}", MAX_FAILED_OPEN + 9)));
+    assert!(!t.take_failed_open("r9", None), "the oldest went first");
+    assert!(t.take_failed_open("r10", None));
+    assert!(t.take_failed_open(&format!("r{}", MAX_FAILED_OPEN + 9), None));
     // Taken ids leave order entries behind; expiry keeps them proportional.
     for i in 0..MAX_FAILED_OPEN + 10 {
-        t.take_failed_open(&format!("r{i}"));
+        t.take_failed_open(&format!("r{i}"), None);
     }
     t.expire(MAX_FAILED_OPEN as u64, &TIMEOUTS);
     assert!(
