@@ -111,6 +111,14 @@ pub fn answer(status: Option<&str>) -> Answer {
     }
 }
 
+/// Whether the first body bytes of a response with this `:status` are its first token: only
+/// a 2xx's. An error body means the engine refused the prompt (a bad field, too long), so
+/// nothing of it is cached; the `done` that follows then withdraws what the verdict predicted.
+/// Taken for a first token, it made the corrected retry a bypass onto an empty cache.
+pub fn is_first_token(status: Option<u16>) -> bool {
+    status.is_some_and(|code| (200..300).contains(&code))
+}
+
 /// The last bytes of a response body, kept while it streams past untouched. The usage of a
 /// streamed response is in its last SSE chunk before `[DONE]`, that of a JSON response near its
 /// end, so a few KiB of tail find it without buffering the response.
@@ -205,6 +213,14 @@ mod tests {
         LifecycleEvent::FirstToken {
             request_id: id.into(),
         }
+    }
+
+    #[test]
+    fn only_a_successful_responses_first_bytes_are_a_first_token() {
+        assert!(is_first_token(Some(200)));
+        assert!(!is_first_token(Some(400)));
+        assert!(!is_first_token(Some(503)));
+        assert!(!is_first_token(None));
     }
 
     #[test]

@@ -12,7 +12,7 @@ use super::{
     Phase, SwitchyardRequest, DESTINATION_RESPONSE_HEADER, PREFILL_RESPONSE_HEADER,
     UPSTREAM_RESPONSE_HEADER,
 };
-use crate::lifecycle::{usage_from_tail, TAIL_BYTES};
+use crate::lifecycle::{is_first_token, usage_from_tail, TAIL_BYTES};
 use crate::outcome::Served;
 use crate::shared::{increment, Release};
 
@@ -130,9 +130,11 @@ impl SwitchyardRequest {
         }
         if !self.response.first_bytes_reported {
             self.response.first_bytes_reported = true;
-            self.shared.report(LifecycleEvent::FirstToken {
-                request_id: self.request_id.clone(),
-            });
+            if is_first_token(self.response.status) {
+                self.shared.report(LifecycleEvent::FirstToken {
+                    request_id: self.request_id.clone(),
+                });
+            }
         }
         let keep = body_size.min(TAIL_BYTES);
         if let Some(bytes) = self.get_http_response_body(body_size - keep, keep) {
