@@ -74,6 +74,8 @@ impl Router {
                         .store_after(slot, *parent, *parent_block_id, blocks);
                     self.kv_counters.blocks_stored += c.stored;
                     self.kv_counters.blocks_removed += c.removed;
+                    self.predictions
+                        .confirm(slot, |tail| blocks.iter().any(|b| b.seq_hash == *tail));
                 }
                 KvEvent::Removed { block_ids } => {
                     let c = self.index.remove(slot, block_ids);

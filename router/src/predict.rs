@@ -6,10 +6,11 @@
 //! them. An agent that sends its next turn back to back, or sub-agents that fork from one
 //! prompt at once, would then be routed as if nothing were cached and scatter over the
 //! workers. So every verdict records its prompt's blocks as *predicted* on the worker(s) it
-//! names, for `load.kv_prediction_ms`; a route query counts a block as cached on a worker if
-//! the index has it **or** it is predicted there. The worker's own events then take over:
-//! once stored, the index has the blocks whatever the prediction says; a prediction that the
-//! worker never confirms (it evicted at once) simply runs out. A request that ended before
+//! names, for `load.kv_prediction_ms`, unless the index holds them all there already; a route
+//! query counts a block as cached on a worker if the index has it **or** it is predicted
+//! there. The worker's own events then take over: when it announces the prompt's last block,
+//! the prediction goes, so the index alone answers and a later eviction shows; a prediction
+//! that the worker never confirms (it evicted at once) simply runs out. A request that ended before
 //! its first token (its client left during the prefill leg or while the worker prefilled, or
 //! the filter failed it open) withdraws its prediction: its worker may never have seen it,
 //! and whatever it did compute, its events say.
@@ -107,6 +108,16 @@ impl Predictions {
             .map(|r| &r.hashes[..]);
         let held = longest_shared_prefix(live, hashes, cached as usize);
         u32::try_from(held).unwrap_or(u32::MAX).max(cached)
+    }
+
+    /// Drops the predictions on `slot` whose last block the worker just announced it stores
+    /// (`stored`): its events hold the whole prompt now, and only they show when it is
+    /// evicted. Kept to the end of their time, predictions claimed blocks a small cache had
+    /// evicted long before.
+    pub fn confirm(&mut self, slot: WorkerSlot, stored: impl Fn(&SequenceHash) -> bool) {
+        if let Some(records) = self.per_worker.get_mut(usize::from(slot.0)) {
+            records.retain(|r| r.hashes.last().is_none_or(|tail| !stored(tail)));
+        }
     }
 
     /// Drops the prediction of `hashes` on `slot`, if it is still there: the request it was

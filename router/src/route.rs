@@ -89,6 +89,9 @@ struct Candidate {
     block_size: u32,
     /// Index into the per-block-size hash lists.
     hashes: usize,
+    /// Leading blocks the index holds there (its own events).
+    indexed_blocks: u32,
+    /// Leading blocks held there: indexed, or predicted.
     overlap_blocks: u32,
     load: WorkerLoad,
     /// The worker's engine: a decode worker takes KV only from a prefill worker of its own.
@@ -215,6 +218,7 @@ impl Router {
                 slot: w.slot,
                 block_size: bs,
                 hashes,
+                indexed_blocks: 0,
                 overlap_blocks: 0,
                 load: self.load.load(w.slot),
                 engine: w.info.engine,
@@ -238,6 +242,7 @@ impl Router {
             for c in decode.iter_mut().chain(prefill.iter_mut()) {
                 if c.hashes == i {
                     let cached = self.scores.blocks_for(c.slot);
+                    c.indexed_blocks = cached;
                     c.overlap_blocks = self.predictions.extend(c.slot, hashes, cached, now_ms);
                 }
             }
@@ -391,12 +396,14 @@ impl Router {
                 policy: call,
             });
         }
+        // A prompt its worker's events already show whole needs no prediction: one would
+        // outlive the blocks' eviction, which the events then show and it would hide.
         let ttl = self.config.load.kv_prediction_ms;
-        self.predictions
-            .predict(d.slot, &by_size[d.hashes].1, now_ms, ttl);
-        if let Some(p) = p {
-            self.predictions
-                .predict(p.slot, &by_size[p.hashes].1, now_ms, ttl);
+        for c in std::iter::once(d).chain(p) {
+            let chain = &by_size[c.hashes].1;
+            if (c.indexed_blocks as usize) < chain.len() {
+                self.predictions.predict(c.slot, chain, now_ms, ttl);
+            }
         }
         if self.learns_timing() {
             let path = PathLoad {

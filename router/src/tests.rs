@@ -1068,6 +1068,32 @@ fn a_request_that_ends_before_its_first_token_withdraws_its_prediction() {
 }
 
 #[test]
+fn once_a_worker_announces_a_prompt_its_events_alone_say_what_it_holds() {
+    let mut r = pool();
+    let p = prompt(8, 1_024);
+    let v = r.route("a", &p, 0).unwrap();
+    r.apply_lifecycle(&done("a"), 1);
+    let worker = v.decode.worker_id.0.clone();
+    // The worker stores the prompt, then evicts it (a small cache), within the prediction's
+    // time: the next route must not count it cached.
+    let stored = stored(&worker, 1, &p);
+    let ids: Vec<EngineBlockId> = match &stored.events[0] {
+        KvEvent::Stored { blocks, .. } => blocks.iter().map(|b| b.block_id).collect(),
+        _ => unreachable!(),
+    };
+    assert_eq!(r.apply_kv_batch(&stored), Ok(KvApplyOutcome::Applied));
+    assert!(r.route("b", &p, 2).unwrap().cached_tokens > 0, "the index has it");
+    r.apply_lifecycle(&done("b"), 3);
+    let evicted = batch(&worker, 2, vec![KvEvent::Removed { block_ids: ids }]);
+    assert_eq!(r.apply_kv_batch(&evicted), Ok(KvApplyOutcome::Applied));
+    assert_eq!(
+        r.route("c", &p, 4).unwrap().cached_tokens,
+        0,
+        "evicted: no prediction hides it"
+    );
+}
+
+#[test]
 fn predictions_run_out_and_can_be_turned_off() {
     let mut r = pool();
     // Heartbeats keep coming for this whole test; only predictions run out.
