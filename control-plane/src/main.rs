@@ -91,15 +91,28 @@ where
     }
 }
 
+/// Whether the current NATS outage was warned about: once per outage, since the client
+/// retries about every second (a deployment with only declared pools may run no NATS at all).
+static NATS_UNREACHABLE_WARNED: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
 /// NATS connection changes, in our words (async-nats logs them too, at its own levels).
 fn log_nats_event(event: async_nats::Event) {
+    use std::sync::atomic::Ordering;
     match event {
-        async_nats::Event::Connected => tracing::info!("connected to NATS"),
+        async_nats::Event::Connected => {
+            NATS_UNREACHABLE_WARNED.store(false, Ordering::Relaxed);
+            tracing::info!("connected to NATS")
+        }
         async_nats::Event::Disconnected => {
             tracing::warn!("NATS connection lost; reconnecting (routing continues on known state)")
         }
         async_nats::Event::ClientError(e) => {
-            tracing::warn!(error = %e, "NATS unreachable; retrying (HTTP keeps serving)")
+            if NATS_UNREACHABLE_WARNED.swap(true, Ordering::Relaxed) {
+                tracing::debug!(error = %e, "NATS unreachable; retrying")
+            } else {
+                tracing::warn!(error = %e, "NATS unreachable; retrying every second or so, said once until it connects (HTTP keeps serving; declared pools need no NATS, self-registering workers and replicas do)")
+            }
         }
         other => tracing::info!(event = %other, "NATS"),
     }

@@ -14,7 +14,8 @@ pub const DEFAULT_MAX_MODEL_LEN: u32 = 262_144;
 pub const DEFAULT_LOAD_INTERVAL_MS: u64 = 500;
 
 /// vLLM's default for how long a prefill worker keeps KV for a decode worker that never
-/// pulls it (`VLLM_NIXL_ABORT_REQUEST_TIMEOUT`, 480 s).
+/// pulls it (older vLLMs' `VLLM_NIXL_ABORT_REQUEST_TIMEOUT`, 480 s; vLLM 0.32's 30 s
+/// `kv_lease_duration` is renewed while the decode worker waits, which is not modelled).
 pub const DEFAULT_PREFILL_HOLD_LEASE_MS: f64 = 480_000.0;
 
 /// How one simulated engine behaves. [`EngineConfig::new`] gives the GB200 FP8 TEP4 worker of

@@ -665,7 +665,9 @@ fn check_zmq_endpoint(text: &str) -> Result<(), String> {
         ));
     };
     if rest.starts_with('*') {
-        return Err(format!("{text:?}: name the worker's host, not *"));
+        return Err(format!(
+            "{text:?}: name a host, not *: the engine's for kv_events and kv_replay, this control plane's for kv_events_listen"
+        ));
     }
     check_host_port(rest)
 }
