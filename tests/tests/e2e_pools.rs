@@ -307,6 +307,28 @@ async fn declared_workers_join_leave_and_follow_the_pool_file() {
         .sum();
     assert!(reconnected >= 1.0, "{metrics}");
     assert_eq!(workers(&http, &cp).await.len(), 1, "never withdrawn");
+
+    // A declared worker that never answers (an address typo) is in no list: it is counted
+    // and warned once, after `unhealthy_after` failed polls.
+    let nobody = free_port();
+    let with_typo = format!(
+        "{}      - id: decode-9\n        role: decode\n        address: 127.0.0.1:{nobody}\n        engine: vllm\n        kv_events: tcp://127.0.0.1:{}\n",
+        pool_file(&sim, true),
+        free_port()
+    );
+    write(&pools, &with_typo);
+    eventually("a worker that never came up is counted", WAIT, || async {
+        let metrics = get_text(&http, &format!("{}/metrics", cp.route))
+            .await
+            .unwrap_or_default();
+        metrics
+            .lines()
+            .filter(|l| l.contains("reason=\"never_healthy\""))
+            .map(|l| prom_sum(l, "switchyard_declared_worker_events_total"))
+            .sum::<f64>()
+            >= 1.0
+    })
+    .await;
     worker.stop(Duration::from_secs(3));
 }
 

@@ -146,6 +146,9 @@ struct Declared {
     registrations: u64,
     /// The engine's block size when it differs from the pool file's (said once).
     block_size_mismatch: Option<u32>,
+    /// Health polls failed before the worker first came up (its never answering is warned
+    /// once).
+    failed_before_first_up: u32,
     /// Why the metrics scrapes fail, while they do (warned once per streak).
     scrape_failing: Option<String>,
     /// When the feed last started over because the router dropped the worker's blocks for
@@ -182,6 +185,7 @@ impl Declared {
             block_size_mismatch: None,
             over_capacity_rejoined: None,
             scrape_failing: None,
+            failed_before_first_up: 0,
         }
     }
 
@@ -204,16 +208,27 @@ impl Declared {
     }
 
     async fn poll_health(&mut self) {
-        let ok = match self
+        let answer = match self
             .get(&self.worker.health_url, self.cx.health.timeout_ms)
             .await
         {
-            Ok(response) => response.status().is_success(),
-            Err(e) => {
-                tracing::debug!(worker = %self.worker.id, error = %e, "health poll failed");
-                false
-            }
+            Ok(response) if response.status().is_success() => Ok(()),
+            Ok(response) => Err(format!("answered {}", response.status())),
+            Err(e) => Err(e.to_string()),
         };
+        let ok = answer.is_ok();
+        if let Err(error) = &answer {
+            tracing::debug!(worker = %self.worker.id, %error, "health poll failed");
+            self.failed_before_first_up += 1;
+            // A worker that never came up is in no list (the pools, /v1/workers): say it once,
+            // or an address typo leaves no trace.
+            if self.registrations == 0
+                && self.failed_before_first_up == self.cx.health.unhealthy_after.max(1)
+            {
+                self.cx.metrics.declared_event("never_healthy", 1);
+                tracing::warn!(worker = %self.worker.id, url = %self.worker.health_url, %error, polls = self.failed_before_first_up, "declared worker has not answered its health check since it was declared: not in the pools until it does (check its address)");
+            }
+        }
         match self.health.observe(ok) {
             Some(HealthChange::Up) => {
                 self.cx.metrics.declared_event("health_up", 1);
