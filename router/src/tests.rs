@@ -1082,7 +1082,10 @@ fn once_a_worker_announces_a_prompt_its_events_alone_say_what_it_holds() {
         _ => unreachable!(),
     };
     assert_eq!(r.apply_kv_batch(&stored), Ok(KvApplyOutcome::Applied));
-    assert!(r.route("b", &p, 2).unwrap().cached_tokens > 0, "the index has it");
+    assert!(
+        r.route("b", &p, 2).unwrap().cached_tokens > 0,
+        "the index has it"
+    );
     r.apply_lifecycle(&done("b"), 3);
     let evicted = batch(&worker, 2, vec![KvEvent::Removed { block_ids: ids }]);
     assert_eq!(r.apply_kv_batch(&evicted), Ok(KvApplyOutcome::Applied));

@@ -494,7 +494,10 @@ async fn attacks_and_bad_input_are_refused_and_cost_nothing() {
         &http,
         &url,
         gzip_bytes,
-        &[("content-encoding", "gzip"), ("x-request-id", "client-refused-1")],
+        &[
+            ("content-encoding", "gzip"),
+            ("x-request-id", "client-refused-1"),
+        ],
         REQUEST_TIMEOUT,
     )
     .await
@@ -520,7 +523,10 @@ async fn attacks_and_bad_input_are_refused_and_cost_nothing() {
     let answer = raw_pipelined_posts(
         &gateway,
         "/v1/chat/completions",
-        &["{\"model\": \"qwen3\", \"messages\": [", &old_client.to_string()],
+        &[
+            "{\"model\": \"qwen3\", \"messages\": [",
+            &old_client.to_string(),
+        ],
         REQUEST_TIMEOUT,
     )
     .await
@@ -537,7 +543,9 @@ async fn attacks_and_bad_input_are_refused_and_cost_nothing() {
     );
     let refused_head = answer.split("\r\n\r\n").next().unwrap_or_default();
     assert!(
-        !refused_head.to_ascii_lowercase().contains("connection: close"),
+        !refused_head
+            .to_ascii_lowercase()
+            .contains("connection: close"),
         "the 400 keeps the connection: {refused_head}"
     );
 
