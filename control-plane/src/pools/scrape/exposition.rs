@@ -18,7 +18,7 @@ pub(super) fn count(value: f64) -> u32 {
 /// into a plausible-looking count.
 pub(super) fn capacity_blocks(value: f64) -> Option<u64> {
     let blocks = value.floor();
-    (blocks.is_finite() && blocks >= 1.0 && blocks <= MAX_KV_BLOCKS as f64).then(|| blocks as u64)
+    (blocks.is_finite() && blocks >= 1.0 && blocks <= MAX_KV_BLOCKS as f64).then_some(blocks as u64)
 }
 
 #[derive(Debug, Default, Clone, Copy)]
