@@ -368,10 +368,9 @@ impl ControlCore {
         model: Option<&str>,
         now_ms: u64,
     ) -> Result<Routed, RouteError> {
-        self.observe(now_ms);
-        self.router
-            .route_traced(request_id, prompt, choices, model, now_ms)
+        self.route_numbered(request_id, None, prompt, choices, model, now_ms)
     }
+
     /// [`ControlCore::route_traced`] for route call `route_call` of the request (see
     /// [`Router::route_numbered`]).
     ///
