@@ -204,7 +204,8 @@ pub struct Metrics {
     /// `kv_gap_unrecoverable`, `kv_partial_rejoin` (the replay no longer reached back to the
     /// engine's start), `kv_restart`, `kv_refused_event`, `kv_replay_failed`,
     /// `kv_over_capacity_rejoin` (the router dropped its blocks for passing its capacity, and
-    /// the feed started over), `never_healthy` (a declared worker that has failed
+    /// the feed started over), `model_mismatch` (the engine's metrics name another served
+    /// model than the pool file's), `never_healthy` (a declared worker that has failed
     /// `unhealthy_after` health polls without ever answering one), `kv_other_window`
     /// (TensorRT-LLM events of an attention window
     /// shorter than its largest, not indexed), `block_size_mismatch` (the engine's block size is not the pool

@@ -146,7 +146,7 @@ async fn declared_workers_join_leave_and_follow_the_pool_file() {
         replay: free_port(),
     };
     let model_dir = artifacts.model_dir.to_string_lossy().into_owned();
-    let mut worker = sim_worker(&artifacts, &sim, &dir, "sim-worker.log");
+    let mut worker = sim_worker(&artifacts, &sim, &dir, "sim-worker.log", "qwen3");
     let pools = dir.path().join("pools.yaml");
     write(&pools, &pool_file(&sim, true));
     let (cp_port, admin_port) = (free_port(), free_port());
@@ -194,6 +194,13 @@ async fn declared_workers_join_leave_and_follow_the_pool_file() {
         },
     )
     .await;
+    let metrics = get_text(&http, &format!("{}/metrics", cp.route))
+        .await
+        .unwrap_or_default();
+    assert!(
+        !metrics.contains("reason=\"model_mismatch\"} 1"),
+        "the engine serves the pool file's model: {metrics}"
+    );
     admin_listener_guards_the_worker_list(&http, &cp).await;
     let body = json!({
         "model": "qwen3",
@@ -290,7 +297,9 @@ async fn declared_workers_join_leave_and_follow_the_pool_file() {
         .signal(switchyard_support::Signal::Kill)
         .expect("SIGKILL");
     worker.stop(Duration::from_secs(1));
-    let mut worker = sim_worker(&artifacts, &sim, &dir, "sim-worker-2.log");
+    // The new engine serves under another name than the pool file's (a changed
+    // --served-model-name): its metrics say so, and the control plane says it once.
+    let mut worker = sim_worker(&artifacts, &sim, &dir, "sim-worker-2.log", "Qwen/Qwen3-32B");
     eventually(
         "the restarted engine's empty cache replaces the old one's blocks",
         WAIT,
@@ -306,6 +315,20 @@ async fn declared_workers_join_leave_and_follow_the_pool_file() {
         .map(|l| prom_sum(l, "switchyard_declared_worker_events_total"))
         .sum();
     assert!(reconnected >= 1.0, "{metrics}");
+    let declared_events = |metrics: &str, reason: &str| -> f64 {
+        metrics
+            .lines()
+            .filter(|l| l.contains(&format!("reason=\"{reason}\"")))
+            .map(|l| prom_sum(l, "switchyard_declared_worker_events_total"))
+            .sum()
+    };
+    eventually("the other served model name is noticed", WAIT, || async {
+        let metrics = get_text(&http, &format!("{}/metrics", cp.route))
+            .await
+            .unwrap_or_default();
+        declared_events(&metrics, "model_mismatch") == 1.0
+    })
+    .await;
     assert_eq!(workers(&http, &cp).await.len(), 1, "never withdrawn");
 
     // A declared worker that never answers (an address typo) is in no list: it is counted
@@ -333,13 +356,23 @@ async fn declared_workers_join_leave_and_follow_the_pool_file() {
 }
 
 /// A simulated worker on vLLM's wire at `sim`'s ports.
-fn sim_worker(artifacts: &Artifacts, sim: &Ports, dir: &TempDir, log: &str) -> Process {
+/// A simulated worker on vLLM's wire at `sim`'s ports, serving `model` (the pool file's is
+/// `qwen3`).
+fn sim_worker(
+    artifacts: &Artifacts,
+    sim: &Ports,
+    dir: &TempDir,
+    log: &str,
+    model: &str,
+) -> Process {
     Process::spawn(
         "sim-worker",
         &artifacts.sim_worker,
         &[
             "--wire".into(),
             "vllm".into(),
+            "--model-name".into(),
+            model.into(),
             "--worker".into(),
             format!("decode:decode-0@127.0.0.1:{}", sim.http),
             "--kv-events-endpoint".into(),

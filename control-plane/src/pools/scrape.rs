@@ -18,7 +18,7 @@ pub mod vllm;
 use switchyard_protocol::worker::{Engine, LoadReport, WorkerId};
 
 /// What one scrape said, whatever the engine.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct EngineLoad {
     /// Requests being computed (all ranks).
     pub running: u32,
@@ -30,6 +30,9 @@ pub struct EngineLoad {
     pub capacity_blocks: Option<u64>,
     /// KV block size in tokens, if the engine says.
     pub block_size: Option<u32>,
+    /// The model name the engine serves under, if its metrics label it (vLLM's and SGLang's
+    /// `model_name`): requests must name it.
+    pub served_model: Option<String>,
 }
 
 /// Why a scrape is not used.

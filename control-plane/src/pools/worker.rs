@@ -146,6 +146,8 @@ struct Declared {
     registrations: u64,
     /// The engine's block size when it differs from the pool file's (said once).
     block_size_mismatch: Option<u32>,
+    /// The model name the engine serves when it is not the pool file's (said once per name).
+    model_mismatch: Option<String>,
     /// Health polls failed before the worker first came up (its never answering is warned
     /// once).
     failed_before_first_up: u32,
@@ -186,6 +188,7 @@ impl Declared {
             over_capacity_rejoined: None,
             scrape_failing: None,
             failed_before_first_up: 0,
+            model_mismatch: None,
         }
     }
 
@@ -340,6 +343,19 @@ impl Declared {
                 return;
             }
         };
+        if let Some(served) = load
+            .served_model
+            .as_ref()
+            .filter(|m| **m != self.worker.model)
+        {
+            // Requests name the model the pool file declares; an engine serving another name
+            // answers them 404 (a typo there, or a different --served-model-name).
+            if self.model_mismatch.as_ref() != Some(served) {
+                self.model_mismatch = Some(served.clone());
+                self.cx.metrics.declared_event("model_mismatch", 1);
+                tracing::error!(worker = %self.worker.id, engine = %served, declared = %self.worker.model, "the engine serves another model name than the pool file's: requests naming the pool file's get the engine's 404 until the two agree");
+            }
+        }
         if let Some(size) = load
             .block_size
             .filter(|s| *s != self.worker.block_size.get())

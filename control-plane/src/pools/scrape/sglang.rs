@@ -35,7 +35,11 @@ pub fn parse(text: &str, block_size: u32) -> Result<EngineLoad, ScrapeError> {
     let mut usage = Sum::default();
     let mut tokens = Sum::default();
     let mut page_size = None;
+    let mut served_model = None;
     for sample in text.lines().filter_map(Sample::parse) {
+        if served_model.is_none() && sample.name == RUNNING {
+            served_model = sample.label("model_name").map(str::to_owned);
+        }
         match sample.name {
             RUNNING => running.add(sample.value),
             WAITING => waiting.add(sample.value),
@@ -55,6 +59,7 @@ pub fn parse(text: &str, block_size: u32) -> Result<EngineLoad, ScrapeError> {
             .clamp(0.0, 1.0),
         capacity_blocks: tokens.total().and_then(|t| capacity_blocks(t / per_block)),
         block_size: page_size.map(count).filter(|s| *s > 0),
+        served_model,
     })
 }
 

@@ -69,6 +69,7 @@ pub fn parse(text: &str) -> Result<EngineLoad, ScrapeError> {
             .tokens_per_block
             .and_then(|t| u32::try_from(t).ok())
             .filter(|t| *t > 0),
+        served_model: None,
     })
 }
 

@@ -29,7 +29,11 @@ pub fn parse(text: &str) -> Result<EngineLoad, ScrapeError> {
     let mut usage = Sum::default();
     let mut blocks = Sum::default();
     let mut block_size = None;
+    let mut served_model = None;
     for sample in text.lines().filter_map(Sample::parse) {
+        if served_model.is_none() && sample.name == RUNNING {
+            served_model = sample.label("model_name").map(str::to_owned);
+        }
         match sample.name {
             RUNNING => running.add(sample.value),
             WAITING => waiting.add(sample.value),
@@ -54,6 +58,7 @@ pub fn parse(text: &str) -> Result<EngineLoad, ScrapeError> {
             .clamp(0.0, 1.0),
         capacity_blocks: blocks.total().and_then(capacity_blocks),
         block_size,
+        served_model,
     })
 }
 
@@ -76,6 +81,13 @@ vllm:kv_cache_usage_perc{engine="0",model_name="tiny"} 0.25
 vllm:cache_config_info{block_size="16",cache_dtype="auto",engine="0",num_gpu_blocks="1000",prefix_caching_hash_algo="sha256"} 1.0
 vllm:prompt_tokens_total{engine="0",model_name="tiny"} 1234.0
 "#;
+
+    #[test]
+    fn the_served_model_name_comes_from_the_labels() {
+        assert_eq!(parse(VLLM).unwrap().served_model.as_deref(), Some("tiny"));
+        let unlabelled = "vllm:num_requests_running 1\nvllm:num_requests_waiting 0\nvllm:kv_cache_usage_perc 0.5\n";
+        assert_eq!(parse(unlabelled).unwrap().served_model, None);
+    }
 
     #[test]
     fn the_load_and_capacity_come_from_vllms_gauges() {
