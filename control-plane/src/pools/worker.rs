@@ -326,22 +326,8 @@ impl Declared {
             EngineLoad::parse(engine, &text, block_size).map_err(|e| e.to_string())
         });
         let load = match parsed {
-            Ok(load) => {
-                if self.scrape_failing.take().is_some() {
-                    tracing::info!(worker = %self.worker.id, "metrics scrape usable again");
-                }
-                load
-            }
-            Err(error) => {
-                self.cx.metrics.declared_event("scrape_failed", 1);
-                // Once per failing streak: an engine without metrics fails every interval.
-                if self.scrape_failing.replace(error.clone()).is_none() {
-                    tracing::warn!(worker = %self.worker.id, url = %self.worker.metrics_url, %error, "metrics scrape unusable: the worker's load comes from the router's own accounting until it is");
-                } else {
-                    tracing::debug!(worker = %self.worker.id, %error, "metrics scrape unusable");
-                }
-                return;
-            }
+            Ok(load) => load,
+            Err(error) => return self.scrape_unusable(error),
         };
         if let Some(served) = load
             .served_model
@@ -381,15 +367,24 @@ impl Declared {
         }
         if self.registered.is_some() {
             let report = load.report(&self.worker.id, self.capacity_blocks);
-            match report.check() {
-                Ok(()) => {
-                    let _ = self.cx.service.load(report).await;
-                }
-                Err(e) => {
-                    self.cx.metrics.declared_event("scrape_failed", 1);
-                    tracing::debug!(worker = %self.worker.id, error = %e, "metrics scrape unusable");
-                }
+            if let Err(e) = report.check() {
+                return self.scrape_unusable(e.to_string());
             }
+            let _ = self.cx.service.load(report).await;
+        }
+        if self.scrape_failing.take().is_some() {
+            tracing::info!(worker = %self.worker.id, "metrics scrape usable again");
+        }
+    }
+
+    /// Counts a scrape whose load cannot be used, and says why once per failing streak (an
+    /// engine without metrics fails every interval).
+    fn scrape_unusable(&mut self, error: String) {
+        self.cx.metrics.declared_event("scrape_failed", 1);
+        if self.scrape_failing.replace(error.clone()).is_none() {
+            tracing::warn!(worker = %self.worker.id, url = %self.worker.metrics_url, %error, "metrics scrape unusable: the worker's load comes from the router's own accounting until it is");
+        } else {
+            tracing::debug!(worker = %self.worker.id, %error, "metrics scrape unusable");
         }
     }
 

@@ -148,13 +148,8 @@ impl SwitchyardRequest {
     /// the workers (both legs) and the control plane must see the same, usable id.
     fn settle_request_id(&mut self) {
         let existing = self.get_http_request_header(REQUEST_ID_HEADER);
-        let now_nanos = self
-            .get_current_time()
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_nanos();
         let (request_id, generated) =
-            choose_request_id(existing.as_deref(), self.context_id, now_nanos);
+            choose_request_id(existing.as_deref(), self.context_id, self.now_nanos());
         if generated {
             self.set_http_request_header(REQUEST_ID_HEADER, Some(&request_id));
         }
@@ -177,12 +172,16 @@ impl SwitchyardRequest {
         }
     }
 
-    fn now_ms(&self) -> u64 {
-        // The host's clock (a hostcall, not std's).
+    /// The host's clock (a hostcall, not std's), in nanoseconds since the Unix epoch.
+    fn now_nanos(&self) -> u128 {
         self.get_current_time()
             .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_millis() as u64)
             .unwrap_or_default()
+            .as_nanos()
+    }
+
+    fn now_ms(&self) -> u64 {
+        (self.now_nanos() / 1_000_000) as u64
     }
 
     /// Answers the client without contacting anyone, as `rejection` with `status` and an

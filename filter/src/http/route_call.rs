@@ -11,7 +11,6 @@ use switchyard_protocol::route::{
 };
 
 use super::{Phase, SwitchyardRequest};
-use std::time::UNIX_EPOCH;
 use switchyard_protocol::route_input::{
     HashedPrompt, HASHED_PROMPT_CONTENT_TYPE, ROUTE_INPUT_HASHES, ROUTE_INPUT_HEADER,
 };
@@ -218,12 +217,7 @@ impl SwitchyardRequest {
     fn dispatch_route_call(&mut self, api: ApiKind, body: &[u8], hashed: bool) -> Option<u32> {
         // The call's number: the host clock in nanoseconds and this context, so two calls
         // under one request id (a client's retry reusing it) never share one.
-        let route_call = (self
-            .get_current_time()
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_nanos() as u64)
-            ^ u64::from(self.context_id);
+        let route_call = (self.now_nanos() as u64) ^ u64::from(self.context_id);
         self.route_call = Some(route_call);
         let route_call = route_call.to_string();
         let config = &self.shared.config;
