@@ -426,6 +426,7 @@ const CONFIG_KEYS: &[&str] = &[
     "prefill_timeout_ms",
     "request_timeout_ms",
     "kv_prediction_ms",
+    "report_grace_ms",
 ];
 
 fn config_patch() -> Target {

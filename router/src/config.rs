@@ -84,6 +84,11 @@ pub struct LoadConfig {
     /// longer than a long prefill plus the events' trip, short enough that a prediction a
     /// worker never confirms does not steer traffic for long.
     pub kv_prediction_ms: u64,
+    /// A worker's load report leaves out requests routed less than this long before it
+    /// arrived: they may not have reached the worker when it was sampled
+    /// (`crate::load`). Default 50 ms: a route reply's trip back through the gateway and the
+    /// body's on to the worker, with room for a busy machine.
+    pub report_grace_ms: u64,
 }
 
 impl Default for LoadConfig {
@@ -92,6 +97,7 @@ impl Default for LoadConfig {
             prefill_timeout_ms: 60_000,
             request_timeout_ms: 600_000,
             kv_prediction_ms: 30_000,
+            report_grace_ms: 50,
         }
     }
 }

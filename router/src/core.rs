@@ -316,7 +316,7 @@ impl ControlCore {
     /// A worker's load report.
     pub fn load(&mut self, report: &LoadReport, now_ms: u64) {
         self.observe(now_ms);
-        self.router.apply_load_report(report);
+        self.router.apply_load_report(report, now_ms);
     }
 
     /// A lifecycle milestone from the filter.

@@ -303,11 +303,12 @@ impl Router {
         Ok(())
     }
 
-    /// Folds a worker's own load report into its predicted load (it becomes the new
-    /// baseline). Reports from unknown workers are ignored.
-    pub fn apply_load_report(&mut self, report: &LoadReport) {
+    /// Folds a worker's own load report, arriving at `now_ms`, into its predicted load (it
+    /// becomes the new baseline). Reports from unknown workers are ignored.
+    pub fn apply_load_report(&mut self, report: &LoadReport, now_ms: u64) {
         if let Some(w) = self.workers.get(&report.worker_id) {
-            self.load.on_report(w.slot, report);
+            self.load
+                .on_report(w.slot, report, now_ms, &self.config.load);
         }
     }
 

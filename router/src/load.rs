@@ -18,6 +18,16 @@
 //! prediction is `baseline + changes since the report` (tokens and distinct blocks added
 //! minus those freed after it), never below zero. Without a report the baseline is zero.
 //!
+//! **Requests a report cannot include yet** keep counting on top of it: a request reaches its
+//! worker some time after it is routed (the verdict goes back to the gateway, the body on to
+//! the worker), so a report sampled meanwhile leaves it out, and taking that report as the
+//! whole truth made a burst's next request see the worker as free and pile onto it. Legs
+//! routed less than `load.report_grace_ms` before a report arrives are carried into the new
+//! baseline's changes, and so is the decode leg of a disaggregated request until its first
+//! token: it reaches the decode worker only after its prefill leg. A request the report did
+//! include counts twice until the next report; erring high spreads a burst, erring low piled
+//! it.
+//!
 //! **Lost reports**: a request's prefill tokens are freed after `prefill_timeout_ms` without
 //! `first_token`, and the whole request after `request_timeout_ms` without `done`
 //! ([`LoadTracker::expire`]), so predictions never leak.
@@ -92,10 +102,33 @@ struct WorkerState {
     /// Changes since the last report (or since registration).
     prefill_delta: i64,
     blocks_delta: i64,
-    /// The prompts of the legs active here, by [`LegKey`].
-    active: Vec<(LegKey, Chain)>,
+    /// The legs active here.
+    active: Vec<ActiveLeg>,
     in_flight: u32,
     decoding: u32,
+}
+
+/// A leg active on a worker: its prompt, and what it added to the worker's predicted load.
+#[derive(Debug)]
+struct ActiveLeg {
+    key: LegKey,
+    blocks: Chain,
+    /// When it was routed.
+    routed_ms: u64,
+    /// Distinct blocks it added then.
+    added_blocks: i64,
+    /// Prompt tokens it still prefills here (0 once its prefill is done).
+    prefill_tokens: u64,
+    /// The decode leg of a disaggregated request before its first token: the request reaches
+    /// this worker only after its prefill leg, so no report includes it yet.
+    awaits_handoff: bool,
+}
+
+impl ActiveLeg {
+    /// Whether a report arriving at `now_ms` may have been sampled before the worker had it.
+    fn unreported(&self, now_ms: u64, grace_ms: u64) -> bool {
+        self.awaits_handoff || now_ms.saturating_sub(self.routed_ms) < grace_ms
+    }
 }
 
 /// Which leg of which tracked request (both legs may name the same worker).
@@ -108,21 +141,55 @@ struct LegKey {
 impl WorkerState {
     /// Blocks of `blocks` that no active prompt here holds.
     fn unshared(&self, blocks: &[SequenceHash]) -> i64 {
-        let shared = longest_shared_prefix(self.active.iter().map(|(_, c)| &c[..]), blocks, 0);
+        let shared = longest_shared_prefix(self.active.iter().map(|a| &a.blocks[..]), blocks, 0);
         (blocks.len() - shared) as i64
     }
 
-    fn add_blocks(&mut self, key: LegKey, leg: &Leg) {
-        self.blocks_delta += self.unshared(&leg.blocks) + leg.tail_blocks as i64;
-        self.active.push((key, leg.blocks.clone()));
+    fn add_leg(&mut self, key: LegKey, leg: &Leg, awaits_handoff: bool, now_ms: u64) {
+        let added_blocks = self.unshared(&leg.blocks) + leg.tail_blocks as i64;
+        self.prefill_delta += leg.prefill_tokens as i64;
+        self.blocks_delta += added_blocks;
+        self.active.push(ActiveLeg {
+            key,
+            blocks: leg.blocks.clone(),
+            routed_ms: now_ms,
+            added_blocks,
+            prefill_tokens: leg.prefill_tokens,
+            awaits_handoff,
+        });
+    }
+
+    /// The leg's prefill is over (done, or its report overdue): its tokens stop counting, and
+    /// a decode leg has been handed its request.
+    fn end_prefill(&mut self, key: LegKey) {
+        if let Some(a) = self.active.iter_mut().find(|a| a.key == key) {
+            self.prefill_delta -= a.prefill_tokens as i64;
+            a.prefill_tokens = 0;
+            a.awaits_handoff = false;
+        }
     }
 
     fn release_blocks(&mut self, key: LegKey, leg: &Leg) {
-        let Some(i) = self.active.iter().position(|(k, _)| *k == key) else {
+        let Some(i) = self.active.iter().position(|a| a.key == key) else {
             return;
         };
         self.active.swap_remove(i);
         self.blocks_delta -= self.unshared(&leg.blocks) + leg.tail_blocks as i64;
+    }
+
+    /// A report arrived at `now_ms`: it is the new baseline, and the changes since are the
+    /// legs it may have been sampled without (see the module docs).
+    fn rebase(&mut self, report: &LoadReport, now_ms: u64, grace_ms: u64) {
+        self.report = Some(report.clone());
+        let unreported = self
+            .active
+            .iter()
+            .filter(|a| a.unreported(now_ms, grace_ms));
+        let (tokens, blocks) = unreported.fold((0i64, 0i64), |(t, b), a| {
+            (t + a.prefill_tokens as i64, b + a.added_blocks)
+        });
+        self.prefill_delta = tokens;
+        self.blocks_delta = blocks;
     }
 }
 
@@ -272,12 +339,13 @@ impl LoadTracker {
     pub fn on_route(&mut self, request_id: &str, load: RoutedLoad, now_ms: u64) {
         self.next_ticket += 1;
         let ticket = self.next_ticket;
+        let disaggregated = load.prefill.is_some();
         let legs = [(false, Some(&load.decode)), (true, load.prefill.as_ref())];
         for (prefill, leg) in legs {
             let Some(leg) = leg else { continue };
             if let Some(w) = self.worker_mut(leg.slot) {
-                w.prefill_delta += leg.prefill_tokens as i64;
-                w.add_blocks(LegKey { ticket, prefill }, leg);
+                let awaits_handoff = disaggregated && !prefill;
+                w.add_leg(LegKey { ticket, prefill }, leg, awaits_handoff, now_ms);
             }
         }
         if let Some(w) = self.worker_mut(load.decode.slot) {
@@ -348,15 +416,18 @@ impl LoadTracker {
 
     fn release_prefill(&mut self, ticket: u64, load: &RoutedLoad) {
         if let Some(w) = self.worker_mut(load.decode.slot) {
-            w.prefill_delta -= load.decode.prefill_tokens as i64;
+            w.end_prefill(LegKey {
+                ticket,
+                prefill: false,
+            });
         }
         if let Some(p) = &load.prefill {
             if let Some(w) = self.worker_mut(p.slot) {
-                w.prefill_delta -= p.prefill_tokens as i64;
                 let key = LegKey {
                     ticket,
                     prefill: true,
                 };
+                w.end_prefill(key);
                 w.release_blocks(key, p);
             }
         }
@@ -448,12 +519,17 @@ impl LoadTracker {
         }
     }
 
-    /// A worker's own report: the new baseline (see the module docs).
-    pub fn on_report(&mut self, slot: WorkerSlot, report: &LoadReport) {
+    /// A worker's own report, arriving at `now_ms`: the new baseline, under the legs it may
+    /// not include yet (see the module docs).
+    pub fn on_report(
+        &mut self,
+        slot: WorkerSlot,
+        report: &LoadReport,
+        now_ms: u64,
+        cfg: &LoadConfig,
+    ) {
         if let Some(w) = self.worker_mut(slot) {
-            w.report = Some(report.clone());
-            w.prefill_delta = 0;
-            w.blocks_delta = 0;
+            w.rebase(report, now_ms, cfg.report_grace_ms);
         }
     }
 
@@ -539,7 +615,7 @@ impl LoadTracker {
         let Some(Some(w)) = self.workers.get(usize::from(slot.0)) else {
             return 0;
         };
-        longest_shared_prefix(w.active.iter().map(|(_, c)| &c[..]), hashes, 0) as u64
+        longest_shared_prefix(w.active.iter().map(|a| &a.blocks[..]), hashes, 0) as u64
     }
 
     /// Requests currently tracked.

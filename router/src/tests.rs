@@ -249,7 +249,7 @@ fn a_busy_decode_worker_gets_no_bypass() {
         queued_prefill_tokens: 0,
         kv_waiting_blocks: 0,
     };
-    r.apply_load_report(&report);
+    r.apply_load_report(&report, 0);
     let v = r.route("b", &turn2, 4).unwrap();
     assert_eq!(v.mode, RouteMode::Disagg);
     assert_eq!(v.reason, Reason::DisaggDecodeBusy);
@@ -274,7 +274,7 @@ fn the_prefill_worker_keeps_a_request_no_decode_worker_can_take() {
     let mut r = pool();
     let cold = prompt(1, 1600); // 100 blocks
                                 // Room on one decode worker: disaggregated there, whatever the other's state.
-    r.apply_load_report(&kv_report("decode-0", 9_950, 10_000));
+    r.apply_load_report(&kv_report("decode-0", 9_950, 10_000), 0);
     let v = r.route("a", &cold, 1).unwrap();
     assert_eq!(v.mode, RouteMode::Disagg);
     assert_eq!(v.decode.worker_id.0, "decode-1");
@@ -282,7 +282,7 @@ fn the_prefill_worker_keeps_a_request_no_decode_worker_can_take() {
     r.apply_lifecycle(&done("a"), 2);
     // Both decode workers full (100 more blocks would pass 10,000): the prefill worker
     // prefills and decodes it, as an aggregated request, and its load says so.
-    r.apply_load_report(&kv_report("decode-1", 9_901, 10_000));
+    r.apply_load_report(&kv_report("decode-1", 9_901, 10_000), 0);
     for mode in [ServingMode::Conditional, ServingMode::Disagg] {
         let mut cfg = r.config().clone();
         cfg.serving_mode = mode;
@@ -321,7 +321,7 @@ fn the_prefill_worker_keeps_a_request_no_decode_worker_can_take() {
     // A full prefill worker keeps nothing either.
     cfg.prefill_continues_decode = true;
     r.set_config(cfg).unwrap();
-    r.apply_load_report(&kv_report("prefill-0", 9_950, 10_000));
+    r.apply_load_report(&kv_report("prefill-0", 9_950, 10_000), 0);
     assert_eq!(r.route("e", &cold, 9).unwrap().mode, RouteMode::Disagg);
 }
 
@@ -331,20 +331,20 @@ fn the_guard_makes_a_decode_worker_full_for_the_prefill_worker_too() {
     let mut cfg = r.config().clone();
     cfg.conditional.decode_busy_threshold = Some(0.5);
     r.set_config(cfg).unwrap();
-    r.apply_load_report(&kv_report("decode-0", 5_000, 10_000));
-    r.apply_load_report(&kv_report("decode-1", 4_950, 10_000));
+    r.apply_load_report(&kv_report("decode-0", 5_000, 10_000), 0);
+    r.apply_load_report(&kv_report("decode-1", 4_950, 10_000), 0);
     let cold = prompt(1, 1600);
     // decode-1 still fits 100 blocks under half its capacity (5,050 > 5,000 does not).
     let v = r.route("a", &cold, 1).unwrap();
     assert_eq!(v.reason, Reason::AggDecodePoolFull);
-    r.apply_load_report(&kv_report("decode-1", 4_000, 10_000));
+    r.apply_load_report(&kv_report("decode-1", 4_000, 10_000), 0);
     let v = r.route("b", &cold, 2).unwrap();
     assert_eq!(
         (v.mode, v.decode.worker_id.0.as_str()),
         (RouteMode::Disagg, "decode-1")
     );
     // Several choices stay on a decode worker: the verdict is the request's.
-    r.apply_load_report(&kv_report("decode-1", 5_000, 10_000));
+    r.apply_load_report(&kv_report("decode-1", 5_000, 10_000), 0);
     assert_eq!(
         r.route_request("c", &cold, 2, 3).unwrap().reason,
         Reason::BypassMultipleChoices

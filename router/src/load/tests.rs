@@ -39,6 +39,7 @@ const TIMEOUTS: LoadConfig = LoadConfig {
     prefill_timeout_ms: 100,
     request_timeout_ms: 1000,
     kv_prediction_ms: 0,
+    report_grace_ms: 0,
 };
 
 fn tracker() -> LoadTracker {
@@ -110,7 +111,7 @@ fn disagg_puts_prefill_on_the_prefill_worker_until_first_token() {
 fn a_report_replaces_the_baseline_and_later_changes_add_on_top() {
     let mut t = tracker();
     t.on_route("old", bypass(0..10, 500), 0);
-    t.on_report(D, &report(2000, 300, 4000));
+    t.on_report(D, &report(2000, 300, 4000), 10_000, &TIMEOUTS);
     let l = t.load(D);
     assert_eq!(
         (l.prefill_tokens, l.active_blocks, l.kv_capacity_blocks),
@@ -140,9 +141,9 @@ fn a_report_replaces_the_baseline_and_later_changes_add_on_top() {
     t.on_done("new");
     assert_eq!(t.load(D).active_blocks, 300 - 22 + 11);
     // Never below zero.
-    t.on_report(D, &report(0, 0, 4000));
+    t.on_report(D, &report(0, 0, 4000), 10_000, &TIMEOUTS);
     t.on_route("x", bypass(0..3, 10), 2);
-    t.on_report(D, &report(0, 0, 4000));
+    t.on_report(D, &report(0, 0, 4000), 10_000, &TIMEOUTS);
     t.on_done("x");
     assert_eq!(t.load(D).active_blocks, 0);
 }
@@ -376,4 +377,54 @@ proptest::proptest! {
             proptest::prop_assert_eq!(t.active_prefix(D, &chain), walked);
         }
     }
+}
+
+#[test]
+fn a_report_sampled_before_a_request_arrived_does_not_erase_it() {
+    let cfg = LoadConfig {
+        report_grace_ms: 50,
+        ..TIMEOUTS
+    };
+    let mut t = tracker();
+    t.on_route("early", bypass(0..10, 500), 0);
+    t.on_route("late", bypass(100..104, 200), 1_000);
+    // Arrives 20 ms after "late" was routed: sampled, perhaps, before the worker had it.
+    t.on_report(D, &report(500, 11, 4000), 1_020, &cfg);
+    let l = t.load(D);
+    assert_eq!(
+        (l.prefill_tokens, l.active_blocks),
+        (700, 16),
+        "the report's 500 tokens and 11 blocks, plus the late request's 200 and 4 + tail"
+    );
+    // A report after the grace is taken as including it.
+    t.on_report(D, &report(700, 16, 4000), 1_050, &cfg);
+    let l = t.load(D);
+    assert_eq!((l.prefill_tokens, l.active_blocks), (700, 16));
+    // Freed after that report: subtracted from it, once.
+    t.on_first_token("late");
+    assert_eq!(t.load(D).prefill_tokens, 500);
+    // Freed before a report within its grace: the report counts it no more.
+    t.on_route("brief", bypass(200..202, 300), 2_000);
+    t.on_first_token("brief");
+    t.on_report(D, &report(500, 16, 4000), 2_010, &cfg);
+    assert_eq!(t.load(D).prefill_tokens, 500);
+}
+
+#[test]
+fn a_disaggregated_decode_leg_counts_over_reports_until_its_first_token() {
+    let mut t = tracker();
+    t.on_route("r", disagg(0..4, 256), 0);
+    // Long after routing, the decode worker still has not got the request: its prefill leg
+    // runs elsewhere.
+    t.on_report(D, &report(0, 0, 4000), 5_000, &TIMEOUTS);
+    assert_eq!(t.load(D).active_blocks, 4, "its blocks are coming");
+    t.on_report(P, &report(256, 4, 4000), 5_000, &TIMEOUTS);
+    assert_eq!(
+        (t.load(P).prefill_tokens, t.load(P).active_blocks),
+        (256, 4),
+        "the prefill worker has it: no double count past the grace"
+    );
+    t.on_first_token("r");
+    t.on_report(D, &report(0, 4, 4000), 6_000, &TIMEOUTS);
+    assert_eq!(t.load(D).active_blocks, 4, "handed over: the report has them");
 }
