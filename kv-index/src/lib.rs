@@ -85,7 +85,7 @@ pub struct WorkerSlot(pub u16);
 /// many leading blocks it holds. Reuse one value across queries to avoid allocating.
 #[derive(Debug, Default, Clone)]
 pub struct OverlapScores {
-    /// `(worker, matched leading blocks)`, ascending by worker slot within each match length.
+    /// `(worker, matched leading blocks)`, one per worker, in no particular order.
     pub matches: Vec<(WorkerSlot, u32)>,
     candidates: Vec<u64>,
 }
@@ -491,9 +491,14 @@ impl KvIndex {
                         (i, had)
                     }
                     None => {
-                        // A new record is a head unless it lands right after its parent's.
+                        // A new record is a head unless it lands right after its parent's
+                        // live record. (An engine id reused within this event may have just
+                        // dropped the parent's: a record after a dead one is never promoted,
+                        // and would be unreachable.)
                         let at = p.records.all.len() as u32;
-                        let head = every_hash || prev.map(|r| r + 1) != Some(at);
+                        let after_live_parent = prev
+                            .is_some_and(|r| r + 1 == at && p.records.all[r as usize].is_live());
+                        let head = every_hash || !after_live_parent;
                         let i = p
                             .records
                             .push(Record::new(hash, PackedSet::one(slot.0), head));

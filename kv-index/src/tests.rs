@@ -124,6 +124,22 @@ fn an_engine_id_reused_for_new_content_replaces_the_old_block() {
 }
 
 #[test]
+fn an_engine_id_reused_within_one_event_for_the_next_block_keeps_the_chain_reachable() {
+    let sb = |hash, id| StoredBlock {
+        seq_hash: SequenceHash(hash),
+        block_id: EngineBlockId(id),
+    };
+    let mut index = index_with(2);
+    // Worker 0 stores block 1 then block 2 under one engine id: 2 replaces 1, its parent.
+    index.store_after(WorkerSlot(0), None, None, &[sb(1, 0), sb(2, 0)]);
+    index.store_after(WorkerSlot(1), None, None, &[sb(1, 10), sb(2, 11)]);
+    index.store_after(WorkerSlot(0), None, None, &[sb(1, 5)]);
+    assert_eq!(index.stats().pairs, 4);
+    assert_eq!(query(&index, &[1, 2]), BTreeMap::from([(0, 2), (1, 2)]));
+    assert_eq!(index.stats().distinct_hashes, 2, "one record per hash");
+}
+
+#[test]
 fn compaction_keeps_every_match() {
     let mut index = index_with(2);
     let chain: Vec<u64> = (1..=3000).collect();

@@ -19,7 +19,8 @@
 //! prefill and its decode worker). Each worker keeps its live predictions as the prompts'
 //! hash chains ([`crate::chains`]), so a route query costs a few probes per prediction, not a
 //! lookup per block; a prediction whose prompt a newer one on the same worker extends is
-//! dropped, so a conversation holds one per worker. At most [`MAX_PER_WORKER`] are kept per
+//! folded into it, so a conversation holds one per worker. Folded, not dropped: if the newer
+//! request is withdrawn, the older ones it covered stand again (their requests still run). At most [`MAX_PER_WORKER`] are kept per
 //! worker, the newest: predictions bridge the time until the worker's own events arrive,
 //! well under a second, so older ones are seldom still needed.
 //!
@@ -34,11 +35,18 @@ use switchyard_protocol::hash::SequenceHash;
 /// Live predictions kept per worker (see the module docs).
 pub const MAX_PER_WORKER: usize = 1024;
 
+/// Older predictions a record keeps for the case it is withdrawn, at most: each is an earlier
+/// turn of the conversation still within its time, so a handful is typical.
+const MAX_COVERED: usize = 64;
+
 /// One verdict's prediction.
 #[derive(Debug)]
 struct Record {
     expires_ms: u64,
     hashes: Chain,
+    /// The older predictions on this worker this one covers, oldest first, without their
+    /// own `covered` (flattened into this list).
+    covered: Vec<Record>,
 }
 
 impl Record {
@@ -76,12 +84,32 @@ impl Predictions {
         if self.per_worker.len() <= i {
             self.per_worker.resize_with(i + 1, VecDeque::new);
         }
-        let record = Record {
+        let mut record = Record {
             expires_ms: now_ms.saturating_add(ttl_ms),
             hashes: hashes.clone(),
+            covered: Vec::new(),
         };
         let records = &mut self.per_worker[i];
-        records.retain(|r| !r.covered_by(&record));
+        for old in std::mem::take(records) {
+            if old.covered_by(&record) {
+                let Record {
+                    expires_ms,
+                    hashes,
+                    covered,
+                } = old;
+                record.covered.extend(covered);
+                record.covered.push(Record {
+                    expires_ms,
+                    hashes,
+                    covered: Vec::new(),
+                });
+            } else {
+                records.push_back(old);
+            }
+        }
+        record.covered.retain(|r| r.expires_ms > now_ms);
+        let excess = record.covered.len().saturating_sub(MAX_COVERED);
+        record.covered.drain(..excess);
         if records.len() == MAX_PER_WORKER {
             records.pop_front();
         }
@@ -121,10 +149,22 @@ impl Predictions {
     }
 
     /// Drops the prediction of `hashes` on `slot`, if it is still there: the request it was
-    /// made for never reached that worker.
+    /// made for never reached that worker. The older predictions it covered stand again.
     pub fn withdraw(&mut self, slot: WorkerSlot, hashes: &Chain) {
-        if let Some(records) = self.per_worker.get_mut(usize::from(slot.0)) {
-            records.retain(|r| !std::sync::Arc::ptr_eq(&r.hashes, hashes));
+        let Some(records) = self.per_worker.get_mut(usize::from(slot.0)) else {
+            return;
+        };
+        let made_for = |r: &Record| std::sync::Arc::ptr_eq(&r.hashes, hashes);
+        if let Some(at) = records.iter().position(made_for) {
+            let withdrawn = records.remove(at).expect("found at this position");
+            for (k, older) in withdrawn.covered.into_iter().enumerate() {
+                records.insert(at + k, older);
+            }
+            return;
+        }
+        // Covered by a newer prediction: it must not stand again if that one is withdrawn.
+        for record in records.iter_mut() {
+            record.covered.retain(|r| !made_for(r));
         }
     }
 
@@ -223,5 +263,31 @@ mod tests {
         p.predict(A, &hashes(0..3), 0, 0);
         assert!(p.is_empty());
         assert_eq!(p.extend(A, &hashes(0..3), 1, 0), 1);
+    }
+
+    #[test]
+    fn withdrawing_a_newer_prediction_leaves_the_older_ones_it_covered() {
+        let mut p = Predictions::new();
+        let full = hashes(0..8);
+        let first = chain(&full[..4]);
+        let second = chain(&full[..6]);
+        p.predict(A, &first, 0, 30_000);
+        p.predict(A, &second, 10, 30_000);
+        p.predict(A, &full, 20, 30_000);
+        assert_eq!(p.len(), 1, "one per conversation");
+        // The third turn's client left before its first token: the second's blocks are still
+        // on their way to A.
+        p.withdraw(A, &full);
+        assert_eq!(p.extend(A, &full, 0, 30), 6);
+        p.withdraw(A, &second);
+        assert_eq!(p.extend(A, &full, 0, 30), 4);
+        // Withdrawn while covered: it does not stand again when the newer one goes.
+        p.predict(A, &second, 40, 30_000);
+        p.predict(A, &full, 50, 30_000);
+        p.withdraw(A, &second);
+        p.withdraw(A, &full);
+        assert_eq!(p.extend(A, &full, 0, 60), 4);
+        // Covered ones run out in their own time.
+        assert_eq!(p.extend(A, &full, 0, 30_001), 0);
     }
 }

@@ -426,5 +426,9 @@ fn a_disaggregated_decode_leg_counts_over_reports_until_its_first_token() {
     );
     t.on_first_token("r");
     t.on_report(D, &report(0, 4, 4000), 6_000, &TIMEOUTS);
-    assert_eq!(t.load(D).active_blocks, 4, "handed over: the report has them");
+    assert_eq!(
+        t.load(D).active_blocks,
+        4,
+        "handed over: the report has them"
+    );
 }
