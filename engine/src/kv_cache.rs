@@ -164,6 +164,11 @@ impl KvCache {
         Some(b)
     }
 
+    /// Whether some block is registered as `hash`.
+    pub(crate) fn holds(&self, hash: SequenceHash) -> bool {
+        self.by_hash.contains_key(&hash)
+    }
+
     /// Registers the computed block `b` as `hash` (child of `parent`, at `depth`) so later
     /// requests can reuse it. A block whose hash is already cached elsewhere (two requests
     /// computed the same prefix at once) stays anonymous, so every hash names one block.

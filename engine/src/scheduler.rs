@@ -259,9 +259,20 @@ impl Engine {
                 seq.hashes
                     .push(chain_hash(parent, synthetic_local_hash(seq.id, i), seed));
             }
-            let parent = i.checked_sub(1).map(|p| seq.hashes[p]);
-            self.kv
-                .register(seq.blocks[i], seq.hashes[i], parent, i as u32);
+            // A parent this request computed while another copy was registered stayed
+            // anonymous; if that copy has been evicted since, this request's own copy is
+            // registered first, so the event names a parent the cache holds (vLLM's events
+            // always do, and a parent the router cannot find costs its index the heads-only
+            // layout).
+            let mut first_missing = i;
+            while first_missing > 0 && !self.kv.holds(seq.hashes[first_missing - 1]) {
+                first_missing -= 1;
+            }
+            for j in first_missing..=i {
+                let parent = j.checked_sub(1).map(|p| seq.hashes[p]);
+                self.kv
+                    .register(seq.blocks[j], seq.hashes[j], parent, j as u32);
+            }
         }
         seq.registered = seq.registered.max(full as u32);
     }

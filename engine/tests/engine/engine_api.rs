@@ -374,3 +374,63 @@ fn dep4_spreads_requests_over_attention_ranks() {
         assert!((o.at_ms() - want).abs() < 1e-9);
     }
 }
+
+#[test]
+fn a_block_computed_twice_at_once_outlives_its_registered_twin_and_chains_on() {
+    // Two requests prefill the same 4 blocks in one iteration: the first's copies are
+    // registered, the second's stay anonymous. The first finishes and the second's next chunk
+    // evicts the first's copies; the second's next block then names its parent by the
+    // second's own copy, registered now, not by nothing.
+    let mut cfg = EngineConfig::new(WorkerRole::Agg);
+    cfg.block_size = 16;
+    cfg.kv_capacity_blocks = 12;
+    cfg.max_num_batched_tokens = 128;
+    let mut engine = Engine::new(cfg).unwrap();
+    let shared: Vec<u32> = (0..64).collect();
+    let longer: Vec<u32> = shared.iter().copied().chain(1_000..1_096).collect();
+    for (id, prompt) in [(1, shared), (2, longer)] {
+        let request = EngineRequest {
+            id,
+            prompt: Prompt::Tokens(prompt),
+            max_tokens: 1,
+            kv: KvSource::Local,
+            hold_for_remote_decode: false,
+        };
+        engine.submit(request, 0.0).unwrap();
+    }
+    let mut held = std::collections::HashSet::new();
+    let mut out = Vec::new();
+    while let Some(t) = engine.next_event_ms() {
+        engine.step_into(t, &mut out);
+        for event in engine.drain_kv_events() {
+            match event {
+                KvEvent::Stored {
+                    parent,
+                    parent_block_id,
+                    blocks,
+                    ..
+                } => {
+                    if parent.is_some() {
+                        assert!(
+                            parent_block_id.is_some_and(|id| held.contains(&id.0)),
+                            "parent {parent:?} named by {parent_block_id:?}"
+                        );
+                    }
+                    held.extend(blocks.iter().map(|b| b.block_id.0));
+                }
+                KvEvent::Removed { block_ids } => {
+                    for id in block_ids {
+                        held.remove(&id.0);
+                    }
+                }
+                KvEvent::Cleared => held.clear(),
+            }
+        }
+    }
+    assert_eq!(
+        out.iter()
+            .filter(|o| matches!(o, EngineOutput::Finished { .. }))
+            .count(),
+        2
+    );
+}

@@ -1,6 +1,7 @@
 //! Properties of the engine under random workloads: no KV block leaks, every request streams
 //! exactly `max_tokens` tokens, outputs are in time order, and the KV event stream always
-//! describes exactly what the cache holds (what the router's index relies on).
+//! describes exactly what the cache holds, each chained block naming a held parent (what the
+//! router's index relies on).
 
 use std::collections::{HashMap, HashSet};
 
@@ -59,7 +60,21 @@ fn prompt(id: u64, s: &Spec) -> Prompt {
 fn apply(model: &mut HashSet<u64>, events: Vec<KvEvent>) -> Result<(), TestCaseError> {
     for ev in events {
         match ev {
-            KvEvent::Stored { blocks, .. } => {
+            KvEvent::Stored {
+                parent,
+                parent_block_id,
+                blocks,
+                ..
+            } => {
+                // A chained block names its parent's engine id, which the cache holds: the
+                // router's index finds parents by it.
+                if parent.is_some() {
+                    let id = parent_block_id.map(|id| id.0);
+                    prop_assert!(
+                        id.is_some_and(|id| model.contains(&id)),
+                        "parent {parent:?} named by {id:?}, not a held block"
+                    );
+                }
                 for b in blocks {
                     prop_assert!(model.insert(b.block_id.0), "stored twice: {:?}", b);
                 }
