@@ -29,6 +29,10 @@ pub enum EngineOutput {
         /// Prompt tokens served from the local prefix cache (vLLM's
         /// `usage.prompt_tokens_details.cached_tokens`).
         cached_tokens: u32,
+        /// Prompt tokens in all (the prompt is done with here, as vLLM counts it).
+        prompt_tokens: u32,
+        /// Prompt tokens whose KV came from a prefill worker.
+        remote_tokens: u32,
         /// When (iteration end).
         at_ms: f64,
     },

@@ -303,6 +303,8 @@ impl Engine {
                 out.push(EngineOutput::FirstToken {
                     id: seq.id,
                     cached_tokens: seq.cached_tokens.unwrap_or(0),
+                    prompt_tokens: seq.prompt_len,
+                    remote_tokens: seq.remote_tokens,
                     at_ms: end,
                 });
             } else if self.cfg.emit_token_outputs {

@@ -304,9 +304,32 @@ impl EngineTask {
 
     fn route(&mut self, output: EngineOutput, now: f64) {
         let id = output.id();
+        // Token counters move as the work is done, as vLLM's do: a stream its client leaves
+        // still computed its prompt and the tokens it got.
+        let m = &self.metrics;
         let event = match output {
-            EngineOutput::FirstToken { .. } => RequestEvent::FirstToken,
-            EngineOutput::Token { .. } => RequestEvent::Token,
+            EngineOutput::FirstToken {
+                prompt_tokens,
+                cached_tokens,
+                remote_tokens,
+                ..
+            } => {
+                m.prompt_tokens
+                    .fetch_add(u64::from(prompt_tokens), Ordering::Relaxed);
+                let local = prompt_tokens.saturating_sub(cached_tokens + remote_tokens);
+                m.local_prefill_tokens
+                    .fetch_add(u64::from(local), Ordering::Relaxed);
+                m.cached_prompt_tokens
+                    .fetch_add(u64::from(cached_tokens), Ordering::Relaxed);
+                m.remote_prompt_tokens
+                    .fetch_add(u64::from(remote_tokens), Ordering::Relaxed);
+                m.generation_tokens.fetch_add(1, Ordering::Relaxed);
+                RequestEvent::FirstToken
+            }
+            EngineOutput::Token { .. } => {
+                m.generation_tokens.fetch_add(1, Ordering::Relaxed);
+                RequestEvent::Token
+            }
             EngineOutput::Preempted { .. } => return,
             EngineOutput::Finished {
                 prompt_tokens,
@@ -316,19 +339,7 @@ impl EngineTask {
                 kv_held,
                 ..
             } => {
-                let m = &self.metrics;
                 m.requests_finished.fetch_add(1, Ordering::Relaxed);
-                m.prompt_tokens
-                    .fetch_add(u64::from(prompt_tokens), Ordering::Relaxed);
-                m.generation_tokens
-                    .fetch_add(u64::from(completion_tokens), Ordering::Relaxed);
-                let local = prompt_tokens.saturating_sub(cached_tokens + remote_tokens);
-                m.local_prefill_tokens
-                    .fetch_add(u64::from(local), Ordering::Relaxed);
-                m.cached_prompt_tokens
-                    .fetch_add(u64::from(cached_tokens), Ordering::Relaxed);
-                m.remote_prompt_tokens
-                    .fetch_add(u64::from(remote_tokens), Ordering::Relaxed);
                 self.kv_out.request_ended(id);
                 let held = if kv_held {
                     self.core.engine().held_kv(id).cloned()

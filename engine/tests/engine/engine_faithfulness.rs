@@ -35,6 +35,7 @@ fn first_token_at(outputs: &[EngineOutput], id: u64) -> (f64, u32) {
                 id: i,
                 at_ms,
                 cached_tokens,
+                ..
             } if i == id => Some((at_ms, cached_tokens)),
             _ => None,
         })

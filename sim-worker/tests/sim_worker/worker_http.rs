@@ -395,6 +395,11 @@ async fn a_client_that_disconnects_mid_stream_aborts_its_request() {
             .load(std::sync::atomic::Ordering::Relaxed),
         0
     );
+    // Its prompt was computed and its tokens generated: counted, as vLLM counts them.
+    let text = metrics_text(&client, &w).await;
+    assert!(metric(&text, "vllm:prompt_tokens_total", None) >= 20.0);
+    assert!(metric(&text, "vllm:generation_tokens_total", None) >= 1.0);
+    assert!(metric(&text, "switchyard_local_prefill_tokens_total", None) >= 20.0);
 }
 
 #[tokio::test]
