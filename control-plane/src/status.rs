@@ -95,7 +95,22 @@ pub struct DecisionsView {
     pub recent: Vec<DecisionRecord>,
     /// Oldest first, only buckets within the window that saw a verdict.
     pub bypass_share: Vec<ShareBucket>,
+    /// The verdicts of the last minute: the buckets that overlap it, so a verdict up to one
+    /// bucket older than a minute may count, and none younger is left out.
+    pub last_minute: VerdictCount,
 }
+
+/// Verdicts over a span of time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+pub struct VerdictCount {
+    /// Bypassed ones.
+    pub bypass: u64,
+    /// All of them.
+    pub total: u64,
+}
+
+/// The span `DecisionsView::last_minute` covers.
+const LAST_MINUTE_MS: u64 = 60_000;
 
 impl RecentDecisions {
     /// Records a verdict given at `record.at_ms`.
@@ -122,6 +137,14 @@ impl RecentDecisions {
     /// The view at `now_ms`: buckets older than the window are left out.
     pub fn view(&self, now_ms: u64) -> DecisionsView {
         let window = SHARE_BUCKET_MS * SHARE_BUCKETS as u64;
+        let last_minute = self
+            .buckets
+            .iter()
+            .filter(|b| b.start_ms + SHARE_BUCKET_MS + LAST_MINUTE_MS > now_ms)
+            .fold(VerdictCount::default(), |n, b| VerdictCount {
+                bypass: n.bypass + b.bypass,
+                total: n.total + b.total,
+            });
         DecisionsView {
             recent: self.recent.iter().cloned().collect(),
             bypass_share: self
@@ -130,6 +153,7 @@ impl RecentDecisions {
                 .filter(|b| b.start_ms + window > now_ms)
                 .copied()
                 .collect(),
+            last_minute,
         }
     }
 }
@@ -230,6 +254,13 @@ mod tests {
                 },
             ]
         );
+        assert_eq!(view.last_minute, VerdictCount { bypass: 4, total: 5 });
+        // Verdicts 56 s old are in the last minute, though their bucket began 61 s ago.
+        assert_eq!(
+            recent.view(81_000).last_minute,
+            VerdictCount { bypass: 2, total: 2 }
+        );
+        assert_eq!(recent.view(90_000).last_minute, VerdictCount::default());
         // Ten minutes on, only the buckets still inside the window are shown.
         let later = recent.view(20_000 + SHARE_BUCKET_MS * SHARE_BUCKETS as u64 - 1);
         assert_eq!(later.bypass_share.len(), 1);
