@@ -477,11 +477,12 @@ impl KvIndex {
                         prev = Some(old);
                         continue; // duplicate event: already recorded
                     }
-                    // The engine reused an id for other content: the old block is gone.
+                    // The engine reused an id for other content: the old block is gone
+                    // (the pair too, unless another id holds the same hash here).
                     if !release_copy(extra_copies, old) {
                         drop_holder(p.reborrow(), old, slot.0);
+                        counts.removed += 1;
                     }
-                    counts.removed += 1;
                 }
                 let (record, already) = match p.find(prev, hash) {
                     Some(i) => {

@@ -83,6 +83,7 @@ impl Router {
                     self.kv_counters.unknown_removals += c.unknown_removals;
                 }
                 KvEvent::Cleared => {
+                    self.count_blocks_dropped(slot);
                     self.index.clear_worker(slot);
                     self.kv_counters.clears += 1;
                 }
@@ -90,6 +91,7 @@ impl Router {
         }
         let held = self.index.blocks_of(slot) as u64;
         if held > limit {
+            self.count_blocks_dropped(slot);
             self.index.clear_worker(slot);
             self.kv_counters.over_capacity_drops += 1;
             return Ok(KvApplyOutcome::OverCapacity { held, limit });

@@ -201,7 +201,9 @@ pub struct WorkerStats {
 pub struct KvCounters {
     /// Blocks newly recorded.
     pub blocks_stored: u64,
-    /// Blocks dropped by `removed` events.
+    /// Blocks dropped: by `removed` events, and all of a worker's when it clears, restarts,
+    /// leaves or passes its limit (so stored − removed is what the index holds, and a
+    /// resync's dump, counted as stored again, is balanced by its clear).
     pub blocks_removed: u64,
     /// Removals naming blocks the index did not know.
     pub unknown_removals: u64,
@@ -310,6 +312,11 @@ impl Router {
             self.load
                 .on_report(w.slot, report, now_ms, &self.config.load);
         }
+    }
+
+    /// Counts all of `slot`'s blocks as removed: the index is about to drop them.
+    fn count_blocks_dropped(&mut self, slot: WorkerSlot) {
+        self.kv_counters.blocks_removed += self.index.blocks_of(slot) as u64;
     }
 
     /// `slo_cost`'s learned timing factors (`switchyard_policy::learn`); 1 until learned, and

@@ -765,6 +765,11 @@ fn a_restart_forgets_the_cache_and_removal_events_apply() {
     );
     assert_eq!(r.index_stats().pairs, 0);
     assert_eq!(
+        r.kv_counters().blocks_removed,
+        4,
+        "the restart dropped the other 3"
+    );
+    assert_eq!(
         r.upsert_worker(&restarted, 3_000, 2),
         WorkerChange::Refreshed
     );
@@ -807,6 +812,8 @@ proptest! {
         let stats = r.index_stats();
         let per_worker: u64 = r.worker_stats().iter().map(|w| w.cached_blocks).sum();
         prop_assert_eq!(stats.pairs, per_worker);
+        let counted = r.kv_counters();
+        prop_assert_eq!(counted.blocks_stored - counted.blocks_removed, stats.pairs);
         let v = r.route("x", &prompt(1, 300), 0).unwrap();
         prop_assert!(Reason::ALL.contains(&v.reason));
         for id in names {

@@ -29,6 +29,7 @@ impl Router {
             if restarted || resized {
                 // A cold cache (or hashes in another block size): forget it all.
                 state.last_kv_seq = None;
+                self.count_blocks_dropped(slot);
                 self.index
                     .add_worker_with_capacity(slot, engine_table_size(info));
                 self.load.remove_worker(slot);
@@ -133,6 +134,7 @@ impl Router {
         let Some(state) = self.workers.remove(id) else {
             return;
         };
+        self.count_blocks_dropped(state.slot);
         self.index.remove_worker(state.slot);
         self.reserved_blocks = self
             .reserved_blocks
