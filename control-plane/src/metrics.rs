@@ -15,13 +15,17 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::{exponential_buckets, linear_buckets, Histogram};
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 use switchyard_protocol::lifecycle::LifecycleEvent;
 use switchyard_protocol::route::{Reason, RouteMode};
 
+/// `cached_fraction`'s bucket bounds.
+const CACHED_FRACTION_BUCKETS: [f64; 10] = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0];
+
 /// Labels of a routing decision.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+
 pub struct DecisionLabels {
     /// `bypass`, `disagg` or `agg`.
     pub mode: &'static str,
@@ -245,7 +249,9 @@ impl Default for Metrics {
             model_decisions: Family::default(),
             // 16 .. 256k tokens.
             eff_isl_tokens: Histogram::new(exponential_buckets(16.0, 2.0, 15)),
-            cached_fraction: Histogram::new(linear_buckets(0.1, 0.1, 10)),
+            // Written out: summed in floating point, 0.3 and 0.7 became 0.30000000000000007
+            // and 0.7000000000000001, and a query on `le="0.3"` matched nothing.
+            cached_fraction: Histogram::new(CACHED_FRACTION_BUCKETS.into_iter()),
             // 50 µs .. ~0.8 s.
             route_latency_seconds: Histogram::new(exponential_buckets(0.000_05, 2.0, 15)),
             bad_requests: Family::default(),
@@ -763,6 +769,24 @@ mod tests {
         assert!(
             text.contains("switchyard_route_bad_requests_total{code=\"invalid_json\"} 1"),
             "{text}"
+        );
+    }
+
+    #[test]
+    fn cached_fraction_buckets_are_labelled_as_written() {
+        let mut registry = Registry::default();
+        let m = Metrics::register(&mut registry);
+        m.cached_fraction.observe(0.3);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        let les: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("switchyard_route_cached_fraction_bucket"))
+            .filter_map(|l| l.split("le=\"").nth(1)?.split('"').next())
+            .collect();
+        assert_eq!(
+            les,
+            ["0.1", "0.2", "0.3", "0.4", "0.5", "0.6", "0.7", "0.8", "0.9", "1.0", "+Inf"]
         );
     }
 

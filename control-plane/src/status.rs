@@ -254,11 +254,20 @@ mod tests {
                 },
             ]
         );
-        assert_eq!(view.last_minute, VerdictCount { bypass: 4, total: 5 });
+        assert_eq!(
+            view.last_minute,
+            VerdictCount {
+                bypass: 4,
+                total: 5
+            }
+        );
         // Verdicts 56 s old are in the last minute, though their bucket began 61 s ago.
         assert_eq!(
             recent.view(81_000).last_minute,
-            VerdictCount { bypass: 2, total: 2 }
+            VerdictCount {
+                bypass: 2,
+                total: 2
+            }
         );
         assert_eq!(recent.view(90_000).last_minute, VerdictCount::default());
         // Ten minutes on, only the buckets still inside the window are shown.

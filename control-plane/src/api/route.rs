@@ -436,10 +436,12 @@ where
     let started = Instant::now();
     let result = decide(&headers, body, &state).await;
     let m = &state.metrics;
-    m.route_latency_seconds
-        .observe(started.elapsed().as_secs_f64());
     match result {
         Ok((routed, model)) => {
+            // Verdicts only: a refusal is quick, and counting it would pull the figure an
+            // operator reads as "what routing costs a request" below what it costs.
+            m.route_latency_seconds
+                .observe(started.elapsed().as_secs_f64());
             let record = DecisionRecord::of(&routed, model.clone(), state.now_ms());
             state.recent().record(record);
             let verdict = routed.verdict;
