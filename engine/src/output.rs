@@ -168,7 +168,7 @@ impl LoadSnapshot {
             waiting: self.waiting,
             kv_used_blocks: self.kv_used_blocks,
             kv_total_blocks: self.kv_total_blocks,
-            queued_prefill_tokens: self.queued_prefill_tokens,
+            queued_prefill_tokens: Some(self.queued_prefill_tokens),
             kv_waiting_blocks: self.kv_waiting_blocks,
         }
     }

@@ -294,8 +294,11 @@ pub struct LoadReport {
     pub kv_used_blocks: u64,
     /// KV capacity in blocks.
     pub kv_total_blocks: u64,
-    /// Prompt tokens still to be prefilled (queued and partially prefilled requests).
-    pub queued_prefill_tokens: u64,
+    /// Prompt tokens still to be prefilled (queued and partially prefilled requests); absent
+    /// (`None`) from a worker that does not know it, as engines whose metrics are scraped do
+    /// not: the router's own count of what it sent there then stands alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queued_prefill_tokens: Option<u64>,
     /// KV blocks the queued (waiting) requests need to be admitted, at most (their whole
     /// sequences; a prefix-cache hit needs fewer). `kv_used_blocks` leaves them out, so a
     /// worker whose queue waits for KV looks less full than it is without this. 0 (absent)
@@ -319,7 +322,7 @@ impl LoadReport {
             ("kv_waiting_blocks", self.kv_waiting_blocks, MAX_KV_BLOCKS),
             (
                 "queued_prefill_tokens",
-                self.queued_prefill_tokens,
+                self.queued_prefill_tokens.unwrap_or(0),
                 MAX_QUEUED_TOKENS,
             ),
         ];
@@ -416,7 +419,7 @@ mod tests {
             waiting: 0,
             kv_used_blocks: used,
             kv_total_blocks: total,
-            queued_prefill_tokens: 0,
+            queued_prefill_tokens: Some(0),
             kv_waiting_blocks: 0,
         }
     }
@@ -442,7 +445,7 @@ mod tests {
             })
         );
         let mut queued = load(0, 100);
-        queued.queued_prefill_tokens = u64::MAX;
+        queued.queued_prefill_tokens = Some(u64::MAX);
         assert!(matches!(
             queued.check(),
             Err(InvalidLoad::TooLarge {

@@ -188,7 +188,9 @@ impl WorkerState {
         let (tokens, blocks) = unreported.fold((0i64, 0i64), |(t, b), a| {
             (t + a.prefill_tokens as i64, b + a.added_blocks)
         });
-        self.prefill_delta = tokens;
+        if report.queued_prefill_tokens.is_some() {
+            self.prefill_delta = tokens;
+        } // else the worker does not know: the router's own count is all there is, kept whole.
         self.blocks_delta = blocks;
     }
 }
@@ -588,7 +590,7 @@ impl LoadTracker {
         };
         let (queued, used, total, waiting) = w.report.as_ref().map_or((0, 0, 0, 0), |r| {
             (
-                r.queued_prefill_tokens,
+                r.queued_prefill_tokens.unwrap_or(0),
                 r.kv_used_blocks,
                 r.kv_total_blocks,
                 r.kv_waiting_blocks,

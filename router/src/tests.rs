@@ -246,7 +246,7 @@ fn a_busy_decode_worker_gets_no_bypass() {
         waiting: 0,
         kv_used_blocks: 7_950,
         kv_total_blocks: 10_000,
-        queued_prefill_tokens: 0,
+        queued_prefill_tokens: Some(0),
         kv_waiting_blocks: 0,
     };
     r.apply_load_report(&report, 0);
@@ -264,7 +264,7 @@ fn kv_report(worker: &str, used: u64, total: u64) -> LoadReport {
         waiting: 0,
         kv_used_blocks: used,
         kv_total_blocks: total,
-        queued_prefill_tokens: 0,
+        queued_prefill_tokens: Some(0),
         kv_waiting_blocks: 0,
     }
 }

@@ -5,9 +5,9 @@
 //! - vLLM ([`vllm`]) and SGLang ([`sglang`]): Prometheus text on `/metrics`.
 //! - TensorRT-LLM ([`trtllm`]): a JSON list of iteration statistics on `/metrics`.
 //!
-//! None of them exports the prompt tokens it still has to prefill, so the report's
-//! `queued_prefill_tokens` is 0; between two scrapes the router's own accounting of what it
-//! routed there stands in (see `switchyard_router::load`). A metric the load needs that is
+//! None of them exports the prompt tokens it still has to prefill, so the report leaves
+//! `queued_prefill_tokens` out, and the router's own accounting of what it routed there stands
+//! alone (see `switchyard_router::load`; a 0 there wiped that accounting at every scrape). A metric the load needs that is
 //! missing altogether is an error: the scrape is not used.
 
 pub mod exposition;
@@ -72,7 +72,7 @@ impl EngineLoad {
             waiting: self.waiting,
             kv_used_blocks: (self.kv_usage * capacity_blocks as f64).round() as u64,
             kv_total_blocks: capacity_blocks,
-            queued_prefill_tokens: 0,
+            queued_prefill_tokens: None,
             kv_waiting_blocks: 0,
         }
     }

@@ -214,7 +214,7 @@ async fn second_turn_goes_home_and_bypasses_cold_prompts_disaggregate_busy_decod
             waiting: 0,
             kv_used_blocks: 9_500,
             kv_total_blocks: 10_000,
-            queued_prefill_tokens: 0,
+            queued_prefill_tokens: Some(0),
             kv_waiting_blocks: 0,
         };
         nats.publish(subjects::LOAD, serde_json::to_vec(&report).unwrap().into())

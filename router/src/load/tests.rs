@@ -57,7 +57,7 @@ fn report(queued: u64, used: u64, total: u64) -> LoadReport {
         waiting: 0,
         kv_used_blocks: used,
         kv_total_blocks: total,
-        queued_prefill_tokens: queued,
+        queued_prefill_tokens: Some(queued),
         kv_waiting_blocks: 0,
     }
 }
@@ -431,4 +431,22 @@ fn a_disaggregated_decode_leg_counts_over_reports_until_its_first_token() {
         4,
         "handed over: the report has them"
     );
+}
+
+#[test]
+fn a_report_that_does_not_know_the_prefill_queue_leaves_the_routed_tokens_counted() {
+    let mut t = tracker();
+    t.on_route("r", bypass(0..4, 3_000), 0);
+    // A scraped engine's report: no queued prompt tokens in it.
+    let scraped = LoadReport {
+        queued_prefill_tokens: None,
+        ..report(0, 5, 4000)
+    };
+    t.on_report(D, &scraped, 10_000, &TIMEOUTS);
+    assert_eq!(t.load(D).prefill_tokens, 3_000, "still to prefill");
+    assert_eq!(t.load(D).active_blocks, 5, "the report's blocks");
+    t.on_first_token("r");
+    assert_eq!(t.load(D).prefill_tokens, 0);
+    t.on_report(D, &scraped, 20_000, &TIMEOUTS);
+    assert_eq!(t.load(D).prefill_tokens, 0);
 }
