@@ -427,6 +427,7 @@ const CONFIG_KEYS: &[&str] = &[
     "request_timeout_ms",
     "kv_prediction_ms",
     "report_grace_ms",
+    "stale_in_flight_ms",
 ];
 
 fn config_patch() -> Target {

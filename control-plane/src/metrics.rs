@@ -189,6 +189,9 @@ pub struct Metrics {
     /// Route calls that came after the filter had failed their request open (they waited in
     /// this process's socket): answered, not counted as load.
     pub late_route_calls: Counter,
+    /// Requests released from the in-flight counts because their workers' reports stopped
+    /// showing them (their `done` was lost).
+    pub stale_in_flight_released: Counter,
     /// Resync requests published to workers, by reason (`new_worker`, `restarted`, `gap`).
     pub resync_requests: Family<ReasonLabels, Counter>,
     /// Resync requests suppressed by the per-worker rate limit.
@@ -276,6 +279,7 @@ impl Default for Metrics {
             kv_clears: Counter::default(),
             lifecycle_events: Family::default(),
             late_route_calls: Counter::default(),
+            stale_in_flight_released: Counter::default(),
             resync_requests: Family::default(),
             resync_suppressed: Counter::default(),
             bad_messages: Family::default(),
@@ -462,6 +466,11 @@ impl Metrics {
             "late_route_calls",
             "Route calls that came after the filter had failed their request open; not counted as load",
             self.late_route_calls.clone(),
+        );
+        r.add(
+            "stale_in_flight_released",
+            "Requests released from the in-flight counts because every report of their worker for load.stale_in_flight_ms showed fewer requests (their done report was lost)",
+            self.stale_in_flight_released.clone(),
         );
         r.add(
             "resync_requests",

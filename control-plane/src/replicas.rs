@@ -108,8 +108,11 @@ impl ReplicaLink {
         (ReplicaLink { tx, metrics }, rx)
     }
 
-    /// Queues `update` for the other replicas; a full queue drops it (counted `dropped`):
-    /// the peers' load views correct themselves at the workers' next load reports.
+    /// Queues `update` for the other replicas; a full queue drops it (counted `dropped`).
+    /// NATS delivers at most once, so an update published while it is away may also be lost,
+    /// uncounted (`sent` counts what it accepted): the peers' queued tokens and blocks
+    /// correct themselves at the workers' next load reports, their in-flight counts once the
+    /// reports have shown the surplus for `load.stale_in_flight_ms`.
     pub fn share(&self, update: ReplicaUpdate) {
         if self.tx.try_send(update).is_err() {
             self.metrics.replica_update("dropped");

@@ -89,6 +89,11 @@ pub struct LoadConfig {
     /// (`crate::load`). Default 50 ms: a route reply's trip back through the gateway and the
     /// body's on to the worker, with room for a busy machine.
     pub report_grace_ms: u64,
+    /// Requests counted on a worker beyond what every one of its reports for this long
+    /// showed (running plus waiting) are taken as finished, their `done` lost, and released
+    /// (`crate::load`); 0 turns that off. Default 30 000 ms: far past a `done`'s trip, so a
+    /// report that crossed one is never taken for a loss.
+    pub stale_in_flight_ms: u64,
 }
 
 impl Default for LoadConfig {
@@ -98,6 +103,7 @@ impl Default for LoadConfig {
             request_timeout_ms: 600_000,
             kv_prediction_ms: 30_000,
             report_grace_ms: 50,
+            stale_in_flight_ms: 30_000,
         }
     }
 }

@@ -463,6 +463,12 @@ impl Router {
         self.late_routes
     }
 
+    /// Requests released because their workers' reports stopped showing them (a lost
+    /// `done`; `crate::load`), since this router began.
+    pub fn stale_in_flight_released(&self) -> u64 {
+        self.load.stale_released()
+    }
+
     /// Requests whose load is currently tracked (routed, not done, not expired).
     pub fn tracked_requests(&self) -> usize {
         self.load.active_requests()

@@ -30,7 +30,14 @@
 //!
 //! **Lost reports**: a request's prefill tokens are freed after `prefill_timeout_ms` without
 //! `first_token`, and the whole request after `request_timeout_ms` without `done`
-//! ([`LoadTracker::expire`]), so predictions never leak.
+//! ([`LoadTracker::expire`]), so predictions never leak. Sooner, a worker's reports show a
+//! lost `done`: when every report for `stale_in_flight_ms` says the worker has fewer requests
+//! (running and waiting) than the router counts there, the surplus is released, the oldest
+//! routed first. (A gateway restart loses the `done` of every request it carried, a NATS
+//! outage a replica's share of them; counted in flight, they steered turns away and made
+//! `slo_cost` see streams that had ended, for ten minutes.) Requests the report cannot include
+//! yet are not counted against it, and a `done` that comes after its request was released is
+//! ignored, as for any unknown id.
 //!
 //! **Late route calls**: a route call can wait in a stopped control plane's socket past the
 //! filter's timeout; the filter fails the request open and reports it done with
@@ -106,6 +113,16 @@ struct WorkerState {
     active: Vec<ActiveLeg>,
     in_flight: u32,
     decoding: u32,
+    /// Since when every report showed fewer requests than counted here, and the least
+    /// shortfall among them.
+    surplus: Option<Surplus>,
+}
+
+/// A run of reports that each showed fewer requests on a worker than the router counts there.
+#[derive(Debug, Clone, Copy)]
+struct Surplus {
+    since_ms: u64,
+    least: u64,
 }
 
 /// A leg active on a worker: its prompt, and what it added to the worker's predicted load.
@@ -175,6 +192,36 @@ impl WorkerState {
         };
         self.active.swap_remove(i);
         self.blocks_delta -= self.unshared(&leg.blocks) + leg.tail_blocks as i64;
+    }
+
+    /// Decode legs here that a report arriving at `now_ms` should include.
+    fn reportable_requests(&self, now_ms: u64, grace_ms: u64) -> u64 {
+        let legs = self.active.iter();
+        legs.filter(|a| !a.key.prefill && !a.unreported(now_ms, grace_ms))
+            .count() as u64
+    }
+
+    /// Notes how many fewer requests `report` shows than are counted here; returns how many
+    /// to release once every report for `cfg.stale_in_flight_ms` showed at least that few.
+    fn surplus_to_release(&mut self, report: &LoadReport, now_ms: u64, cfg: &LoadConfig) -> u64 {
+        let counted = self.reportable_requests(now_ms, cfg.report_grace_ms);
+        let at_worker = u64::from(report.running) + u64::from(report.waiting);
+        let short = counted.saturating_sub(at_worker);
+        if short == 0 || cfg.stale_in_flight_ms == 0 {
+            self.surplus = None;
+            return 0;
+        }
+        let run = self.surplus.get_or_insert(Surplus {
+            since_ms: now_ms,
+            least: short,
+        });
+        run.least = run.least.min(short);
+        if now_ms.saturating_sub(run.since_ms) < cfg.stale_in_flight_ms {
+            return 0;
+        }
+        let release = run.least;
+        self.surplus = None;
+        release
     }
 
     /// A report arrived at `now_ms`: it is the new baseline, and the changes since are the
@@ -269,6 +316,8 @@ pub struct LoadTracker {
     failed_open: HashMap<String, FailedOpenMark>,
     /// (reported at, id), in report order, for expiry and the bound.
     failed_open_order: VecDeque<(u64, String)>,
+    /// See [`LoadTracker::stale_released`].
+    stale_released: u64,
 }
 
 /// How many failed-open ids are remembered: a long control-plane outage fails every request
@@ -530,9 +579,45 @@ impl LoadTracker {
         now_ms: u64,
         cfg: &LoadConfig,
     ) {
-        if let Some(w) = self.worker_mut(slot) {
-            w.rebase(report, now_ms, cfg.report_grace_ms);
+        let Some(w) = self.worker_mut(slot) else {
+            return;
+        };
+        w.rebase(report, now_ms, cfg.report_grace_ms);
+        let stale = w.surplus_to_release(report, now_ms, cfg);
+        if stale > 0 {
+            self.release_stale(slot, stale, now_ms, cfg.report_grace_ms);
         }
+    }
+
+    /// Releases the `n` oldest requests counted on `slot` that its reports no longer show.
+    fn release_stale(&mut self, slot: WorkerSlot, n: u64, now_ms: u64, grace_ms: u64) {
+        let Some(w) = self.worker_mut(slot) else {
+            return;
+        };
+        let mut legs: Vec<(u64, u64)> = w
+            .active
+            .iter()
+            .filter(|a| !a.key.prefill && !a.unreported(now_ms, grace_ms))
+            .map(|a| (a.routed_ms, a.key.ticket))
+            .collect();
+        legs.sort_unstable();
+        for (_, ticket) in legs.into_iter().take(n as usize) {
+            let id = self
+                .requests
+                .iter()
+                .find(|(_, actives)| actives.iter().any(|a| a.ticket == ticket))
+                .map(|(id, _)| id.clone());
+            if let Some(id) = id {
+                self.done_ticket(&id, ticket);
+                self.stale_released += 1;
+            }
+        }
+    }
+
+    /// Requests released because their workers' reports no longer showed them (their `done`
+    /// was lost), since this tracker began.
+    pub fn stale_released(&self) -> u64 {
+        self.stale_released
     }
 
     /// Frees load of requests whose lifecycle reports are overdue.

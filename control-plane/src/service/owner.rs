@@ -27,6 +27,7 @@ pub(super) struct Owner {
     /// Router KV counters and stalls already folded into the metrics.
     kv_seen: KvCounters,
     late_routes_seen: u64,
+    stale_released_seen: u64,
     stalls_seen: u64,
     /// Per-model gauges set so far (removed once their model has no live worker).
     model_workers_seen: BTreeSet<ModelRoleLabels>,
@@ -53,6 +54,7 @@ impl Owner {
             started,
             kv_seen: KvCounters::default(),
             late_routes_seen: 0,
+            stale_released_seen: 0,
             stalls_seen: 0,
             model_workers_seen: BTreeSet::new(),
             model_blocks_seen: BTreeSet::new(),
@@ -297,6 +299,11 @@ impl Owner {
         self.metrics
             .late_route_calls
             .inc_by(late.saturating_sub(seen));
+        let stale = self.router().stale_in_flight_released();
+        let seen = std::mem::replace(&mut self.stale_released_seen, stale);
+        self.metrics
+            .stale_in_flight_released
+            .inc_by(stale.saturating_sub(seen));
         let stats = self.router().index_stats();
         let gauge = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
         self.metrics.index_blocks.set(gauge(stats.pairs));

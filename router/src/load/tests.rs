@@ -40,6 +40,7 @@ const TIMEOUTS: LoadConfig = LoadConfig {
     request_timeout_ms: 1000,
     kv_prediction_ms: 0,
     report_grace_ms: 0,
+    stale_in_flight_ms: 0,
 };
 
 fn tracker() -> LoadTracker {
@@ -449,4 +450,51 @@ fn a_report_that_does_not_know_the_prefill_queue_leaves_the_routed_tokens_counte
     assert_eq!(t.load(D).prefill_tokens, 0);
     t.on_report(D, &scraped, 20_000, &TIMEOUTS);
     assert_eq!(t.load(D).prefill_tokens, 0);
+}
+
+#[test]
+fn requests_the_workers_reports_stop_showing_are_released_after_a_while() {
+    let cfg = LoadConfig {
+        report_grace_ms: 50,
+        stale_in_flight_ms: 30_000,
+        ..TIMEOUTS
+    };
+    let at_worker = |running| LoadReport {
+        running,
+        ..report(0, 0, 4000)
+    };
+    let mut t = tracker();
+    // Three requests whose `done` will be lost (a gateway restarted), one that runs on.
+    for (i, id) in ["lost-0", "lost-1", "lost-2", "live"].iter().enumerate() {
+        t.on_route(id, bypass(i as u64 * 10..i as u64 * 10 + 4, 100), i as u64);
+        t.on_first_token(id);
+    }
+    assert_eq!(t.load(D).in_flight, 4);
+    // The worker shows 1; for a while it also showed 2 (a `done` on its way).
+    t.on_report(D, &at_worker(1), 1_000, &cfg);
+    t.on_report(D, &at_worker(2), 15_000, &cfg);
+    t.on_report(D, &at_worker(1), 30_999, &cfg);
+    assert_eq!(t.load(D).in_flight, 4, "not yet: 30 s of reports");
+    t.on_report(D, &at_worker(1), 31_000, &cfg);
+    assert_eq!(t.load(D).in_flight, 2, "the least shortfall seen: 2");
+    assert_eq!(t.load(D).decoding, 2);
+    assert_eq!(t.stale_released(), 2);
+    assert!(
+        t.on_done("lost-0").is_none(),
+        "released: its late done is ignored"
+    );
+    // A report that shows them all ends the run.
+    t.on_report(D, &at_worker(2), 32_000, &cfg);
+    t.on_report(D, &at_worker(0), 40_000, &cfg);
+    t.on_report(D, &at_worker(0), 69_999, &cfg);
+    assert_eq!(t.load(D).in_flight, 2);
+    t.on_report(D, &at_worker(0), 70_000, &cfg);
+    assert_eq!(t.load(D).in_flight, 0);
+    // A request routed just before a report, or disaggregated and still prefilling elsewhere,
+    // is not counted against it.
+    t.on_route("new", bypass(100..104, 100), 100_000);
+    t.on_route("handoff", disagg(200..204, 100), 60_000);
+    t.on_report(D, &at_worker(0), 100_020, &cfg);
+    t.on_report(D, &at_worker(0), 130_020, &cfg);
+    assert_eq!(t.load(D).in_flight, 2);
 }
