@@ -23,7 +23,7 @@ use switchyard_protocol::{subjects, PROTOCOL_VERSION};
 
 use crate::metrics::Metrics;
 use crate::router::core::Resync;
-use crate::router::WorkerChange;
+use crate::router::{KvEventError, WorkerChange};
 use crate::service::ServiceHandle;
 
 /// Shortest time between two resync requests to the same worker instance (the control
@@ -164,8 +164,9 @@ struct Consumer {
     service: ServiceHandle,
     metrics: Metrics,
     admission: Admission,
-    /// Worker ids already warned about a refused heartbeat, with the reason: a new reason
-    /// for the same id is a new problem and warns again.
+    /// What was warned about already, with whom: a worker id with the reason its heartbeat
+    /// was refused or its KV events rejected (a new reason for the same id is a new problem
+    /// and warns again), a subject with the kind of malformed message on it.
     warned: std::collections::HashSet<(WorkerId, &'static str)>,
 }
 
@@ -246,8 +247,20 @@ impl Consumer {
                 Ok(batch) => {
                     let worker = batch.worker_id.clone();
                     let outcome = self.service.kv_batch(batch).await?;
-                    if let Err(e) = &outcome.result {
-                        tracing::debug!(worker = %worker, error = %e, "KV batch rejected");
+                    match &outcome.result {
+                        // A block size other than registered is a misconfiguration that lasts:
+                        // every batch of that worker is lost to routing. Said once per worker.
+                        Err(e @ KvEventError::BlockSizeMismatch { .. })
+                            if self.first_warning(&worker, "kv_block_size_mismatch") =>
+                        {
+                            tracing::warn!(worker = %worker, "KV events rejected: {e}; fix the worker's --block-size or the engine's");
+                        }
+                        // Unknown workers (a batch before the heartbeat) and stale batches
+                        // (duplicates) are ordinary, and counted.
+                        Err(e) => {
+                            tracing::debug!(worker = %worker, error = %e, "KV batch rejected")
+                        }
+                        Ok(_) => {}
                     }
                     self.carry_out(outcome.resync).await;
                 }
@@ -277,21 +290,38 @@ impl Consumer {
     /// and reason.
     fn refused(&mut self, id: &WorkerId, reason: &'static str, why: &str) {
         self.metrics.worker_rejected(reason);
-        if self.warned.len() < MAX_WARNED_REFUSALS && self.warned.insert((id.clone(), reason)) {
+        if self.first_warning(id, reason) {
             tracing::warn!(worker = %id, reason, "heartbeat refused: {why}");
         } else {
             tracing::debug!(worker = %id, reason, "heartbeat refused");
         }
     }
 
-    fn bad(&self, kind: Kind, subject: &str, error: &str) {
+    /// Counts a malformed message; warns once per subject and kind (a worker sending a wrong
+    /// format sends it at its report rate), then at debug.
+    fn bad(&mut self, kind: Kind, subject: &str, error: &str) {
         self.metrics.bad_message(kind.as_str());
-        tracing::warn!(
-            subject,
-            kind = kind.as_str(),
-            error,
-            "dropped malformed NATS message"
-        );
+        if self.first_warning(&WorkerId(subject.to_string()), kind.as_str()) {
+            tracing::warn!(
+                subject,
+                kind = kind.as_str(),
+                error,
+                "dropped malformed NATS message (said once per subject and kind; counted in bad_messages_total)"
+            );
+        } else {
+            tracing::debug!(
+                subject,
+                kind = kind.as_str(),
+                error,
+                "dropped malformed NATS message"
+            );
+        }
+    }
+
+    /// Whether this is the first warning about `key` for `what` (bounded: past
+    /// [`MAX_WARNED_REFUSALS`] keys, nothing is warned again).
+    fn first_warning(&mut self, key: &WorkerId, what: &'static str) -> bool {
+        self.warned.len() < MAX_WARNED_REFUSALS && self.warned.insert((key.clone(), what))
     }
 
     /// Publishes the resync the control core decided on, if any.

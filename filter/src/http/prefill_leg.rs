@@ -313,7 +313,7 @@ impl SwitchyardRequest {
     fn fall_back(&mut self, decode: String, prefill: String, why: &str) {
         increment(self.shared.stats.prefill_failures_total, 1);
         debug!(
-            "#{} {} prefill leg failed: {why}",
+            "#{} {} prefill leg on {prefill} failed: {why}",
             self.context_id, self.request_id
         );
         let served = Served::Fallback {

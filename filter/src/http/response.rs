@@ -3,7 +3,7 @@
 //! = request done, with `usage`), and the release of KV a prefill worker holds for a decode
 //! leg that failed or never came.
 
-use log::{debug, warn};
+use log::debug;
 use proxy_wasm::traits::{Context, HttpContext};
 use switchyard_protocol::lifecycle::LifecycleEvent;
 use switchyard_protocol::route::{BYPASS_HEADER, DESTINATION_HEADER, ROUTE_HEADER};
@@ -39,8 +39,10 @@ impl SwitchyardRequest {
             self.set_http_request_header(BYPASS_HEADER, Some("true"));
         }
         if let Served::Fallback { reason, .. } = &served {
+            // At debug, as outage fail-opens are: a dead or hung prefill worker sends every
+            // disaggregated request here until it expires, and the stats count them.
             increment(self.shared.stats.for_fallback(*reason), 1);
-            warn!(
+            debug!(
                 "#{} {} falls back to local prefill: {reason}",
                 self.context_id, self.request_id
             );
