@@ -70,6 +70,12 @@ impl Default for SelectionWeights {
     }
 }
 
+/// The largest selection weight (and temperature): a cost multiplies a weight by counts of up
+/// to 2^40 blocks, and a weight near `f64::MAX` made costs infinite, where the choice falls
+/// back to uniform at random (a huge `overlap_weight` turned cache affinity off). Only ratios
+/// between weights matter, so this bounds nothing a user needs.
+pub const MAX_SELECTION_WEIGHT: f64 = 1e6;
+
 /// When predicted load is forgotten if lifecycle reports never arrive.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -201,6 +207,12 @@ impl RouterConfig {
             ("selection.temperature", s.temperature),
         ] {
             non_negative(name, w)?;
+            if w > MAX_SELECTION_WEIGHT {
+                return Err(ConfigError::new(
+                    name,
+                    format!("must be at most {MAX_SELECTION_WEIGHT:e}, got {w}"),
+                ));
+            }
         }
         for (name, ms) in [
             ("load.prefill_timeout_ms", self.load.prefill_timeout_ms),

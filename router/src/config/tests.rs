@@ -119,6 +119,11 @@ fn ranges_are_enforced_at_their_boundaries() {
         "selection.temperature"
     );
     assert_eq!(
+        err(json!({"selection": {"overlap_weight": 1e308}})).field,
+        "selection.overlap_weight"
+    );
+    assert!(RouterConfig::from_json(&json!({"selection": {"overlap_weight": 1e6}})).is_ok());
+    assert_eq!(
         err(json!({"load": {"prefill_timeout_ms": 0}})).field,
         "load.prefill_timeout_ms"
     );
