@@ -98,6 +98,12 @@ pub struct RunningWorker {
     local_addr: SocketAddr,
     vllm_endpoints: Option<(String, Option<String>)>,
     tasks: Vec<JoinHandle<()>>,
+    /// The HTTP server: ends once drained (see [`RunningWorker::drain`]).
+    server: Option<JoinHandle<()>>,
+    /// Tells the HTTP server to stop accepting and finish what it serves.
+    stop_accepting: Option<tokio::sync::oneshot::Sender<()>>,
+    /// The heartbeat publisher, on Switchyard's wire.
+    heartbeats: Option<JoinHandle<()>>,
 }
 
 impl RunningWorker {
@@ -155,8 +161,29 @@ impl RunningWorker {
         self.abort_all();
     }
 
+    /// Stops taking requests and lets those in flight finish, for at most `limit`, then stops
+    /// every task; returns whether they all finished. Heartbeats stop first, so the control
+    /// plane takes the worker out of its pools at its missed-heartbeat limit; the listener
+    /// closes, so a new connection is refused and the gateway retries it on another worker;
+    /// open streams run to their end. A rolling restart loses nothing this way.
+    pub async fn drain(mut self, limit: Duration) -> bool {
+        if let Some(heartbeats) = self.heartbeats.take() {
+            heartbeats.abort();
+        }
+        if let Some(stop) = self.stop_accepting.take() {
+            let _ = stop.send(());
+        }
+        let finished = match self.server.take() {
+            Some(server) => tokio::time::timeout(limit, server).await.is_ok(),
+            None => true,
+        };
+        self.abort_all();
+        finished
+    }
+
     fn abort_all(&mut self) {
-        for task in self.tasks.drain(..) {
+        let named = [self.server.take(), self.heartbeats.take()];
+        for task in self.tasks.drain(..).chain(named.into_iter().flatten()) {
             task.abort();
         }
     }
@@ -246,17 +273,27 @@ pub async fn start_worker(
     );
 
     let mut tasks = vec![engine_task];
-    let server = warp::serve(http::routes(ctx.clone())).incoming(listener);
-    tasks.push(tokio::spawn(server.run()));
+    let (stop_accepting, accepting_stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = warp::serve(http::routes(ctx.clone()))
+        .incoming(listener)
+        .graceful(async {
+            let _ = accepting_stopped.await;
+        });
+    let server = Some(tokio::spawn(server.run()));
+    let mut heartbeats = None;
     let mut vllm_endpoints = None;
     match (wire, deps.nats) {
-        (KvWire::Nats(kv_rx), Some(client)) => tasks.extend(nats::spawn_nats_tasks(
-            ctx.clone(),
-            client,
-            kv_rx,
-            Duration::from_millis(cfg.heartbeat_interval_ms),
-            Duration::from_millis(cfg.load_interval_ms),
-        )),
+        (KvWire::Nats(kv_rx), Some(client)) => {
+            let nats = nats::spawn_nats_tasks(
+                ctx.clone(),
+                client,
+                kv_rx,
+                Duration::from_millis(cfg.heartbeat_interval_ms),
+                Duration::from_millis(cfg.load_interval_ms),
+            );
+            heartbeats = Some(nats.heartbeats);
+            tasks.extend(nats.others);
+        }
         // Without NATS nobody reads the batches; drain them so the engine never counts drops.
         (KvWire::Nats(kv_rx), None) => tasks.push(tokio::spawn(drain(kv_rx))),
         (KvWire::Vllm(parts, steps), _) => {
@@ -273,6 +310,9 @@ pub async fn start_worker(
         local_addr,
         vllm_endpoints,
         tasks,
+        server,
+        stop_accepting: Some(stop_accepting),
+        heartbeats,
     })
 }
 

@@ -31,13 +31,23 @@ pub fn spawn_nats_tasks(
     kv_batches: mpsc::Receiver<KvEventBatch>,
     heartbeat_interval: Duration,
     load_interval: Duration,
-) -> Vec<JoinHandle<()>> {
-    vec![
-        tokio::spawn(heartbeats(ctx.clone(), client.clone(), heartbeat_interval)),
-        tokio::spawn(load_reports(ctx.clone(), client.clone(), load_interval)),
-        tokio::spawn(kv_publisher(ctx.clone(), client.clone(), kv_batches)),
-        tokio::spawn(resync_listener(ctx, client)),
-    ]
+) -> NatsTasks {
+    NatsTasks {
+        heartbeats: tokio::spawn(heartbeats(ctx.clone(), client.clone(), heartbeat_interval)),
+        others: vec![
+            tokio::spawn(load_reports(ctx.clone(), client.clone(), load_interval)),
+            tokio::spawn(kv_publisher(ctx.clone(), client.clone(), kv_batches)),
+            tokio::spawn(resync_listener(ctx, client)),
+        ],
+    }
+}
+
+/// The NATS tasks of a worker: the heartbeats apart, as a drain stops them first.
+pub struct NatsTasks {
+    /// The heartbeat publisher.
+    pub heartbeats: JoinHandle<()>,
+    /// Load reports, KV events, resync requests.
+    pub others: Vec<JoinHandle<()>>,
 }
 
 fn connected(client: &async_nats::Client) -> bool {

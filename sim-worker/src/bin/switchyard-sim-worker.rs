@@ -108,6 +108,11 @@ struct Args {
     /// Interval between load reports (ms).
     #[arg(long, default_value_t = 500)]
     load_interval_ms: u64,
+    /// On SIGTERM or Ctrl-C, how long the workers keep serving the requests in flight (they
+    /// take no new ones and stop heartbeating at once); a second signal stops them at once.
+    /// 0 stops at once.
+    #[arg(long, default_value_t = 30_000)]
+    drain_timeout_ms: u64,
     /// KV link bandwidth per sending GPU in gigabits/s (default: the preset's link; GB200
     /// NVLink = 7200, an 800G NIC = 800).
     #[arg(long)]
@@ -415,9 +420,22 @@ async fn run(args: Args, configs: Vec<WorkerConfig>) -> anyhow::Result<()> {
         running.push(w);
     }
     shutdown_signal().await;
-    tracing::info!("shutting down {} worker(s)", running.len());
-    for w in running {
-        w.stop();
+    let limit = Duration::from_millis(args.drain_timeout_ms);
+    tracing::info!(
+        "draining {} worker(s): no new requests, up to {} ms for those in flight (signal again to stop at once)",
+        running.len(),
+        limit.as_millis()
+    );
+    let drained = futures::future::join_all(running.into_iter().map(|w| w.drain(limit)));
+    tokio::select! {
+        finished = drained => {
+            if finished.iter().all(|f| *f) {
+                tracing::info!("drained: every request in flight finished");
+            } else {
+                tracing::warn!("stopped with requests still in flight after {} ms", limit.as_millis());
+            }
+        }
+        () = shutdown_signal() => tracing::warn!("second signal: stopped at once"),
     }
     Ok(())
 }

@@ -1,5 +1,5 @@
 //! The `switchyard-sim-worker` binary: flag errors exit 64, and a worker started while NATS is
-//! down serves HTTP at once and joins NATS when the server comes up.
+//! down serves HTTP at once and joins NATS when the server comes up, and SIGTERM drains.
 
 use crate::worker_support;
 
@@ -364,4 +364,93 @@ async fn a_vllm_wire_worker_logs_its_bound_zmq_endpoints_and_serves() {
         .await
         .unwrap();
     assert_eq!(health.status(), 200);
+}
+
+#[tokio::test]
+async fn sigterm_drains_the_streams_in_flight_and_takes_nothing_new() {
+    let server = NatsServer::start_on(free_port());
+    let observer = async_nats::connect(&server.url).await.unwrap();
+    let mut heartbeats = observer.subscribe(subjects::HEARTBEAT).await.unwrap();
+    observer.flush().await.unwrap();
+    let http_port = free_port();
+    let child = Command::new(BIN)
+        .args([
+            "--nats-url",
+            &server.url,
+            "--worker",
+            &format!("agg:drain-0@127.0.0.1:{http_port}"),
+            "--heartbeat-interval-ms",
+            "100",
+        ])
+        .env("NO_COLOR", "1")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("binary starts");
+    let mut guard = WorkerProcess(child);
+    tokio::time::timeout(Duration::from_secs(15), heartbeats.next())
+        .await
+        .expect("registered");
+    // A stream of 120 tokens: about 2 s of simulated decode.
+    let url = format!("http://127.0.0.1:{http_port}/v1/completions");
+    let response = reqwest::Client::new()
+        .post(&url)
+        .json(&serde_json::json!({"prompt": "drain me", "max_tokens": 120, "stream": true}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let mut stream = response.bytes_stream();
+    let first = stream.next().await.unwrap().unwrap();
+    assert!(first.starts_with(b"data: "));
+
+    let pid = guard.0.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    // New connections are refused at once, and heartbeats stop.
+    let mut refused = false;
+    for _ in 0..40 {
+        if std::net::TcpStream::connect(("127.0.0.1", http_port)).is_err() {
+            refused = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert!(refused, "still accepting connections 1 s after SIGTERM");
+    while let Ok(Some(_)) = tokio::time::timeout(Duration::from_millis(50), heartbeats.next()).await
+    {
+    }
+    assert!(
+        tokio::time::timeout(Duration::from_millis(500), heartbeats.next())
+            .await
+            .is_err(),
+        "heartbeats go on while draining"
+    );
+    // The stream in flight runs to its end.
+    let mut body = first.to_vec();
+    while let Some(chunk) = tokio::time::timeout(Duration::from_secs(20), stream.next())
+        .await
+        .expect("the stream goes on")
+    {
+        body.extend_from_slice(&chunk.expect("no cut"));
+    }
+    let text = String::from_utf8(body).unwrap();
+    assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
+    let tokens = text
+        .lines()
+        .filter(|l| l.starts_with("data: {") && l.contains("\"text\""))
+        .count();
+    assert!(tokens >= 120, "{tokens} token chunks");
+    let mut status = None;
+    for _ in 0..100 {
+        if let Some(s) = guard.0.try_wait().unwrap() {
+            status = Some(s);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(status.expect("exited once drained").code(), Some(0));
 }
