@@ -21,6 +21,10 @@ pub const EDS_REFRESH: Duration = Duration::from_millis(500);
 /// Grace each process gets on SIGTERM before SIGKILL.
 pub const STOP_GRACE: Duration = Duration::from_secs(3);
 
+/// How long the simulated workers drain their streams when the stack stops them: inside
+/// [`STOP_GRACE`] (and `DROP_GRACE`, the same).
+const WORKER_DRAIN: Duration = Duration::from_secs(2);
+
 /// The running stack. Dropping it stops every process (Envoy first, nats-server last).
 #[derive(Debug)]
 pub struct Stack {
@@ -343,6 +347,10 @@ impl Stack {
                 model_dir.clone(),
                 "--max-model-len".into(),
                 b.max_model_len.to_string(),
+                // Drained within the stack's own stop grace, so they exit on SIGTERM rather
+                // than being killed after it.
+                "--drain-timeout-ms".into(),
+                WORKER_DRAIN.as_millis().to_string(),
             ];
             worker_args.extend(self.credential_args());
             for worker in &workers {
