@@ -40,7 +40,16 @@ pub enum InvalidBody {
     /// Sent with a `content-encoding` (gzip, ...): the prompt cannot be read to route it, and
     /// no engine decompresses request bodies either.
     Encoded,
+    /// A JSON object of more than [`MAX_JSON_VALUES`] values: its tree would not fit the VM.
+    TooComplex,
 }
+
+/// The most JSON values (objects, arrays, strings, numbers, ...) a body the filter parses into
+/// a tree may hold: twice a 262,144-token prompt given as token ids. A tree costs tens of
+/// bytes per value, and the disaggregated path holds the client's and a leg's at once; 15 MiB
+/// of `[{},{},...]` (5 million values) ran the VM out of memory, and a crashed VM let requests
+/// through unscreened until Envoy restarted. Counted first, in a pass that builds nothing.
+pub const MAX_JSON_VALUES: usize = 1 << 19;
 
 impl InvalidBody {
     /// Label for logs, stats and the response header.
@@ -49,13 +58,14 @@ impl InvalidBody {
             InvalidBody::NotJson => "not_json",
             InvalidBody::NotAnObject => "not_an_object",
             InvalidBody::Encoded => "encoded",
+            InvalidBody::TooComplex => "too_complex",
         }
     }
 
     /// The status the client is answered: 400, or 415 for an encoded body.
     pub fn status(self) -> u16 {
         match self {
-            InvalidBody::NotJson | InvalidBody::NotAnObject => 400,
+            InvalidBody::NotJson | InvalidBody::NotAnObject | InvalidBody::TooComplex => 400,
             InvalidBody::Encoded => 415,
         }
     }
@@ -175,6 +185,91 @@ pub fn may_steer(body: &[u8]) -> bool {
     has(b"\\u") || CLIENT_STEERING_KEYS.iter().any(|k| has(k.as_bytes()))
 }
 
+/// Why [`count_values`] gave no count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum CountError {
+    NotJson,
+    TooMany,
+}
+
+/// How many JSON values `body` holds (a scalar is one; an array or object one plus its
+/// elements' values; object keys are not counted), stopping past [`MAX_JSON_VALUES`]. Builds
+/// nothing: each value is skipped as it is read.
+fn count_values(body: &[u8]) -> Result<usize, CountError> {
+    use serde::de::{DeserializeSeed, Deserializer, Error, MapAccess, SeqAccess, Visitor};
+    use std::cell::Cell;
+
+    const TOO_MANY: &str = "too many values";
+
+    #[derive(Clone, Copy)]
+    struct Counter<'a>(&'a Cell<usize>);
+
+    impl<'de> DeserializeSeed<'de> for Counter<'_> {
+        type Value = ();
+        fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+            d.deserialize_any(self)
+        }
+    }
+
+    impl Counter<'_> {
+        fn one<E: Error>(self) -> Result<(), E> {
+            self.0.set(self.0.get() + 1);
+            if self.0.get() > MAX_JSON_VALUES {
+                return Err(E::custom(TOO_MANY));
+            }
+            Ok(())
+        }
+    }
+
+    impl<'de> Visitor<'de> for Counter<'_> {
+        type Value = ();
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("any JSON value")
+        }
+        fn visit_bool<E: Error>(self, _: bool) -> Result<(), E> {
+            self.one()
+        }
+        fn visit_i64<E: Error>(self, _: i64) -> Result<(), E> {
+            self.one()
+        }
+        fn visit_u64<E: Error>(self, _: u64) -> Result<(), E> {
+            self.one()
+        }
+        fn visit_f64<E: Error>(self, _: f64) -> Result<(), E> {
+            self.one()
+        }
+        fn visit_str<E: Error>(self, _: &str) -> Result<(), E> {
+            self.one()
+        }
+        fn visit_unit<E: Error>(self) -> Result<(), E> {
+            self.one()
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+            self.one()?;
+            while seq.next_element_seed(self)?.is_some() {}
+            Ok(())
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+            self.one()?;
+            while map.next_key::<IgnoredAny>()?.is_some() {
+                map.next_value_seed(self)?;
+            }
+            Ok(())
+        }
+    }
+
+    let count = Cell::new(0);
+    let mut reader = serde_json::Deserializer::from_slice(body);
+    match Counter(&count)
+        .deserialize(&mut reader)
+        .and_then(|()| reader.end())
+    {
+        Ok(()) => Ok(count.get()),
+        Err(_) if count.get() > MAX_JSON_VALUES => Err(CountError::TooMany),
+        Err(_) => Err(CountError::NotJson),
+    }
+}
+
 /// The decode leg of a handoff, serialized.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DecodeBody {
@@ -194,6 +289,18 @@ impl RequestDoc {
     /// # Errors
     /// The [`InvalidBody`] reason when it is not a JSON object.
     pub fn parse(body: &[u8]) -> Result<RequestDoc, InvalidBody> {
+        if !starts_as_object(body) {
+            // Not an object, or not JSON: say which without building a tree.
+            return Err(match serde_json::from_slice::<IgnoredAny>(body) {
+                Ok(_) => InvalidBody::NotAnObject,
+                Err(_) => InvalidBody::NotJson,
+            });
+        }
+        match count_values(body) {
+            Ok(n) if n <= MAX_JSON_VALUES => {}
+            Ok(_) | Err(CountError::TooMany) => return Err(InvalidBody::TooComplex),
+            Err(CountError::NotJson) => return Err(InvalidBody::NotJson),
+        }
         match serde_json::from_slice::<Value>(body) {
             Ok(Value::Object(map)) => Ok(RequestDoc(map)),
             Ok(_) => Err(InvalidBody::NotAnObject),
@@ -312,6 +419,9 @@ pub fn invalid_body_error(invalid: InvalidBody) -> Vec<u8> {
     let message = match invalid {
         InvalidBody::NotJson => "the request body is not valid JSON",
         InvalidBody::NotAnObject => "the request body must be a JSON object",
+        InvalidBody::TooComplex => {
+            "the request body holds more JSON values than the gateway parses (524,288): a chat request needs a few per message, a prompt of token ids one per token"
+        }
         InvalidBody::Encoded => {
             "the request body is content-encoded (content-encoding header): the gateway reads the prompt to route it, so send the body uncompressed, or decompress it in the gateway before the Switchyard filter"
         }
@@ -429,6 +539,26 @@ mod tests {
         assert!(may_steer(br#"{"a":NaN,"kv_transfer_params":{}}"#));
         assert!(may_steer(br#"{"a":NaN,"kv\u005ftransfer_params":{}}"#));
         assert!(!may_steer(b"--boundary\r\nplain form data"));
+    }
+
+    #[test]
+    fn a_body_of_more_values_than_a_tree_may_hold_is_too_complex_and_never_parsed() {
+        let mut body = br#"{"model":"m","prompt":[1],"x":["#.to_vec();
+        body.extend(std::iter::repeat_n(&b"{},"[..], MAX_JSON_VALUES).flatten());
+        body.extend(br#"{}],"kv_transfer_params":{}}"#);
+        assert_eq!(RequestDoc::parse(&body), Err(InvalidBody::TooComplex));
+        assert_eq!(screen(&body), Screened::Invalid(InvalidBody::TooComplex));
+        // A prompt of 262,144 token ids is well within it.
+        let ids = vec!["7"; 262_144].join(",");
+        let prompt = format!(r#"{{"model":"m","prompt":[{ids}],"kv_transfer_params":{{}}}}"#);
+        assert!(matches!(
+            screen(prompt.as_bytes()),
+            Screened::Stripped { removed: 1, .. }
+        ));
+        // Not JSON or not an object is still said as such.
+        assert_eq!(RequestDoc::parse(b"{\"a\":"), Err(InvalidBody::NotJson));
+        assert_eq!(RequestDoc::parse(b"[1]"), Err(InvalidBody::NotAnObject));
+        assert_eq!(RequestDoc::parse(b" nope"), Err(InvalidBody::NotJson));
     }
 
     #[test]

@@ -256,10 +256,10 @@ mod tests {
     fn rejections_count_the_total_and_their_reason() {
         let ids = StatIds {
             rejected_total: 40,
-            rejected: (41..48).collect(),
+            rejected: (41..49).collect(),
             ..StatIds::default()
         };
-        assert_eq!(ids.for_rejection(Rejection::TooLarge), vec![40, 47]);
+        assert_eq!(ids.for_rejection(Rejection::TooLarge), vec![40, 48]);
         let outcome = RouteOutcome::Rejected {
             status: 400,
             reason: switchyard_protocol::route::RejectReason::PromptTooLong,

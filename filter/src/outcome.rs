@@ -88,13 +88,14 @@ pub enum Rejection {
 
 impl Rejection {
     /// Every label, in a fixed order (the root context defines one counter each).
-    pub const STAT_KEYS: [&'static str; 7] = [
+    pub const STAT_KEYS: [&'static str; 8] = [
         "invalid_request",
         "prompt_too_long",
         "unknown_model",
         "not_json",
         "not_an_object",
         "encoded",
+        "too_complex",
         "too_large",
     ];
 
@@ -227,6 +228,7 @@ mod tests {
             Rejection::Body(InvalidBody::NotJson),
             Rejection::Body(InvalidBody::NotAnObject),
             Rejection::Body(InvalidBody::Encoded),
+            Rejection::Body(InvalidBody::TooComplex),
             Rejection::TooLarge,
         ]);
         let keys: Vec<&str> = all.iter().map(|r| r.as_str()).collect();
