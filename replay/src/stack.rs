@@ -124,6 +124,14 @@ impl<'a> VirtualStack<'a> {
         }
         let mut router_config = spec.router.clone();
         router_config.serving_mode = spec.mode;
+        // A load report reaches this router the moment it is sampled, and without a modelled
+        // gateway a request reaches its engine the moment it is routed: no report can miss a
+        // request routed before it, and the grace that bridges a real network's delays would
+        // only count those requests twice. (A modelled gateway forwards the body after the
+        // verdict, as a real one does; the config's grace stands then.)
+        if spec.gateway.is_free() {
+            router_config.load.report_grace_ms = 0;
+        }
         router_config.validate()?;
         let control = ControlCore::new(
             Router::with_config(router_config, spec.seed),

@@ -176,12 +176,19 @@ impl WorkerState {
         });
     }
 
-    /// The leg's prefill is over (done, or its report overdue): its tokens stop counting, and
-    /// a decode leg has been handed its request.
+    /// The leg's prefill is over (done, or its report overdue): its tokens stop counting.
     fn end_prefill(&mut self, key: LegKey) {
         if let Some(a) = self.active.iter_mut().find(|a| a.key == key) {
             self.prefill_delta -= a.prefill_tokens as i64;
             a.prefill_tokens = 0;
+        }
+    }
+
+    /// The decode leg's request reached this worker (its first token came). Until then it
+    /// may still wait in a prefill queue, however long: an overdue `first_token` says
+    /// nothing about where it is.
+    fn handed_over(&mut self, key: LegKey) {
+        if let Some(a) = self.active.iter_mut().find(|a| a.key == key) {
             a.awaits_handoff = false;
         }
     }
@@ -461,6 +468,10 @@ impl LoadTracker {
         if next == Stage::Decoding {
             if let Some(w) = self.worker_mut(load.decode.slot) {
                 w.decoding += 1;
+                w.handed_over(LegKey {
+                    ticket,
+                    prefill: false,
+                });
             }
         }
     }

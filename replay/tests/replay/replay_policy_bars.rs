@@ -206,8 +206,10 @@ fn slo_cost_learns_a_timing_model_twice_too_slow() {
 /// worker's queue minutes long. The best static point of the saturated sweep
 /// (docs/benchmarks.md) is `isl_bounding` at 4096 tokens, ratio 1; without its rescue
 /// `slo_cost` reached 81 % of it (its ITL rule sent the longest contexts into that queue),
-/// with it 111 %. With learning off (no rescue, and the configured coefficients) it must fall
-/// below the bar, so that the test shows the slice still needs what is learned.
+/// with it 111 %. Since a disaggregated request's decode leg counts on its decode worker until
+/// the handoff (2026-12-06), `slo_cost` without learning reaches about 98 % of it, and with
+/// learning about 123 %: what is learned must still add at least a tenth, so that the test
+/// shows the slice still needs it.
 #[test]
 fn past_saturation_slo_cost_rescues_what_the_prefill_queue_would_lose() {
     let workload = generate_agentic(
@@ -242,8 +244,8 @@ fn past_saturation_slo_cost_rescues_what_the_prefill_queue_would_lose() {
     .goodput
     .requests_per_s;
     assert!(
-        without < BAR_A * best,
-        "without learning (no rescue) {without:.3} req/s: the test no longer sees the rescue"
+        goodput >= 1.1 * without,
+        "with learning {goodput:.3} req/s, without (no rescue) {without:.3}: the test no longer sees the rescue"
     );
 }
 

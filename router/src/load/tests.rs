@@ -498,3 +498,28 @@ fn requests_the_workers_reports_stop_showing_are_released_after_a_while() {
     t.on_report(D, &at_worker(0), 130_020, &cfg);
     assert_eq!(t.load(D).in_flight, 2);
 }
+
+#[test]
+fn a_disaggregated_request_overdue_in_a_prefill_queue_is_no_surplus_on_its_decode_worker() {
+    let cfg = LoadConfig {
+        prefill_timeout_ms: 100,
+        request_timeout_ms: 600_000,
+        report_grace_ms: 50,
+        stale_in_flight_ms: 30_000,
+        ..TIMEOUTS
+    };
+    let mut t = tracker();
+    t.on_route("queued", disagg(0..4, 9_000), 0);
+    // Its first token is overdue: prefill tokens freed, but it may wait in the prefill
+    // worker's queue for minutes, and the decode worker has not seen it.
+    t.expire(1_000, &cfg);
+    assert_eq!(t.load(P).prefill_tokens, 0);
+    for at in [1_000, 20_000, 40_000, 60_000] {
+        t.on_report(D, &report(0, 0, 4000), at, &cfg);
+    }
+    assert_eq!(t.load(D).in_flight, 1, "still coming");
+    assert_eq!(t.load(D).active_blocks, 4);
+    t.on_first_token("queued");
+    t.on_report(D, &report(0, 4, 4000), 61_000, &cfg);
+    assert_eq!(t.load(D).decoding, 1);
+}
