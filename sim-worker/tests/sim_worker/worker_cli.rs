@@ -454,3 +454,163 @@ async fn sigterm_drains_the_streams_in_flight_and_takes_nothing_new() {
     }
     assert_eq!(status.expect("exited once drained").code(), Some(0));
 }
+
+/// The per-worker NATS permissions docs/control-plane.md gives ("Securing NATS"), on a real
+/// nats-server: the worker registers, reports its load and answers a resync under them, and
+/// its credentials cannot write the shared router config or another worker's KV events.
+#[tokio::test]
+async fn the_documented_nats_permissions_let_a_worker_work_and_nothing_more() {
+    use switchyard_protocol::kv::{KvEventBatch, ResyncRequest};
+    use switchyard_protocol::worker::WorkerId;
+
+    let doc = include_str!("../../../docs/control-plane.md");
+    let block = doc
+        .split("```text\n")
+        .find(|b| b.starts_with("authorization {"))
+        .and_then(|b| b.split("```").next())
+        .expect("the permissions block in docs/control-plane.md");
+    let dir = switchyard_support::TempDir::new("nats-permissions").unwrap();
+    let conf = dir.path().join("nats.conf");
+    std::fs::write(
+        &conf,
+        block
+            .replace("CONTROL-PLANE-PASSWORD", "control-plane-pass")
+            .replace("DECODE-0-PASSWORD", "decode-0-pass"),
+    )
+    .unwrap();
+    let password_file = dir.path().join("decode-0.password");
+    std::fs::write(&password_file, "decode-0-pass").unwrap();
+    let port = free_port();
+    let args: Vec<String> = [
+        "-c",
+        conf.to_str().unwrap(),
+        "-js",
+        "-a",
+        "127.0.0.1",
+        "-p",
+        &port.to_string(),
+        "-sd",
+        dir.path().join("js").to_str().unwrap(),
+    ]
+    .map(String::from)
+    .into();
+    let mut server = switchyard_support::Process::spawn(
+        "nats-server",
+        &switchyard_support::nats::default_program(),
+        &args,
+        Some(&dir.path().join("nats.log")),
+    )
+    .unwrap();
+    server
+        .wait_for_listener(([127, 0, 0, 1], port).into(), Duration::from_secs(10))
+        .unwrap();
+    let url = format!("nats://127.0.0.1:{port}");
+    let control_plane = async_nats::ConnectOptions::with_user_and_password(
+        "switchyard-control-plane".into(),
+        "control-plane-pass".into(),
+    )
+    .connect(&url)
+    .await
+    .unwrap();
+    let mut heartbeats = control_plane.subscribe(subjects::HEARTBEAT).await.unwrap();
+    let mut loads = control_plane.subscribe(subjects::LOAD).await.unwrap();
+    let mut kv_events = control_plane
+        .subscribe(subjects::KV_EVENTS_ALL)
+        .await
+        .unwrap();
+    let mut config = control_plane
+        .subscribe("$KV.switchyard_config.>")
+        .await
+        .unwrap();
+    control_plane.flush().await.unwrap();
+
+    let http_port = free_port();
+    let child = Command::new(BIN)
+        .args([
+            "--nats-url",
+            &url,
+            "--nats-user",
+            "decode-0",
+            "--nats-password-file",
+            password_file.to_str().unwrap(),
+            "--worker",
+            &format!("decode:decode-0@127.0.0.1:{http_port}"),
+            "--heartbeat-interval-ms",
+            "100",
+            "--load-interval-ms",
+            "100",
+        ])
+        .env("NO_COLOR", "1")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("binary starts");
+    let _worker = WorkerProcess(child);
+    let within = |s| Duration::from_secs(s);
+    let hb = tokio::time::timeout(within(15), heartbeats.next())
+        .await
+        .expect("the worker registers under its permissions")
+        .unwrap();
+    let hb: WorkerHeartbeat = serde_json::from_slice(&hb.payload).unwrap();
+    assert_eq!(hb.worker.worker_id.0, "decode-0");
+    tokio::time::timeout(within(5), loads.next())
+        .await
+        .expect("its load reports arrive");
+    // It hears its resync request and answers with its KV dump.
+    let resync = ResyncRequest {
+        v: 1,
+        worker_id: WorkerId("decode-0".into()),
+        reason: "permissions test".into(),
+    };
+    let subject = subjects::kv_resync(&resync.worker_id);
+    let mut dump = None;
+    for _ in 0..20 {
+        control_plane
+            .publish(subject.clone(), serde_json::to_vec(&resync).unwrap().into())
+            .await
+            .unwrap();
+        if let Ok(Some(msg)) =
+            tokio::time::timeout(Duration::from_millis(250), kv_events.next()).await
+        {
+            dump = Some(msg);
+            break;
+        }
+    }
+    let dump: KvEventBatch = serde_json::from_slice(&dump.expect("a KV dump").payload).unwrap();
+    assert!(dump.resync, "{dump:?}");
+
+    // Its credentials publish on its own subjects only.
+    let as_worker = async_nats::ConnectOptions::with_user_and_password(
+        "decode-0".into(),
+        "decode-0-pass".into(),
+    )
+    .connect(&url)
+    .await
+    .unwrap();
+    let forged = br#"{"serving_mode":"disagg","eff_isl_threshold":1}"#.to_vec();
+    as_worker
+        .publish("$KV.switchyard_config.router", forged.into())
+        .await
+        .unwrap();
+    as_worker
+        .publish("switchyard.kv.events.decode-1", b"{}".to_vec().into())
+        .await
+        .unwrap();
+    as_worker.flush().await.unwrap();
+    assert!(
+        tokio::time::timeout(Duration::from_millis(500), config.next())
+            .await
+            .is_err(),
+        "a worker's credentials wrote the shared config"
+    );
+    while let Ok(Some(msg)) =
+        tokio::time::timeout(Duration::from_millis(300), kv_events.next()).await
+    {
+        assert_eq!(
+            msg.subject.as_str(),
+            "switchyard.kv.events.decode-0",
+            "another worker's events forged"
+        );
+    }
+    server.stop(Duration::from_secs(2));
+}
