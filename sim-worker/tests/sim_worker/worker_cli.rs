@@ -129,6 +129,20 @@ fn bad_flags_exit_64_with_a_clear_message() {
 /// The worker process, killed by PID on drop.
 struct WorkerProcess(Child);
 
+impl WorkerProcess {
+    /// Starts the binary with `args`, its output discarded.
+    fn spawn(args: &[&str]) -> WorkerProcess {
+        let child = Command::new(BIN)
+            .args(args)
+            .env("NO_COLOR", "1")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("binary starts");
+        WorkerProcess(child)
+    }
+}
+
 impl Drop for WorkerProcess {
     fn drop(&mut self) {
         let _ = self.0.kill();
@@ -144,21 +158,14 @@ async fn a_worker_registers_at_start_not_one_interval_later() {
     observer.flush().await.unwrap();
     let http_port = free_port();
     let started = tokio::time::Instant::now();
-    let child = Command::new(BIN)
-        .args([
-            "--nats-url",
-            &server.url,
-            "--worker",
-            &format!("decode:early-0@127.0.0.1:{http_port}"),
-            "--heartbeat-interval-ms",
-            "10000",
-        ])
-        .env("NO_COLOR", "1")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("binary starts");
-    let _guard = WorkerProcess(child);
+    let _guard = WorkerProcess::spawn(&[
+        "--nats-url",
+        &server.url,
+        "--worker",
+        &format!("decode:early-0@127.0.0.1:{http_port}"),
+        "--heartbeat-interval-ms",
+        "10000",
+    ]);
     let msg = tokio::time::timeout(Duration::from_secs(15), heartbeats.next())
         .await
         .expect("a heartbeat")
@@ -373,21 +380,14 @@ async fn sigterm_drains_the_streams_in_flight_and_takes_nothing_new() {
     let mut heartbeats = observer.subscribe(subjects::HEARTBEAT).await.unwrap();
     observer.flush().await.unwrap();
     let http_port = free_port();
-    let child = Command::new(BIN)
-        .args([
-            "--nats-url",
-            &server.url,
-            "--worker",
-            &format!("agg:drain-0@127.0.0.1:{http_port}"),
-            "--heartbeat-interval-ms",
-            "100",
-        ])
-        .env("NO_COLOR", "1")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("binary starts");
-    let mut guard = WorkerProcess(child);
+    let mut guard = WorkerProcess::spawn(&[
+        "--nats-url",
+        &server.url,
+        "--worker",
+        &format!("agg:drain-0@127.0.0.1:{http_port}"),
+        "--heartbeat-interval-ms",
+        "100",
+    ]);
     tokio::time::timeout(Duration::from_secs(15), heartbeats.next())
         .await
         .expect("registered");
@@ -525,27 +525,20 @@ async fn the_documented_nats_permissions_let_a_worker_work_and_nothing_more() {
     control_plane.flush().await.unwrap();
 
     let http_port = free_port();
-    let child = Command::new(BIN)
-        .args([
-            "--nats-url",
-            &url,
-            "--nats-user",
-            "decode-0",
-            "--nats-password-file",
-            password_file.to_str().unwrap(),
-            "--worker",
-            &format!("decode:decode-0@127.0.0.1:{http_port}"),
-            "--heartbeat-interval-ms",
-            "100",
-            "--load-interval-ms",
-            "100",
-        ])
-        .env("NO_COLOR", "1")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("binary starts");
-    let _worker = WorkerProcess(child);
+    let _worker = WorkerProcess::spawn(&[
+        "--nats-url",
+        &url,
+        "--nats-user",
+        "decode-0",
+        "--nats-password-file",
+        password_file.to_str().unwrap(),
+        "--worker",
+        &format!("decode:decode-0@127.0.0.1:{http_port}"),
+        "--heartbeat-interval-ms",
+        "100",
+        "--load-interval-ms",
+        "100",
+    ]);
     let within = |s| Duration::from_secs(s);
     let hb = tokio::time::timeout(within(15), heartbeats.next())
         .await
