@@ -254,7 +254,7 @@ impl Default for Metrics {
             eff_isl_tokens: Histogram::new(exponential_buckets(16.0, 2.0, 15)),
             // Written out: summed in floating point, 0.3 and 0.7 became 0.30000000000000007
             // and 0.7000000000000001, and a query on `le="0.3"` matched nothing.
-            cached_fraction: Histogram::new(CACHED_FRACTION_BUCKETS.into_iter()),
+            cached_fraction: Histogram::new(CACHED_FRACTION_BUCKETS),
             // 50 µs .. ~0.8 s.
             route_latency_seconds: Histogram::new(exponential_buckets(0.000_05, 2.0, 15)),
             bad_requests: Family::default(),
