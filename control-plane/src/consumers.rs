@@ -114,7 +114,9 @@ pub async fn run(
 ) {
     let mut subs = Vec::new();
     for (kind, subject) in [
+        (Kind::Heartbeat, subjects::HEARTBEAT_ALL),
         (Kind::Heartbeat, subjects::HEARTBEAT),
+        (Kind::Load, subjects::LOAD_ALL),
         (Kind::Load, subjects::LOAD),
         (Kind::KvEvents, subjects::KV_EVENTS_ALL),
     ] {
@@ -170,6 +172,20 @@ struct Consumer {
     warned: std::collections::HashSet<(WorkerId, &'static str)>,
 }
 
+/// Whether a message on `subject` may speak for `worker`: on the shared subject `shared` (older
+/// workers) anyone may; on a per-worker one (`shared.<id>`), only that worker.
+fn sent_for(subject: &str, shared: &str, worker: &WorkerId) -> bool {
+    match subject.strip_prefix(shared) {
+        Some("") => true,
+        Some(rest) => rest.strip_prefix('.') == Some(worker.0.as_str()),
+        None => false,
+    }
+}
+
+fn another_workers(worker: &WorkerId) -> String {
+    format!("message names worker {worker} on another worker's subject")
+}
+
 /// Decodes a message, rejecting newer protocol versions than this build understands.
 pub(crate) fn decode<T: serde::de::DeserializeOwned>(
     payload: &[u8],
@@ -195,6 +211,9 @@ impl Consumer {
     ) -> Result<(), crate::service::ServiceStopped> {
         match kind {
             Kind::Heartbeat => match decode::<WorkerHeartbeat>(payload, |m| m.v) {
+                Ok(hb) if !sent_for(subject, subjects::HEARTBEAT, &hb.worker.worker_id) => {
+                    self.bad(kind, subject, &another_workers(&hb.worker.worker_id));
+                }
                 Ok(hb) if self.refuse(&hb) => {}
                 Ok(hb) => {
                     let worker = hb.worker.worker_id.clone();
@@ -230,6 +249,9 @@ impl Consumer {
                 Err(e) => self.bad(kind, subject, &e),
             },
             Kind::Load => match decode::<LoadReport>(payload, |m| m.v) {
+                Ok(report) if !sent_for(subject, subjects::LOAD, &report.worker_id) => {
+                    self.bad(kind, subject, &another_workers(&report.worker_id));
+                }
                 Ok(report) => match report.check() {
                     Ok(()) => self.service.load(report).await?,
                     Err(e) => self.bad(kind, subject, &e.to_string()),
@@ -238,11 +260,7 @@ impl Consumer {
             },
             Kind::KvEvents => match decode::<KvEventBatch>(payload, |m| m.v) {
                 Ok(batch) if subject != subjects::kv_events(&batch.worker_id) => {
-                    let e = format!(
-                        "batch names worker {} on another worker's subject",
-                        batch.worker_id
-                    );
-                    self.bad(kind, subject, &e);
+                    self.bad(kind, subject, &another_workers(&batch.worker_id));
                 }
                 Ok(batch) => {
                     let worker = batch.worker_id.clone();
@@ -382,6 +400,29 @@ mod tests {
         .unwrap_err();
         assert!(err.contains("99"), "{err}");
         assert!(decode::<LoadReport>(b"{", |m| m.v).is_err());
+    }
+
+    #[test]
+    fn a_per_worker_subject_speaks_for_its_worker_only() {
+        let d0 = WorkerId("decode-0".into());
+        let shared = subjects::LOAD;
+        assert!(sent_for(&subjects::load(&d0), shared, &d0));
+        assert!(
+            sent_for(shared, shared, &d0),
+            "the shared subject of older workers"
+        );
+        assert!(!sent_for(
+            &subjects::load(&WorkerId("decode-1".into())),
+            shared,
+            &d0
+        ));
+        assert!(!sent_for("switchyard.workers.load.decode-0.x", shared, &d0));
+        assert!(!sent_for("switchyard.workers.loadx", shared, &d0));
+        assert!(sent_for(
+            &subjects::heartbeat(&d0),
+            subjects::HEARTBEAT,
+            &d0
+        ));
     }
 
     /// A late heartbeat (one buffered while this process stalled) does not send the

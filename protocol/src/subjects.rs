@@ -5,10 +5,28 @@ use crate::worker::WorkerId;
 
 /// Prefix of every Switchyard subject.
 pub const PREFIX: &str = "switchyard";
-/// Heartbeats (which double as registrations) from all workers.
+/// Heartbeats (which double as registrations) of workers that publish them on one shared
+/// subject, as workers did before [`heartbeat`] (still taken). A worker on a shared subject
+/// can publish for any worker, so NATS permissions cannot confine it to its own.
 pub const HEARTBEAT: &str = "switchyard.workers.heartbeat";
-/// Load reports from all workers.
+/// Load reports on one shared subject, as workers published them before [`load`] (still
+/// taken).
 pub const LOAD: &str = "switchyard.workers.load";
+/// Wildcard for every worker's heartbeats.
+pub const HEARTBEAT_ALL: &str = "switchyard.workers.heartbeat.*";
+/// Wildcard for every worker's load reports.
+pub const LOAD_ALL: &str = "switchyard.workers.load.*";
+
+/// Subject of one worker's heartbeats: its own, so NATS permissions can let a worker
+/// publish for itself only, and a message naming another worker is refused.
+pub fn heartbeat(worker: &WorkerId) -> String {
+    format!("{HEARTBEAT}.{worker}")
+}
+
+/// Subject of one worker's load reports (see [`heartbeat`]).
+pub fn load(worker: &WorkerId) -> String {
+    format!("{LOAD}.{worker}")
+}
 /// Wildcard for every worker's KV events.
 pub const KV_EVENTS_ALL: &str = "switchyard.kv.events.*";
 /// Wildcard for every worker's resync requests.

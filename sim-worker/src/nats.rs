@@ -87,7 +87,7 @@ async fn heartbeats(ctx: Arc<WorkerContext>, client: async_nats::Client, interva
             tokio::time::sleep(CONNECTION_POLL).await;
         }
         let heartbeat = ctx.heartbeat(interval_ms, unix_now_ms());
-        publish_json(&ctx, &client, subjects::HEARTBEAT.to_owned(), &heartbeat).await;
+        publish_json(&ctx, &client, subjects::heartbeat(&ctx.id), &heartbeat).await;
     }
 }
 
@@ -101,7 +101,7 @@ async fn load_reports(ctx: Arc<WorkerContext>, client: async_nats::Client, inter
         ticker.tick().await;
         if connected(&client) {
             let report = ctx.engine.load().to_load_report(ctx.id.clone());
-            publish_json(&ctx, &client, subjects::LOAD.to_owned(), &report).await;
+            publish_json(&ctx, &client, subjects::load(&ctx.id), &report).await;
         }
     }
 }

@@ -170,6 +170,24 @@ async fn malformed_nats_messages_are_counted_and_harmless() {
             subjects::kv_events(&probe.worker_id),
             json!({"worker_id": "other", "instance_id": 1, "seq": 1, "events": []}).to_string(),
         ),
+        // The same for a load report and a heartbeat on the probe's own subjects.
+        (
+            subjects::load(&probe.worker_id),
+            json!({"v": 1, "worker_id": "other", "running": 0, "waiting": 0,
+                   "kv_used_blocks": 1000, "kv_total_blocks": 1000})
+            .to_string(),
+        ),
+        (
+            subjects::heartbeat(&probe.worker_id),
+            serde_json::to_string(&WorkerHeartbeat {
+                v: 1,
+                worker: worker("other", WorkerRole::Decode, 9017, 1),
+                interval_ms: 1_000,
+                sent_at_ms: 0,
+                signature: None,
+            })
+            .unwrap(),
+        ),
     ] {
         nats.publish(subject, payload.into()).await.unwrap();
     }
@@ -201,8 +219,8 @@ async fn malformed_nats_messages_are_counted_and_harmless() {
 
     eventually(WAIT, "bad messages counted", || async {
         let m = svc.metrics().await;
-        metric_value(&m, "switchyard_bad_messages_total{kind=\"heartbeat\"}") == 3.0
-            && metric_value(&m, "switchyard_bad_messages_total{kind=\"load\"}") == 2.0
+        metric_value(&m, "switchyard_bad_messages_total{kind=\"heartbeat\"}") == 4.0
+            && metric_value(&m, "switchyard_bad_messages_total{kind=\"load\"}") == 3.0
             && metric_value(&m, "switchyard_bad_messages_total{kind=\"kv_events\"}") == 2.0
             && metric_value(&m, "switchyard_workers_rejected_total{reason=\"invalid\"}") == 5.0
             && metric_value(

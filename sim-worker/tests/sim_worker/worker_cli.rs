@@ -154,7 +154,7 @@ impl Drop for WorkerProcess {
 async fn a_worker_registers_at_start_not_one_interval_later() {
     let server = NatsServer::start_on(free_port());
     let observer = async_nats::connect(&server.url).await.unwrap();
-    let mut heartbeats = observer.subscribe(subjects::HEARTBEAT).await.unwrap();
+    let mut heartbeats = observer.subscribe(subjects::HEARTBEAT_ALL).await.unwrap();
     observer.flush().await.unwrap();
     let http_port = free_port();
     let started = tokio::time::Instant::now();
@@ -237,7 +237,7 @@ async fn a_worker_started_before_nats_serves_http_and_joins_nats_later() {
     // NATS comes up: the worker's heartbeats arrive.
     let server = NatsServer::start_on(nats_port);
     let observer = async_nats::connect(&server.url).await.unwrap();
-    let mut heartbeats = observer.subscribe(subjects::HEARTBEAT).await.unwrap();
+    let mut heartbeats = observer.subscribe(subjects::HEARTBEAT_ALL).await.unwrap();
     let msg = tokio::time::timeout(Duration::from_secs(15), heartbeats.next())
         .await
         .expect("a heartbeat after NATS came up")
@@ -377,7 +377,7 @@ async fn a_vllm_wire_worker_logs_its_bound_zmq_endpoints_and_serves() {
 async fn sigterm_drains_the_streams_in_flight_and_takes_nothing_new() {
     let server = NatsServer::start_on(free_port());
     let observer = async_nats::connect(&server.url).await.unwrap();
-    let mut heartbeats = observer.subscribe(subjects::HEARTBEAT).await.unwrap();
+    let mut heartbeats = observer.subscribe(subjects::HEARTBEAT_ALL).await.unwrap();
     observer.flush().await.unwrap();
     let http_port = free_port();
     let mut guard = WorkerProcess::spawn(&[
@@ -512,8 +512,12 @@ async fn the_documented_nats_permissions_let_a_worker_work_and_nothing_more() {
     .connect(&url)
     .await
     .unwrap();
-    let mut heartbeats = control_plane.subscribe(subjects::HEARTBEAT).await.unwrap();
-    let mut loads = control_plane.subscribe(subjects::LOAD).await.unwrap();
+    let mut heartbeats = control_plane
+        .subscribe(subjects::HEARTBEAT_ALL)
+        .await
+        .unwrap();
+    let mut loads = control_plane.subscribe(subjects::LOAD_ALL).await.unwrap();
+    let mut shared_loads = control_plane.subscribe(subjects::LOAD).await.unwrap();
     let mut kv_events = control_plane
         .subscribe(subjects::KV_EVENTS_ALL)
         .await
@@ -585,10 +589,16 @@ async fn the_documented_nats_permissions_let_a_worker_work_and_nothing_more() {
         .publish("$KV.switchyard_config.router", forged.into())
         .await
         .unwrap();
-    as_worker
-        .publish("switchyard.kv.events.decode-1", b"{}".to_vec().into())
-        .await
-        .unwrap();
+    for other in [
+        "switchyard.kv.events.decode-1",
+        "switchyard.workers.load.decode-1",
+        subjects::LOAD,
+    ] {
+        as_worker
+            .publish(other, b"{}".to_vec().into())
+            .await
+            .unwrap();
+    }
     as_worker.flush().await.unwrap();
     assert!(
         tokio::time::timeout(Duration::from_millis(500), config.next())
@@ -596,14 +606,27 @@ async fn the_documented_nats_permissions_let_a_worker_work_and_nothing_more() {
             .is_err(),
         "a worker's credentials wrote the shared config"
     );
-    while let Ok(Some(msg)) =
-        tokio::time::timeout(Duration::from_millis(300), kv_events.next()).await
-    {
+    // Read what arrives for half a second (its own load reports go on every 100 ms).
+    let until = tokio::time::Instant::now() + Duration::from_millis(500);
+    while let Ok(Some(msg)) = tokio::time::timeout_at(until, kv_events.next()).await {
         assert_eq!(
             msg.subject.as_str(),
             "switchyard.kv.events.decode-0",
             "another worker's events forged"
         );
     }
+    while let Ok(Some(msg)) = tokio::time::timeout_at(until, loads.next()).await {
+        assert_eq!(
+            msg.subject.as_str(),
+            "switchyard.workers.load.decode-0",
+            "another worker's load forged"
+        );
+    }
+    assert!(
+        tokio::time::timeout(Duration::from_millis(100), shared_loads.next())
+            .await
+            .is_err(),
+        "a load report on the shared subject, which speaks for any worker"
+    );
     server.stop(Duration::from_secs(2));
 }

@@ -121,8 +121,8 @@ fn stored_hashes(batches: &[KvEventBatch]) -> Vec<SequenceHash> {
 async fn prefill_to_decode_handoff_over_real_http_with_kv_events_on_nats() {
     let nats_server = NatsServer::start();
     let observer = async_nats::connect(&nats_server.url).await.unwrap();
-    let mut heartbeats = observer.subscribe(subjects::HEARTBEAT).await.unwrap();
-    let mut loads = observer.subscribe(subjects::LOAD).await.unwrap();
+    let mut heartbeats = observer.subscribe(subjects::HEARTBEAT_ALL).await.unwrap();
+    let mut loads = observer.subscribe(subjects::LOAD_ALL).await.unwrap();
     let decode_id = WorkerId("decode-0".into());
     let mut decode_events = observer
         .subscribe(subjects::kv_events(&decode_id))
