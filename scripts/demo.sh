@@ -56,7 +56,7 @@ if [[ -x target/release/switchyard-replay ]]; then
   echo
   echo "== virtual time: the whole trace, same workers, no sockets (simulated)"
   vstart=$SECONDS
-  # Bounded: the whole trace normally replays in about 12 s.
+  # Bounded: the whole trace normally replays in about 5 s.
   if timeout 300 target/release/switchyard-replay \
     --trace "$trace" \
     --workers 4 --prefill-ratio 0.25 \
