@@ -1,26 +1,18 @@
 //! Free 127.0.0.1 ports.
 
-use std::net::{Ipv4Addr, TcpListener};
-
 use crate::error::StackError;
 
-/// Asks the kernel for `count` distinct free ports on 127.0.0.1. All listeners are held until
-/// every port is picked, so the same port is never handed out twice; a process of someone else
-/// can still take one before our child binds it (the child then fails and the stack reports
-/// which one).
+/// `count` distinct free ports on 127.0.0.1, below the kernel's ephemeral range
+/// (`switchyard_support::free_listen_ports`). Envoy binds its listener seconds after the pick
+/// (it compiles the filter first), and a port in the ephemeral range could meanwhile become
+/// the source port of any outgoing connection on the machine: Envoy then failed with
+/// "Address already in use". A process of someone else can still bind one on purpose before
+/// our child does (the child then fails and the stack reports which one).
 ///
 /// # Errors
-/// [`StackError::Io`] if no port can be bound.
+/// None today; kept so callers need not change if picking can fail.
 pub fn free_ports(count: usize) -> Result<Vec<u16>, StackError> {
-    let listeners = (0..count)
-        .map(|_| TcpListener::bind((Ipv4Addr::LOCALHOST, 0)))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(StackError::io("binding 127.0.0.1:0 to find a free port"))?;
-    listeners
-        .iter()
-        .map(|l| l.local_addr().map(|a| a.port()))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(StackError::io("reading a bound port"))
+    Ok(switchyard_support::free_listen_ports(count))
 }
 
 #[cfg(test)]

@@ -22,7 +22,7 @@ pub mod scratch;
 
 pub use nats::{NatsConfig, NatsServer};
 pub use process::{Process, Signal};
-pub use scratch::{free_listen_port, free_port, random_token, TempDir};
+pub use scratch::{free_listen_port, free_listen_ports, free_port, random_token, TempDir};
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

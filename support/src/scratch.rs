@@ -29,17 +29,37 @@ const LISTEN_PORTS: u16 = 8_192;
 /// # Panics
 /// If no port can be bound on 127.0.0.1 (no loopback interface).
 pub fn free_listen_port() -> u16 {
-    let Some(low) = ephemeral_low()
+    free_listen_ports(1)[0]
+}
+
+/// `count` distinct ports as [`free_listen_port`] picks one: each is held while the next is
+/// picked, so none is handed out twice.
+///
+/// # Panics
+/// If no port can be bound on 127.0.0.1 (no loopback interface).
+pub fn free_listen_ports(count: usize) -> Vec<u16> {
+    let mut held = Vec::with_capacity(count);
+    if let Some(low) = ephemeral_low()
         .checked_sub(LISTEN_PORTS)
         .filter(|&l| l >= 1_024)
-    else {
-        return free_port();
-    };
-    let start = u16::from_str_radix(&random_token()[..4], 16).unwrap_or(0) % LISTEN_PORTS;
-    (0..LISTEN_PORTS)
-        .map(|i| low + (start + i) % LISTEN_PORTS)
-        .find(|&port| TcpListener::bind((Ipv4Addr::LOCALHOST, port)).is_ok())
-        .unwrap_or_else(free_port)
+    {
+        let start = u16::from_str_radix(&random_token()[..4], 16).unwrap_or(0) % LISTEN_PORTS;
+        held.extend(
+            (0..LISTEN_PORTS)
+                .map(|i| low + (start + i) % LISTEN_PORTS)
+                .filter_map(|port| TcpListener::bind((Ipv4Addr::LOCALHOST, port)).ok())
+                .take(count),
+        );
+    }
+    while held.len() < count {
+        held.push(
+            TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+                .expect("bind 127.0.0.1:0 to find a free port"),
+        );
+    }
+    held.iter()
+        .map(|l| l.local_addr().expect("a bound port").port())
+        .collect()
 }
 
 /// The first port of the kernel's ephemeral range (Linux's default when it cannot be read).
