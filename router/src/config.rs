@@ -90,10 +90,12 @@ pub struct LoadConfig {
     /// longer than a long prefill plus the events' trip, short enough that a prediction a
     /// worker never confirms does not steer traffic for long.
     pub kv_prediction_ms: u64,
-    /// A worker's load report leaves out requests routed less than this long before it
-    /// arrived: they may not have reached the worker when it was sampled
-    /// (`crate::load`). Default 50 ms: a route reply's trip back through the gateway and the
-    /// body's on to the worker, with room for a busy machine.
+    /// A worker's load report is taken to leave out requests routed less than this long
+    /// before it arrived: they may not have reached the worker when it was sampled
+    /// (`crate::load`). Default 0: on a fast network the report nearly always has them
+    /// already, and counting them twice until the next report moved a conversation's next
+    /// turn off its cached worker (an end-to-end test caught it at 50 ms). Set it to the
+    /// gateway-to-worker delay where that is long, and bursts pile onto a worker.
     pub report_grace_ms: u64,
     /// Requests counted on a worker beyond what every one of its reports for this long
     /// showed (running plus waiting) are taken as finished, their `done` lost, and released
@@ -108,7 +110,7 @@ impl Default for LoadConfig {
             prefill_timeout_ms: 60_000,
             request_timeout_ms: 600_000,
             kv_prediction_ms: 30_000,
-            report_grace_ms: 50,
+            report_grace_ms: 0,
             stale_in_flight_ms: 30_000,
         }
     }
