@@ -351,28 +351,13 @@ impl ControlCore {
         model: Option<&str>,
         now_ms: u64,
     ) -> Result<Verdict, RouteError> {
-        self.route_traced(request_id, tokens, choices, model, now_ms)
+        self.route_numbered(request_id, None, tokens, choices, model, now_ms)
             .map(|routed| routed.verdict)
     }
 
-    /// [`ControlCore::route_model`], with the policy's call beside the verdict (see
+    /// [`ControlCore::route_model`] for route call `route_call` of the request (see
+    /// [`Router::route_numbered`]), with the policy's call beside the verdict (see
     /// [`Routed`]), for the control plane's status page.
-    ///
-    /// # Errors
-    /// [`RouteError::NoDecodeWorkers`] when no live worker of `model` can decode.
-    pub fn route_traced<'a>(
-        &mut self,
-        request_id: &str,
-        prompt: impl Into<Prompt<'a>>,
-        choices: u32,
-        model: Option<&str>,
-        now_ms: u64,
-    ) -> Result<Routed, RouteError> {
-        self.route_numbered(request_id, None, prompt, choices, model, now_ms)
-    }
-
-    /// [`ControlCore::route_traced`] for route call `route_call` of the request (see
-    /// [`Router::route_numbered`]).
     ///
     /// # Errors
     /// [`RouteError::NoDecodeWorkers`] when no live worker of `model` can decode.

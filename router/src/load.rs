@@ -146,6 +146,12 @@ impl ActiveLeg {
     fn unreported(&self, now_ms: u64, grace_ms: u64) -> bool {
         self.awaits_handoff || now_ms.saturating_sub(self.routed_ms) < grace_ms
     }
+
+    /// Whether this is a request the worker's report at `now_ms` should show running or
+    /// waiting: a decode leg the report cannot have missed.
+    fn shown_by_report(&self, now_ms: u64, grace_ms: u64) -> bool {
+        !self.key.prefill && !self.unreported(now_ms, grace_ms)
+    }
 }
 
 /// Which leg of which tracked request (both legs may name the same worker).
@@ -204,8 +210,7 @@ impl WorkerState {
     /// Decode legs here that a report arriving at `now_ms` should include.
     fn reportable_requests(&self, now_ms: u64, grace_ms: u64) -> u64 {
         let legs = self.active.iter();
-        legs.filter(|a| !a.key.prefill && !a.unreported(now_ms, grace_ms))
-            .count() as u64
+        legs.filter(|a| a.shown_by_report(now_ms, grace_ms)).count() as u64
     }
 
     /// Notes how many fewer requests `report` shows than are counted here; returns how many
@@ -608,7 +613,7 @@ impl LoadTracker {
         let mut legs: Vec<(u64, u64)> = w
             .active
             .iter()
-            .filter(|a| !a.key.prefill && !a.unreported(now_ms, grace_ms))
+            .filter(|a| a.shown_by_report(now_ms, grace_ms))
             .map(|a| (a.routed_ms, a.key.ticket))
             .collect();
         legs.sort_unstable();

@@ -90,22 +90,16 @@ impl Predictions {
             covered: Vec::new(),
         };
         let records = &mut self.per_worker[i];
-        for old in std::mem::take(records) {
-            if old.covered_by(&record) {
-                let Record {
-                    expires_ms,
-                    hashes,
-                    covered,
-                } = old;
-                record.covered.extend(covered);
-                record.covered.push(Record {
-                    expires_ms,
-                    hashes,
-                    covered: Vec::new(),
-                });
-            } else {
-                records.push_back(old);
+        // In place: a route call predicts, and the newer turn covers one record or none.
+        let mut at = 0;
+        while at < records.len() {
+            if !records[at].covered_by(&record) {
+                at += 1;
+                continue;
             }
+            let mut old = records.remove(at).expect("a record at this position");
+            record.covered.append(&mut old.covered);
+            record.covered.push(old);
         }
         record.covered.retain(|r| r.expires_ms > now_ms);
         let excess = record.covered.len().saturating_sub(MAX_COVERED);

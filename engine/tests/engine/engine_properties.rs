@@ -56,8 +56,13 @@ fn prompt(id: u64, s: &Spec) -> Prompt {
     Prompt::Tokens(head.chain(tail).collect())
 }
 
-/// Applies KV events to a model of the worker's cache, checking each is consistent.
-fn apply(model: &mut HashSet<u64>, events: Vec<KvEvent>) -> Result<(), TestCaseError> {
+/// Applies KV events to a model of the worker's cache (its engine block ids), checking each is
+/// consistent; the first inconsistency is the error.
+pub(crate) fn apply_kv_events(
+    model: &mut HashSet<u64>,
+    events: Vec<KvEvent>,
+) -> Result<(), String> {
+    let check = |ok: bool, what: String| if ok { Ok(()) } else { Err(what) };
     for ev in events {
         match ev {
             KvEvent::Stored {
@@ -70,18 +75,18 @@ fn apply(model: &mut HashSet<u64>, events: Vec<KvEvent>) -> Result<(), TestCaseE
                 // router's index finds parents by it.
                 if parent.is_some() {
                     let id = parent_block_id.map(|id| id.0);
-                    prop_assert!(
+                    check(
                         id.is_some_and(|id| model.contains(&id)),
-                        "parent {parent:?} named by {id:?}, not a held block"
-                    );
+                        format!("parent {parent:?} named by {id:?}, not a held block"),
+                    )?;
                 }
                 for b in blocks {
-                    prop_assert!(model.insert(b.block_id.0), "stored twice: {:?}", b);
+                    check(model.insert(b.block_id.0), format!("stored twice: {b:?}"))?;
                 }
             }
             KvEvent::Removed { block_ids } => {
                 for id in block_ids {
-                    prop_assert!(model.remove(&id.0), "removed unknown block {:?}", id);
+                    check(model.remove(&id.0), format!("removed unknown block {id:?}"))?;
                 }
             }
             KvEvent::Cleared => model.clear(),
@@ -152,7 +157,7 @@ proptest! {
                     accepted.insert(id);
                 }
             }
-            apply(&mut model, engine.drain_kv_events())?;
+            apply_kv_events(&mut model, engine.drain_kv_events()).map_err(TestCaseError::fail)?;
         }
         prop_assert!(engine.next_event_ms().is_none(), "engine went idle");
         prop_assert!(engine.is_idle());
