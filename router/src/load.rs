@@ -236,10 +236,39 @@ impl WorkerState {
         release
     }
 
+    /// Decode legs the report shows arrived before their `first_token` report did (the
+    /// gateway batches those): when it shows more requests than the router expects here, as
+    /// many of the oldest legs awaiting their handoff are taken as handed over, so the report
+    /// and the carry do not count them twice. A conversation's next turn, routed the moment
+    /// the previous one answered, saw its worker twice as loaded and moved off its cache.
+    fn note_arrivals(&mut self, report: &LoadReport, now_ms: u64, grace_ms: u64) {
+        let shown = u64::from(report.running) + u64::from(report.waiting);
+        let mut arrived = shown.saturating_sub(self.reportable_requests(now_ms, grace_ms));
+        if arrived == 0 {
+            return;
+        }
+        let mut awaiting: Vec<(u64, usize)> = self
+            .active
+            .iter()
+            .enumerate()
+            .filter(|(_, a)| a.awaits_handoff && !a.key.prefill)
+            .map(|(i, a)| (a.routed_ms, i))
+            .collect();
+        awaiting.sort_unstable();
+        for (_, i) in awaiting {
+            if arrived == 0 {
+                break;
+            }
+            self.active[i].awaits_handoff = false;
+            arrived -= 1;
+        }
+    }
+
     /// A report arrived at `now_ms`: it is the new baseline, and the changes since are the
     /// legs it may have been sampled without (see the module docs).
     fn rebase(&mut self, report: &LoadReport, now_ms: u64, grace_ms: u64) {
         self.report = Some(report.clone());
+        self.note_arrivals(report, now_ms, grace_ms);
         let unreported = self
             .active
             .iter()

@@ -523,3 +523,20 @@ fn a_disaggregated_request_overdue_in_a_prefill_queue_is_no_surplus_on_its_decod
     t.on_report(D, &report(0, 4, 4000), 61_000, &cfg);
     assert_eq!(t.load(D).decoding, 1);
 }
+
+#[test]
+fn a_handed_over_request_the_report_shows_is_not_carried_on_top_of_it() {
+    let mut t = tracker();
+    t.on_route("turn-0", disagg(0..4, 256), 0);
+    // The decode worker has it running before the gateway's first_token report comes.
+    let running = LoadReport {
+        running: 1,
+        ..report(0, 4, 4000)
+    };
+    t.on_report(D, &running, 1_000, &TIMEOUTS);
+    assert_eq!(t.load(D).active_blocks, 4, "the report's, not twice");
+    // One still in a prefill queue, and the report shows nothing new: carried.
+    t.on_route("turn-1", disagg(10..13, 256), 1_100);
+    t.on_report(D, &running, 1_500, &TIMEOUTS);
+    assert_eq!(t.load(D).active_blocks, 7);
+}
