@@ -28,8 +28,17 @@
 //! - **Bypass TTFT** = `queue(q_d)` of the decode worker + `prefill(eff_isl, isl −
 //!   eff_isl)`, where every prefill iteration also carries the running streams' decode step
 //!   (a mixed iteration costs the sum, docs/sim-model.md).
-//! - **Stall**: the prefill time a bypass puts in the decode worker's iterations, its queue
-//!   included (that work is ahead of this request and stalls the same streams).
+//! - **Stall**: the prefill time this bypass adds to the decode worker's iterations: its own
+//!   prefill, not the queue ahead of it. That queue delays its first token (it is in the bypass
+//!   TTFT) and stalls the same streams, but each bypass in it was charged its own prefill
+//!   against its own share of the budget when it was routed; charging the queue again to every
+//!   later bypass counted the same stall many times over, and made a short prompt behind a
+//!   queue look like a long one. Past saturation that sent short prompts to a prefill pool
+//!   whose queue lost them: on the Mooncake slice at 4× load, 110 prompts of ≤ 1,024 uncached
+//!   tokens went to prefill workers and 1 of them met the TTFT objective, where a static
+//!   policy that bypassed every prompt that short served three quarters of them within both
+//!   objectives (docs/benchmarks.md, "Agentic traffic at every load"). A long queue still
+//!   turns a bypass into disagg, through the TTFT comparison.
 //!
 //! **ITL budget.** Goodput counts a stream's *mean* time per output token. A stream decoding at
 //! `step(B)` per token has `slo_itl_ms − step(B)` of slack per token it emits, so over its
@@ -137,9 +146,12 @@ pub fn predict(input: &PolicyInput, cfg: &ConditionalDisaggConfig) -> Prediction
         + step_ms(running.saturating_add(1), cfg);
 
     let queue = input.decode_queued_tokens;
-    let bypass_stall_ms = queue_ms(queue, cfg) + prefill_ms(eff_isl, isl - eff_isl, cfg);
+    // The queue ahead delays this request's first token, but its stall was charged to the
+    // bypasses that queued it: this one adds only its own prefill (module docs, "Stall").
+    let bypass_stall_ms = prefill_ms(eff_isl, isl - eff_isl, cfg);
     let iterations = chunks(queue, cfg) + chunks(eff_isl, cfg).max(1);
-    let bypass_ttft_ms = bypass_stall_ms + iterations as f64 * step_ms(running, cfg);
+    let bypass_ttft_ms =
+        queue_ms(queue, cfg) + bypass_stall_ms + iterations as f64 * step_ms(running, cfg);
 
     let stall_budget_ms = if running == 0 {
         f64::INFINITY
@@ -290,12 +302,21 @@ mod tests {
             SloCost.decide(&i, &c),
             Decision::Bypass(Reason::BypassSloCost)
         );
-        // Queued prefill on the decode worker stalls the same streams.
+        // Queued prefill on the decode worker was charged to the bypasses that queued it: it
+        // delays this bypass's first token, but its stall is this request's own prefill.
         i.decode_queued_tokens = 8_192;
-        assert!(predict(&i, &c).bypass_stall_ms > budget);
+        let queued = predict(&i, &c);
+        assert_eq!(queued.bypass_stall_ms, stall);
+        assert!(queued.bypass_ttft_ms > predict(&req(100_000, 2_000, 0, 10), &c).bypass_ttft_ms);
         assert_eq!(
             SloCost.decide(&i, &c),
-            Decision::Disagg(Reason::DisaggSloCostItlStall)
+            Decision::Bypass(Reason::BypassSloCost)
+        );
+        // A queue long enough to make the prefill worker the faster way still disaggregates.
+        i.decode_queued_tokens = 400_000;
+        assert_eq!(
+            SloCost.decide(&i, &c),
+            Decision::Disagg(Reason::DisaggSloCostTtft)
         );
         // A step already at the objective leaves no slack at all.
         let tight = ConditionalDisaggConfig {
