@@ -27,6 +27,7 @@ use serde::de::IgnoredAny;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 use switchyard_protocol::handoff::{BootstrapRoom, DecodeLeg, Handoff};
+use switchyard_protocol::json_values::{parse_bounded, BoundedParseError};
 use switchyard_protocol::openai::CLIENT_STEERING_KEYS;
 use switchyard_protocol::route::is_header_safe_model;
 
@@ -40,16 +41,12 @@ pub enum InvalidBody {
     /// Sent with a `content-encoding` (gzip, ...): the prompt cannot be read to route it, and
     /// no engine decompresses request bodies either.
     Encoded,
-    /// A JSON object of more than [`MAX_JSON_VALUES`] values: its tree would not fit the VM.
+    /// A JSON object of more than
+    /// [`MAX_JSON_VALUES`](switchyard_protocol::json_values::MAX_JSON_VALUES) values: its tree would not fit the VM (the
+    /// disaggregated path holds the client's and a leg's at once), and a crashed VM let
+    /// requests through unscreened until Envoy restarted.
     TooComplex,
 }
-
-/// The most JSON values (objects, arrays, strings, numbers, ...) a body the filter parses into
-/// a tree may hold: twice a 262,144-token prompt given as token ids. A tree costs tens of
-/// bytes per value, and the disaggregated path holds the client's and a leg's at once; 15 MiB
-/// of `[{},{},...]` (5 million values) ran the VM out of memory, and a crashed VM let requests
-/// through unscreened until Envoy restarted. Counted first, in a pass that builds nothing.
-pub const MAX_JSON_VALUES: usize = 1 << 19;
 
 impl InvalidBody {
     /// Label for logs, stats and the response header.
@@ -185,91 +182,6 @@ pub fn may_steer(body: &[u8]) -> bool {
     has(b"\\u") || CLIENT_STEERING_KEYS.iter().any(|k| has(k.as_bytes()))
 }
 
-/// Why [`count_values`] gave no count.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum CountError {
-    NotJson,
-    TooMany,
-}
-
-/// How many JSON values `body` holds (a scalar is one; an array or object one plus its
-/// elements' values; object keys are not counted), stopping past [`MAX_JSON_VALUES`]. Builds
-/// nothing: each value is skipped as it is read.
-fn count_values(body: &[u8]) -> Result<usize, CountError> {
-    use serde::de::{DeserializeSeed, Deserializer, Error, MapAccess, SeqAccess, Visitor};
-    use std::cell::Cell;
-
-    const TOO_MANY: &str = "too many values";
-
-    #[derive(Clone, Copy)]
-    struct Counter<'a>(&'a Cell<usize>);
-
-    impl<'de> DeserializeSeed<'de> for Counter<'_> {
-        type Value = ();
-        fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
-            d.deserialize_any(self)
-        }
-    }
-
-    impl Counter<'_> {
-        fn one<E: Error>(self) -> Result<(), E> {
-            self.0.set(self.0.get() + 1);
-            if self.0.get() > MAX_JSON_VALUES {
-                return Err(E::custom(TOO_MANY));
-            }
-            Ok(())
-        }
-    }
-
-    impl<'de> Visitor<'de> for Counter<'_> {
-        type Value = ();
-        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-            f.write_str("any JSON value")
-        }
-        fn visit_bool<E: Error>(self, _: bool) -> Result<(), E> {
-            self.one()
-        }
-        fn visit_i64<E: Error>(self, _: i64) -> Result<(), E> {
-            self.one()
-        }
-        fn visit_u64<E: Error>(self, _: u64) -> Result<(), E> {
-            self.one()
-        }
-        fn visit_f64<E: Error>(self, _: f64) -> Result<(), E> {
-            self.one()
-        }
-        fn visit_str<E: Error>(self, _: &str) -> Result<(), E> {
-            self.one()
-        }
-        fn visit_unit<E: Error>(self) -> Result<(), E> {
-            self.one()
-        }
-        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
-            self.one()?;
-            while seq.next_element_seed(self)?.is_some() {}
-            Ok(())
-        }
-        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
-            self.one()?;
-            while map.next_key::<IgnoredAny>()?.is_some() {
-                map.next_value_seed(self)?;
-            }
-            Ok(())
-        }
-    }
-
-    let count = Cell::new(0);
-    let mut reader = serde_json::Deserializer::from_slice(body);
-    match Counter(&count)
-        .deserialize(&mut reader)
-        .and_then(|()| reader.end())
-    {
-        Ok(()) => Ok(count.get()),
-        Err(_) if count.get() > MAX_JSON_VALUES => Err(CountError::TooMany),
-        Err(_) => Err(CountError::NotJson),
-    }
-}
-
 /// The decode leg of a handoff, serialized.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DecodeBody {
@@ -296,19 +208,11 @@ impl RequestDoc {
                 Err(_) => InvalidBody::NotJson,
             });
         }
-        // Every value takes at least a byte: a body no longer than the bound needs no count,
-        // and the disaggregated path (every such verdict parses) no extra pass.
-        if body.len() > MAX_JSON_VALUES {
-            match count_values(body) {
-                Ok(n) if n <= MAX_JSON_VALUES => {}
-                Ok(_) | Err(CountError::TooMany) => return Err(InvalidBody::TooComplex),
-                Err(CountError::NotJson) => return Err(InvalidBody::NotJson),
-            }
-        }
-        match serde_json::from_slice::<Value>(body) {
+        match parse_bounded(body) {
             Ok(Value::Object(map)) => Ok(RequestDoc(map)),
             Ok(_) => Err(InvalidBody::NotAnObject),
-            Err(_) => Err(InvalidBody::NotJson),
+            Err(BoundedParseError::TooMany) => Err(InvalidBody::TooComplex),
+            Err(BoundedParseError::Json(_)) => Err(InvalidBody::NotJson),
         }
     }
 
@@ -436,6 +340,7 @@ pub fn invalid_body_error(invalid: InvalidBody) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use switchyard_protocol::json_values::MAX_JSON_VALUES;
 
     #[test]
     fn a_content_encoding_other_than_identity_is_an_encoded_body() {
@@ -546,7 +451,7 @@ mod tests {
     }
 
     #[test]
-    fn a_body_of_more_values_than_a_tree_may_hold_is_too_complex_and_never_parsed() {
+    fn a_body_of_more_values_than_a_tree_may_hold_is_too_complex() {
         let mut body = br#"{"model":"m","prompt":[1],"x":["#.to_vec();
         body.extend(std::iter::repeat_n(&b"{},"[..], MAX_JSON_VALUES).flatten());
         body.extend(br#"{}],"kv_transfer_params":{}}"#);

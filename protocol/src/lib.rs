@@ -29,6 +29,7 @@
 
 pub mod handoff;
 pub mod hash;
+pub mod json_values;
 pub mod kv;
 pub mod lifecycle;
 pub mod openai;

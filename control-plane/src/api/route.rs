@@ -21,6 +21,7 @@ use warp::http::{HeaderMap, StatusCode};
 use warp::reply::Response;
 use warp::Reply;
 
+use switchyard_protocol::json_values::parse_bounded;
 use switchyard_protocol::openai::{
     check_prompt_length, generation_params, prompt_count, InvalidRequest, CLIENT_STEERING_KEYS,
 };
@@ -341,13 +342,9 @@ where
     };
     // What is validated: the body, or the hashed prompt's fields (the body less its prompt).
     let fields = hashed.as_ref().map_or(&bytes[..], |h| &h.fields[..]);
-    let json: serde_json::Value = serde_json::from_slice(switchyard_protocol::without_bom(fields))
-        .map_err(|e| {
-            fail(RouteFailure::invalid(
-                "body",
-                format!("not valid JSON: {e}"),
-            ))
-        })?;
+    // Bytes do not bound a tree: 15 MiB of `[{},{},...]` grew about 55× in a plain parse.
+    let json = parse_bounded(switchyard_protocol::without_bom(fields))
+        .map_err(|e| fail(RouteFailure::invalid("body", e)))?;
     let Some(object) = json.as_object() else {
         return Err(fail(RouteFailure::invalid("body", "must be a JSON object")));
     };

@@ -10,6 +10,35 @@ use switchyard_control_plane::settings::{Redacted, Settings};
 use switchyard_protocol::route::{ApiError, Reason, Verdict, REJECT_HEADER};
 use switchyard_protocol::worker::WorkerRole;
 
+/// Bytes do not bound what a parsed body costs: 15 MiB of `{}` grew about 55× in the parse,
+/// within the default body limit. A body of more values than the bound is refused, naming it,
+/// and the service routes the next request as usual.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_of_more_json_values_than_the_bound_is_refused_without_its_tree() {
+    use switchyard_protocol::json_values::MAX_JSON_VALUES;
+    let (_server, svc, nats) = service_with_nats(Settings::for_tests()).await;
+    register_worker(&svc, &nats, "decode-0", WorkerRole::Decode, 9001).await;
+    let mut body = String::from(r#"{"model":"m","messages":["#);
+    body.push_str(&"{},".repeat(MAX_JSON_VALUES));
+    body.push_str(r#"{"role":"user","content":"hi"}]}"#);
+    let resp = route(&svc.base, "chat", None, body).await;
+    assert_eq!(resp.status(), 400);
+    assert_eq!(
+        resp.headers()
+            .get(REJECT_HEADER)
+            .and_then(|v| v.to_str().ok()),
+        Some("invalid_request")
+    );
+    let err: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(err["error"]["param"], "body", "{err}");
+    let message = err["error"]["message"].as_str().unwrap_or("");
+    assert!(message.contains("more than 524288 JSON values"), "{err}");
+    let resp = route(&svc.base, "chat", None, chat("hello")).await;
+    assert_eq!(resp.status(), 200);
+    let verdict: Verdict = resp.json().await.unwrap();
+    assert_eq!(verdict.decode.worker_id.0, "decode-0");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_route_bodies_get_400_naming_the_problem() {
     let mut settings = Settings::for_tests();
