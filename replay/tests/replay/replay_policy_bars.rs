@@ -249,6 +249,37 @@ fn past_saturation_slo_cost_rescues_what_the_prefill_queue_would_lose() {
     );
 }
 
+/// 600 Mooncake requests at 4× their rate on 2 prefill : 2 decode workers: the prefill pool is
+/// swamped (21 % prefix reuse), so whatever goodput there is comes from bypasses. Until
+/// 2026-12-06 `slo_cost` charged a bypass the decode worker's whole queued prefill as its stall,
+/// so short prompts behind that queue went to the prefill pool and were lost there: it reached
+/// 95 % of `isl_bounding` at 4,096 tokens (ratio 1), which bypasses every prompt that short.
+/// Charged its own prefill only, it reaches 119 %; it must at least match the static point.
+#[test]
+fn in_overload_slo_cost_bypasses_short_prompts_behind_a_decode_queue() {
+    let workload = mooncake(600);
+    let source = PromptSource::synthetic(workload.content_seed);
+    let goodput = |router: RouterConfig| {
+        let mut spec = StackSpec::new(ServingMode::Conditional, 4, 2);
+        spec.arrival_scale = spec.arrival_scale.at_level(LoadLevel::new(4.0).unwrap());
+        spec.router = router;
+        let run = run_mode(&workload, &source, spec).unwrap();
+        report_run(&run, &workload, SLO, None)
+            .goodput
+            .requests_per_s
+    };
+    let mut short_bypassed = RouterConfig::default();
+    short_bypassed.conditional.eff_isl_threshold = 4096;
+    short_bypassed.conditional.eff_isl_ratio_threshold = 1.0;
+    let static_point = goodput(short_bypassed);
+    let ours = goodput(slo_cost());
+    assert!(static_point > 0.0);
+    assert!(
+        ours >= static_point,
+        "slo_cost {ours:.3} req/s against isl_bounding t=4096 r=1's {static_point:.3}"
+    );
+}
+
 fn slo_cost() -> RouterConfig {
     let mut r = RouterConfig::default();
     r.conditional.policy = PolicyKind::SloCost;
