@@ -3,8 +3,9 @@
 //! on a Mooncake slice and on agentic sessions gives finite results at every point, and
 //! `slo_cost` at its best split reaches 95 % of the best sweep point at every load level;
 //! with its timing model off by 2×, `slo_cost` learning online reaches 95 % of the correct
-//! model's goodput; and past saturation (256 agentic sessions on 4 workers, where the prefill
-//! queue is minutes long) its learned rescue keeps it at 95 % of the best static thresholds.
+//! model's goodput; past saturation (256 agentic sessions on 4 workers, where the prefill
+//! queue is minutes long) its learned rescue keeps it at 95 % of the best static thresholds;
+//! and on a swamped prefill pool it bypasses short prompts behind a decode worker's queue.
 
 use switchyard_engine::PerfPreset;
 use switchyard_loadgen::agentic::{generate_agentic, AgenticConfig};
@@ -165,15 +166,7 @@ fn slo_cost_reaches_95_percent_of_the_best_sweep_on_agentic_sessions() {
 fn slo_cost_learns_a_timing_model_twice_too_slow() {
     let workload = mooncake(600);
     let source = PromptSource::synthetic(workload.content_seed);
-    let goodput = |router: RouterConfig| {
-        let mut spec = StackSpec::new(ServingMode::Conditional, 4, 2);
-        spec.arrival_scale = spec.arrival_scale.at_level(LoadLevel::new(2.0).unwrap());
-        spec.router = router;
-        let run = run_mode(&workload, &source, spec).unwrap();
-        report_run(&run, &workload, SLO, None)
-            .goodput
-            .requests_per_s
-    };
+    let goodput = |router| conditional_goodput(&workload, &source, 2.0, router);
     let correct = RouterConfig {
         learn_timing: false,
         ..slo_cost()
@@ -259,15 +252,7 @@ fn past_saturation_slo_cost_rescues_what_the_prefill_queue_would_lose() {
 fn in_overload_slo_cost_bypasses_short_prompts_behind_a_decode_queue() {
     let workload = mooncake(600);
     let source = PromptSource::synthetic(workload.content_seed);
-    let goodput = |router: RouterConfig| {
-        let mut spec = StackSpec::new(ServingMode::Conditional, 4, 2);
-        spec.arrival_scale = spec.arrival_scale.at_level(LoadLevel::new(4.0).unwrap());
-        spec.router = router;
-        let run = run_mode(&workload, &source, spec).unwrap();
-        report_run(&run, &workload, SLO, None)
-            .goodput
-            .requests_per_s
-    };
+    let goodput = |router| conditional_goodput(&workload, &source, 4.0, router);
     let mut short_bypassed = RouterConfig::default();
     short_bypassed.conditional.eff_isl_threshold = 4096;
     short_bypassed.conditional.eff_isl_ratio_threshold = 1.0;
@@ -278,6 +263,21 @@ fn in_overload_slo_cost_bypasses_short_prompts_behind_a_decode_queue() {
         ours >= static_point,
         "slo_cost {ours:.3} req/s against isl_bounding t=4096 r=1's {static_point:.3}"
     );
+}
+
+/// Goodput (req/s) of conditional serving on 2 prefill : 2 decode workers at `level` × the
+/// workload's rate.
+fn conditional_goodput(
+    workload: &Workload,
+    source: &PromptSource,
+    level: f64,
+    router: RouterConfig,
+) -> f64 {
+    let mut spec = StackSpec::new(ServingMode::Conditional, 4, 2);
+    spec.arrival_scale = spec.arrival_scale.at_level(LoadLevel::new(level).unwrap());
+    spec.router = router;
+    let run = run_mode(workload, source, spec).unwrap();
+    report_run(&run, workload, SLO, None).goodput.requests_per_s
 }
 
 fn slo_cost() -> RouterConfig {
