@@ -16,7 +16,7 @@
 //! (or, when [`VllmEvent::BlockStored::hashed_with_extra_keys`] is set, one empty array per
 //! block: a stand-in for whatever else vLLM hashed, which the decoder only tests for nil).
 //! In the map form, an absent `medium` or `group_idx` is left out (the decoder reads it back
-//! as absent); the array form has no `group_idx` (it predates it).
+//! as absent); the array form is written as the versions before `group_idx` wrote it.
 //!
 //! The replay socket's answer frames are in [`super::replay`]
 //! ([`encode_reply_batch`](super::replay::encode_reply_batch),

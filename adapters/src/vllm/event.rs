@@ -2,11 +2,15 @@
 //! - vLLM 0.32: a map keyed by field name, with `"type"` naming the event; fields at their
 //!   defaults may be omitted;
 //! - older vLLM: a tag-first array, `["BlockStored", block_hashes, parent_block_hash,
-//!   token_ids, block_size, lora_id, medium, lora_name, extra_keys]`, `["BlockRemoved",
-//!   block_hashes, medium]`, `["AllBlocksCleared"]`; the oldest versions stop before `medium`.
+//!   token_ids, block_size, lora_id, medium, lora_name, extra_keys, group_idx]`,
+//!   `["BlockRemoved", block_hashes, medium, group_idx]`, `["AllBlocksCleared"]`; the oldest
+//!   versions stop before `medium`, later ones before `group_idx`. An item in `group_idx`'s
+//!   place is read as the group only when it is an integer: publishers that mirror the array
+//!   form are not all strict about what follows `extra_keys`.
 //!   SGLang writes the same arrays up to `medium`; for a salted prompt its `BlockStored`
 //!   carries a map `{"cache_salt": ...}` where vLLM has `lora_name` (a string or nil), which
-//!   marks the blocks as hashed with more than their token ids.
+//!   marks the blocks as hashed with more than their token ids. Its pages under speculative
+//!   decoding give each token as a pair with its successor ([`fields::token_ids`]).
 //!
 //! Both are read into the same field references and converted by the same code.
 
@@ -188,7 +192,7 @@ fn from_array(
                 // items[7] is vLLM's lora_name, covered by lora_id and extra_keys, or
                 // SGLang's metadata (a map).
                 extra_keys: items.get(8),
-                group_idx: None,
+                group_idx: group_item(items.get(9)),
                 sglang_metadata: items.get(7).filter(|v| matches!(v, ValueRef::Map(_))),
             },
             limits,
@@ -197,13 +201,18 @@ fn from_array(
             RemovedFields {
                 block_hashes: items.get(1),
                 medium: items.get(2),
-                group_idx: None,
+                group_idx: group_item(items.get(3)),
             },
             limits,
         )?,
         _ => VllmEvent::AllBlocksCleared,
     };
     Ok(Some(event))
+}
+
+/// `group_idx`'s place in the array form, if it holds an integer (see the module docs).
+fn group_item<'v, 'a>(item: Option<&'v ValueRef<'a>>) -> Option<&'v ValueRef<'a>> {
+    item.filter(|v| matches!(v, ValueRef::Integer(_)))
 }
 
 // === conversion, shared by both forms ===

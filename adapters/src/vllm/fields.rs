@@ -79,11 +79,23 @@ pub(crate) fn hash_list(field: &'static str, value: &ValueRef<'_>, max: usize) -
         .collect()
 }
 
-/// A list of token ids, at most `max`.
+/// A list of token ids, at most `max`. Each is an integer, or a pair `[token, next token]`:
+/// SGLang's pages under speculative decoding (EAGLE keys its radix tree by bigrams) give every
+/// token with its successor. The page holds the KV of the first tokens of its pairs, so a pair
+/// reads as its first token, and the page chains and hashes as a plain engine's would.
 pub(crate) fn token_ids(field: &'static str, value: &ValueRef<'_>, max: usize) -> Result<Vec<u32>> {
     items(field, value, max)?
         .iter()
-        .map(|v| u32_value(field, v))
+        .map(|v| match v {
+            ValueRef::Array(pair) => match pair.as_slice() {
+                [token, next] => {
+                    u32_value(field, next)?;
+                    u32_value(field, token)
+                }
+                _ => Err(wrong(field, "an integer or a pair of integers", v)),
+            },
+            other => u32_value(field, other),
+        })
         .collect()
 }
 

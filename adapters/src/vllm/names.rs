@@ -47,7 +47,7 @@ pub(crate) const CLEARED_KEYS: &[&str] = &[TYPE];
 
 /// Items of the older tag-first array form of each event type, tag included:
 /// `[tag, block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium, lora_name,
-/// extra_keys]`, `[tag, block_hashes, medium]`, `[tag]`.
-pub(crate) const STORED_ITEMS: usize = 9;
-pub(crate) const REMOVED_ITEMS: usize = 3;
+/// extra_keys, group_idx]`, `[tag, block_hashes, medium, group_idx]`, `[tag]`.
+pub(crate) const STORED_ITEMS: usize = 10;
+pub(crate) const REMOVED_ITEMS: usize = 4;
 pub(crate) const CLEARED_ITEMS: usize = 1;

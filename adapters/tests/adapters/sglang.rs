@@ -204,3 +204,160 @@ fn sglang_pages_chained_by_parent_get_the_routers_hashes() {
     ));
     assert!(actions.is_empty(), "{actions:?}");
 }
+
+/// SGLang under speculative decoding (EAGLE keys its radix tree by bigrams) gives each token of
+/// a page as `[token, next token]`. A pair reads as its first token, so the pages chain and hash
+/// as a plain engine's would; until 2026-12-06 such a batch did not decode, and the replay's
+/// copy of it neither, so the worker's whole cache view was dropped again and again.
+#[test]
+fn bigram_pages_read_as_their_tokens() {
+    let bigrams = |page: u32| {
+        let tokens = page_tokens(page);
+        Value::Array(
+            tokens
+                .iter()
+                .map(|&t| Value::Array(vec![Value::from(t), Value::from(t + 1)]))
+                .collect(),
+        )
+    };
+    let page = |hash: i64, parent: Option<i64>, n: u32| {
+        let Value::Array(mut items) = stored(hash, parent, &[], Some("GPU")) else {
+            unreachable!()
+        };
+        items[3] = bigrams(n);
+        Value::Array(items)
+    };
+    let batch = newer_batch(0, vec![page(H1, None, 0), page(H2, Some(H1), 1)]);
+    assert!(batch.skipped.is_empty(), "{:?}", batch.skipped);
+    assert!(matches!(
+        &batch.events[1],
+        VllmEvent::BlockStored { token_ids, hashed_with_extra_keys: false, .. }
+            if *token_ids == page_tokens(1)
+    ));
+    let mut feed = KvFeed::new(
+        WorkerId("sglang-0".into()),
+        3,
+        MapperConfig::new(BlockSize::try_new(PAGE).unwrap()),
+    );
+    let published: Vec<KvEvent> = feed
+        .on_live(batch)
+        .into_iter()
+        .filter_map(|a| match a {
+            FeedAction::Publish(batch) => Some(batch.events),
+            FeedAction::RequestReplay { .. } => None,
+        })
+        .flatten()
+        .collect();
+    let prompt: Vec<u32> = page_tokens(0).into_iter().chain(page_tokens(1)).collect();
+    let want = sequence_hashes(
+        &prompt,
+        BlockSize::try_new(PAGE).unwrap(),
+        HashSeed::default(),
+    );
+    let KvEvent::Stored { blocks, .. } = &published[2] else {
+        panic!("{published:?}")
+    };
+    assert_eq!(blocks[0].seq_hash, want[1], "indexed as the plain page");
+    // Anything else in a token's place is still an error: a triple, or a pair of non-integers.
+    for bad in [
+        Value::Array(vec![Value::from(1), Value::from(2), Value::from(3)]),
+        Value::Array(vec![Value::from(1), Value::from("x")]),
+    ] {
+        let Value::Array(mut items) = stored(H1, None, &page_tokens(0), Some("GPU")) else {
+            unreachable!()
+        };
+        let Value::Array(tokens) = &mut items[3] else {
+            unreachable!()
+        };
+        tokens[0] = bad;
+        let payload = Value::Array(vec![
+            Value::F64(1.0),
+            Value::Array(vec![Value::Array(items)]),
+        ]);
+        assert!(decode_message(&message(0, &payload)).is_err());
+    }
+}
+
+/// Newer SGLang mirrors vLLM's whole array: `lora_name` (nil) at 7, the salt in `extra_keys`
+/// (8), `group_idx` at 9, and its metadata map further on. Salted pages stay out of the index,
+/// and a page of another KV cache group is not taken for the main one.
+#[test]
+fn the_full_array_layout_reads_salt_and_group() {
+    let full = |group: Value, extra_keys: Value| {
+        let Value::Array(mut items) = stored(H1, None, &page_tokens(0), Some("GPU")) else {
+            unreachable!()
+        };
+        items.extend([
+            Value::Nil,
+            extra_keys,
+            group,
+            Value::Nil,
+            Value::Nil,
+            Value::Nil,
+            Value::Nil,
+            Value::Map(vec![(Value::from("cache_salt"), Value::from("tenant-a"))]),
+        ]);
+        Value::Array(items)
+    };
+    let salted = Value::Array(vec![Value::Array(vec![Value::from(
+        "dynamo-cache-salt:tenant-a",
+    )])]);
+    let batch = newer_batch(
+        0,
+        vec![
+            full(Value::Nil, salted),
+            full(Value::from(1), Value::Nil),
+            Value::Array(vec![
+                Value::from("BlockRemoved"),
+                ints(&[H2]),
+                Value::from("GPU"),
+                Value::from(1),
+            ]),
+        ],
+    );
+    assert!(matches!(
+        &batch.events[0],
+        VllmEvent::BlockStored {
+            hashed_with_extra_keys: true,
+            group_idx: None,
+            ..
+        }
+    ));
+    assert!(matches!(
+        &batch.events[1],
+        VllmEvent::BlockStored {
+            hashed_with_extra_keys: false,
+            group_idx: Some(1),
+            ..
+        }
+    ));
+    assert!(matches!(
+        &batch.events[2],
+        VllmEvent::BlockRemoved {
+            group_idx: Some(1),
+            ..
+        }
+    ));
+    let mut feed = KvFeed::new(
+        WorkerId("sglang-0".into()),
+        3,
+        MapperConfig::new(BlockSize::try_new(PAGE).unwrap()),
+    );
+    let stored_blocks: usize = feed
+        .on_live(batch)
+        .into_iter()
+        .filter_map(|a| match a {
+            FeedAction::Publish(batch) => Some(batch.events),
+            FeedAction::RequestReplay { .. } => None,
+        })
+        .flatten()
+        .filter_map(|e| match e {
+            KvEvent::Stored { blocks, .. } => Some(blocks.len()),
+            _ => None,
+        })
+        .sum();
+    assert_eq!(
+        stored_blocks, 0,
+        "neither the salted page nor group 1's is indexed"
+    );
+}
