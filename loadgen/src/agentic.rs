@@ -283,7 +283,7 @@ impl Generator<'_> {
         } = start;
         let max_isl = u64::from(self.config.max_isl);
         // Turns with dependencies get their planned arrival from `finish_closed_loop`.
-        let arrival = start_ms + think_ms;
+        let arrival = start_ms.saturating_add(think_ms);
         let mut last = None;
         for turn in 0..turns {
             if prompt.tokens() > max_isl {
@@ -406,9 +406,16 @@ pub fn generate_agentic(config: &AgenticConfig, seed: u64) -> Result<Workload, A
             spawns: true,
         });
     }
-    Ok(Workload {
+    let workload = Workload {
         name: format!("agentic:seed={seed}"),
         content_seed: seed,
         requests: finish_closed_loop(g.requests),
-    })
+    };
+    workload
+        .check_span()
+        .map_err(|message| AgenticConfigError::OutOfRange {
+            field: "think_ms / session_rate_per_s",
+            message,
+        })?;
+    Ok(workload)
 }

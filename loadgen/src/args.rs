@@ -28,7 +28,8 @@ pub struct WorkloadArgs {
     /// Synthesize agentic sessions instead of reading a trace.
     #[arg(long)]
     pub agentic: bool,
-    /// Agentic knobs as JSON (any subset of the fields in docs/loadgen.md); flags override.
+    /// File of agentic knobs as JSON (any subset of the fields in docs/loadgen.md); flags
+    /// override.
     #[arg(long, requires = "agentic", conflicts_with = "trace")]
     pub agentic_config: Option<PathBuf>,
     /// Agentic sessions.
@@ -81,8 +82,14 @@ impl WorkloadArgs {
 
 /// The defaults overridden by the JSON object in `path`.
 fn config_file(path: &Path) -> Result<AgenticConfig, String> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        if path.to_string_lossy().trim_start().starts_with('{') {
+            // `--conditional-disagg-config` beside it takes inline JSON; this one a file.
+            "--agentic-config takes a file path: write the JSON to a file".to_string()
+        } else {
+            format!("cannot read {}: {e}", path.display())
+        }
+    })?;
     let mut base = serde_json::to_value(AgenticConfig::default()).map_err(|e| e.to_string())?;
     // A byte-order mark (editors on Windows write one) is not JSON.
     let text = text.strip_prefix('\u{feff}').unwrap_or(&text);
@@ -161,6 +168,10 @@ mod tests {
         assert!(parse(&["--agentic", "--think-ms", "10"]).is_err());
         let zero = parse(&["--agentic", "--session-rate", "0"]).unwrap();
         assert!(zero.agentic_config().is_err(), "validated");
+        // Inline JSON, as `--conditional-disagg-config` takes, is told to be a file.
+        let inline = parse(&["--agentic", "--agentic-config", r#"{"sessions": 2}"#]).unwrap();
+        let error = inline.agentic_config().unwrap_err();
+        assert!(error.contains("takes a file path"), "{error}");
     }
 
     #[test]

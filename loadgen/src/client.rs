@@ -81,6 +81,18 @@ struct Shared {
     slots: Option<Semaphore>,
 }
 
+/// Whether `endpoint` is a URL the client can send to.
+///
+/// # Errors
+/// [`ClientError::InvalidEndpoint`] unless it is an `http://` URL.
+pub fn check_endpoint(endpoint: &str) -> Result<(), ClientError> {
+    if endpoint.starts_with("http://") {
+        Ok(())
+    } else {
+        Err(ClientError::InvalidEndpoint(endpoint.to_string()))
+    }
+}
+
 /// Replays `workload` with `builder`'s request bodies.
 ///
 /// # Errors
@@ -91,9 +103,7 @@ pub async fn replay(
     builder: BodyBuilder,
     config: ClientConfig,
 ) -> Result<ReplayOutcome, ClientError> {
-    if !config.endpoint.starts_with("http://") {
-        return Err(ClientError::InvalidEndpoint(config.endpoint));
-    }
+    check_endpoint(&config.endpoint)?;
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(1024)
         .build()

@@ -52,7 +52,8 @@ fn plan_arrivals(requests: &mut [PlannedRequest]) {
             })
             .max()
             .unwrap_or(0);
-        requests[index].arrival_ms = latest + requests[index].think_ms;
+        // Saturating: a span this large is refused after planning (`Workload::check_span`).
+        requests[index].arrival_ms = latest.saturating_add(requests[index].think_ms);
     }
 }
 

@@ -120,6 +120,36 @@ impl Workload {
         })
     }
 
+    /// `Err` with why when a planned arrival lies beyond [`trace::MAX_ROW_MS`] after the first:
+    /// virtual time, a float of milliseconds, no longer resolves the replay's steps out there
+    /// (rows' timestamps and delays are bounded each, but a session's delays add up).
+    ///
+    /// # Errors
+    /// The message, naming the latest planned arrival.
+    pub fn check_span(&self) -> Result<(), String> {
+        let first = self
+            .requests
+            .iter()
+            .map(|r| r.arrival_ms)
+            .min()
+            .unwrap_or(0);
+        let last = self
+            .requests
+            .iter()
+            .map(|r| r.arrival_ms)
+            .max()
+            .unwrap_or(0);
+        if last - first > trace::MAX_ROW_MS {
+            return Err(format!(
+                "{}'s planned arrivals span {} ms, more than {} ms",
+                self.name,
+                last - first,
+                trace::MAX_ROW_MS
+            ));
+        }
+        Ok(())
+    }
+
     /// Measures arrivals from the earliest one: a trace whose timestamps are, say, Unix
     /// milliseconds would otherwise wait decades before its first request. Only requests that
     /// wait on none have an arrival time of their own; the rest follow their dependencies.

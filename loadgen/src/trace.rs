@@ -61,6 +61,9 @@ pub enum TraceError {
     /// The block size is zero.
     #[error("block size must be positive")]
     ZeroBlockSize,
+    /// The rows' arrivals, once planned, span too long (`Workload::check_span`).
+    #[error("{0}")]
+    Span(String),
 }
 
 /// Parses trace text. Blank lines are skipped; every other unusable line is reported with its
@@ -78,7 +81,7 @@ pub fn parse_trace(text: &str, block_tokens: u32) -> Result<ParsedTrace, TraceEr
             continue;
         }
         let checked = switchyard_protocol::from_json_object::<TraceRow>(line.as_bytes())
-            .map_err(|e| e.to_string())
+            .map_err(row_json_error)
             .and_then(|row| check_row(&row, block_tokens).map(|()| row));
         match checked {
             Ok(row) => parsed.rows.push(row),
@@ -91,23 +94,93 @@ pub fn parse_trace(text: &str, block_tokens: u32) -> Result<ParsedTrace, TraceEr
     Ok(parsed)
 }
 
-/// Reads and parses a trace file.
+/// Reads and parses a trace file (lines that are not UTF-8 are reported like other malformed
+/// lines).
 ///
 /// # Errors
 /// [`TraceError::Read`] if the file cannot be read.
 pub fn read_trace(path: &std::path::Path, block_tokens: u32) -> Result<ParsedTrace, TraceError> {
-    let text = std::fs::read_to_string(path).map_err(|source| TraceError::Read {
+    let (text, not_utf8) = read_trace_text(path)?;
+    let mut parsed = parse_trace(&text, block_tokens)?;
+    parsed.malformed = merge_by_line(not_utf8, parsed.malformed);
+    Ok(parsed)
+}
+
+/// The text of a trace file, each line that is not UTF-8 left blank and reported: one bad line
+/// does not cost the rest of the file.
+///
+/// # Errors
+/// [`TraceError::Read`] if the file cannot be read.
+pub(crate) fn read_trace_text(
+    path: &std::path::Path,
+) -> Result<(String, Vec<MalformedLine>), TraceError> {
+    let bytes = std::fs::read(path).map_err(|source| TraceError::Read {
         path: path.display().to_string(),
         source,
     })?;
-    parse_trace(&text, block_tokens)
+    let bytes = match String::from_utf8(bytes) {
+        Ok(text) => return Ok((text, Vec::new())),
+        Err(e) => e.into_bytes(),
+    };
+    let mut text = String::with_capacity(bytes.len());
+    let mut not_utf8 = Vec::new();
+    for (index, line) in bytes.split(|&b| b == b'\n').enumerate() {
+        if index > 0 {
+            text.push('\n');
+        }
+        match std::str::from_utf8(line) {
+            Ok(line) => text.push_str(line),
+            Err(e) => not_utf8.push(MalformedLine {
+                line: index + 1,
+                reason: format!("not valid UTF-8 (byte {})", e.valid_up_to() + 1),
+            }),
+        }
+    }
+    Ok((text, not_utf8))
 }
 
-/// A row is usable when its lengths are positive and its hash ids cover exactly its input
-/// length (session-trace rows are held to the same rule).
+/// Two line-ordered lists of malformed lines as one.
+pub(crate) fn merge_by_line(a: Vec<MalformedLine>, b: Vec<MalformedLine>) -> Vec<MalformedLine> {
+    let mut all = a;
+    all.extend(b);
+    all.sort_by_key(|m| m.line);
+    all
+}
+
+/// A row's JSON error. Each row is parsed alone, so serde's "at line 1" would contradict the
+/// line number the report gives: only the column is kept.
+pub(crate) fn row_json_error(e: impl std::fmt::Display) -> String {
+    e.to_string().replace(" at line 1 column ", " at column ")
+}
+
+/// The longest prompt a row may ask for: above every model's context, and small enough that
+/// its token ids (4 bytes each) fit in memory.
+pub const MAX_ROW_INPUT_TOKENS: u32 = 1 << 24;
+
+/// The latest arrival (`timestamp`) or longest `delay` a row may give, in ms: over a thousand
+/// years, and small enough that virtual time, a float of milliseconds, still resolves the
+/// replay's sub-second steps there (at 2^63 ms one step of the float is two seconds, and the
+/// replay's periodic work never moved time on).
+pub const MAX_ROW_MS: u64 = 1 << 45;
+
+/// A row is usable when its lengths are positive and within bounds, its arrival within
+/// [`MAX_ROW_MS`], and its hash ids cover exactly its input length (session-trace rows are held
+/// to the same rule).
 pub(crate) fn check_row(row: &TraceRow, block_tokens: u32) -> Result<(), String> {
     if row.input_length == 0 {
         return Err("input_length is 0".into());
+    }
+    if row.input_length > MAX_ROW_INPUT_TOKENS {
+        return Err(format!(
+            "input_length {} is above {MAX_ROW_INPUT_TOKENS} tokens",
+            row.input_length
+        ));
+    }
+    if row.timestamp > MAX_ROW_MS {
+        return Err(format!(
+            "timestamp {} is above {MAX_ROW_MS} ms",
+            row.timestamp
+        ));
     }
     if row.output_length == 0 {
         return Err("output_length is 0".into());
@@ -190,6 +263,59 @@ pub fn plan_trace(trace: &ParsedTrace, block_tokens: u32, content_seed: u64) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_line_that_is_not_utf8_is_reported_and_the_rest_read() {
+        let path = std::env::temp_dir().join(format!("trace-utf8-{}.jsonl", std::process::id()));
+        let mut bytes =
+            br#"{"timestamp": 0, "input_length": 3, "output_length": 1, "hash_ids": [0]}"#.to_vec();
+        bytes.extend(b"\n{\"timestamp\": \xff}\n");
+        bytes
+            .extend(br#"{"timestamp": 5, "input_length": 3, "output_length": 1, "hash_ids": [1]}"#);
+        bytes.extend(b"\n[1,\n");
+        std::fs::write(&path, &bytes).unwrap();
+        let parsed = read_trace(&path, 4).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(parsed.rows.len(), 2);
+        let lines: Vec<usize> = parsed.malformed.iter().map(|m| m.line).collect();
+        assert_eq!(lines, [2, 4]);
+        assert!(parsed.malformed[0].reason.contains("UTF-8"), "{parsed:?}");
+        // One row per line: the JSON error gives the column, not a contradicting line.
+        assert!(
+            parsed.malformed[1].reason.contains("at column 3")
+                && !parsed.malformed[1].reason.contains("line"),
+            "{parsed:?}"
+        );
+    }
+
+    #[test]
+    fn rows_beyond_the_bounds_are_refused_with_why() {
+        let row = |timestamp: u64, input: u32| {
+            format!(
+                r#"{{"timestamp": {timestamp}, "input_length": {input}, "output_length": 1, "hash_ids": [{}]}}"#,
+                vec!["0"; input.div_ceil(1 << 20) as usize].join(",")
+            )
+        };
+        let text = [
+            row(MAX_ROW_MS, 1),
+            row(MAX_ROW_MS + 1, 1),
+            row(u64::MAX, 1),
+            row(0, MAX_ROW_INPUT_TOKENS),
+            row(0, MAX_ROW_INPUT_TOKENS + 1),
+        ]
+        .join("\n");
+        let parsed = parse_trace(&text, 1 << 20).unwrap();
+        assert_eq!(parsed.rows.len(), 2, "{parsed:?}");
+        let reasons: Vec<(usize, &str)> = parsed
+            .malformed
+            .iter()
+            .map(|m| (m.line, m.reason.as_str()))
+            .collect();
+        assert_eq!(reasons.len(), 3);
+        assert!(reasons[0].0 == 2 && reasons[0].1.contains("timestamp"));
+        assert!(reasons[1].0 == 3 && reasons[1].1.contains("timestamp"));
+        assert!(reasons[2].0 == 5 && reasons[2].1.contains("input_length"));
+    }
 
     #[test]
     fn row_prompt_has_the_input_length_and_a_partial_tail() {

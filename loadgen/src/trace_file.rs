@@ -9,7 +9,9 @@ use std::path::Path;
 use serde::Serialize;
 
 use super::sessions::{parse_sessions, plan_sessions};
-use super::trace::{parse_trace, plan_trace, MalformedLine, TraceError};
+use super::trace::{
+    merge_by_line, parse_trace, plan_trace, read_trace_text, MalformedLine, TraceError,
+};
 use super::Workload;
 
 /// The two trace forms.
@@ -87,6 +89,7 @@ pub fn load_trace_text(
         }
     };
     workload.start_at_zero();
+    workload.check_span().map_err(TraceError::Span)?;
     Ok(LoadedTrace {
         form,
         workload,
@@ -104,16 +107,37 @@ pub fn load_trace(
     block_tokens: u32,
     content_seed: u64,
 ) -> Result<LoadedTrace, TraceError> {
-    let text = std::fs::read_to_string(path).map_err(|source| TraceError::Read {
-        path: path.display().to_string(),
-        source,
-    })?;
-    load_trace_text(&text, form, block_tokens, content_seed)
+    let (text, not_utf8) = read_trace_text(path)?;
+    let mut loaded = load_trace_text(&text, form, block_tokens, content_seed)?;
+    loaded.malformed = merge_by_line(not_utf8, loaded.malformed);
+    Ok(loaded)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn delays_that_add_up_beyond_the_bound_are_refused() {
+        let delay = crate::trace::MAX_ROW_MS / 2 + 1;
+        let row = |first: bool| {
+            if first {
+                r#"{"session_id": "a", "timestamp": 0, "input_length": 3, "output_length": 1, "hash_ids": [0]}"#.to_string()
+            } else {
+                format!(
+                    r#"{{"session_id": "a", "delay": {delay}, "input_length": 3, "output_length": 1, "hash_ids": [0]}}"#
+                )
+            }
+        };
+        let two = [row(true), row(false)].join("\n");
+        assert!(
+            load_trace_text(&two, None, 4, 0).is_ok(),
+            "one delay is within"
+        );
+        let three = [row(true), row(false), row(false)].join("\n");
+        let e = load_trace_text(&three, None, 4, 0).unwrap_err();
+        assert!(matches!(e, TraceError::Span(_)), "{e}");
+    }
 
     #[test]
     fn a_byte_order_mark_is_not_part_of_the_first_row() {

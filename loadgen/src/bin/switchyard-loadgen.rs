@@ -14,7 +14,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use switchyard_engine::SpeedUp;
 use switchyard_loadgen::agentic::generate_agentic;
-use switchyard_loadgen::client::{replay, ClientConfig};
+use switchyard_loadgen::client::{check_endpoint, replay, ClientConfig};
 use switchyard_loadgen::compare::output::{write_comparison, write_run_files};
 use switchyard_loadgen::compare::table::comparison_tables;
 use switchyard_loadgen::markdown::run_markdown;
@@ -22,7 +22,7 @@ use switchyard_loadgen::prompts::{BodyBuilder, PromptFraming};
 use switchyard_loadgen::report::{build_report, RunMeta, RunReport, Slo};
 use switchyard_loadgen::sessions::write_session_trace;
 use switchyard_loadgen::summary::WorkloadSummary;
-use switchyard_loadgen::trace_file::load_trace;
+use switchyard_loadgen::trace_file::{load_trace, TraceForm};
 use switchyard_loadgen::vocab::Vocabulary;
 use switchyard_loadgen::{ArrivalScale, Workload, WorkloadArgs};
 use switchyard_protocol::route::ApiKind;
@@ -201,7 +201,15 @@ fn load_workload(args: &LoadgenWorkload) -> Result<(Workload, usize)> {
     let w = &args.workload;
     let (mut workload, malformed) = match (&w.trace, w.agentic) {
         (Some(path), _) => {
-            let loaded = load_trace(path, w.trace_form, w.block_tokens, w.seed)?;
+            let loaded = load_trace(path, w.trace_form, w.block_tokens, w.seed)
+                .map_err(|e| usage(e.to_string()))?;
+            if loaded.form == TraceForm::Mooncake && args.write_trace.is_some() {
+                return Err(usage(format!(
+                    "--write-trace writes session traces, and {} is an open-loop (Mooncake) \
+                     trace: its requests wait for no earlier turn",
+                    path.display()
+                )));
+            }
             for bad in loaded.malformed.iter().take(10) {
                 eprintln!("{}:{}: {}", path.display(), bad.line, bad.reason);
             }
@@ -213,14 +221,14 @@ fn load_workload(args: &LoadgenWorkload) -> Result<(Workload, usize)> {
                     loaded.form
                 );
                 if args.strict {
-                    bail!(
+                    return Err(usage(format!(
                         "{malformed} malformed line(s) in {} (--strict)",
                         path.display()
-                    );
+                    )));
                 }
             }
             if loaded.workload.requests.is_empty() {
-                bail!("{} has no usable rows", path.display());
+                return Err(usage(format!("{} has no usable rows", path.display())));
             }
             (loaded.workload, malformed)
         }
@@ -234,7 +242,8 @@ fn load_workload(args: &LoadgenWorkload) -> Result<(Workload, usize)> {
         workload.truncate(n);
     }
     if let Some(path) = &args.write_trace {
-        let rows = write_session_trace(path, &workload, w.block_tokens)?;
+        let rows = write_session_trace(path, &workload, w.block_tokens)
+            .map_err(|e| usage(e.to_string()))?;
         eprintln!(
             "wrote {rows} session-trace rows to {} ({} tokens per hash id)",
             path.display(),
@@ -281,7 +290,11 @@ fn run(args: RunArgs) -> Result<()> {
             ))
         }
     };
+    check_endpoint(&endpoint).map_err(|e| usage(e.to_string()))?;
     let (workload, malformed) = load_workload(&args.workload)?;
+    // Before anything is sent: a run whose report cannot be written is not worth starting.
+    std::fs::create_dir_all(&out)
+        .map_err(|e| usage(format!("cannot create --out {}: {e}", out.display())))?;
     let model_dir = args.model_dir.clone().unwrap_or_else(default_model_dir);
     let tokenizer = ModelTokenizer::from_dir(&model_dir).with_context(|| {
         format!(

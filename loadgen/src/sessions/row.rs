@@ -8,7 +8,7 @@ use std::fmt;
 use serde::de::{self, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use crate::trace::{check_row, TraceRow};
+use crate::trace::{check_row, row_json_error, TraceRow, MAX_ROW_MS};
 
 /// A session's name in the file: a string, or a non-negative integer read as its decimal
 /// text (so `7` and `"7"` name the same session).
@@ -90,14 +90,29 @@ impl SessionRow {
 /// Reads one line; the error says why it is unusable.
 pub fn parse_row(line: &str, block_tokens: u32) -> Result<SessionRow, String> {
     let row: SessionRow =
-        switchyard_protocol::from_json_object(line.as_bytes()).map_err(|e| e.to_string())?;
+        switchyard_protocol::from_json_object(line.as_bytes()).map_err(row_json_error)?;
     check_row(&row.as_trace_row(), block_tokens)?;
+    if let Some(delay) = row.delay.filter(|&d| d > MAX_ROW_MS) {
+        return Err(format!("delay {delay} is above {MAX_ROW_MS} ms"));
+    }
     Ok(row)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_delay_beyond_the_bound_is_refused() {
+        let row = |delay: u64| {
+            format!(
+                r#"{{"session_id": "a", "delay": {delay}, "input_length": 3, "output_length": 1, "hash_ids": [0]}}"#
+            )
+        };
+        assert!(parse_row(&row(MAX_ROW_MS), 512).is_ok());
+        let e = parse_row(&row(u64::MAX), 512).unwrap_err();
+        assert!(e.contains("delay"), "{e}");
+    }
 
     #[test]
     fn ids_are_strings_or_non_negative_integers() {

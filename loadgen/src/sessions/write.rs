@@ -113,6 +113,9 @@ pub fn write_session_trace(
         path: path.display().to_string(),
         source,
     };
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(io)?;
+    }
     let mut out = std::io::BufWriter::new(std::fs::File::create(path).map_err(io)?);
     for row in &rows {
         serde_json::to_writer(&mut out, row).map_err(|e| io(e.into()))?;

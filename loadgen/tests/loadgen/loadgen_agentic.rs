@@ -184,6 +184,21 @@ fn empty_silent_and_unbounded_configs_are_refused_naming_the_field() {
             },
             "sessions",
         ),
+        // Arrivals beyond what virtual time resolves (it overflowed, then hung the replay).
+        (
+            AgenticConfig {
+                think_ms: (u64::MAX - 1, u64::MAX),
+                ..d.clone()
+            },
+            "think_ms / session_rate_per_s",
+        ),
+        (
+            AgenticConfig {
+                session_rate_per_s: 1e-18,
+                ..d.clone()
+            },
+            "think_ms / session_rate_per_s",
+        ),
     ];
     for (config, field) in cases {
         assert_eq!(field_of(config), field);

@@ -342,3 +342,109 @@ async fn unusable_numbers_exit_64_naming_the_flag() {
         assert!(stderr.contains(named), "plan {extra:?}: {stderr}");
     }
 }
+
+/// What a run cannot use is bad input, exit 64 before anything is sent, with the problem
+/// named: an endpoint that is not `http://`, an `--out` that cannot be created, an unusable
+/// trace (missing, or no usable row, or a malformed line under `--strict`), and
+/// `--write-trace` of an open-loop trace. A trace's line that is not UTF-8 costs that line only.
+#[tokio::test]
+async fn unusable_inputs_exit_64_before_anything_is_sent() {
+    let dir = Scratch::new("inputs");
+    let trace = dir.file("t.jsonl", ROWS);
+    let blocked = dir.file("file-not-dir", "x");
+    let empty = dir.file("empty.jsonl", "\n\n");
+    let mut bytes = ROWS.as_bytes().to_vec();
+    bytes.extend(b"\n{\"timestamp\": \xff}\n");
+    let utf8 = dir.0.join("utf8.jsonl");
+    std::fs::write(&utf8, &bytes).unwrap();
+    let out = dir.0.join("out");
+    let path = |p: &std::path::Path| p.to_str().unwrap().to_string();
+    let run = |endpoint: &str, trace: &str, out: &str| {
+        vec![
+            "--endpoint".to_string(),
+            endpoint.into(),
+            "--trace".into(),
+            trace.into(),
+            "--out".into(),
+            out.into(),
+            "--workers".into(),
+            "1".into(),
+        ]
+    };
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (run("notaurl", &path(&trace), &path(&out)), "http://"),
+        (
+            run("https://127.0.0.1:1", &path(&trace), &path(&out)),
+            "http://",
+        ),
+        (
+            run(
+                "http://127.0.0.1:1",
+                &path(&trace),
+                &path(&blocked.join("out")),
+            ),
+            "cannot create --out",
+        ),
+        (
+            run(
+                "http://127.0.0.1:1",
+                &path(&dir.0.join("missing.jsonl")),
+                &path(&out),
+            ),
+            "missing.jsonl",
+        ),
+        (
+            run("http://127.0.0.1:1", &path(&empty), &path(&out)),
+            "no usable rows",
+        ),
+        (
+            [
+                run("http://127.0.0.1:1", &path(&utf8), &path(&out)),
+                vec!["--strict".into()],
+            ]
+            .concat(),
+            "--strict",
+        ),
+        (
+            vec![
+                "plan".into(),
+                "--trace".into(),
+                path(&trace),
+                "--write-trace".into(),
+                path(&dir.0.join("new/w.jsonl")),
+            ],
+            "open-loop",
+        ),
+    ];
+    for (args, named) in cases {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let output = loadgen(&args).await;
+        let stderr = text(&output.stderr);
+        assert_eq!(output.status.code(), Some(64), "{args:?}: {stderr}");
+        assert!(stderr.contains(named), "{args:?}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+    }
+    assert!(!out.exists(), "nothing was run");
+    // Without --strict the line that is not UTF-8 is reported by number and the rest planned.
+    let output = loadgen(&["plan", "--trace", &path(&utf8)]).await;
+    let stderr = text(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    let bad_line = ROWS.split('\n').count() + 1;
+    assert!(
+        stderr.contains(&format!("utf8.jsonl:{bad_line}: not valid UTF-8")),
+        "{stderr}"
+    );
+    // A session trace is written into a folder that did not exist yet.
+    let sessions = dir.0.join("new/sessions.jsonl");
+    let output = loadgen(&[
+        "plan",
+        "--agentic",
+        "--sessions",
+        "1",
+        "--write-trace",
+        &path(&sessions),
+    ])
+    .await;
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
+    assert!(sessions.exists());
+}

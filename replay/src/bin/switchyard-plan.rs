@@ -161,10 +161,11 @@ fn check(cli: &Cli) -> Result<Checked> {
         slo_cost: cli.slo_cost,
     };
     let points = plan_points(&space)?.len();
-    // Found now, not after a sweep of many minutes (and made only for a usable plan).
+    let workload = load_workload(&cli.workload, default_trace, cli.max_requests)?;
+    // Found now, not after a sweep of many minutes (and made only for a usable plan and
+    // workload).
     std::fs::create_dir_all(&cli.out)
         .map_err(|e| anyhow::anyhow!("--out {}: {e}", cli.out.display()))?;
-    let workload = load_workload(&cli.workload, default_trace, cli.max_requests)?;
     let mut base = StackSpec::new(ServingMode::Agg, cli.workers, 0);
     base.preset = preset;
     base.seed = cli.workload.seed;

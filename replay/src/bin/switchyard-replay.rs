@@ -228,9 +228,11 @@ fn plan(cli: &Cli) -> Result<Plan> {
                 cli.goodput_tolerance
             );
         }
-        let ratios_ok = cli.sweep_ratios.iter().all(|r| (0.0..=1.0).contains(r));
-        if cli.sweep_thresholds.is_empty() || !ratios_ok {
-            bail!("--sweep needs thresholds and ratios in [0, 1]");
+        if let Some(bad) = cli.sweep_ratios.iter().find(|r| !(0.0..=1.0).contains(*r)) {
+            bail!("--sweep-ratios: a ratio threshold must be in [0, 1], got {bad}");
+        }
+        if cli.sweep_thresholds.is_empty() || cli.sweep_ratios.is_empty() {
+            bail!("--sweep needs at least one threshold (--sweep-thresholds) and one ratio (--sweep-ratios)");
         }
     }
     // Found now, not after the runs.
@@ -342,10 +344,13 @@ fn run(cli: &Cli, plan: Plan) -> Result<()> {
         .map(|r| EffIslDistribution::from_notes(&r.detail.notes));
     let tuning_md = tuning.map(|dist| (tuning_markdown(&dist), dist));
     if let Some((md, _)) = &tuning_md {
-        switchyard_support::outln!(
-            "## Effective ISL (conditional run)\n\n{md}\nThresholds are recommended from \
-             measurements only: run with --sweep (or switchyard-plan).\n"
-        );
+        let advice = if cli.sweep {
+            ""
+        } else {
+            "Thresholds are recommended from measurements only: run with --sweep (or \
+             switchyard-plan).\n"
+        };
+        switchyard_support::outln!("## Effective ISL (conditional run)\n\n{md}\n{advice}");
     }
     let sweep = if cli.sweep {
         let grid = ThresholdGrid {

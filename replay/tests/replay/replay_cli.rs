@@ -13,7 +13,12 @@ fn replay(args: &[&str]) -> Output {
 
 #[test]
 fn bad_input_exits_64_with_a_clear_message() {
-    let cases: [(&[&str], &str); 12] = [
+    let cases: [(&[&str], &str); 13] = [
+        // A bad ratio is named, with its flag and value.
+        (
+            &["--agentic", "--sweep", "--sweep-ratios", "2"],
+            "--sweep-ratios: a ratio threshold must be in [0, 1], got 2",
+        ),
         // An --out that cannot be a folder is found before any run.
         (
             &["--agentic", "--out", "/dev/null/out"],
@@ -180,6 +185,33 @@ fn the_planner_refuses_bad_input_and_plans_a_session_trace() {
         assert_eq!(out.status.code(), Some(64), "{args:?}: {stderr}");
         assert!(stderr.contains(expected), "{args:?}: {stderr}");
     }
+    // A trace with no usable row is refused before the output folder is made.
+    let empty = std::env::temp_dir().join(format!("sy-plan-empty-{}.jsonl", std::process::id()));
+    std::fs::write(&empty, "\n").unwrap();
+    let never = std::env::temp_dir().join(format!("sy-plan-never-{}", std::process::id()));
+    let out = plan(
+        &[
+            &slo[..],
+            &[
+                "--trace",
+                empty.to_str().unwrap(),
+                "--out",
+                never.to_str().unwrap(),
+            ],
+        ]
+        .concat(),
+    );
+    std::fs::remove_file(&empty).unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(64),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        !never.exists(),
+        "no output folder for a plan that never ran"
+    );
     let dir = TempDir(std::env::temp_dir().join(format!("sy-plan-cli-{}", std::process::id())));
     let args = [
         &slo[..],

@@ -9,6 +9,7 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use switchyard_filter::config::MAX_ROUTE_TIMEOUT_MS;
 
 use clap::{Parser, ValueEnum};
 use switchyard_loadgen::report::Slo;
@@ -78,7 +79,8 @@ struct Cli {
     profile: ProfileArg,
     /// The filter's route call timeout, wall ms (a request whose verdict is later fails
     /// open and is counted as `fail-open`).
-    #[arg(long, default_value_t = 1000)]
+    #[arg(long, default_value_t = 1000,
+          value_parser = clap::value_parser!(u64).range(1..=MAX_ROUTE_TIMEOUT_MS))]
     route_timeout_ms: u64,
     /// Output folder (default: results/compare-<UTC timestamp>).
     #[arg(long)]

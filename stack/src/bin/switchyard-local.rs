@@ -5,6 +5,7 @@
 //! the parent of every process until Ctrl-C or SIGTERM, then stops them all.
 
 use std::path::PathBuf;
+use switchyard_filter::config::MAX_ROUTE_TIMEOUT_MS;
 
 use std::process::ExitCode;
 
@@ -56,7 +57,7 @@ struct Args {
     #[arg(long, alias = "time-scale", env = "SWITCHYARD_SPEED_UP")]
     speed_up: Option<SpeedUp>,
     /// The filter's route call timeout in milliseconds.
-    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u64).range(1..=60_000))]
+    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u64).range(1..=MAX_ROUTE_TIMEOUT_MS))]
     route_timeout_ms: u64,
     /// Directory for logs and generated config (default: a new one under the temp dir).
     #[arg(long)]

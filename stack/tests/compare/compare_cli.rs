@@ -61,3 +61,15 @@ fn a_router_config_the_control_plane_refuses_is_refused_before_anything_starts()
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A route timeout the filter refuses is refused by the flag, before any stack starts (it used
+/// to start one, and Envoy exited naming only its own failure).
+#[test]
+fn a_route_timeout_the_filter_refuses_is_refused_by_the_flag() {
+    for value in ["0", "60001"] {
+        let (code, err) = compare(&["--route-timeout-ms", value]);
+        assert_eq!(code, Some(64), "{value}: {err}");
+        assert!(err.contains("--route-timeout-ms"), "{value}: {err}");
+        assert!(!err.contains("starting a stack"), "{value}: {err}");
+    }
+}
