@@ -120,7 +120,7 @@ impl Backend for VirtualBackend<'_> {
         let mut report = report_run(&replayed, self.workload, self.slo, Some(label));
         report.meta.load_level = Some(run.load_level);
         report.meta.malformed_trace_lines = self.malformed_trace_lines;
-        eprintln!(
+        switchyard_support::errln!(
             "{}: {} requests in {:.1} s wall ({:.0} s virtual)",
             report.meta.label,
             replayed.records.len(),

@@ -740,7 +740,7 @@ impl Drop for Stack {
         if self.remove_run_dir && !std::thread::panicking() {
             let _ = std::fs::remove_dir_all(&self.run_dir);
         } else {
-            eprintln!(
+            switchyard_support::errln!(
                 "switchyard stack stopped; logs kept in {}",
                 self.run_dir.display()
             );

@@ -39,9 +39,25 @@ pub fn write_stdout_line(line: std::fmt::Arguments<'_>) {
     let mut out = std::io::stdout().lock();
     if let Err(e) = writeln!(out, "{line}").and_then(|()| out.flush()) {
         if e.kind() != std::io::ErrorKind::BrokenPipe {
-            eprintln!("cannot write to stdout: {e}");
+            write_stderr_line(format_args!("cannot write to stdout: {e}"));
         }
     }
+}
+
+/// Prints like `eprintln!`, but a stderr that cannot be written (`2>&1 | head`) is not a
+/// panic: progress lines are for a reader, and `eprintln!`'s panic could not be printed
+/// either, so the process aborted mid-run, its stack's children left to their process group's
+/// cleanup. There is nobody to tell about the failed write: it is dropped.
+#[macro_export]
+macro_rules! errln {
+    ($($arg:tt)*) => {
+        $crate::cli::write_stderr_line(::std::format_args!($($arg)*))
+    };
+}
+
+/// The body of [`errln!`]: one line to stderr, any error dropped.
+pub fn write_stderr_line(line: std::fmt::Arguments<'_>) {
+    let _ = writeln!(std::io::stderr().lock(), "{line}");
 }
 
 /// Longest duration a time flag takes, in seconds: a year, far past any run, and well within

@@ -175,11 +175,11 @@ fn main() -> std::process::ExitCode {
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) if e.is::<Usage>() => {
-            eprintln!("error: {e}");
+            switchyard_support::errln!("error: {e}");
             std::process::ExitCode::from(cli::EXIT_USAGE)
         }
         Err(e) => {
-            eprintln!("Error: {e:?}");
+            switchyard_support::errln!("Error: {e:?}");
             std::process::ExitCode::FAILURE
         }
     }
@@ -211,11 +211,11 @@ fn load_workload(args: &LoadgenWorkload) -> Result<(Workload, usize)> {
                 )));
             }
             for bad in loaded.malformed.iter().take(10) {
-                eprintln!("{}:{}: {}", path.display(), bad.line, bad.reason);
+                switchyard_support::errln!("{}:{}: {}", path.display(), bad.line, bad.reason);
             }
             let malformed = loaded.malformed.len();
             if malformed > 0 {
-                eprintln!(
+                switchyard_support::errln!(
                     "{}: {malformed} malformed line(s) skipped ({} trace)",
                     path.display(),
                     loaded.form
@@ -244,7 +244,7 @@ fn load_workload(args: &LoadgenWorkload) -> Result<(Workload, usize)> {
     if let Some(path) = &args.write_trace {
         let rows = write_session_trace(path, &workload, w.block_tokens)
             .map_err(|e| usage(e.to_string()))?;
-        eprintln!(
+        switchyard_support::errln!(
             "wrote {rows} session-trace rows to {} ({} tokens per hash id)",
             path.display(),
             w.block_tokens
@@ -312,7 +312,7 @@ fn run(args: RunArgs) -> Result<()> {
         content_seed: workload.content_seed,
     };
     let framing = PromptFraming::measure(&tokenizer, &builder)?;
-    eprintln!(
+    switchyard_support::errln!(
         "{} request framing: {} template tokens before the content, {} after",
         builder.api.as_str(),
         framing.prefix_tokens(),
@@ -359,7 +359,7 @@ fn run(args: RunArgs) -> Result<()> {
     let report = build_report(meta, &outcome.records, outcome.not_sent, slo);
     write_run_files(&out, &outcome.records, &report)?;
     switchyard_support::outln!("{}", run_markdown(&report));
-    eprintln!("wrote {}", out.display());
+    switchyard_support::errln!("wrote {}", out.display());
     // A run in which nothing succeeded measured nothing: a script that goes on to compare
     // it must not take it for a result. Partial failures are data and exit 0.
     if report.requests.ok == 0 {

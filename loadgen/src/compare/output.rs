@@ -131,7 +131,7 @@ pub fn write_comparison<T: Serialize>(
         match interactivity_vs_throughput_svg(reports, kind) {
             Ok(svg) => write(&out.join(name), &svg)?,
             Err(e) => {
-                eprintln!("no plot {name}: {e}");
+                switchyard_support::errln!("no plot {name}: {e}");
                 remove_stale(&out.join(name))?;
             }
         }

@@ -109,7 +109,7 @@ fn main() -> ExitCode {
     let checked = match check(&cli) {
         Ok(c) => c,
         Err(e) => {
-            eprintln!(
+            switchyard_support::errln!(
                 "switchyard-plan: {}",
                 switchyard_support::cli::error_line(e.as_ref())
             );
@@ -119,7 +119,7 @@ fn main() -> ExitCode {
     match run(&cli, checked) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!(
+            switchyard_support::errln!(
                 "switchyard-plan: {}",
                 switchyard_support::cli::error_line(e.as_ref())
             );
@@ -196,7 +196,7 @@ fn run(cli: &Cli, checked: Checked) -> Result<()> {
     let jobs = cli.jobs.unwrap_or_else(|| {
         std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
     });
-    eprintln!(
+    switchyard_support::errln!(
         "{}: {} requests; {} workers ({} GPUs), {points} points on {jobs} threads, at most {} min",
         workload.name,
         workload.requests.len(),
@@ -205,7 +205,7 @@ fn run(cli: &Cli, checked: Checked) -> Result<()> {
         cli.max_minutes
     );
     if let Some(warning) = workload.span_warning() {
-        eprintln!("{warning}");
+        switchyard_support::errln!("{warning}");
     }
     let bar = ProgressBar::new(points as u64);
     if cli.quiet {
@@ -231,7 +231,7 @@ fn run(cli: &Cli, checked: Checked) -> Result<()> {
     bar.finish_and_clear();
     let markdown = write_plan(&cli.out, &outcome)?;
     switchyard_support::outln!("{markdown}");
-    eprintln!(
+    switchyard_support::errln!(
         "wrote {} ({} of {points} points not run before the time bound)",
         cli.out.display(),
         outcome.not_run()

@@ -148,14 +148,14 @@ fn main() -> ExitCode {
     let plan = match plan(&cli) {
         Ok(p) => p,
         Err(e) => {
-            eprintln!("switchyard-replay: {}", error_chain(&e));
+            switchyard_support::errln!("switchyard-replay: {}", error_chain(&e));
             return ExitCode::from(EXIT_USAGE);
         }
     };
     match run(&cli, plan) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("switchyard-replay: {}", error_chain(&e));
+            switchyard_support::errln!("switchyard-replay: {}", error_chain(&e));
             ExitCode::FAILURE
         }
     }
@@ -317,7 +317,7 @@ fn run(cli: &Cli, plan: Plan) -> Result<()> {
         comparison,
         slo,
     } = plan;
-    eprintln!(
+    switchyard_support::errln!(
         "{}: {} requests; {} workers ({} prefill in disagg/conditional), preset {}",
         workload.name,
         workload.requests.len(),
@@ -326,7 +326,7 @@ fn run(cli: &Cli, plan: Plan) -> Result<()> {
         base.preset.name()
     );
     if let Some(warning) = workload.span_warning() {
-        eprintln!("{warning}");
+        switchyard_support::errln!("{warning}");
     }
     let mut backend = VirtualBackend::new(&workload, &source, base.clone(), slo);
     let runs = block_on(run_comparison(
@@ -415,7 +415,7 @@ fn run(cli: &Cli, plan: Plan) -> Result<()> {
                 )?,
             )?;
         }
-        eprintln!("wrote {}", out.display());
+        switchyard_support::errln!("wrote {}", out.display());
     }
     Ok(())
 }

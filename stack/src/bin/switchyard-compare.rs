@@ -116,7 +116,7 @@ fn main() -> ExitCode {
     let config = match config(cli) {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("switchyard-compare: {e}");
+            switchyard_support::errln!("switchyard-compare: {e}");
             return ExitCode::from(EXIT_USAGE);
         }
     };
@@ -125,14 +125,14 @@ fn main() -> ExitCode {
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("switchyard-compare: cannot start the runtime: {e}");
+            switchyard_support::errln!("switchyard-compare: cannot start the runtime: {e}");
             return ExitCode::FAILURE;
         }
     };
     match runtime.block_on(run_comparison(&config)) {
         Ok(comparison) => {
             switchyard_support::outln!("{}", comparison_markdown(&config, &comparison));
-            eprintln!("wrote {}", config.out.display());
+            switchyard_support::errln!("wrote {}", config.out.display());
             ExitCode::SUCCESS
         }
         Err(
@@ -140,11 +140,11 @@ fn main() -> ExitCode {
             | CompareError::Plan(_)
             | CompareError::Workload(_)),
         ) => {
-            eprintln!("switchyard-compare: {e}");
+            switchyard_support::errln!("switchyard-compare: {e}");
             ExitCode::from(EXIT_USAGE)
         }
         Err(e) => {
-            eprintln!("switchyard-compare: {e}");
+            switchyard_support::errln!("switchyard-compare: {e}");
             ExitCode::FAILURE
         }
     }

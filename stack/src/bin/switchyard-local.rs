@@ -99,14 +99,14 @@ fn main() -> ExitCode {
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
         Err(e) => {
-            eprintln!("Error: cannot start the async runtime: {e}");
+            switchyard_support::errln!("Error: cannot start the async runtime: {e}");
             return ExitCode::FAILURE;
         }
     };
     match runtime.block_on(run(args)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("Error: {e:?}");
+            switchyard_support::errln!("Error: {e:?}");
             if is_usage_error(&e) {
                 ExitCode::from(switchyard_support::cli::EXIT_USAGE)
             } else {
@@ -227,7 +227,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 // A child that dies is named, with why and its log's end; the others keep
                 // serving (the gateway fails open around a dead control plane, say).
                 for exited in stack.reap_exited() {
-                    eprintln!(
+                    switchyard_support::errln!(
                         "switchyard-local: {exited}\n({} s after start; the rest keeps running, Ctrl-C stops it)",
                         started.elapsed().as_secs()
                     );

@@ -57,9 +57,12 @@ impl Backend for RealBackend<'_> {
         let (config, prepared) = (self.config, self.prepared);
         let dir = run_dir(&config.out, &plan.label);
         let split = plan.split;
-        eprintln!(
+        switchyard_support::errln!(
             "{}: starting a stack ({} agg, {} prefill, {} decode workers)",
-            plan.label, split.agg, split.prefill, split.decode
+            plan.label,
+            split.agg,
+            split.prefill,
+            split.decode
         );
         let mut builder = StackBuilder::new()
             .agg_workers(split.agg)
@@ -96,7 +99,7 @@ impl Backend for RealBackend<'_> {
             framing: prepared.framing.clone(),
             progress: config.progress,
         };
-        eprintln!(
+        switchyard_support::errln!(
             "{}: replaying {} requests through {}",
             plan.label,
             prepared.workload.requests.len(),
@@ -155,7 +158,7 @@ impl Backend for RealBackend<'_> {
                  (the stack shared the machine; its timings are noisier)"
             ));
         }
-        eprintln!(
+        switchyard_support::errln!(
             "{}: {} sent, {} ok, {} failed, {} not sent in {:.1} s wall",
             plan.label,
             report.requests.sent,
@@ -165,9 +168,9 @@ impl Backend for RealBackend<'_> {
             wall_s
         );
         for note in &notes {
-            eprintln!("{}: {note}", plan.label);
+            switchyard_support::errln!("{}: {note}", plan.label);
         }
-        eprintln!(
+        switchyard_support::errln!(
             "{}: CPU during the replay: {}",
             plan.label,
             cpu_summary(&cpu)

@@ -54,7 +54,7 @@ pub async fn run_comparison(config: &CompareConfig) -> Result<StackComparison, C
         "creating {}",
         config.out.display()
     )))?;
-    eprintln!(
+    switchyard_support::errln!(
         "{}: {} requests per run; {} runs of {} workers ({} GPUs each, preset {}), workers {}x \
          faster than modelled; results in {}",
         prepared.workload.name,
@@ -90,7 +90,7 @@ pub async fn run_comparison(config: &CompareConfig) -> Result<StackComparison, C
             control_plane_route_threads(),
             config.route_timeout_ms,
         );
-        eprintln!(
+        switchyard_support::errln!(
             "cross-check: measured {:.3} µs per prompt token to render a body, {:.2} µs per \
              tokenization (wall); virtual replays: {}",
             measured.body_ms_per_token * 1e3,

@@ -73,3 +73,18 @@ fn a_route_timeout_the_filter_refuses_is_refused_by_the_flag() {
         assert!(!err.contains("starting a stack"), "{value}: {err}");
     }
 }
+
+/// A stderr nobody reads (`2>&1 | head -2`, the reader gone) costs the messages, not the run:
+/// `eprintln!` panicked there, the panic could not be printed either, and the process aborted
+/// (a signal, no exit code) in the middle of a comparison.
+#[test]
+fn a_stderr_nobody_reads_is_no_abort() {
+    let (reader, writer) = std::io::pipe().expect("a pipe");
+    drop(reader);
+    let status = Command::new(env!("CARGO_BIN_EXE_switchyard-compare"))
+        .args(["--max-requests", "1", "--quiet", "--workers", "0"])
+        .stderr(writer)
+        .status()
+        .expect("run switchyard-compare");
+    assert_eq!(status.code(), Some(64), "{status:?}");
+}
