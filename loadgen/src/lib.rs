@@ -107,9 +107,7 @@ impl Workload {
     /// duration cap), but its rates are those of that span.
     pub fn span_warning(&self) -> Option<String> {
         const DAY_MS: u64 = 86_400_000;
-        let last = self.requests.iter().map(|r| r.arrival_ms).max()?;
-        let first = self.requests.iter().map(|r| r.arrival_ms).min()?;
-        let span = last - first;
+        let span = self.arrival_span_ms()?;
         (span > DAY_MS).then(|| {
             format!(
                 "warning: {}'s planned arrivals span {:.1} days; rows mixing Unix-epoch and \
@@ -127,27 +125,22 @@ impl Workload {
     /// # Errors
     /// The message, naming the latest planned arrival.
     pub fn check_span(&self) -> Result<(), String> {
-        let first = self
-            .requests
-            .iter()
-            .map(|r| r.arrival_ms)
-            .min()
-            .unwrap_or(0);
-        let last = self
-            .requests
-            .iter()
-            .map(|r| r.arrival_ms)
-            .max()
-            .unwrap_or(0);
-        if last - first > trace::MAX_ROW_MS {
+        let span = self.arrival_span_ms().unwrap_or(0);
+        if span > trace::MAX_ROW_MS {
             return Err(format!(
-                "{}'s planned arrivals span {} ms, more than {} ms",
+                "{}'s planned arrivals span {span} ms, more than {} ms",
                 self.name,
-                last - first,
                 trace::MAX_ROW_MS
             ));
         }
         Ok(())
+    }
+
+    /// From the first planned arrival to the last (ms); `None` without requests.
+    fn arrival_span_ms(&self) -> Option<u64> {
+        let last = self.requests.iter().map(|r| r.arrival_ms).max()?;
+        let first = self.requests.iter().map(|r| r.arrival_ms).min()?;
+        Some(last - first)
     }
 
     /// Measures arrivals from the earliest one: a trace whose timestamps are, say, Unix

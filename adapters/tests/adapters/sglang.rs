@@ -234,20 +234,7 @@ fn bigram_pages_read_as_their_tokens() {
         VllmEvent::BlockStored { token_ids, hashed_with_extra_keys: false, .. }
             if *token_ids == page_tokens(1)
     ));
-    let mut feed = KvFeed::new(
-        WorkerId("sglang-0".into()),
-        3,
-        MapperConfig::new(BlockSize::try_new(PAGE).unwrap()),
-    );
-    let published: Vec<KvEvent> = feed
-        .on_live(batch)
-        .into_iter()
-        .filter_map(|a| match a {
-            FeedAction::Publish(batch) => Some(batch.events),
-            FeedAction::RequestReplay { .. } => None,
-        })
-        .flatten()
-        .collect();
+    let published = published_by_a_new_feed(batch);
     let prompt: Vec<u32> = page_tokens(0).into_iter().chain(page_tokens(1)).collect();
     let want = sequence_hashes(
         &prompt,
@@ -338,19 +325,8 @@ fn the_full_array_layout_reads_salt_and_group() {
             ..
         }
     ));
-    let mut feed = KvFeed::new(
-        WorkerId("sglang-0".into()),
-        3,
-        MapperConfig::new(BlockSize::try_new(PAGE).unwrap()),
-    );
-    let stored_blocks: usize = feed
-        .on_live(batch)
+    let stored_blocks: usize = published_by_a_new_feed(batch)
         .into_iter()
-        .filter_map(|a| match a {
-            FeedAction::Publish(batch) => Some(batch.events),
-            FeedAction::RequestReplay { .. } => None,
-        })
-        .flatten()
         .filter_map(|e| match e {
             KvEvent::Stored { blocks, .. } => Some(blocks.len()),
             _ => None,
@@ -360,4 +336,21 @@ fn the_full_array_layout_reads_salt_and_group() {
         stored_blocks, 0,
         "neither the salted page nor group 1's is indexed"
     );
+}
+
+/// What a new worker's feed publishes for its first batch.
+fn published_by_a_new_feed(batch: VllmBatch) -> Vec<KvEvent> {
+    let mut feed = KvFeed::new(
+        WorkerId("sglang-0".into()),
+        3,
+        MapperConfig::new(BlockSize::try_new(PAGE).unwrap()),
+    );
+    feed.on_live(batch)
+        .into_iter()
+        .filter_map(|a| match a {
+            FeedAction::Publish(batch) => Some(batch.events),
+            FeedAction::RequestReplay { .. } => None,
+        })
+        .flatten()
+        .collect()
 }
