@@ -16,6 +16,16 @@ use crate::stack::{http_client, Component, StackBuilder, WorkerSpec, MAX_CONTROL
 
 /// Largest body Envoy buffers per connection: long agentic prompts run to megabytes of JSON.
 pub const BUFFER_LIMIT_BYTES: u64 = 16 << 20;
+
+/// The largest request body the gateway takes: a `max_body_bytes` filter setting if given
+/// (Envoy's buffers and the control plane's route-body limit follow it), else
+/// [`BUFFER_LIMIT_BYTES`].
+fn body_limit_bytes(filter_overrides: &serde_json::Map<String, serde_json::Value>) -> u64 {
+    filter_overrides
+        .get("max_body_bytes")
+        .and_then(serde_json::Value::as_u64)
+        .unwrap_or(BUFFER_LIMIT_BYTES)
+}
 /// How often Envoy polls EDS in a local stack: fast, so new workers are usable at once.
 pub const EDS_REFRESH: Duration = Duration::from_millis(500);
 /// Grace each process gets on SIGTERM before SIGKILL.
@@ -289,6 +299,12 @@ impl Stack {
             b.serving_mode.as_str().into(),
         ];
         cp_args.extend(self.credential_args());
+        // A body the filter takes must fit the control plane's route call too: above its
+        // default, it answered 413 and the filter failed those requests open.
+        let body_limit = body_limit_bytes(&b.filter_overrides);
+        if body_limit > BUFFER_LIMIT_BYTES {
+            cp_args.extend(["--max-route-body-bytes".into(), body_limit.to_string()]);
+        }
         if let Some(config) = b.conditional_disagg_config.as_deref() {
             cp_args.extend([
                 "--conditional-disagg-config".to_string(),
@@ -395,7 +411,7 @@ impl Stack {
                 .collect(),
             wasm_path: artifacts.filter_wasm.clone(),
             route_timeout_ms: b.route_timeout_ms,
-            buffer_limit_bytes: BUFFER_LIMIT_BYTES,
+            buffer_limit_bytes: body_limit_bytes(&b.filter_overrides),
             eds_refresh: EDS_REFRESH,
             filter_overrides: b.filter_overrides.clone(),
             plain_listen_port: self.plain_listen_port,
@@ -750,6 +766,15 @@ impl Drop for Stack {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_max_body_bytes_setting_sets_the_gateways_body_limit() {
+        let mut overrides = serde_json::Map::new();
+        assert_eq!(body_limit_bytes(&overrides), BUFFER_LIMIT_BYTES);
+        overrides.insert("max_body_bytes".into(), (32u64 << 20).into());
+        assert_eq!(body_limit_bytes(&overrides), 32 << 20);
+    }
+
     use super::*;
 
     #[tokio::test]

@@ -160,3 +160,37 @@ fn one_ready_control_plane_replica_of_three_takes_every_route_call() {
         );
     }
 }
+
+/// A verdict that keeps a request on its prefill worker sets `x-switchyard-pool: prefill`:
+/// every shipped gateway config routes that header to the prefill pool, before the route of
+/// the same paths to the decode pool (without it the request lands on the full decode pool).
+#[test]
+fn every_shipped_gateway_routes_the_prefill_pool_header_first() {
+    let root = workspace_root();
+    let read = |path: &str| std::fs::read_to_string(root.join(path)).expect(path);
+    for path in ["envoy/envoy.yaml", "envoy/bootstrap.template.yaml"] {
+        let yaml = read(path);
+        let pool = yaml
+            .find("x-switchyard-pool, string_match: { exact: prefill }")
+            .unwrap_or_else(|| panic!("{path}: no x-switchyard-pool route"));
+        let decode = yaml
+            .find("cluster: switchyard_decode,")
+            .unwrap_or_else(|| panic!("{path}: no decode route"));
+        assert!(pool < decode, "{path}: the pool route must come first");
+    }
+    let istio = read("envoy/istio/gateway-routes.yaml");
+    let pool = istio
+        .find("- name: openai-on-prefill-pool")
+        .expect("the Istio VirtualService's prefill-pool route");
+    let decode = istio.find("- name: openai\n").expect("the OpenAI route");
+    assert!(
+        pool < decode,
+        "the Istio prefill-pool route must come first"
+    );
+    let route = &istio[pool..decode];
+    assert!(
+        route.contains("x-switchyard-pool: { exact: prefill }"),
+        "{route}"
+    );
+    assert!(route.contains("host: vllm-prefill."), "{route}");
+}
