@@ -169,9 +169,11 @@ impl PerfModel {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum TransferMode {
-    /// The whole prompt's KV (what vLLM's NixlConnector does today).
+    /// The whole prompt's KV.
     WholePrompt,
-    /// Only the blocks the decode worker does not already cache.
+    /// Only the blocks the decode worker does not already cache: what vLLM's NixlConnector
+    /// does (the decode side reads the remote blocks of the tokens it has not computed; a
+    /// partial prefix hit reads only those), and the default.
     MissingSuffix,
 }
 
@@ -208,7 +210,7 @@ impl TransferModel {
             senders: 4,
             link_gb_per_s: 900.0,
             efficiency: 0.7,
-            mode: TransferMode::WholePrompt,
+            mode: TransferMode::MissingSuffix,
         }
     }
 
@@ -282,11 +284,13 @@ mod tests {
 
     #[test]
     fn missing_suffix_moves_only_what_decode_lacks() {
+        // The default is what vLLM's NixlConnector reads: only what the decode worker lacks.
         let mut t = TransferModel::default();
-        assert_eq!(t.tokens_to_move(1_000, 640), 1_000);
-        t.mode = TransferMode::MissingSuffix;
+        assert_eq!(t.mode, TransferMode::MissingSuffix);
         assert_eq!(t.tokens_to_move(1_000, 640), 360);
         assert_eq!(t.tokens_to_move(1_000, 5_000), 0);
+        t.mode = TransferMode::WholePrompt;
+        assert_eq!(t.tokens_to_move(1_000, 640), 1_000);
     }
 
     #[test]

@@ -23,7 +23,8 @@
 //! long-context prompts is underestimated instead, and the learned factor makes up for it.
 //!
 //! - **Disagg TTFT** = `queue(q_p)` of the prefill worker + `prefill(isl − p_cached, p_cached)` + the
-//!   whole prompt's KV transfer (`kv_transfer_ms_per_token·isl`) + one decode step on the
+//!   KV transfer of what the decode worker lacks (`kv_transfer_ms_per_token·eff_isl`, as vLLM's
+//!   NixlConnector reads only those blocks) + one decode step on the
 //!   decode worker with this stream added.
 //! - **Bypass TTFT** = `queue(q_d)` of the decode worker + `prefill(eff_isl, isl −
 //!   eff_isl)`, where every prefill iteration also carries the running streams' decode step
@@ -142,7 +143,7 @@ pub fn predict(input: &PolicyInput, cfg: &ConditionalDisaggConfig) -> Prediction
 
     let disagg_ttft_ms = queue_ms(input.prefill_queued_tokens, cfg)
         + prefill_ms(isl - p_cached, p_cached, cfg)
-        + cfg.kv_transfer_ms_per_token * isl as f64
+        + cfg.kv_transfer_ms_per_token * eff_isl as f64
         + step_ms(running.saturating_add(1), cfg);
 
     let queue = input.decode_queued_tokens;

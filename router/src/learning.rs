@@ -41,6 +41,8 @@ pub(crate) struct PathLoad {
     pub streams: u32,
     /// Whether the KV is computed on a prefill worker and transferred.
     pub disagg: bool,
+    /// Prompt tokens the decode worker does not cache: what a handoff transfers.
+    pub transferred_tokens: u64,
 }
 
 /// The learned factors and the requests awaiting their reports.
@@ -79,7 +81,7 @@ impl Learning {
         let scaled_ms =
             queue_ms(path.queued_tokens, cfg) + prefill_ms(path.new_tokens, cached, cfg);
         let fixed_ms = if path.disagg {
-            cfg.kv_transfer_ms_per_token * path.isl as f64
+            cfg.kv_transfer_ms_per_token * path.transferred_tokens as f64
                 + step_ms(path.streams.saturating_add(1), cfg)
         } else {
             let chunk = u64::from(cfg.prefill_chunk_tokens.max(1));

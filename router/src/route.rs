@@ -415,6 +415,7 @@ impl Router {
                 queued_tokens: p.map_or(d.load.prefill_tokens, |p| p.load.prefill_tokens),
                 streams: d.load.decoding,
                 disagg: p.is_some(),
+                transferred_tokens: u64::from(eff_isl),
             };
             self.learning.on_route(
                 request_id,

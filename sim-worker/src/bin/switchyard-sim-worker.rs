@@ -126,9 +126,9 @@ struct Args {
     /// Fixed setup time per KV transfer (ms).
     #[arg(long)]
     kv_setup_ms: Option<f64>,
-    /// What a handoff transfers: `whole` prompt, or only the `missing` suffix the decode
-    /// worker does not cache.
-    #[arg(long, default_value = "whole", value_parser = parse_transfer_mode)]
+    /// What a handoff transfers: only the `missing` suffix the decode worker does not cache
+    /// (what vLLM's NixlConnector reads), or the `whole` prompt.
+    #[arg(long, default_value = "missing", value_parser = parse_transfer_mode)]
     kv_transfer: TransferMode,
     /// How long a prefill worker holds KV nobody pulls (model ms).
     #[arg(long)]
