@@ -417,6 +417,14 @@ fn run(cli: &Cli, plan: Plan) -> Result<()> {
         }
         switchyard_support::errln!("wrote {}", out.display());
     }
+    // As the load generator: a run set in which nothing succeeded is a failed run (its report
+    // is written all the same), not a result.
+    if reports.iter().all(|r| r.requests.ok == 0) {
+        bail!(
+            "no request succeeded in any run (the errors are in the table above): prompts or \
+             outputs beyond what the workers hold?"
+        );
+    }
     Ok(())
 }
 

@@ -243,6 +243,39 @@ fn the_planner_refuses_bad_input_and_plans_a_session_trace() {
     }
 }
 
+/// A replay in which no request succeeded is a failed run: exit 1, the report written all the
+/// same (as the load generator does); it exited 0 as if it had measured something.
+#[test]
+fn a_replay_where_nothing_succeeded_exits_1() {
+    let dir = TempDir(std::env::temp_dir().join(format!("sy-replay-none-{}", std::process::id())));
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let trace = dir.0.join("t.jsonl");
+    // More output than any worker's KV cache holds: every request is refused.
+    std::fs::write(
+        &trace,
+        r#"{"timestamp": 0, "input_length": 3, "output_length": 100000000, "hash_ids": [0]}"#,
+    )
+    .unwrap();
+    let out = dir.0.join("out");
+    let run = replay(&[
+        "--trace",
+        trace.to_str().unwrap(),
+        "--modes",
+        "agg",
+        "--workers",
+        "1",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("no request succeeded"), "{stderr}");
+    assert!(
+        out.join("comparison.md").is_file(),
+        "the report is written all the same"
+    );
+}
+
 /// A reader that stops early (`switchyard-replay ... | head -1`) is no failure: the report
 /// folder is written before the table is printed, and the run exits 0 without a panic.
 #[test]
