@@ -17,7 +17,6 @@
 //! - [`cleanup`]: stopping every child on SIGINT/SIGTERM (opt-in, for test processes).
 //! - [`readiness`]: bounded polling.
 //! - [`paths`]: where binaries are, and the commands that build them.
-//! - [`ports`]: free 127.0.0.1 ports.
 //! - [`error`]: why starting or running a stack failed ([`StackError`]).
 //! - [`compare`]: the serving-mode comparison on real stacks (the `switchyard-compare`
 //!   binary).
@@ -30,7 +29,6 @@ pub mod compare;
 pub mod envoy;
 pub mod error;
 pub mod paths;
-pub mod ports;
 pub mod process;
 pub mod readiness;
 pub mod running;

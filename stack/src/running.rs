@@ -9,7 +9,6 @@ use switchyard_protocol::worker::WorkerRole;
 use crate::envoy::{self, EnvoySettings, DECODE_CLUSTER, PREFILL_CLUSTER};
 use crate::error::StackError;
 use crate::paths::Artifacts;
-use crate::ports::free_ports;
 use crate::process::{Signal, Supervised};
 use crate::readiness::{http_ok, tcp_open, wait_until};
 use crate::stack::{http_client, Component, StackBuilder, WorkerSpec, MAX_CONTROL_PLANES};
@@ -26,6 +25,7 @@ fn body_limit_bytes(filter_overrides: &serde_json::Map<String, serde_json::Value
         .and_then(serde_json::Value::as_u64)
         .unwrap_or(BUFFER_LIMIT_BYTES)
 }
+
 /// How often Envoy polls EDS in a local stack: fast, so new workers are usable at once.
 pub const EDS_REFRESH: Duration = Duration::from_millis(500);
 /// Grace each process gets on SIGTERM before SIGKILL.
@@ -116,7 +116,10 @@ impl StackBuilder {
         let _ = std::fs::remove_dir_all(run_dir.join(NATS_STORE_DIR));
 
         let extra_replicas = self.control_planes - 1;
-        let ports = free_ports(6 + worker_count + 2 * extra_replicas)?;
+        // Below the kernel's ephemeral range: Envoy binds its listener seconds after the pick
+        // (it compiles the filter first), and a port in that range could meanwhile become the
+        // source port of an outgoing connection ("Address already in use").
+        let ports = switchyard_support::free_listen_ports(6 + worker_count + 2 * extra_replicas);
         let nats_port = self.nats_port.unwrap_or(ports[0]);
         let cp_port = self.control_plane_port.unwrap_or(ports[1]);
         let listen_port = self.listen_port.unwrap_or(ports[2]);
@@ -411,7 +414,7 @@ impl Stack {
                 .collect(),
             wasm_path: artifacts.filter_wasm.clone(),
             route_timeout_ms: b.route_timeout_ms,
-            buffer_limit_bytes: body_limit_bytes(&b.filter_overrides),
+            buffer_limit_bytes: body_limit,
             eds_refresh: EDS_REFRESH,
             filter_overrides: b.filter_overrides.clone(),
             plain_listen_port: self.plain_listen_port,
@@ -766,6 +769,7 @@ impl Drop for Stack {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
 
     #[test]
     fn a_max_body_bytes_setting_sets_the_gateways_body_limit() {
@@ -774,8 +778,6 @@ mod tests {
         overrides.insert("max_body_bytes".into(), (32u64 << 20).into());
         assert_eq!(body_limit_bytes(&overrides), 32 << 20);
     }
-
-    use super::*;
 
     #[tokio::test]
     async fn a_stack_without_decode_capacity_is_refused_before_starting_anything() {

@@ -150,6 +150,16 @@ mod tests {
     }
 
     #[test]
+    fn listen_ports_picked_together_are_distinct_and_nonzero() {
+        let ports = free_listen_ports(8);
+        let mut sorted = ports.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(sorted.len(), 8);
+        assert!(ports.iter().all(|p| *p != 0));
+    }
+
+    #[test]
     fn scratch_dirs_are_distinct_and_removed_on_drop() {
         let a = TempDir::new("scratch-test").expect("a");
         let b = TempDir::new("scratch-test").expect("b");

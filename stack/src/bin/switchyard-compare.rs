@@ -9,9 +9,9 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use switchyard_filter::config::MAX_ROUTE_TIMEOUT_MS;
 
 use clap::{Parser, ValueEnum};
+use switchyard_filter::config::MAX_ROUTE_TIMEOUT_MS;
 use switchyard_loadgen::report::Slo;
 use switchyard_loadgen::{ArrivalScale, LoadLevel, WorkloadArgs};
 use switchyard_stack::compare::output::comparison_markdown;

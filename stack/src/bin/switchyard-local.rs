@@ -5,12 +5,12 @@
 //! the parent of every process until Ctrl-C or SIGTERM, then stops them all.
 
 use std::path::PathBuf;
-use switchyard_filter::config::MAX_ROUTE_TIMEOUT_MS;
 
 use std::process::ExitCode;
 
 use anyhow::Context as _;
 use clap::Parser;
+use switchyard_filter::config::MAX_ROUTE_TIMEOUT_MS;
 use switchyard_stack::{Profile, ServingMode, SpeedUp, StackBuilder, StackError};
 
 /// Run the local Switchyard stack (Envoy + filter, control plane, NATS, simulated workers).
