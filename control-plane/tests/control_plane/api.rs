@@ -10,6 +10,27 @@ use switchyard_control_plane::settings::{Redacted, Settings};
 use switchyard_protocol::route::{ApiError, Reason, Verdict, REJECT_HEADER};
 use switchyard_protocol::worker::WorkerRole;
 
+/// A request the engine would refuse: the OpenAI error the client gets, with the
+/// reason the filter relays it under.
+async fn refused(resp: reqwest::Response, reason: &str, param: &str, mentions: &str) {
+    assert_eq!(resp.status(), 400);
+    assert_eq!(
+        resp.headers()
+            .get(REJECT_HEADER)
+            .and_then(|v| v.to_str().ok()),
+        Some(reason)
+    );
+    let body: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(body["error"]["type"], "BadRequestError", "{body}");
+    assert_eq!(body["error"]["code"], 400, "{body}");
+    assert_eq!(body["error"]["param"], param, "{body}");
+    let message = body["error"]["message"].as_str().unwrap_or("");
+    assert!(
+        message.contains(mentions),
+        "{body} should mention {mentions}"
+    );
+}
+
 /// Bytes do not bound what a parsed body costs: 15 MiB of `{}` grew about 55× in the parse,
 /// within the default body limit. A body of more values than the bound is refused, naming it,
 /// and the service routes the next request as usual.
@@ -21,18 +42,13 @@ async fn a_body_of_more_json_values_than_the_bound_is_refused_without_its_tree()
     let mut body = String::from(r#"{"model":"m","messages":["#);
     body.push_str(&"{},".repeat(MAX_JSON_VALUES));
     body.push_str(r#"{"role":"user","content":"hi"}]}"#);
-    let resp = route(&svc.base, "chat", None, body).await;
-    assert_eq!(resp.status(), 400);
-    assert_eq!(
-        resp.headers()
-            .get(REJECT_HEADER)
-            .and_then(|v| v.to_str().ok()),
-        Some("invalid_request")
-    );
-    let err: serde_json::Value = resp.json().await.unwrap();
-    assert_eq!(err["error"]["param"], "body", "{err}");
-    let message = err["error"]["message"].as_str().unwrap_or("");
-    assert!(message.contains("more than 524288 JSON values"), "{err}");
+    refused(
+        route(&svc.base, "chat", None, body).await,
+        "invalid_request",
+        "body",
+        "more than 524288 JSON values",
+    )
+    .await;
     let resp = route(&svc.base, "chat", None, chat("hello")).await;
     assert_eq!(resp.status(), 200);
     let verdict: Verdict = resp.json().await.unwrap();
@@ -57,27 +73,6 @@ async fn bad_route_bodies_get_400_naming_the_problem() {
             "{err:?} should mention {mentions}"
         );
     }
-    /// A request the engine would refuse: the OpenAI error the client gets, with the
-    /// reason the filter relays it under.
-    async fn refused(resp: reqwest::Response, reason: &str, param: &str, mentions: &str) {
-        assert_eq!(resp.status(), 400);
-        assert_eq!(
-            resp.headers()
-                .get(REJECT_HEADER)
-                .and_then(|v| v.to_str().ok()),
-            Some(reason)
-        );
-        let body: serde_json::Value = resp.json().await.unwrap();
-        assert_eq!(body["error"]["type"], "BadRequestError", "{body}");
-        assert_eq!(body["error"]["code"], 400, "{body}");
-        assert_eq!(body["error"]["param"], param, "{body}");
-        let message = body["error"]["message"].as_str().unwrap_or("");
-        assert!(
-            message.contains(mentions),
-            "{body} should mention {mentions}"
-        );
-    }
-
     let chat_with = |extra: serde_json::Value| {
         let mut body = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]});
         for (k, v) in extra.as_object().unwrap() {
