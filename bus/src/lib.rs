@@ -16,6 +16,7 @@
 #![deny(missing_docs)]
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use switchyard_protocol::registration::{RegistrationError, RegistrationSecret};
@@ -305,6 +306,50 @@ pub fn server_addrs(urls: &str) -> Result<Vec<async_nats::ServerAddr>, BusError>
 /// A connection-event callback for [`connect`] that does nothing.
 pub fn ignore_event(_: async_nats::Event) {}
 
+/// Whether the current failure to connect was said: once per outage, since the client
+/// retries about every second (a deployment with only declared pools may run no NATS at all).
+static CONNECT_FAILURE_SAID: AtomicBool = AtomicBool::new(false);
+
+/// A connection-event callback for [`connect`] that logs what an operator needs: connected,
+/// lost, and why it cannot connect, once per outage. A server that refuses the client's
+/// credentials is named as such, with the flags that give them: async-nats alone logs
+/// "authorization violation" every second, which does not say whose.
+pub fn log_event(event: async_nats::Event) {
+    match event {
+        async_nats::Event::Connected => {
+            CONNECT_FAILURE_SAID.store(false, Ordering::Relaxed);
+            tracing::info!("connected to NATS");
+        }
+        async_nats::Event::Disconnected => {
+            tracing::warn!("NATS connection lost; reconnecting (HTTP keeps serving)")
+        }
+        async_nats::Event::ClientError(e) => {
+            if CONNECT_FAILURE_SAID.swap(true, Ordering::Relaxed) {
+                tracing::debug!(error = %e, "cannot connect to NATS; retrying");
+            } else if is_credentials_refused(&e) {
+                tracing::warn!(error = %e, "NATS refused this client's credentials; retrying every second or so, said once until it connects (HTTP keeps serving): give the server's credentials with --nats-token-file, --nats-user and --nats-password-file, --nats-nkey-file or --nats-creds-file");
+            } else {
+                tracing::warn!(error = %e, "NATS unreachable; retrying every second or so, said once until it connects (HTTP keeps serving)");
+            }
+        }
+        other => tracing::info!(event = %other, "NATS"),
+    }
+}
+
+/// Whether a connection error is the server refusing the client's credentials (async-nats
+/// reports it as text only).
+fn is_credentials_refused(error: &async_nats::ClientError) -> bool {
+    let async_nats::ClientError::Other(text) = error else {
+        return false;
+    };
+    [
+        async_nats::ConnectErrorKind::AuthorizationViolation,
+        async_nats::ConnectErrorKind::Authentication,
+    ]
+    .iter()
+    .any(|kind| *text == kind.to_string())
+}
+
 /// Whether the client is connected now.
 pub fn is_connected(client: &async_nats::Client) -> bool {
     client.connection_state() == async_nats::connection::State::Connected
@@ -345,6 +390,23 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("switchyard-bus-test-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         dir
+    }
+
+    #[test]
+    fn refused_credentials_are_told_from_an_unreachable_server() {
+        use async_nats::{ClientError, ConnectErrorKind};
+        let refused = |kind: ConnectErrorKind| ClientError::Other(kind.to_string());
+        assert!(is_credentials_refused(&refused(
+            ConnectErrorKind::AuthorizationViolation
+        )));
+        assert!(is_credentials_refused(&refused(
+            ConnectErrorKind::Authentication
+        )));
+        assert!(!is_credentials_refused(&refused(ConnectErrorKind::Io)));
+        assert!(!is_credentials_refused(&refused(
+            ConnectErrorKind::TimedOut
+        )));
+        assert!(!is_credentials_refused(&ClientError::MaxReconnects));
     }
 
     #[test]

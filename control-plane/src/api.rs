@@ -160,8 +160,24 @@ pub fn route_api(
                 "the admin endpoints are served on the admin listener (--admin-listen), not on the route listener",
             )
         });
+    // A client pointed at the control plane instead of the gateway is told so.
+    let inference = (warp::path!("v1" / "chat" / "completions")
+        .or(warp::path!("v1" / "completions"))
+        .unify())
+    .and(with_state(state.clone()))
+    .map(|state: ApiState| {
+        let code = "not_the_gateway";
+        state.metrics.bad_request(code);
+        error_reply(
+            StatusCode::NOT_FOUND,
+            code,
+            "this is the Switchyard control plane's route API, which the gateway's filter calls: send chat and completion requests to the gateway (Envoy's listener)",
+        )
+    });
     route
         .or(lifecycle)
+        .unify()
+        .or(inference)
         .unify()
         .or(tokenizer)
         .unify()

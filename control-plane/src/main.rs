@@ -91,33 +91,6 @@ where
     }
 }
 
-/// Whether the current NATS outage was warned about: once per outage, since the client
-/// retries about every second (a deployment with only declared pools may run no NATS at all).
-static NATS_UNREACHABLE_WARNED: std::sync::atomic::AtomicBool =
-    std::sync::atomic::AtomicBool::new(false);
-
-/// NATS connection changes, in our words (async-nats logs them too, at its own levels).
-fn log_nats_event(event: async_nats::Event) {
-    use std::sync::atomic::Ordering;
-    match event {
-        async_nats::Event::Connected => {
-            NATS_UNREACHABLE_WARNED.store(false, Ordering::Relaxed);
-            tracing::info!("connected to NATS")
-        }
-        async_nats::Event::Disconnected => {
-            tracing::warn!("NATS connection lost; reconnecting (routing continues on known state)")
-        }
-        async_nats::Event::ClientError(e) => {
-            if NATS_UNREACHABLE_WARNED.swap(true, Ordering::Relaxed) {
-                tracing::debug!(error = %e, "NATS unreachable; retrying")
-            } else {
-                tracing::warn!(error = %e, "NATS unreachable; retrying every second or so, said once until it connects (HTTP keeps serving; declared pools need no NATS, self-registering workers and replicas do)")
-            }
-        }
-        other => tracing::info!(event = %other, "NATS"),
-    }
-}
-
 /// Resolves on Ctrl-C or SIGTERM.
 async fn shutdown_signal() {
     let ctrl_c = async {
@@ -190,16 +163,19 @@ async fn main() -> ExitCode {
     if !settings.nats.has_credentials() {
         tracing::warn!("connecting to NATS without credentials (see --nats-token-file and docs/control-plane.md)");
     }
-    let nats =
-        match switchyard_bus::connect(&settings.nats, "switchyard-control-plane", log_nats_event)
-            .await
-        {
-            Ok(c) => c,
-            Err(e) => {
-                eprintln!("error: {e}");
-                return ExitCode::from(EXIT_USAGE);
-            }
-        };
+    let nats = match switchyard_bus::connect(
+        &settings.nats,
+        "switchyard-control-plane",
+        switchyard_bus::log_event,
+    )
+    .await
+    {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
     match service::run(settings, listeners, nats, Box::pin(shutdown_signal())).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(

@@ -53,7 +53,7 @@ pub struct ClientConfig {
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
     /// The endpoint is not an `http://` URL.
-    #[error("endpoint must be an http:// URL (TLS is not built in), got {0:?}")]
+    #[error("endpoint must be an http:// URL, got {0:?}{hint}", hint = endpoint_hint(.0))]
     InvalidEndpoint(String),
     /// The HTTP client could not be built.
     #[error("cannot build the HTTP client: {0}")]
@@ -79,6 +79,17 @@ struct Shared {
     start: Instant,
     deadline: Option<Instant>,
     slots: Option<Semaphore>,
+}
+
+/// What to write instead of a refused `endpoint`.
+fn endpoint_hint(endpoint: &str) -> String {
+    if endpoint.starts_with("https://") {
+        " (TLS is not built in: point it at the gateway's plain-HTTP listener)".into()
+    } else if !endpoint.contains("://") {
+        format!(" (did you mean http://{endpoint}?)")
+    } else {
+        String::new()
+    }
 }
 
 /// Whether `endpoint` is a URL the client can send to.

@@ -180,7 +180,11 @@ impl RouterConfig {
         // Top-level keys the config knows: those its serialization has (the flattened
         // conditional fields included; optional ones serialize as `null`).
         if let Some(key) = patch.keys().find(|k| !current.contains_key(*k)) {
-            return Err(unknown(key));
+            let known: Vec<&str> = current.keys().map(String::as_str).collect();
+            return Err(ConfigError::new(
+                key,
+                format!("unknown field; the known ones are {}", known.join(", ")),
+            ));
         }
         merge(current, patch);
         // Fields of a flattened struct lose their path in serde's errors, so the flattened
@@ -254,8 +258,4 @@ fn merge(into: &mut Map<String, Value>, patch: &Map<String, Value>) {
             }
         }
     }
-}
-
-fn unknown(field: &str) -> ConfigError {
-    ConfigError::new(field, "unknown field")
 }

@@ -183,22 +183,55 @@ impl EnvoySettings {
     /// go to the model's own prefill cluster (`prefill_model_clusters`), which
     /// [`render_bootstrap_for_models`] defines.
     fn filter_config_for_models(&self, models: &[String]) -> String {
-        let mut config = serde_json::Map::new();
-        config.insert(
-            "control_plane_cluster".into(),
-            "switchyard_control_plane".into(),
-        );
-        config.insert("prefill_cluster".into(), PREFILL_CLUSTER.into());
-        config.insert("route_timeout_ms".into(), self.route_timeout_ms.into());
-        config.insert("max_body_bytes".into(), self.buffer_limit_bytes.into());
-        if !models.is_empty() {
-            config.insert("prefill_model_clusters".into(), true.into());
-        }
-        for (key, value) in &self.filter_overrides {
-            config.insert(key.clone(), value.clone());
-        }
-        serde_json::Value::Object(config).to_string()
+        filter_config_json(
+            self.route_timeout_ms,
+            self.buffer_limit_bytes,
+            &self.filter_overrides,
+            !models.is_empty(),
+        )
     }
+}
+
+/// The filter configuration [`EnvoySettings::filter_config`] describes, for a gateway of
+/// several models when `per_model_clusters`.
+fn filter_config_json(
+    route_timeout_ms: u64,
+    max_body_bytes: u64,
+    overrides: &serde_json::Map<String, serde_json::Value>,
+    per_model_clusters: bool,
+) -> String {
+    let mut config = serde_json::Map::new();
+    config.insert(
+        "control_plane_cluster".into(),
+        "switchyard_control_plane".into(),
+    );
+    config.insert("prefill_cluster".into(), PREFILL_CLUSTER.into());
+    config.insert("route_timeout_ms".into(), route_timeout_ms.into());
+    config.insert("max_body_bytes".into(), max_body_bytes.into());
+    if per_model_clusters {
+        config.insert("prefill_model_clusters".into(), true.into());
+    }
+    for (key, value) in overrides {
+        config.insert(key.clone(), value.clone());
+    }
+    serde_json::Value::Object(config).to_string()
+}
+
+/// Checks the filter configuration a stack with these settings would hand Envoy, as the
+/// filter checks it: Envoy refuses a configuration the filter refuses, but only once the
+/// stack is half started, and with the reason deep in its log.
+///
+/// # Errors
+/// [`StackError::InvalidSetting`] naming the key and what is wrong with it.
+pub fn check_filter_config(
+    route_timeout_ms: u64,
+    max_body_bytes: u64,
+    overrides: &serde_json::Map<String, serde_json::Value>,
+) -> Result<(), StackError> {
+    let config = filter_config_json(route_timeout_ms, max_body_bytes, overrides, false);
+    switchyard_filter::config::Config::parse(Some(config.as_bytes()))
+        .map(drop)
+        .map_err(|e| StackError::InvalidSetting(format!("filter setting: {e}")))
 }
 
 /// Fills the template in, for a gateway of one model.

@@ -84,6 +84,7 @@ impl StackBuilder {
     /// A [`StackError`] naming the process or artifact at fault; everything already started
     /// is stopped before this returns.
     pub async fn start(self) -> Result<Stack, StackError> {
+        self.check_settings()?;
         let worker_count = self.decode + self.prefill + self.agg;
         let declared = self
             .pool_file
@@ -155,6 +156,35 @@ impl StackBuilder {
         stack.launch(&self, &artifacts).await?;
         Ok(stack)
     }
+}
+
+impl StackBuilder {
+    /// Settings a component would refuse, refused before anything starts: Envoy refuses a
+    /// filter configuration the filter refuses and the control plane a policy it cannot use,
+    /// but only once the stack is half up, with the reason in their logs.
+    fn check_settings(&self) -> Result<(), StackError> {
+        if let Some(text) = &self.conditional_disagg_config {
+            check_conditional_disagg_config(text).map_err(StackError::InvalidSetting)?;
+        }
+        crate::envoy::check_filter_config(
+            self.route_timeout_ms,
+            body_limit_bytes(&self.filter_overrides),
+            &self.filter_overrides,
+        )
+    }
+}
+
+/// Checks a `--conditional-disagg-config` as the control plane checks it: JSON, and every
+/// field known and in range.
+///
+/// # Errors
+/// What is wrong, naming the flag and the field.
+pub fn check_conditional_disagg_config(text: &str) -> Result<(), String> {
+    let json = serde_json::from_str::<serde_json::Value>(text)
+        .map_err(|e| format!("--conditional-disagg-config is not JSON: {e}"))?;
+    switchyard_router::config::RouterConfig::from_json(&json)
+        .map(drop)
+        .map_err(|e| format!("--conditional-disagg-config: {e}"))
 }
 
 /// The component of control-plane replica `replica`.
@@ -788,5 +818,35 @@ mod tests {
             .await
             .unwrap_err();
         assert!(matches!(err, StackError::InvalidSetting(_)), "{err}");
+    }
+
+    #[tokio::test]
+    async fn settings_the_filter_or_the_control_plane_would_refuse_are_refused_first() {
+        let run_dir = std::env::temp_dir().join(format!(
+            "switchyard-refused-settings-{}",
+            std::process::id()
+        ));
+        let refused = |builder: StackBuilder| async {
+            builder
+                .run_dir(run_dir.clone())
+                .start()
+                .await
+                .map(drop)
+                .unwrap_err()
+                .to_string()
+        };
+        let typo = refused(StackBuilder::new().filter_setting("prefil_retries", 2)).await;
+        assert!(typo.contains("unknown field `prefil_retries`"), "{typo}");
+        let range = refused(StackBuilder::new().filter_setting("prefill_retries", 9)).await;
+        assert!(range.contains("prefill_retries"), "{range}");
+        let policy = refused(
+            StackBuilder::new().conditional_disagg_config(r#"{"policy":"nope"}"#.to_string()),
+        )
+        .await;
+        assert!(policy.contains("--conditional-disagg-config"), "{policy}");
+        assert!(!run_dir.exists(), "a run directory was made");
+        // The stack's own filter settings pass.
+        crate::envoy::check_filter_config(200, BUFFER_LIMIT_BYTES, &serde_json::Map::new())
+            .unwrap();
     }
 }

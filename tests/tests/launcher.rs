@@ -183,8 +183,9 @@ async fn switchyard_local_serves_and_stops_everything_on_sigterm() {
     let _ = std::fs::remove_dir_all(&run_dir);
 }
 
-/// Settings that cannot make a stack exit 64, as every Switchyard binary's bad flags do, and
-/// start nothing: an unknown flag, no worker that decodes, a route timeout the filter refuses.
+/// Settings that cannot make a stack exit 64, as every Switchyard binary's bad flags do,
+/// without a backtrace, and start nothing: an unknown flag, no worker that decodes, a route timeout or
+/// another filter setting the filter refuses, a policy the control plane refuses.
 #[test]
 fn switchyard_local_refuses_unusable_settings_with_exit_64() {
     let binary = target_dir(&|k| std::env::var(k).ok()).join("debug/switchyard-local");
@@ -202,14 +203,40 @@ fn switchyard_local_refuses_unusable_settings_with_exit_64() {
             &["--filter-setting", "route_timeout_ms=5"],
             "--route-timeout-ms",
         ),
+        // The filter's own checks, before anything starts (Envoy refused these once NATS,
+        // the control plane and the workers were up, and the launcher exited 1).
+        (
+            &["--filter-setting", "prefil_retries=2"],
+            "unknown field `prefil_retries`",
+        ),
+        (
+            &["--filter-setting", "prefill_retries=9"],
+            "prefill_retries",
+        ),
+        (
+            &["--conditional-disagg-config", r#"{"policy":"nope"}"#],
+            "--conditional-disagg-config",
+        ),
     ] {
+        let started = std::time::Instant::now();
         let output = std::process::Command::new(&binary)
             .args(args)
-            .env("RUST_BACKTRACE", "0")
+            // A user's RUST_BACKTRACE=1 must not turn a usage error into a backtrace.
+            .env("RUST_BACKTRACE", "1")
             .output()
             .expect("switchyard-local runs");
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert_eq!(output.status.code(), Some(64), "{args:?}: {stderr}");
         assert!(stderr.contains(said), "{args:?}: {stderr}");
+        assert!(
+            !stderr.contains("backtrace") && !stderr.contains("Caused by"),
+            "{args:?}: {stderr}"
+        );
+        // Nothing was started: starting NATS alone takes longer.
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(5),
+            "{args:?} took {:?}",
+            started.elapsed()
+        );
     }
 }

@@ -494,6 +494,23 @@ async fn the_admin_api_needs_its_token_and_has_its_own_listener() {
             "admin_listener"
         );
     }
+    // Nor inference: a client sent here instead of to the gateway is told where to go.
+    for path in ["/v1/chat/completions", "/v1/completions"] {
+        let resp = http
+            .post(format!("{}{path}", svc.base))
+            .json(&serde_json::json!({"model": "m", "prompt": "hi"}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 404, "{path}");
+        let error = resp.json::<ApiError>().await.unwrap();
+        assert_eq!(error.code, "not_the_gateway", "{path}");
+        assert!(
+            error.message.contains("Envoy's listener"),
+            "{}",
+            error.message
+        );
+    }
     for base in [&svc.base, &svc.admin_base] {
         for path in ["/healthz", "/metrics"] {
             let resp = http.get(format!("{base}{path}")).send().await.unwrap();

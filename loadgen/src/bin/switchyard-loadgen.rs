@@ -179,7 +179,12 @@ fn main() -> std::process::ExitCode {
             std::process::ExitCode::from(cli::EXIT_USAGE)
         }
         Err(e) => {
-            switchyard_support::errln!("Error: {e:?}");
+            // One line, causes included; no backtrace even under RUST_BACKTRACE=1 (these
+            // are the user's errors, not the program's).
+            switchyard_support::errln!(
+                "error: {}",
+                switchyard_support::cli::error_line(e.as_ref())
+            );
             std::process::ExitCode::FAILURE
         }
     }

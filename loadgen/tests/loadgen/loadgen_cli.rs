@@ -372,10 +372,13 @@ async fn unusable_inputs_exit_64_before_anything_is_sent() {
         ]
     };
     let cases: Vec<(Vec<String>, &str)> = vec![
-        (run("notaurl", &path(&trace), &path(&out)), "http://"),
+        (
+            run("127.0.0.1:10000", &path(&trace), &path(&out)),
+            "did you mean http://127.0.0.1:10000?",
+        ),
         (
             run("https://127.0.0.1:1", &path(&trace), &path(&out)),
-            "http://",
+            "TLS is not built in",
         ),
         (
             run(

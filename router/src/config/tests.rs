@@ -54,7 +54,14 @@ fn a_patch_changes_only_what_it_names() {
 
 #[test]
 fn unknown_fields_are_named() {
-    assert_eq!(err(json!({"polcy": "x"})).field, "polcy");
+    let typo = err(json!({"polcy": "x"}));
+    assert_eq!(typo.field, "polcy");
+    // The keys a typo may have meant are listed.
+    assert!(
+        typo.message.contains("policy") && typo.message.contains("eff_isl_threshold"),
+        "{}",
+        typo.message
+    );
     assert_eq!(
         err(json!({"selection": {"weight": 1}})).field,
         "selection.weight"

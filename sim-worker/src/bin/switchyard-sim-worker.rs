@@ -392,9 +392,13 @@ async fn run(args: Args, configs: Vec<WorkerConfig>) -> anyhow::Result<()> {
         let client = switchyard_bus::connect(
             &args.nats,
             "switchyard-sim-worker",
-            switchyard_bus::ignore_event,
+            switchyard_bus::log_event,
         )
         .await?;
+        if registration.is_none() {
+            // Said at start: a worker whose heartbeats are refused looks alive otherwise.
+            tracing::warn!("heartbeats are unsigned (no --registration-secret-file): a control plane with a registration secret refuses them, and one without accepts them only with --allow-unsigned-registrations");
+        }
         Some(client)
     };
     let deps = WorkerDeps::new(Arc::new(tokenizer), nats).with_registration(registration);

@@ -141,6 +141,38 @@ impl WorkerProcess {
             .expect("binary starts");
         WorkerProcess(child)
     }
+
+    /// Starts the binary with `args`; its log lines (stdout) arrive on the receiver.
+    fn spawn_logged(args: &[&str]) -> (WorkerProcess, mpsc::Receiver<String>) {
+        let mut child = Command::new(BIN)
+            .args(args)
+            .env("NO_COLOR", "1")
+            .env_remove("SWITCHYARD_NATS_URL")
+            .env_remove("SWITCHYARD_REGISTRATION_SECRET_FILE")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("binary starts");
+        let stdout = child.stdout.take().unwrap();
+        let (lines_tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if lines_tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        (WorkerProcess(child), lines)
+    }
+}
+
+/// Whether a line containing `want` arrives within 10 s.
+fn logs(lines: &mpsc::Receiver<String>, want: &str) -> bool {
+    (0..200).any(|_| {
+        lines
+            .recv_timeout(Duration::from_millis(50))
+            .is_ok_and(|l| l.contains(want))
+    })
 }
 
 impl Drop for WorkerProcess {
@@ -184,43 +216,23 @@ async fn a_worker_started_before_nats_serves_http_and_joins_nats_later() {
     let nats_port = free_port();
     let http_port = free_port();
     let prefill_port = free_port();
-    let mut child = Command::new(BIN)
-        .args([
-            "--nats-url",
-            &format!("nats://127.0.0.1:{nats_port}"),
-            "--worker",
-            &format!("agg:cli-0@127.0.0.1:{http_port}"),
-            // A second worker, speaking SGLang's handoff (one --engine per --worker).
-            "--worker",
-            &format!("prefill:cli-p@127.0.0.1:{prefill_port}"),
-            "--engine",
-            "vllm,sglang",
-            "--heartbeat-interval-ms",
-            "100",
-            "--speed-up",
-            "10",
-        ])
-        .env("NO_COLOR", "1")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("binary starts");
-    let stdout = child.stdout.take().unwrap();
-    let mut guard = WorkerProcess(child);
-    let (lines_tx, lines) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if lines_tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
+    let (mut guard, lines) = WorkerProcess::spawn_logged(&[
+        "--nats-url",
+        &format!("nats://127.0.0.1:{nats_port}"),
+        "--worker",
+        &format!("agg:cli-0@127.0.0.1:{http_port}"),
+        // A second worker, speaking SGLang's handoff (one --engine per --worker).
+        "--worker",
+        &format!("prefill:cli-p@127.0.0.1:{prefill_port}"),
+        "--engine",
+        "vllm,sglang",
+        "--heartbeat-interval-ms",
+        "100",
+        "--speed-up",
+        "10",
+    ]);
     let want = format!("worker cli-0 (agg) listening on 127.0.0.1:{http_port}");
-    let logged = (0..200).any(|_| {
-        lines
-            .recv_timeout(Duration::from_millis(50))
-            .is_ok_and(|l| l.contains(&want))
-    });
+    let logged = logs(&lines, &want);
     assert!(logged, "no {want:?} log line");
 
     // HTTP works with NATS down.
@@ -285,6 +297,45 @@ async fn a_worker_started_before_nats_serves_http_and_joins_nats_later() {
     );
 }
 
+/// A worker that a control plane or NATS would refuse says so itself, once: a worker whose
+/// heartbeats go nowhere otherwise looks alive (it serves HTTP).
+#[test]
+fn a_worker_says_when_nats_refuses_it_and_when_its_heartbeats_are_unsigned() {
+    let server = NatsServer::start_with_token("a-token-of-sixteen-chars");
+    let (_guard, lines) = WorkerProcess::spawn_logged(&[
+        "--nats-url",
+        &server.url,
+        "--worker",
+        &format!("decode:refused-0@127.0.0.1:{}", free_port()),
+    ]);
+    let mut seen = Vec::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    let told = |seen: &[String], want: &str| seen.iter().any(|l| l.contains(want));
+    while std::time::Instant::now() < deadline
+        && !(told(&seen, "--nats-token-file") && told(&seen, "heartbeats are unsigned"))
+    {
+        if let Ok(line) = lines.recv_timeout(Duration::from_millis(50)) {
+            seen.push(line);
+        }
+    }
+    assert!(
+        told(&seen, "NATS refused this client's credentials") && told(&seen, "--nats-token-file"),
+        "no hint about NATS credentials in: {seen:#?}"
+    );
+    assert!(
+        told(&seen, "--registration-secret-file"),
+        "no warning about unsigned heartbeats in: {seen:#?}"
+    );
+    // Said once per outage, not at every retry (about one a second).
+    std::thread::sleep(Duration::from_millis(2500));
+    seen.extend(lines.try_iter());
+    let hints = seen
+        .iter()
+        .filter(|l| l.contains("refused this client"))
+        .count();
+    assert_eq!(hints, 1, "{seen:#?}");
+}
+
 #[test]
 fn vllm_wire_flags_are_checked() {
     let w = ["--worker", "agg:w@127.0.0.1:0"];
@@ -325,33 +376,16 @@ fn vllm_wire_flags_are_checked() {
 #[tokio::test]
 async fn a_vllm_wire_worker_logs_its_bound_zmq_endpoints_and_serves() {
     let http_port = free_port();
-    let mut child = Command::new(BIN)
-        .args([
-            "--wire",
-            "vllm",
-            "--worker",
-            &format!("agg:cli-vllm@127.0.0.1:{http_port}"),
-            "--kv-events-endpoint",
-            "tcp://127.0.0.1:0",
-            "--kv-replay-endpoint",
-            "tcp://127.0.0.1:0",
-        ])
-        .env("NO_COLOR", "1")
-        .env_remove("SWITCHYARD_NATS_URL")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("binary starts");
-    let stdout = child.stdout.take().unwrap();
-    let _guard = WorkerProcess(child);
-    let (lines_tx, lines) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if lines_tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
+    let (_guard, lines) = WorkerProcess::spawn_logged(&[
+        "--wire",
+        "vllm",
+        "--worker",
+        &format!("agg:cli-vllm@127.0.0.1:{http_port}"),
+        "--kv-events-endpoint",
+        "tcp://127.0.0.1:0",
+        "--kv-replay-endpoint",
+        "tcp://127.0.0.1:0",
+    ]);
     let want = "worker cli-vllm publishes vLLM KV events on tcp://127.0.0.1:";
     let line = (0..200)
         .find_map(|_| {

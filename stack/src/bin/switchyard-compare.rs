@@ -168,10 +168,7 @@ fn config(cli: Cli) -> Result<CompareConfig, String> {
     // Checked as the control plane checks it (which would otherwise refuse it only once a
     // stack had started, in its log): JSON, and every field known and in range.
     if let Some(text) = &cli.conditional_disagg_config {
-        let json = serde_json::from_str::<serde_json::Value>(text)
-            .map_err(|e| format!("--conditional-disagg-config is not JSON: {e}"))?;
-        switchyard_router::config::RouterConfig::from_json(&json)
-            .map_err(|e| format!("--conditional-disagg-config: {e}"))?;
+        switchyard_stack::running::check_conditional_disagg_config(text)?;
     }
     let out = cli
         .out

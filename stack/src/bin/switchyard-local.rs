@@ -106,7 +106,12 @@ fn main() -> ExitCode {
     match runtime.block_on(run(args)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            switchyard_support::errln!("Error: {e:?}");
+            // One line, causes included; no backtrace even under RUST_BACKTRACE=1 (these
+            // are the user's errors, not the program's).
+            switchyard_support::errln!(
+                "error: {}",
+                switchyard_support::cli::error_line(e.as_ref())
+            );
             if is_usage_error(&e) {
                 ExitCode::from(switchyard_support::cli::EXIT_USAGE)
             } else {
