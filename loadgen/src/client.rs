@@ -5,6 +5,8 @@
 //! `stream: true`. TTFT, E2E and token counts come from the SSE stream; route and worker from
 //! the response headers. Every request sent yields a [`RequestRecord`], failures included;
 //! requests that cannot be sent before the duration cap are counted as not sent.
+//! [`replay_until`] also stops at a signal of the caller's (Ctrl-C): what finished is kept,
+//! the rest is counted as not sent or cut.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -67,6 +69,11 @@ pub struct ReplayOutcome {
     pub records: Vec<RequestRecord>,
     /// Planned requests never sent.
     pub not_sent: usize,
+    /// Requests in flight when the replay was stopped ([`replay_until`]): sent, but not
+    /// measured (an answer cut by the client is no measurement of the server).
+    pub cut: usize,
+    /// When the replay was stopped, from its start (`None`: it ran to its end).
+    pub stopped_after: Option<Duration>,
 }
 
 /// Shared state of one replay.
@@ -79,6 +86,18 @@ struct Shared {
     start: Instant,
     deadline: Option<Instant>,
     slots: Option<Semaphore>,
+    /// Turns true when the caller stops the replay.
+    stop: watch::Receiver<bool>,
+}
+
+/// How one planned request ended.
+enum Outcome {
+    /// Sent and measured.
+    Measured(RequestRecord),
+    /// Never sent.
+    NotSent,
+    /// Sent, then cut by the caller's stop.
+    Cut,
 }
 
 /// What to write instead of a refused `endpoint`.
@@ -114,6 +133,20 @@ pub async fn replay(
     builder: BodyBuilder,
     config: ClientConfig,
 ) -> Result<ReplayOutcome, ClientError> {
+    replay_until(workload, builder, config, std::future::pending()).await
+}
+
+/// [`replay`], stopped when `stop` completes: nothing more is sent, the requests in flight
+/// are cut, and the outcome holds the records of those that finished.
+///
+/// # Errors
+/// As [`replay`].
+pub async fn replay_until(
+    workload: Workload,
+    builder: BodyBuilder,
+    config: ClientConfig,
+    stop: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<ReplayOutcome, ClientError> {
     check_endpoint(&config.endpoint)?;
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(1024)
@@ -127,6 +160,12 @@ pub async fn replay(
     let start = Instant::now();
     let n = workload.requests.len();
     let progress = progress_bar(n as u64, config.progress);
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let stopper = tokio::spawn(async move {
+        stop.await;
+        let _ = stop_tx.send(true);
+        Instant::now()
+    });
     let shared = Arc::new(Shared {
         http,
         url,
@@ -136,6 +175,7 @@ pub async fn replay(
         builder,
         workload,
         start,
+        stop: stop_rx,
     });
     let (done_tx, done_rx): (Vec<_>, Vec<_>) = (0..n).map(|_| watch::channel(false)).unzip();
     let mut tasks = Vec::with_capacity(n);
@@ -148,20 +188,21 @@ pub async fn replay(
         let shared = Arc::clone(&shared);
         let progress = progress.clone();
         tasks.push(tokio::spawn(async move {
-            let record = run_one(&shared, id, deps).await;
+            let outcome = run_one(&shared, id, deps).await;
             // Dependents wait for `true`; a dropped sender tells them this never ran.
-            if record.is_some() {
+            if matches!(outcome, Outcome::Measured(_)) {
                 let _ = done.send(true);
             }
             progress.inc(1);
-            record
+            outcome
         }));
     }
     let mut outcome = ReplayOutcome::default();
     for task in tasks {
         match task.await {
-            Ok(Some(record)) => outcome.records.push(record),
-            Ok(None) => outcome.not_sent += 1,
+            Ok(Outcome::Measured(record)) => outcome.records.push(record),
+            Ok(Outcome::NotSent) => outcome.not_sent += 1,
+            Ok(Outcome::Cut) => outcome.cut += 1,
             Err(e) => {
                 tracing::error!("request task failed: {e}");
                 outcome.not_sent += 1;
@@ -169,7 +210,23 @@ pub async fn replay(
         }
     }
     progress.finish_and_clear();
+    if stopper.is_finished() {
+        if let Ok(at) = stopper.await {
+            outcome.stopped_after = Some(at.saturating_duration_since(start));
+        }
+    } else {
+        stopper.abort();
+    }
     Ok(outcome)
+}
+
+/// Resolves once the caller has stopped the replay.
+async fn stopped(shared: &Shared) {
+    let mut stop = shared.stop.clone();
+    if stop.wait_for(|stopped| *stopped).await.is_err() {
+        // The stopper is gone without stopping: never.
+        std::future::pending::<()>().await;
+    }
 }
 
 fn progress_bar(len: u64, enabled: bool) -> ProgressBar {
@@ -190,12 +247,8 @@ fn ms_since(start: Instant, t: Instant) -> f64 {
     t.saturating_duration_since(start).as_secs_f64() * 1000.0
 }
 
-/// Waits until the request may go, sends it and measures it; `None` if it was never sent.
-async fn run_one(
-    shared: &Shared,
-    id: usize,
-    deps: Vec<watch::Receiver<bool>>,
-) -> Option<RequestRecord> {
+/// Waits until the request may go, sends it and measures it.
+async fn run_one(shared: &Shared, id: usize, deps: Vec<watch::Receiver<bool>>) -> Outcome {
     let planned = &shared.workload.requests[id];
     let scale = shared.config.arrival_scale;
     let scaled = |ms: u64| Duration::from_secs_f64(scale.scale_ms(ms as f64) / 1000.0);
@@ -222,8 +275,12 @@ async fn run_one(
         Some((ready, permit))
     };
     let (ready, _permit) = tokio::select! {
-        r = wait => r?,
-        () = deadline_passed() => return None,
+        r = wait => match r {
+            Some(r) => r,
+            None => return Outcome::NotSent,
+        },
+        () = deadline_passed() => return Outcome::NotSent,
+        () = stopped(shared) => return Outcome::NotSent,
     };
     let sent = Instant::now();
     let mut record = RequestRecord {
@@ -240,11 +297,17 @@ async fn run_one(
     };
     let limit = request_limit(shared, sent);
     let exchange = exchange(shared, planned, sent, &mut record);
-    let result = match limit {
-        Some(limit) => tokio::time::timeout(limit, exchange)
-            .await
-            .unwrap_or_else(|_| Err(format!("timeout: no end of stream after {limit:?}"))),
-        None => exchange.await,
+    let limited = async {
+        match limit {
+            Some(limit) => tokio::time::timeout(limit, exchange)
+                .await
+                .unwrap_or_else(|_| Err(format!("timeout: no end of stream after {limit:?}"))),
+            None => exchange.await,
+        }
+    };
+    let result = tokio::select! {
+        result = limited => result,
+        () = stopped(shared) => return Outcome::Cut,
     };
     if let Err(e) = result {
         record.error = Some(e);
@@ -252,7 +315,7 @@ async fn run_one(
             record.e2e_ms = Some(ms_since(sent, Instant::now()));
         }
     }
-    Some(record)
+    Outcome::Measured(record)
 }
 
 /// The tighter of the per-request timeout and the end of the drain period.

@@ -67,6 +67,14 @@ pub fn run_markdown(r: &RunReport) -> String {
             m.speed_up, m.speed_up
         );
     }
+    if let Some(stop) = &m.interrupted {
+        let _ = writeln!(
+            out,
+            "- **interrupted after {:.1} s**: only the requests that finished are measured; {} \
+             in flight were cut (not counted below) and the rest were not sent",
+            stop.after_s, stop.cut
+        );
+    }
     let c = &r.requests;
     let _ = writeln!(
         out,

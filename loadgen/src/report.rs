@@ -91,6 +91,19 @@ pub struct RunMeta {
     /// measured times are the reported ones (real hardware, virtual time).
     #[serde(alias = "sim_speedup", default, deserialize_with = "speed_up_or_real")]
     pub speed_up: SpeedUp,
+    /// Set when the run was stopped before its end (Ctrl-C): the report measures only the
+    /// requests that finished.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interrupted: Option<Interrupted>,
+}
+
+/// A run stopped before its end.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Interrupted {
+    /// When, from the run's start, s.
+    pub after_s: f64,
+    /// Requests in flight then: sent, but cut and not measured.
+    pub cut: usize,
 }
 
 /// A report's speed-up; reports written before the newtype stored 0 for "no speed-up".

@@ -69,6 +69,7 @@ pub fn report_run(
         malformed_trace_lines: 0,
         offered_rps: workload.offered_rps(spec.arrival_scale),
         speed_up: SpeedUp::REAL,
+        interrupted: None,
     };
     build_report(meta, &run.records, run.not_sent, slo)
 }

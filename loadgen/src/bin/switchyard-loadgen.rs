@@ -14,12 +14,12 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use switchyard_engine::SpeedUp;
 use switchyard_loadgen::agentic::generate_agentic;
-use switchyard_loadgen::client::{check_endpoint, replay, ClientConfig};
+use switchyard_loadgen::client::{check_endpoint, replay_until, ClientConfig};
 use switchyard_loadgen::compare::output::{write_comparison, write_run_files};
 use switchyard_loadgen::compare::table::comparison_tables;
 use switchyard_loadgen::markdown::run_markdown;
 use switchyard_loadgen::prompts::{BodyBuilder, PromptFraming};
-use switchyard_loadgen::report::{build_report, RunMeta, RunReport, Slo};
+use switchyard_loadgen::report::{build_report, Interrupted, RunMeta, RunReport, Slo};
 use switchyard_loadgen::sessions::write_session_trace;
 use switchyard_loadgen::summary::WorkloadSummary;
 use switchyard_loadgen::trace_file::{load_trace, TraceForm};
@@ -178,6 +178,10 @@ fn main() -> std::process::ExitCode {
             switchyard_support::errln!("error: {e}");
             std::process::ExitCode::from(cli::EXIT_USAGE)
         }
+        Err(e) if e.is::<Interrupted130>() => {
+            switchyard_support::errln!("{e}");
+            std::process::ExitCode::from(130)
+        }
         Err(e) => {
             // One line, causes included; no backtrace even under RUST_BACKTRACE=1 (these
             // are the user's errors, not the program's).
@@ -189,6 +193,31 @@ fn main() -> std::process::ExitCode {
         }
     }
 }
+
+/// Resolves at the first of SIGINT, SIGTERM and SIGHUP.
+///
+/// # Errors
+/// When the handlers cannot be installed.
+fn stop_signal() -> anyhow::Result<impl std::future::Future<Output = ()> + Send + 'static> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let handler = |kind: SignalKind| signal(kind).context("installing a signal handler");
+    let mut int = handler(SignalKind::interrupt())?;
+    let mut term = handler(SignalKind::terminate())?;
+    let mut hup = handler(SignalKind::hangup())?;
+    Ok(async move {
+        tokio::select! {
+            _ = int.recv() => {}
+            _ = term.recv() => {}
+            _ = hup.recv() => {}
+        }
+    })
+}
+
+/// A run stopped by a signal: its report is written, and the exit status is 130, as for an
+/// interrupted command.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct Interrupted130(String);
 
 /// Bad or missing flags (or a workload config they name) that clap cannot check alone: exit
 /// 64 like clap's own refusals, before anything is sent.
@@ -341,6 +370,7 @@ fn run(args: RunArgs) -> Result<()> {
         malformed_trace_lines: malformed,
         offered_rps: workload.offered_rps(args.arrival_scale),
         speed_up: args.speed_up,
+        interrupted: None,
     };
     let secs = |s: f64| Duration::from_secs_f64(s.max(0.0));
     let config = ClientConfig {
@@ -356,15 +386,31 @@ fn run(args: RunArgs) -> Result<()> {
         progress: !args.quiet,
     };
     let runtime = tokio::runtime::Runtime::new()?;
-    let outcome = runtime.block_on(replay(workload, builder, config))?;
+    let outcome = runtime.block_on(async {
+        // Ctrl-C (or SIGTERM, or the terminal closing) stops the run but keeps what finished.
+        let stop = stop_signal()?;
+        anyhow::Ok(replay_until(workload, builder, config, stop).await?)
+    })?;
     let slo = Slo {
         ttft_ms: args.slo_ttft_ms,
         itl_ms: args.slo_itl_ms,
     };
+    let mut meta = meta;
+    meta.interrupted = outcome.stopped_after.map(|after| Interrupted {
+        after_s: after.as_secs_f64(),
+        cut: outcome.cut,
+    });
     let report = build_report(meta, &outcome.records, outcome.not_sent, slo);
     write_run_files(&out, &outcome.records, &report)?;
     switchyard_support::outln!("{}", run_markdown(&report));
     switchyard_support::errln!("wrote {}", out.display());
+    if let Some(stop) = report.meta.interrupted {
+        return Err(Interrupted130(format!(
+            "interrupted after {:.1} s: the report measures the {} requests that finished ({} cut, {} not sent)",
+            stop.after_s, report.requests.sent, stop.cut, report.requests.not_sent
+        ))
+        .into());
+    }
     // A run in which nothing succeeded measured nothing: a script that goes on to compare
     // it must not take it for a result. Partial failures are data and exit 0.
     if report.requests.ok == 0 {

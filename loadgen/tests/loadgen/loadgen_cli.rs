@@ -451,3 +451,85 @@ async fn unusable_inputs_exit_64_before_anything_is_sent() {
     assert_eq!(output.status.code(), Some(0), "{}", text(&output.stderr));
     assert!(sessions.exists());
 }
+
+/// Ctrl-C stops a run but keeps what it measured: the requests in flight are cut, nothing more
+/// is sent, the report of those that finished is written and says so, and the exit status is
+/// 130. (It used to die at once with an empty `--out`, or beside an earlier run's report.)
+#[tokio::test]
+async fn an_interrupted_run_writes_the_report_of_what_finished_and_exits_130() {
+    let (addr, state) = start_server().await;
+    let dir = Scratch::new("interrupted");
+    // One short request, two long streams (2,000 tokens at 15 ms) and one a minute later.
+    let trace = dir.file(
+        "t.jsonl",
+        r#"{"timestamp": 0, "input_length": 100, "output_length": 1, "hash_ids": [0]}
+{"timestamp": 0, "input_length": 100, "output_length": 2000, "hash_ids": [1]}
+{"timestamp": 0, "input_length": 100, "output_length": 2000, "hash_ids": [2]}
+{"timestamp": 60000, "input_length": 100, "output_length": 1, "hash_ids": [3]}
+"#,
+    );
+    let out = dir.0.join("out");
+    let endpoint = format!("http://{addr}");
+    let mut child = tokio::process::Command::new(BIN)
+        .args(["--endpoint", &endpoint, "--trace"])
+        .arg(&trace)
+        .arg("--out")
+        .arg(&out)
+        .args(["--workers", "1", "--quiet"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("loadgen starts");
+    // Until the short request is done and both long streams are open.
+    let opened = async {
+        use std::sync::atomic::Ordering::SeqCst;
+        while state.max_in_flight.load(SeqCst) < 3 || state.in_flight.load(SeqCst) != 2 {
+            assert!(child.try_wait().unwrap().is_none(), "loadgen exited early");
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(60), opened)
+        .await
+        .expect("two streams in flight");
+    // The short answer's last bytes reach the client.
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let pid = child.id().expect("running").to_string();
+    let interrupted = std::time::Instant::now();
+    assert!(std::process::Command::new("kill")
+        .args(["-INT", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let output = tokio::time::timeout(std::time::Duration::from_secs(20), async {
+        child.wait_with_output().await
+    })
+    .await
+    .expect("loadgen stops")
+    .unwrap();
+    let stderr = text(&output.stderr);
+    assert_eq!(output.status.code(), Some(130), "{stderr}");
+    assert!(
+        interrupted.elapsed() < std::time::Duration::from_secs(10),
+        "the streams ran on"
+    );
+    assert!(stderr.contains("interrupted after"), "{stderr}");
+    let report: RunReport =
+        serde_json::from_str(&std::fs::read_to_string(out.join("report.json")).unwrap()).unwrap();
+    let stop = report.meta.interrupted.expect("marked interrupted");
+    assert_eq!(stop.cut, 2, "{report:?}");
+    assert_eq!(
+        (
+            report.requests.sent,
+            report.requests.ok,
+            report.requests.not_sent
+        ),
+        (1, 1, 1),
+        "{:?}",
+        report.requests
+    );
+    let md = std::fs::read_to_string(out.join("report.md")).unwrap();
+    assert!(md.contains("interrupted after"), "{md}");
+    let records = std::fs::read_to_string(out.join("records.jsonl")).unwrap();
+    assert_eq!(records.lines().count(), 1, "{records}");
+}

@@ -149,6 +149,7 @@ impl Backend for RealBackend<'_> {
             malformed_trace_lines: prepared.malformed_trace_lines,
             offered_rps: prepared.workload.offered_rps(plan.arrival_scale),
             speed_up: config.speed_up,
+            interrupted: None,
         };
         let report = build_report(meta, &outcome.records, outcome.not_sent, config.slo);
         notes.extend(fail_open_note(&report));
