@@ -1,7 +1,7 @@
 //! Stopping every stack process when the parent is interrupted.
 //!
-//! `Drop` covers normal exits and panics, but SIGINT/SIGTERM end a process without running
-//! destructors. [`stop_children_on_signal`] installs, once per process, a watcher that
+//! `Drop` covers normal exits and panics, but SIGINT/SIGTERM/SIGHUP end a process without
+//! running destructors. [`stop_children_on_signal`] installs, once per process, a watcher that
 //! stops every child any [`crate::Stack`] of this process still runs, then exits. It runs on
 //! its own thread and runtime so it outlives whichever test or runtime installed it (a
 //! watcher tied to a dropped runtime would leave the signal swallowed and ignored).
@@ -35,9 +35,24 @@ pub(crate) fn unregister(pid: u32) {
     }
 }
 
-/// Installs the watcher (idempotent). On SIGINT or SIGTERM it sends SIGTERM to every live
-/// child, gives them up to two seconds, SIGKILLs the rest and exits with 130 (SIGINT) or
-/// 143 (SIGTERM).
+/// What the watcher says on stderr before it exits (what the interrupted work left behind).
+fn note() -> &'static Mutex<Option<String>> {
+    static NOTE: OnceLock<Mutex<Option<String>>> = OnceLock::new();
+    NOTE.get_or_init(|| Mutex::new(None))
+}
+
+/// Sets what the watcher says when a signal ends the process (e.g. which results are
+/// incomplete).
+pub fn say_on_signal(text: impl Into<String>) {
+    if let Ok(mut note) = note().lock() {
+        *note = Some(text.into());
+    }
+}
+
+/// Installs the watcher (idempotent). On SIGINT, SIGTERM or SIGHUP (a closed terminal) it
+/// sends SIGTERM to every live child, gives them up to two seconds, SIGKILLs the rest, says
+/// what [`say_on_signal`] set and exits with 130, 143 or 129. Children must not outlive a
+/// closed terminal: nats-server takes SIGHUP for "reload" and would run on.
 pub fn stop_children_on_signal() {
     static INSTALLED: OnceLock<()> = OnceLock::new();
     INSTALLED.get_or_init(|| {
@@ -63,20 +78,25 @@ fn watch_signals() {
     };
     let code = runtime.block_on(async {
         use tokio::signal::unix::{signal, SignalKind};
-        let (Ok(mut int), Ok(mut term)) = (
+        let (Ok(mut int), Ok(mut term), Ok(mut hup)) = (
             signal(SignalKind::interrupt()),
             signal(SignalKind::terminate()),
+            signal(SignalKind::hangup()),
         ) else {
-            tracing::warn!("cannot watch SIGINT/SIGTERM");
+            tracing::warn!("cannot watch SIGINT/SIGTERM/SIGHUP");
             return None;
         };
         tokio::select! {
             _ = int.recv() => Some(130),
             _ = term.recv() => Some(143),
+            _ = hup.recv() => Some(129),
         }
     });
     if let Some(code) = code {
         stop_all_live();
+        if let Some(text) = note().lock().ok().and_then(|n| n.clone()) {
+            switchyard_support::errln!("{text}");
+        }
         std::process::exit(code);
     }
 }

@@ -36,8 +36,21 @@ fn alive(pid: u32) -> bool {
     switchyard_stack::process::process_state(pid).is_some_and(|state| state != 'Z')
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn switchyard_local_serves_and_stops_everything_on_sigterm() {
+/// A started launcher: its stderr collected as it comes, and what its banner said.
+struct Started {
+    launcher: Launcher,
+    /// Its stdout past the banner.
+    lines: tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
+    said: std::sync::Arc<std::sync::Mutex<String>>,
+    collector: tokio::task::JoinHandle<()>,
+    run_dir: PathBuf,
+    gateway: String,
+    /// The processes it lists in its `pids` file.
+    listed: Vec<(u32, String)>,
+}
+
+/// Starts `switchyard-local --decode 1` and reads its banner, within a bounded time.
+async fn start_launcher() -> Started {
     let binary = target_dir(&|k| std::env::var(k).ok()).join("debug/switchyard-local");
     assert!(
         binary.exists(),
@@ -69,7 +82,7 @@ async fn switchyard_local_serves_and_stops_everything_on_sigterm() {
         }
     });
 
-    // Read the banner: the run directory and the gateway URL, within a bounded time.
+    // Read the banner: the run directory and the gateway URL.
     let mut run_dir: Option<PathBuf> = None;
     let mut gateway: Option<String> = None;
     let banner = async {
@@ -88,10 +101,69 @@ async fn switchyard_local_serves_and_stops_everything_on_sigterm() {
         .expect("banner within 90 s");
     let gateway = gateway.expect("the launcher printed where to send requests");
     let run_dir = run_dir.expect("the launcher printed its run directory");
+    let listed: Vec<(u32, String)> = std::fs::read_to_string(run_dir.join("pids"))
+        .expect("pids file")
+        .lines()
+        .filter_map(|line| {
+            let (pid, name) = line.split_once(' ')?;
+            Some((pid.parse().ok()?, name.to_string()))
+        })
+        .collect();
+    assert_eq!(
+        listed.len(),
+        4,
+        "nats, control plane, workers, envoy: {listed:?}"
+    );
+    assert!(listed.iter().all(|&(pid, _)| alive(pid)));
+    Started {
+        launcher,
+        lines,
+        said,
+        collector,
+        run_dir,
+        gateway,
+        listed,
+    }
+}
 
+impl Started {
+    /// Sends `signal` to the launcher alone (not its process group), and checks that it
+    /// exits 0 within 20 s, saying `why`, with every process it started gone.
+    async fn stop_with(mut self, signal: &str, why: &str) {
+        let pid = self.launcher.0.id().expect("launcher pid");
+        let _ = std::process::Command::new("kill")
+            .args([signal, &pid.to_string()])
+            .status();
+        let status = tokio::time::timeout(Duration::from_secs(20), self.launcher.0.wait())
+            .await
+            .expect("the launcher exits within 20 s of the signal")
+            .expect("wait for the launcher");
+        assert!(status.success(), "launcher exit status {status}");
+        self.collector.abort();
+        let left: Vec<&(u32, String)> = self.listed.iter().filter(|(pid, _)| alive(*pid)).collect();
+        assert!(
+            left.is_empty(),
+            "processes left running after the launcher stopped: {left:?}"
+        );
+        let mut rest = Vec::new();
+        let read = async {
+            while let Ok(Some(line)) = self.lines.next_line().await {
+                rest.push(line);
+            }
+        };
+        let _ = tokio::time::timeout(Duration::from_secs(5), read).await;
+        let said = format!("{why}: stopped everything");
+        assert!(rest.iter().any(|l| l.contains(&said)), "{rest:?}");
+        let _ = std::fs::remove_dir_all(&self.run_dir);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn switchyard_local_serves_and_stops_everything_on_sigterm() {
+    let started = start_launcher().await;
     let response = post_observed(
         &client(),
-        &format!("{gateway}/v1/chat/completions"),
+        &format!("{}/v1/chat/completions", started.gateway),
         &chat_body("Hello!", 8, true),
         &[],
         Duration::from_secs(60),
@@ -105,30 +177,17 @@ async fn switchyard_local_serves_and_stops_everything_on_sigterm() {
         response.headers
     );
 
-    let listed: Vec<(u32, String)> = std::fs::read_to_string(run_dir.join("pids"))
-        .expect("pids file")
-        .lines()
-        .filter_map(|line| {
-            let (pid, name) = line.split_once(' ')?;
-            Some((pid.parse().ok()?, name.to_string()))
-        })
-        .collect();
-    let pids: Vec<u32> = listed.iter().map(|(pid, _)| *pid).collect();
-    assert_eq!(
-        pids.len(),
-        4,
-        "nats, control plane, workers, envoy: {listed:?}"
-    );
-    assert!(pids.iter().all(|&pid| alive(pid)));
-
     // The workers die: the launcher names them and why, and keeps the rest running.
-    let (workers, _) = listed
+    let (workers, _) = started
+        .listed
         .iter()
         .find(|(_, name)| name == "sim-workers")
         .expect("the workers are listed");
+    let workers = *workers;
     let _ = std::process::Command::new("kill")
         .args(["-KILL", &workers.to_string()])
         .status();
+    let said = started.said.clone();
     let named = async {
         loop {
             if said
@@ -155,32 +214,26 @@ async fn switchyard_local_serves_and_stops_everything_on_sigterm() {
         said.lock().unwrap()
     );
     assert!(
-        pids.iter()
-            .filter(|&&pid| pid != *workers)
-            .all(|&pid| alive(pid)),
+        started
+            .listed
+            .iter()
+            .filter(|(pid, _)| *pid != workers)
+            .all(|(pid, _)| alive(*pid)),
         "the rest keeps running"
     );
+    let mut started = started;
     assert!(
-        matches!(launcher.0.try_wait(), Ok(None)),
+        matches!(started.launcher.0.try_wait(), Ok(None)),
         "the launcher keeps running"
     );
+    started.stop_with("-TERM", "SIGTERM").await;
+}
 
-    let pid = launcher.0.id().expect("launcher pid");
-    let _ = std::process::Command::new("kill")
-        .args(["-TERM", &pid.to_string()])
-        .status();
-    let status = tokio::time::timeout(Duration::from_secs(20), launcher.0.wait())
-        .await
-        .expect("the launcher exits within 20 s of SIGTERM")
-        .expect("wait for the launcher");
-    assert!(status.success(), "launcher exit status {status}");
-    collector.abort();
-    let left: Vec<u32> = pids.into_iter().filter(|&pid| alive(pid)).collect();
-    assert!(
-        left.is_empty(),
-        "processes left running after the launcher stopped: {left:?}"
-    );
-    let _ = std::fs::remove_dir_all(&run_dir);
+/// A closed terminal (SIGHUP) stops everything too. nats-server takes SIGHUP for "reload":
+/// before the launcher watched it, nats-server outlived it, holding its port.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn switchyard_local_stops_everything_when_its_terminal_closes() {
+    start_launcher().await.stop_with("-HUP", "SIGHUP").await;
 }
 
 /// Settings that cannot make a stack exit 64, as every Switchyard binary's bad flags do,

@@ -159,33 +159,28 @@ pub fn remove_stale(path: &Path) -> Result<(), OutputError> {
     }
 }
 
-/// Removes the run folders under `out/runs` that are not among `reports` (an earlier
-/// comparison's, in a reused output folder), so that nobody reads, or
-/// `switchyard-loadgen compare`s, two comparisons as one. Only for a tool that writes every
-/// run folder itself: `switchyard-loadgen compare` reads run folders it did not write.
+/// The files and folders a comparison writes into its output folder (besides a tool's own
+/// extras).
+const COMPARISON_OUTPUTS: [&str; 5] = [
+    "comparison.md",
+    "comparison.json",
+    "throughput_vs_interactivity.svg",
+    "output_throughput_vs_interactivity.svg",
+    "runs",
+];
+
+/// Removes what an earlier comparison wrote into a reused output folder (its page, JSON,
+/// plots and run folders, and the tool's `extras`) before a new one starts: runs are written
+/// as they finish and the page at the end, so an interrupted comparison would otherwise leave
+/// its finished runs beside an earlier one's page, reading as one finished comparison. Only
+/// for a tool that writes every run folder itself: `switchyard-loadgen compare` reads run
+/// folders it did not write.
 ///
 /// # Errors
-/// [`OutputError`] if the folder cannot be read or a stale run removed.
-pub fn remove_other_runs(out: &Path, reports: &[RunReport]) -> Result<(), OutputError> {
-    let runs = out.join("runs");
-    let entries = match std::fs::read_dir(&runs) {
-        Ok(entries) => entries,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(source) => {
-            return Err(OutputError {
-                what: format!("reading {}", runs.display()),
-                source,
-            })
-        }
-    };
-    for entry in entries.flatten() {
-        let name = entry.file_name();
-        if !reports
-            .iter()
-            .any(|r| name.to_str() == Some(r.meta.label.as_str()))
-        {
-            remove_stale(&entry.path())?;
-        }
-    }
-    Ok(())
+/// [`OutputError`] if something there cannot be removed.
+pub fn clear_earlier_comparison(out: &Path, extras: &[&str]) -> Result<(), OutputError> {
+    COMPARISON_OUTPUTS
+        .iter()
+        .chain(extras)
+        .try_for_each(|name| remove_stale(&out.join(name)))
 }

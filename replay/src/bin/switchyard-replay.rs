@@ -12,7 +12,7 @@ use anyhow::{bail, Context, Result};
 use clap::Parser;
 use switchyard_engine::PerfPreset;
 use switchyard_engine::DEFAULT_MODEL_NAME;
-use switchyard_loadgen::compare::output::{remove_other_runs, remove_stale, write_comparison};
+use switchyard_loadgen::compare::output::{clear_earlier_comparison, write_comparison};
 use switchyard_loadgen::compare::table::comparison_tables;
 use switchyard_loadgen::compare::{run_comparison, worker_split, ComparisonPlan, PrefillWorkers};
 use switchyard_loadgen::prompts::{BodyBuilder, PromptFraming};
@@ -139,6 +139,9 @@ struct Plan {
     comparison: ComparisonPlan,
     slo: Slo,
 }
+
+/// The files this tool writes beside the comparison's.
+const OWN_OUTPUTS: [&str; 4] = ["tuning.md", "tuning.json", "sweep.md", "sweep.json"];
 
 fn main() -> ExitCode {
     let cli: Cli = match parse_args() {
@@ -328,6 +331,10 @@ fn run(cli: &Cli, plan: Plan) -> Result<()> {
     if let Some(warning) = workload.span_warning() {
         switchyard_support::errln!("{warning}");
     }
+    if let Some(out) = &cli.out {
+        // This tool's own files too: an interrupted run must not leave an earlier tuning page.
+        clear_earlier_comparison(out, &OWN_OUTPUTS)?;
+    }
     let mut backend = VirtualBackend::new(&workload, &source, base.clone(), slo);
     let runs = block_on(run_comparison(
         &comparison,
@@ -394,11 +401,6 @@ fn run(cli: &Cli, plan: Plan) -> Result<()> {
             std::fs::write(&path, text).with_context(|| format!("cannot write {}", path.display()))
         };
         write_comparison(out, &table, &reports, &reports)?;
-        // A reused folder keeps only this run's files.
-        remove_other_runs(out, &reports)?;
-        for stale in ["tuning.md", "tuning.json", "sweep.md", "sweep.json"] {
-            remove_stale(&out.join(stale))?;
-        }
         if let Some((md, dist)) = tuning_md {
             write("tuning.md", md)?;
             write(

@@ -105,6 +105,11 @@ fn main() -> ExitCode {
     };
     match runtime.block_on(run(args)) {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.is::<StoppedDuringStartUp>() => {
+            // What was started is stopped by then (the builder's future was dropped).
+            switchyard_support::errln!("{e}");
+            ExitCode::from(130)
+        }
         Err(e) => {
             // One line, causes included; no backtrace even under RUST_BACKTRACE=1 (these
             // are the user's errors, not the program's).
@@ -120,6 +125,11 @@ fn main() -> ExitCode {
         }
     }
 }
+
+/// A signal that came while the stack was starting.
+#[derive(Debug, thiserror::Error)]
+#[error("{0} during start-up: stopped everything")]
+struct StoppedDuringStartUp(&'static str);
 
 /// Whether `error` is the user's settings at fault (exit 64) rather than a failed run: a
 /// setting the stack refuses, or a component that refused its configuration (the control
@@ -175,12 +185,16 @@ async fn run(args: Args) -> anyhow::Result<()> {
     }
 
     // Signals are watched from the start, so a Ctrl-C during start-up also stops what began.
-    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .context("installing the SIGTERM handler")?;
+    // SIGHUP too (the terminal closed): nats-server takes it for "reload" and would outlive
+    // the launcher.
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let mut sighup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
     let stack = tokio::select! {
         started = builder.start() => started.context("starting the stack")?,
-        _ = tokio::signal::ctrl_c() => anyhow::bail!("interrupted during start-up"),
-        _ = sigterm.recv() => anyhow::bail!("terminated during start-up"),
+        _ = tokio::signal::ctrl_c() => return Err(StoppedDuringStartUp("Ctrl-C").into()),
+        _ = sigterm.recv() => return Err(StoppedDuringStartUp("SIGTERM").into()),
+        _ = sighup.recv() => return Err(StoppedDuringStartUp("SIGHUP").into()),
     };
 
     switchyard_support::outln!(
@@ -228,6 +242,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         tokio::select! {
             _ = tokio::signal::ctrl_c() => break "Ctrl-C",
             _ = sigterm.recv() => break "SIGTERM",
+            _ = sighup.recv() => break "SIGHUP",
             _ = health.tick() => {
                 // A child that dies is named, with why and its log's end; the others keep
                 // serving (the gateway fails open around a dead control plane, say).

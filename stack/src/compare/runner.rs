@@ -54,6 +54,10 @@ pub async fn run_comparison(config: &CompareConfig) -> Result<StackComparison, C
         "creating {}",
         config.out.display()
     )))?;
+    crate::cleanup::say_on_signal(format!(
+        "interrupted: {} holds only the runs that finished (runs/), and no comparison",
+        config.out.display()
+    ));
     switchyard_support::errln!(
         "{}: {} requests per run; {} runs of {} workers ({} GPUs each, preset {}), workers {}x \
          faster than modelled; results in {}",
