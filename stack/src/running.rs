@@ -65,6 +65,9 @@ pub struct Stack {
     /// How each control-plane replica was started (for [`Stack::restart_control_plane`]);
     /// the first is [`Component::ControlPlane`].
     pub(crate) control_plane_commands: Vec<(PathBuf, Vec<String>)>,
+    /// Held while the stack lives: a second stack in the same run directory would overwrite
+    /// this one's secrets, `pids` file and logs, and remove its NATS state.
+    pub(crate) _run_dir_lock: std::fs::File,
 }
 
 /// File in the run directory holding this run's NATS token.
@@ -112,6 +115,7 @@ impl StackBuilder {
         };
         std::fs::create_dir_all(&run_dir)
             .map_err(StackError::io(format!("creating {}", run_dir.display())))?;
+        let run_dir_lock = lock_run_dir(&run_dir)?;
         // A reused run directory must not carry the last run's JetStream state: the
         // replicas' shared config kept there would win over this run's settings.
         let _ = std::fs::remove_dir_all(run_dir.join(NATS_STORE_DIR));
@@ -152,6 +156,7 @@ impl StackBuilder {
             declared,
             replica_ports,
             control_plane_commands: Vec::new(),
+            _run_dir_lock: run_dir_lock,
         };
         stack.launch(&self, &artifacts).await?;
         Ok(stack)
@@ -209,6 +214,31 @@ fn new_run_dir() -> Result<PathBuf, StackError> {
         "no free run directory name under {}",
         base.display()
     )))
+}
+
+/// File in the run directory a running stack holds locked.
+const RUN_DIR_LOCK_FILE: &str = "lock";
+
+/// Locks `run_dir` for one stack; the lock goes with the returned file (and with the
+/// process, however it ends).
+fn lock_run_dir(run_dir: &Path) -> Result<std::fs::File, StackError> {
+    let path = run_dir.join(RUN_DIR_LOCK_FILE);
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(StackError::io(format!("opening {}", path.display())))?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(std::fs::TryLockError::WouldBlock) => Err(StackError::InvalidSetting(format!(
+            "run directory {} is in use by another running stack: give another --run-dir",
+            run_dir.display()
+        ))),
+        Err(std::fs::TryLockError::Error(e)) => {
+            Err(StackError::io(format!("locking {}", path.display()))(e))
+        }
+    }
 }
 
 /// Writes a secret readable by this user only.
@@ -818,6 +848,18 @@ mod tests {
             .await
             .unwrap_err();
         assert!(matches!(err, StackError::InvalidSetting(_)), "{err}");
+    }
+
+    #[test]
+    fn a_run_directory_serves_one_stack_at_a_time() {
+        let dir = std::env::temp_dir().join(format!("switchyard-run-lock-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let held = lock_run_dir(&dir).unwrap();
+        let second = lock_run_dir(&dir).unwrap_err().to_string();
+        assert!(second.contains("in use by another running stack"), "{second}");
+        drop(held);
+        lock_run_dir(&dir).expect("free again once the first stack is gone");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[tokio::test]
