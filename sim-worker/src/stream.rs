@@ -3,9 +3,12 @@
 //!
 //! The stream owns an [`AbortGuard`]: when the client disconnects, hyper drops the body, the
 //! guard aborts the request in the engine, and its KV blocks are freed at once.
+//!
+//! A stream the engine stops before its end (the worker shutting down past its drain limit)
+//! ends in an error, so the connection is cut rather than ended cleanly: a client must not
+//! read a truncated answer as a complete one (OpenAI clients do not require `[DONE]`).
 
 use std::collections::VecDeque;
-use std::convert::Infallible;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
@@ -58,8 +61,15 @@ pub struct SseStream {
     generated: u32,
     pending: VecDeque<Bytes>,
     done: bool,
+    /// The engine stopped before the request finished: the body ends in [`StreamCut`].
+    cut: bool,
     guard: AbortGuard,
 }
+
+/// The engine stopped streaming a request before its end.
+#[derive(Debug, thiserror::Error)]
+#[error("the worker stopped before the stream's end")]
+pub struct StreamCut;
 
 impl SseStream {
     /// Streams the events of one request.
@@ -76,6 +86,7 @@ impl SseStream {
             generated: 0,
             pending: VecDeque::new(),
             done: false,
+            cut: false,
             guard,
         }
     }
@@ -121,7 +132,7 @@ impl SseStream {
 }
 
 impl Stream for SseStream {
-    type Item = Result<Bytes, Infallible>;
+    type Item = Result<Bytes, StreamCut>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         loop {
@@ -131,11 +142,16 @@ impl Stream for SseStream {
             if self.done {
                 return Poll::Ready(None);
             }
+            if self.cut {
+                // Said once; hyper then closes the connection without the chunked body's end.
+                self.done = true;
+                return Poll::Ready(Some(Err(StreamCut)));
+            }
             match self.events.poll_recv(cx) {
                 Poll::Ready(Some(event)) => self.on_event(event),
-                // The engine stopped (shutdown): end the body without `[DONE]`, as a worker
+                // The engine stopped (shutdown): cut the body without `[DONE]`, as a worker
                 // that dies mid-stream would.
-                Poll::Ready(None) => self.done = true,
+                Poll::Ready(None) => self.cut = true,
                 Poll::Pending => return Poll::Pending,
             }
         }

@@ -856,7 +856,10 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let held = lock_run_dir(&dir).unwrap();
         let second = lock_run_dir(&dir).unwrap_err().to_string();
-        assert!(second.contains("in use by another running stack"), "{second}");
+        assert!(
+            second.contains("in use by another running stack"),
+            "{second}"
+        );
         drop(held);
         lock_run_dir(&dir).expect("free again once the first stack is gone");
         let _ = std::fs::remove_dir_all(&dir);

@@ -489,6 +489,62 @@ async fn sigterm_drains_the_streams_in_flight_and_takes_nothing_new() {
     assert_eq!(status.expect("exited once drained").code(), Some(0));
 }
 
+/// A stream the drain limit cuts ends in a cut connection, not a clean end of body: a client
+/// must not take a truncated answer for a whole one (OpenAI clients do not require
+/// `[DONE]`). Before, the body ended cleanly after the last token sent.
+#[tokio::test]
+async fn a_stream_cut_at_the_drain_limit_reads_as_cut() {
+    let http_port = free_port();
+    let _guard = WorkerProcess::spawn(&[
+        "--no-nats",
+        "--worker",
+        &format!("agg:cut-0@127.0.0.1:{http_port}"),
+        "--drain-timeout-ms",
+        "300",
+    ]);
+    let url = format!("http://127.0.0.1:{http_port}/v1/completions");
+    let client = reqwest::Client::new();
+    let mut response = None;
+    for _ in 0..200 {
+        let sent = client
+            .post(&url)
+            .json(&serde_json::json!({"prompt": "cut me", "max_tokens": 2000, "stream": true}))
+            .send()
+            .await;
+        if let Ok(r) = sent {
+            response = Some(r);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let response = response.expect("the worker answers within 10 s");
+    assert_eq!(response.status(), 200);
+    let mut stream = response.bytes_stream();
+    let first = stream.next().await.unwrap().unwrap();
+    assert!(first.starts_with(b"data: "));
+    let pid = _guard.0.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    // 2,000 tokens take far longer than the 300 ms limit.
+    let mut body = first.to_vec();
+    let ended = loop {
+        match tokio::time::timeout(Duration::from_secs(20), stream.next())
+            .await
+            .expect("the stream ends within 20 s")
+        {
+            Some(Ok(chunk)) => body.extend_from_slice(&chunk),
+            Some(Err(e)) => break Err(e),
+            None => break Ok(()),
+        }
+    };
+    let text = String::from_utf8_lossy(&body);
+    assert!(!text.contains("[DONE]"), "{text}");
+    assert!(ended.is_err(), "the cut stream ended like a whole one");
+}
+
 /// The per-worker NATS permissions docs/control-plane.md gives ("Securing NATS"), on a real
 /// nats-server: the worker registers, reports its load and answers a resync under them, and
 /// its credentials cannot write the shared router config or another worker's KV events.
