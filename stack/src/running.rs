@@ -175,7 +175,40 @@ impl StackBuilder {
             self.route_timeout_ms,
             body_limit_bytes(&self.filter_overrides),
             &self.filter_overrides,
-        )
+        )?;
+        self.check_given_ports()
+    }
+
+    /// The ports given explicitly are distinct and free now: Envoy binds its own only after
+    /// NATS, the control plane and the workers are up, and failed then with the reason deep
+    /// in its log.
+    fn check_given_ports(&self) -> Result<(), StackError> {
+        let given = [
+            ("listen", self.listen_port),
+            ("admin", self.admin_port),
+            ("control plane", self.control_plane_port),
+            ("nats", self.nats_port),
+            ("plain listen", self.plain_listen_port.filter(|&p| p != 0)),
+        ];
+        let given: Vec<(&str, u16)> = given
+            .into_iter()
+            .filter_map(|(name, port)| Some((name, port?)))
+            .collect();
+        for (i, &(name, port)) in given.iter().enumerate() {
+            if let Some((other, _)) = given[..i].iter().find(|(_, p)| *p == port) {
+                return Err(StackError::InvalidSetting(format!(
+                    "the {other} and {name} ports are both {port}"
+                )));
+            }
+        }
+        for &(name, port) in &given {
+            if let Err(e) = std::net::TcpListener::bind(("127.0.0.1", port)) {
+                return Err(StackError::InvalidSetting(format!(
+                    "the {name} port {port} cannot be bound on 127.0.0.1: {e}"
+                )));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -889,6 +922,21 @@ mod tests {
         )
         .await;
         assert!(policy.contains("--conditional-disagg-config"), "{policy}");
+        // Ports given twice, or taken.
+        let twice = refused(
+            StackBuilder::new()
+                .listen_port(41_999)
+                .control_plane_port(41_999),
+        )
+        .await;
+        assert!(twice.contains("ports are both 41999"), "{twice}");
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = taken.local_addr().unwrap().port();
+        let busy = refused(StackBuilder::new().admin_port(port)).await;
+        assert!(
+            busy.contains(&format!("admin port {port} cannot be bound")),
+            "{busy}"
+        );
         assert!(!run_dir.exists(), "a run directory was made");
         // The stack's own filter settings pass.
         crate::envoy::check_filter_config(200, BUFFER_LIMIT_BYTES, &serde_json::Map::new())
