@@ -150,30 +150,20 @@ pub fn route_api(
         .unify()
         .or(warp::path!("v1" / "status"))
         .unify())
-        .and(with_state(state.clone()))
-        .map(|state: ApiState| {
-            let code = "admin_listener";
-            state.metrics.bad_request(code);
-            error_reply(
-                StatusCode::NOT_FOUND,
-                code,
-                "the admin endpoints are served on the admin listener (--admin-listen), not on the route listener",
-            )
-        });
-    // A client pointed at the control plane instead of the gateway is told so.
+    .and(with_state(state.clone()))
+    .map(misdirected(
+        "admin_listener",
+        "the admin endpoints are served on the admin listener (--admin-listen), not on the route listener",
+    ));
+    // So is a client pointed at the control plane instead of the gateway.
     let inference = (warp::path!("v1" / "chat" / "completions")
         .or(warp::path!("v1" / "completions"))
         .unify())
     .and(with_state(state.clone()))
-    .map(|state: ApiState| {
-        let code = "not_the_gateway";
-        state.metrics.bad_request(code);
-        error_reply(
-            StatusCode::NOT_FOUND,
-            code,
-            "this is the Switchyard control plane's route API, which the gateway's filter calls: send chat and completion requests to the gateway (Envoy's listener)",
-        )
-    });
+    .map(misdirected(
+        "not_the_gateway",
+        "this is the Switchyard control plane's route API, which the gateway's filter calls: send chat and completion requests to the gateway (Envoy's listener)",
+    ));
     route
         .or(lifecycle)
         .unify()
@@ -266,6 +256,15 @@ fn observability(
         .and(with_state(state))
         .then(admin::ready);
     metrics.or(health).unify().or(ready).unify()
+}
+
+/// A 404 for a request sent to the wrong place, saying where it belongs, counted as a bad
+/// request under `code`.
+fn misdirected(code: &'static str, message: &'static str) -> impl Fn(ApiState) -> Response + Clone {
+    move |state: ApiState| {
+        state.metrics.bad_request(code);
+        error_reply(StatusCode::NOT_FOUND, code, message)
+    }
 }
 
 /// Answers a request no endpoint took (unknown path, wrong method, a header or body warp

@@ -142,6 +142,13 @@ impl WorkerProcess {
         WorkerProcess(child)
     }
 
+    /// Sends it SIGTERM (by PID).
+    fn terminate(&self) {
+        let pid = self.0.id().to_string();
+        let sent = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+        assert!(sent.success(), "kill -TERM {pid}");
+    }
+
     /// Starts the binary with `args`; its log lines (stdout) arrive on the receiver.
     fn spawn_logged(args: &[&str]) -> (WorkerProcess, mpsc::Receiver<String>) {
         let mut child = Command::new(BIN)
@@ -280,9 +287,7 @@ async fn a_worker_started_before_nats_serves_http_and_joins_nats_later() {
     );
 
     // SIGTERM (sent to its PID) stops it cleanly.
-    let pid = guard.0.id().to_string();
-    let killed = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
-    assert!(killed.success());
+    guard.terminate();
     let mut status = None;
     for _ in 0..100 {
         if let Some(s) = guard.0.try_wait().unwrap() {
@@ -438,12 +443,7 @@ async fn sigterm_drains_the_streams_in_flight_and_takes_nothing_new() {
     let first = stream.next().await.unwrap().unwrap();
     assert!(first.starts_with(b"data: "));
 
-    let pid = guard.0.id().to_string();
-    assert!(Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .unwrap()
-        .success());
+    guard.terminate();
     // New connections are refused at once, and heartbeats stop.
     let mut refused = false;
     for _ in 0..40 {
@@ -495,7 +495,7 @@ async fn sigterm_drains_the_streams_in_flight_and_takes_nothing_new() {
 #[tokio::test]
 async fn a_stream_cut_at_the_drain_limit_reads_as_cut() {
     let http_port = free_port();
-    let _guard = WorkerProcess::spawn(&[
+    let guard = WorkerProcess::spawn(&[
         "--no-nats",
         "--worker",
         &format!("agg:cut-0@127.0.0.1:{http_port}"),
@@ -522,12 +522,7 @@ async fn a_stream_cut_at_the_drain_limit_reads_as_cut() {
     let mut stream = response.bytes_stream();
     let first = stream.next().await.unwrap().unwrap();
     assert!(first.starts_with(b"data: "));
-    let pid = _guard.0.id().to_string();
-    assert!(Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .unwrap()
-        .success());
+    guard.terminate();
     // 2,000 tokens take far longer than the 300 ms limit.
     let mut body = first.to_vec();
     let ended = loop {
