@@ -271,7 +271,7 @@ fn switchyard_local_refuses_unusable_settings_with_exit_64() {
             "--conditional-disagg-config",
         ),
     ] {
-        let started = std::time::Instant::now();
+        let started = tokio::time::Instant::now();
         let output = std::process::Command::new(&binary)
             .args(args)
             // A user's RUST_BACKTRACE=1 must not turn a usage error into a backtrace.

@@ -495,7 +495,7 @@ async fn an_interrupted_run_writes_the_report_of_what_finished_and_exits_130() {
     // The short answer's last bytes reach the client.
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     let pid = child.id().expect("running").to_string();
-    let interrupted = std::time::Instant::now();
+    let interrupted = tokio::time::Instant::now();
     assert!(std::process::Command::new("kill")
         .args(["-INT", &pid])
         .status()
