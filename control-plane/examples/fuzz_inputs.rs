@@ -27,7 +27,9 @@ use serde_json::{json, Value};
 
 use switchyard_control_plane::pools::file::Pools;
 use switchyard_control_plane::router::{ControlCore, Router};
-use switchyard_control_plane::service::tokenizer::{load_model_tokenizer, PromptTokenizer};
+use switchyard_control_plane::service::tokenizer::{
+    load_model_tokenizer, PromptTokenizer, DEFAULT_MODEL_DIR_NAMED_BY,
+};
 use switchyard_protocol::kv::KvEventBatch;
 use switchyard_protocol::openai::{check_prompt_length, generation_params};
 use switchyard_protocol::replica::{ReplicaSync, ReplicaUpdate};
@@ -483,7 +485,7 @@ fn main() -> ExitCode {
     let which = args.first().map(String::as_str).unwrap_or("all");
     let cases: u32 = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(10_000);
     let seed: u64 = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(1);
-    let tokenizer = match load_model_tokenizer(&model_dir()) {
+    let tokenizer = match load_model_tokenizer(&model_dir(), DEFAULT_MODEL_DIR_NAMED_BY) {
         Ok(t) => t,
         Err(e) => {
             eprintln!("error: {e} (run scripts/setup.sh, or set SWITCHYARD_MODEL_DIR)");

@@ -207,7 +207,8 @@ pub struct Metrics {
     /// Pool-file loads, by result (`ok`, `error`: the last good pools stay).
     pub pool_reloads: Family<ReasonLabels, Counter>,
     /// What happened with declared (pool-file) workers, by event: `health_up`,
-    /// `health_down`, `scrape_failed`, `kv_malformed`, `kv_gap_replayed`,
+    /// `health_down`, `scrape_failed`, `kv_unreachable` (healthy, but nothing listens at its
+    /// KV event endpoint), `kv_reconnected`, `kv_poll_failed`, `kv_malformed`, `kv_gap_replayed`,
     /// `kv_gap_unrecoverable`, `kv_partial_rejoin` (the replay no longer reached back to the
     /// engine's start), `kv_restart`, `kv_refused_event`, `kv_replay_failed`,
     /// `kv_over_capacity_rejoin` (the router dropped its blocks for passing its capacity, and

@@ -172,7 +172,10 @@ impl Models {
             let tokenizer = match kept {
                 Some(m) => Arc::clone(&m.tokenizer),
                 None if dir == self.default.dir => Arc::clone(&self.default.tokenizer),
-                None => load_model_tokenizer(dir)?,
+                None => load_model_tokenizer(
+                    dir,
+                    &format!("the pool file's model_dir of model `{name}`"),
+                )?,
             };
             next.insert(
                 name.clone(),
@@ -325,7 +328,11 @@ mod tests {
         );
         let err = models.load_declared(&p).unwrap_err();
         assert!(
-            err.to_string().contains("/nonexistent/switchyard-model"),
+            err.to_string().contains("/nonexistent/switchyard-model")
+                && err
+                    .to_string()
+                    .contains("pool file's model_dir of model `a`")
+                && !err.to_string().contains("scripts/setup.sh"),
             "{err}"
         );
     }

@@ -153,10 +153,20 @@ struct Declared {
     failed_before_first_up: u32,
     /// Why the metrics scrapes fail, while they do (warned once per streak).
     scrape_failing: Option<String>,
+    /// Attempts in a row, while healthy, that found nobody at the KV event publisher's
+    /// endpoint (warned once per streak, at [`KV_UNREACHABLE_WARN_AFTER`]).
+    kv_unreachable_while_healthy: u32,
     /// When the feed last started over because the router dropped the worker's blocks for
     /// passing its capacity ([`OVER_CAPACITY_REJOIN_INTERVAL`] apart at most).
     over_capacity_rejoined: Option<Instant>,
 }
+
+/// Failed attempts in a row, with the worker healthy, before its unreachable KV event
+/// publisher is warned about: a healthy engine binds its publisher before it serves, so a few
+/// seconds of refused connections mean a misconfiguration (most often both sides connecting:
+/// an engine endpoint naming a host connects out, and then the pool file must say
+/// `kv_events_listen`).
+const KV_UNREACHABLE_WARN_AFTER: u32 = 3;
 
 /// Least time between two restarts of a feed whose events overfilled the index: an engine
 /// whose own replay overfills it again is not asked again at once.
@@ -187,6 +197,7 @@ impl Declared {
             block_size_mismatch: None,
             over_capacity_rejoined: None,
             scrape_failing: None,
+            kv_unreachable_while_healthy: 0,
             failed_before_first_up: 0,
             model_mismatch: None,
         }
@@ -217,7 +228,8 @@ impl Declared {
         {
             Ok(response) if response.status().is_success() => Ok(()),
             Ok(response) => Err(format!("answered {}", response.status())),
-            Err(e) => Err(e.to_string()),
+            // With its causes: reqwest's own text ("error sending request") says no more.
+            Err(e) => Err(switchyard_support::cli::error_line(&e)),
         };
         let ok = answer.is_ok();
         if let Err(error) = &answer {
@@ -318,7 +330,7 @@ impl Declared {
                 .await
                 .map_err(|e| format!("cannot read the body: {e}")),
             Ok(response) => Err(format!("answered {}", response.status())),
-            Err(e) => Err(e.to_string()),
+            Err(e) => Err(switchyard_support::cli::error_line(&e)),
         };
         let engine = self.worker.engine;
         let block_size = self.worker.block_size.get();
@@ -382,7 +394,7 @@ impl Declared {
     fn scrape_unusable(&mut self, error: String) {
         self.cx.metrics.declared_event("scrape_failed", 1);
         if self.scrape_failing.replace(error.clone()).is_none() {
-            tracing::warn!(worker = %self.worker.id, url = %self.worker.metrics_url, %error, "metrics scrape unusable: the worker's load comes from the router's own accounting until it is");
+            tracing::warn!(worker = %self.worker.id, url = %self.worker.metrics_url, %error, "metrics scrape unusable: the worker's load comes from the router's own accounting until a scrape succeeds");
         } else {
             tracing::debug!(worker = %self.worker.id, %error, "metrics scrape unusable");
         }
@@ -405,7 +417,7 @@ impl Declared {
                 read_limited(response, Limits::DEFAULT.max_body_bytes).await
             }
             Ok(response) => Err(format!("status {}", response.status())),
-            Err(e) => Err(e.to_string()),
+            Err(e) => Err(switchyard_support::cli::error_line(&e)),
         };
         let decoded =
             match body.and_then(|b| decode_body(&b, &Limits::DEFAULT).map_err(|e| e.to_string())) {
@@ -431,7 +443,21 @@ impl Declared {
 
     async fn on_live(&mut self, message: LiveMessage) {
         match message {
+            LiveMessage::Unreachable(error) => {
+                if !self.health.healthy() {
+                    tracing::debug!(worker = %self.worker.id, %error, "KV event publisher not reachable yet");
+                    return;
+                }
+                self.kv_unreachable_while_healthy += 1;
+                if self.kv_unreachable_while_healthy == KV_UNREACHABLE_WARN_AFTER {
+                    self.cx.metrics.declared_event("kv_unreachable", 1);
+                    tracing::warn!(worker = %self.worker.id, kv_events = %self.worker.kv_events, %error, "the worker is healthy but nothing listens at its KV event endpoint, so it is routed without its cache: if the engine's publisher connects out (its endpoint names a host), give the pool file `kv_events_listen` instead of `kv_events`");
+                } else {
+                    tracing::debug!(worker = %self.worker.id, %error, "KV event publisher not reachable");
+                }
+            }
             LiveMessage::Subscribed => {
+                self.kv_unreachable_while_healthy = 0;
                 let actions = self.feed.on_subscribed();
                 self.carry_out(actions).await;
             }
@@ -458,6 +484,11 @@ impl Declared {
                 self.cx.metrics.declared_event("kv_malformed", 1);
                 tracing::warn!(worker = %self.worker.id, error = %e, "malformed replay message: the worker's blocks are dropped (what it changed is unknown) and rebuilt from the rest of the replay");
                 self.feed.on_replay_malformed()
+            }
+            // An engine not up yet cannot answer; its subscription asks again once it is.
+            ReplayEvent::Failed(e) if !self.health.healthy() => {
+                tracing::debug!(worker = %self.worker.id, error = %e, "KV replay failed before the worker was healthy");
+                self.feed.on_replay_failed()
             }
             ReplayEvent::Failed(e) => {
                 self.cx.metrics.declared_event("kv_replay_failed", 1);
@@ -488,7 +519,9 @@ impl Declared {
                     FeedAction::Publish(_) => {}
                     FeedAction::RequestReplay { from } => match &self.worker.kv_replay {
                         Some(endpoint) => {
-                            tracing::info!(worker = %self.worker.id, from, "KV events missed: asking for a replay");
+                            // At each subscription too, not only after a gap: a publisher
+                            // drops what it sends while nobody listens.
+                            tracing::info!(worker = %self.worker.id, from, "asking the worker's replay socket for its KV events");
                             tokio::spawn(zmq::replay(
                                 endpoint.clone(),
                                 from,

@@ -38,6 +38,10 @@ pub enum LiveMessage {
     Reconnected,
     /// One message, decoded.
     Batch(Result<VllmBatch, DecodeError>),
+    /// A connecting socket found nobody listening at the publisher's endpoint (one per failed
+    /// attempt, [`RECONNECT_PAUSE`] and up to [`CONNECT_TIMEOUT`] apart): the engine is not up
+    /// yet, or it connects out too and nobody binds.
+    Unreachable(String),
 }
 
 /// One answer of a replay, or why it ended without its end marker.
@@ -75,11 +79,25 @@ pub async fn subscribe(events: KvEventsSocket, out: mpsc::Sender<LiveMessage>) {
         if let Err(e) = connected {
             // A worker not up yet is usual; a port we cannot bind (held by another process)
             // keeps the worker without cache awareness until it frees: say it once.
-            if matches!(events, KvEventsSocket::Listen(_)) && !warned {
-                warned = true;
-                tracing::warn!(%endpoint, error = %e, "cannot bind the KV event socket; retrying (the worker is routed without its cache until then)");
-            } else {
-                tracing::debug!(%endpoint, error = %e, "KV event socket not reachable yet");
+            match events {
+                KvEventsSocket::Listen(_) if !warned => {
+                    warned = true;
+                    tracing::warn!(%endpoint, error = %e, "cannot bind the KV event socket; retrying (the worker is routed without its cache until then)");
+                }
+                KvEventsSocket::Listen(_) => {
+                    tracing::debug!(%endpoint, error = %e, "cannot bind the KV event socket yet")
+                }
+                // Whether this is a worker still starting is the worker task's to judge: it
+                // knows the worker's health.
+                KvEventsSocket::Connect(_) => {
+                    if out
+                        .send(LiveMessage::Unreachable(e.to_string()))
+                        .await
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
             }
             if out.is_closed() {
                 return;

@@ -24,6 +24,7 @@ use crate::replicas::{self, ReplicaLink};
 use crate::router::Router;
 use crate::service::tokenizer::{
     load_model_tokenizer, PromptTokenizer, SegmentCacheStats, TokenizerLoadError,
+    DEFAULT_MODEL_DIR_NAMED_BY,
 };
 use crate::settings::Settings;
 
@@ -77,14 +78,16 @@ pub async fn run(
     shutdown: Shutdown,
 ) -> Result<(), RunError> {
     let dir = settings.model_dir_or_default();
-    let tokenizer = tokio::task::spawn_blocking(move || load_model_tokenizer(&dir))
-        .await
-        .map_err(|e| {
-            RunError::Tokenizer(TokenizerLoadError {
-                dir: "?".into(),
-                message: e.to_string(),
-            })
-        })??;
+    let tokenizer =
+        tokio::task::spawn_blocking(move || load_model_tokenizer(&dir, DEFAULT_MODEL_DIR_NAMED_BY))
+            .await
+            .map_err(|e| {
+                RunError::Tokenizer(TokenizerLoadError {
+                    dir: "?".into(),
+                    named_by: DEFAULT_MODEL_DIR_NAMED_BY.into(),
+                    message: e.to_string(),
+                })
+            })??;
     run_with_tokenizer(settings, tokenizer, listeners, nats, shutdown).await
 }
 
@@ -234,6 +237,7 @@ pub async fn run_with_tokenizer(
                     .map_err(|e| {
                         RunError::Tokenizer(TokenizerLoadError {
                             dir: "?".into(),
+                            named_by: format!("the pool file {}", file.display()),
                             message: e.to_string(),
                         })
                     })??

@@ -116,29 +116,38 @@ pub trait PromptTokenizer: Send + Sync + 'static {
 
 /// Why the model's tokenizer could not be loaded at start.
 #[derive(Debug, thiserror::Error)]
-#[error("cannot load the tokenizer from {dir} (--model-dir / SWITCHYARD_MODEL_DIR, or a pool file model's model_dir): {message}")]
+#[error("cannot load the tokenizer from {dir} ({named_by}): {message}")]
 pub struct TokenizerLoadError {
     /// The directory tried.
     pub dir: String,
+    /// What named it (a flag, or the pool file's model).
+    pub named_by: String,
     /// What went wrong.
     pub message: String,
 }
 
-/// Loads the model's tokenizer and chat template from `dir`.
+/// Loads the model's tokenizer and chat template from `dir`, which `named_by` named (said in
+/// the error).
 ///
 /// # Errors
 /// [`TokenizerLoadError`] when the files are missing or invalid.
 pub fn load_model_tokenizer(
     dir: &Path,
+    named_by: &str,
 ) -> Result<std::sync::Arc<dyn PromptTokenizer>, TokenizerLoadError> {
     match ModelTokenizer::from_dir(dir) {
         Ok(t) => Ok(std::sync::Arc::new(t)),
         Err(e) => Err(TokenizerLoadError {
             dir: dir.display().to_string(),
+            named_by: named_by.to_owned(),
             message: e.to_string(),
         }),
     }
 }
+
+/// What names the control plane's default model folder, with how to fix it.
+pub const DEFAULT_MODEL_DIR_NAMED_BY: &str =
+    "--model-dir / SWITCHYARD_MODEL_DIR; scripts/setup.sh puts the default one in place";
 
 impl From<TokenizeError> for TokenizeFailure {
     fn from(e: TokenizeError) -> Self {
@@ -214,7 +223,7 @@ mod tests {
 
     #[test]
     fn a_warm_prompt_is_finished_here_and_a_cold_one_left_for_a_blocking_thread() {
-        let tok = load_model_tokenizer(&default_model_dir()).unwrap();
+        let tok = load_model_tokenizer(&default_model_dir(), DEFAULT_MODEL_DIR_NAMED_BY).unwrap();
         let long = "the router keeps each session near its cache ".repeat(200);
         let body = serde_json::json!({"messages": [{"role": "user", "content": long}]});
         let inline = 2 << 10;

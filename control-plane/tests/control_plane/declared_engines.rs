@@ -193,7 +193,7 @@ async fn sglang_verdicts_name_the_engine_and_the_prefill_workers_bootstrap_port(
     let (prefill, decode) = (start_sglang().await, start_sglang().await);
     let dir = TempDir::new("declared-sglang").unwrap();
     let pool_file = dir.path().join("pools.yaml");
-    // Nothing publishes KV events here: the subscriptions keep trying, which is harmless.
+    // Nothing publishes KV events here: the subscriptions keep trying.
     std::fs::write(
         &pool_file,
         format!(
@@ -241,6 +241,17 @@ async fn sglang_verdicts_name_the_engine_and_the_prefill_workers_bootstrap_port(
     assert_eq!(verdict["decode"]["worker_id"], "sg-decode", "{verdict}");
     assert_eq!(verdict["prefill"]["worker_id"], "sg-prefill", "{verdict}");
     assert_eq!(verdict["prefill"]["bootstrap_port"], 8998, "{verdict}");
+    // Healthy workers whose KV event endpoints nobody binds are said and counted, once each:
+    // they are routed without their caches (as when engine and pool file both connect).
+    eventually(
+        Duration::from_secs(10),
+        "both unreachable publishers counted",
+        || async {
+            let unreachable = "switchyard_declared_worker_events_total{reason=\"kv_unreachable\"}";
+            metric_value(&svc.metrics().await, unreachable) == 2.0
+        },
+    )
+    .await;
     svc.stop().await;
 }
 

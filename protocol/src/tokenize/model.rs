@@ -63,7 +63,8 @@ impl TokenizerFiles {
         if !dir.is_dir() {
             return Err(dir_err(
                 dir.to_path_buf(),
-                "not a directory (run scripts/setup.sh to fetch the model files, or set SWITCHYARD_MODEL_DIR)".into(),
+                // Where the folder was named, and how to fix it, is the caller's to say.
+                "not a directory".into(),
             ));
         }
         let optional = |name: &str| -> Result<Option<String>, TokenizeError> {

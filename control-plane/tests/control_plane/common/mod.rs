@@ -278,8 +278,11 @@ pub fn tokenizer() -> Arc<dyn PromptTokenizer> {
     static TOKENIZER: std::sync::OnceLock<Arc<dyn PromptTokenizer>> = std::sync::OnceLock::new();
     TOKENIZER
         .get_or_init(|| {
-            switchyard_control_plane::service::tokenizer::load_model_tokenizer(&model_dir())
-                .expect("load the model tokenizer")
+            switchyard_control_plane::service::tokenizer::load_model_tokenizer(
+                &model_dir(),
+                switchyard_control_plane::service::tokenizer::DEFAULT_MODEL_DIR_NAMED_BY,
+            )
+            .expect("load the model tokenizer")
         })
         .clone()
 }
