@@ -324,7 +324,8 @@ impl Pools {
     pub fn parse(text: &str, file: &Path) -> Result<Pools, PoolFileError> {
         let raw: RawPoolFile = serde_saphyr::from_str(text).map_err(|e| PoolFileError::Syntax {
             file: file.to_owned(),
-            message: e.to_string(),
+            // The parser's text starts "error: ", which "pool file X: " already says.
+            message: e.to_string().trim_start_matches("error: ").to_owned(),
         })?;
         validate(raw).map_err(|(field, message)| PoolFileError::Invalid {
             file: file.to_owned(),
@@ -661,7 +662,7 @@ fn check_host_port(text: &str) -> Result<(), String> {
 fn check_zmq_endpoint(text: &str) -> Result<(), String> {
     let Some(rest) = text.strip_prefix("tcp://") else {
         return Err(format!(
-            "{text:?}: a ZMQ TCP endpoint, tcp://host:port (vLLM's publisher binds tcp://*:port; name the host here)"
+            "{text:?}: a ZMQ TCP endpoint, tcp://host:port (the engine's host for kv_events and kv_replay, this control plane's for kv_events_listen)"
         ));
     };
     if rest.starts_with('*') {
@@ -764,6 +765,7 @@ models:
     fn errors_name_the_file_and_the_line_or_field() {
         let e = error(&GOOD.replace("kv_replay:", "kv_replya:"));
         assert!(e.contains("pools.yaml") && e.contains("kv_replya"), "{e}");
+        assert!(!e.contains("error: "), "said twice: {e}");
         assert!(
             e.contains("line 12 column 9"),
             "the typo's line and column: {e}"
