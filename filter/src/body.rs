@@ -46,6 +46,9 @@ pub enum InvalidBody {
     /// disaggregated path holds the client's and a leg's at once), and a crashed VM let
     /// requests through unscreened until Envoy restarted.
     TooComplex,
+    /// No body at all: a chat or completion request is a JSON object (the engine answers 400
+    /// too).
+    Empty,
 }
 
 impl InvalidBody {
@@ -56,13 +59,17 @@ impl InvalidBody {
             InvalidBody::NotAnObject => "not_an_object",
             InvalidBody::Encoded => "encoded",
             InvalidBody::TooComplex => "too_complex",
+            InvalidBody::Empty => "empty_body",
         }
     }
 
     /// The status the client is answered: 400, or 415 for an encoded body.
     pub fn status(self) -> u16 {
         match self {
-            InvalidBody::NotJson | InvalidBody::NotAnObject | InvalidBody::TooComplex => 400,
+            InvalidBody::NotJson
+            | InvalidBody::NotAnObject
+            | InvalidBody::TooComplex
+            | InvalidBody::Empty => 400,
             InvalidBody::Encoded => 415,
         }
     }
@@ -327,6 +334,7 @@ pub fn invalid_body_error(invalid: InvalidBody) -> Vec<u8> {
     let message = match invalid {
         InvalidBody::NotJson => "the request body is not valid JSON",
         InvalidBody::NotAnObject => "the request body must be a JSON object",
+        InvalidBody::Empty => "the request has no body: a chat or completion request is a JSON object",
         InvalidBody::TooComplex => {
             "the request body holds more JSON values than the gateway parses (524,288): a chat request needs a few per message, a prompt of token ids one per token"
         }

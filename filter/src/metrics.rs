@@ -256,10 +256,10 @@ mod tests {
     fn rejections_count_the_total_and_their_reason() {
         let ids = StatIds {
             rejected_total: 40,
-            rejected: (41..49).collect(),
+            rejected: (41..50).collect(),
             ..StatIds::default()
         };
-        assert_eq!(ids.for_rejection(Rejection::TooLarge), vec![40, 48]);
+        assert_eq!(ids.for_rejection(Rejection::TooLarge), vec![40, 49]);
         let outcome = RouteOutcome::Rejected {
             status: 400,
             reason: switchyard_protocol::route::RejectReason::PromptTooLong,
@@ -279,7 +279,7 @@ mod tests {
 
     #[test]
     fn undefined_ids_are_skipped_not_panicked_on() {
-        let outcome = RouteOutcome::FailOpen(FailOpenReason::EmptyBody);
+        let outcome = RouteOutcome::FailOpen(FailOpenReason::NoWorkers);
         assert_eq!(StatIds::default().for_outcome(&outcome), vec![0]);
     }
 

@@ -88,7 +88,7 @@ pub enum Rejection {
 
 impl Rejection {
     /// Every label, in a fixed order (the root context defines one counter each).
-    pub const STAT_KEYS: [&'static str; 8] = [
+    pub const STAT_KEYS: [&'static str; 9] = [
         "invalid_request",
         "prompt_too_long",
         "unknown_model",
@@ -96,6 +96,7 @@ impl Rejection {
         "not_an_object",
         "encoded",
         "too_complex",
+        "empty_body",
         "too_large",
     ];
 
@@ -229,6 +230,7 @@ mod tests {
             Rejection::Body(InvalidBody::NotAnObject),
             Rejection::Body(InvalidBody::Encoded),
             Rejection::Body(InvalidBody::TooComplex),
+            Rejection::Body(InvalidBody::Empty),
             Rejection::TooLarge,
         ]);
         let keys: Vec<&str> = all.iter().map(|r| r.as_str()).collect();

@@ -30,8 +30,6 @@ pub enum FailOpenReason {
     BadVerdict,
     /// `dispatch_http_call` itself was refused (e.g. the cluster is not configured).
     DispatchFailed,
-    /// A routed API request arrived without a body: nothing to route on.
-    EmptyBody,
     /// The control plane knows no live decode worker (its 503 `no_workers`): it has just
     /// started and heard no heartbeat yet, or no worker reaches it.
     NoWorkers,
@@ -39,13 +37,12 @@ pub enum FailOpenReason {
 
 impl FailOpenReason {
     /// Every stat key, in a fixed order (the root context defines one counter per key).
-    pub const STAT_KEYS: [&'static str; 7] = [
+    pub const STAT_KEYS: [&'static str; 6] = [
         "control_plane_unavailable",
         "timeout",
         "bad_status",
         "bad_verdict",
         "dispatch_failed",
-        "empty_body",
         "no_workers",
     ];
 
@@ -58,8 +55,7 @@ impl FailOpenReason {
             FailOpenReason::BadStatus(_) => Self::STAT_KEYS[2],
             FailOpenReason::BadVerdict => Self::STAT_KEYS[3],
             FailOpenReason::DispatchFailed => Self::STAT_KEYS[4],
-            FailOpenReason::EmptyBody => Self::STAT_KEYS[5],
-            FailOpenReason::NoWorkers => Self::STAT_KEYS[6],
+            FailOpenReason::NoWorkers => Self::STAT_KEYS[5],
         }
     }
 }
@@ -447,7 +443,6 @@ mod tests {
             FailOpenReason::BadStatus(500),
             FailOpenReason::BadVerdict,
             FailOpenReason::DispatchFailed,
-            FailOpenReason::EmptyBody,
             FailOpenReason::NoWorkers,
         ];
         let keys: Vec<_> = reasons.iter().map(|r| r.stat_key()).collect();

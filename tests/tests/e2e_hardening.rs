@@ -514,8 +514,17 @@ async fn attacks_and_bad_input_are_refused_and_cost_nothing() {
         "says what to do: {}",
         response.body()
     );
+    // Refused on its headers: a client that waits (as with `Expect: 100-continue`) uploads
+    // nothing. Before, the filter read the whole body first.
+    let head = headers_only_answer(
+        &gateway,
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\n\
+         content-encoding: gzip\r\ncontent-length: 100000\r\n\r\n",
+    )
+    .await;
+    assert!(head.starts_with("HTTP/1.1 415"), "{head}");
     let stats = envoy_stats(&http, &stack.admin_url()).await.unwrap();
-    assert_eq!(stat(&stats, "rejected.encoded"), 1);
+    assert_eq!(stat(&stats, "rejected.encoded"), 2);
 
     // (10) A request the gateway refuses with a 400 leaves the client's connection open: the
     // request behind it on the same connection (pipelined, or the next one of a keep-alive
@@ -678,4 +687,25 @@ async fn a_nats_outage_and_a_stalled_control_plane_fail_no_request() {
     let errors: Vec<&str> = log.lines().filter(|l| l.contains("ERROR")).collect();
     assert!(errors.is_empty(), "{errors:?}");
     stack.check_running().expect("every process still runs");
+}
+
+/// Sends `head` (a request's headers, none of its body) on a new connection to the gateway
+/// at `base`, and returns the answer's head, read within 5 s.
+async fn headers_only_answer(base: &str, head: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let authority = base.trim_start_matches("http://");
+    let mut socket = tokio::net::TcpStream::connect(authority).await.unwrap();
+    socket.write_all(head.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    let read = async {
+        let mut buf = [0u8; 4096];
+        while !answer.windows(4).any(|w| w == b"\r\n\r\n") {
+            match socket.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => answer.extend_from_slice(&buf[..n]),
+            }
+        }
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(5), read).await;
+    String::from_utf8_lossy(&answer).into_owned()
 }

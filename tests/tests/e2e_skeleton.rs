@@ -106,9 +106,9 @@ async fn routes_to_the_chosen_worker_streams_and_ignores_a_forged_destination() 
         "events must arrive at distinct times: {arrivals:?}"
     );
 
-    // (b) A request without a body fails open, under a usable request id like any other: the
-    // filter replaced the client's (a space is no id the workers and logs can carry), and the
-    // worker echoes the one it got.
+    // (b) A request without a body is refused as the engine would refuse it (it failed open,
+    // counted as an outage), under a usable request id like any other: the filter replaced
+    // the client's (a space is no id the workers and logs can carry) and answers with it.
     let bodiless = post_raw_observed(
         &http,
         &url,
@@ -118,9 +118,11 @@ async fn routes_to_the_chosen_worker_streams_and_ignores_a_forged_destination() 
     )
     .await
     .expect("bodiless request");
-    assert_eq!(bodiless.header(ROUTE_HEADER), "fail-open;reason=empty_body");
+    assert_eq!(bodiless.status, 400, "{}", bodiless.body());
+    assert_eq!(bodiless.header(ROUTE_HEADER), "rejected;reason=empty_body");
+    assert!(bodiless.body().contains("no body"), "{}", bodiless.body());
     let seen = bodiless.header("x-request-id");
-    assert!(seen.starts_with("switchyard-"), "the worker saw {seen:?}");
+    assert!(seen.starts_with("switchyard-"), "the client got {seen:?}");
 
     // (c) A client-supplied destination naming a worker is stripped: each request lands where
     // the control plane says, never where the client asked. The control plane never sees the
@@ -185,9 +187,16 @@ async fn routes_to_the_chosen_worker_streams_and_ignores_a_forged_destination() 
         "3 forged headers x 8 requests must be stripped, stat says {stripped}"
     );
     assert_eq!(
-        stats.get("wasmcustom.switchyard.fail_open_total"),
-        Some(&1),
-        "nothing but the bodiless request should fail open"
+        stats.get("wasmcustom.switchyard.fail_open_total").copied(),
+        Some(0),
+        "nothing fails open"
+    );
+    assert_eq!(
+        stats
+            .get("wasmcustom.switchyard.rejected.empty_body")
+            .copied(),
+        Some(1),
+        "the bodiless request is counted as refused"
     );
 
     // A body that is not JSON is not sent to the control plane or a worker: the gateway
@@ -217,8 +226,8 @@ async fn routes_to_the_chosen_worker_streams_and_ignores_a_forged_destination() 
     );
     assert_eq!(
         stats.get("wasmcustom.switchyard.fail_open_total"),
-        Some(&1),
-        "the malformed body is no fail-open (the one is the bodiless request)"
+        Some(&0),
+        "the malformed body is no fail-open"
     );
 }
 

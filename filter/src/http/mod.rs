@@ -43,7 +43,7 @@ use crate::lifecycle::Tail;
 use crate::outcome::{Rejection, Served};
 use crate::request::{canonical_path, choose_request_id, headers_to_strip, routable_api};
 use crate::shared::{increment, Shared};
-use crate::verdict::{classify_route_response, FailOpenReason};
+use crate::verdict::classify_route_response;
 
 /// Response header naming the `host:port` the filter routed to.
 pub const DESTINATION_RESPONSE_HEADER: &str = "x-switchyard-destination";
@@ -184,6 +184,15 @@ impl SwitchyardRequest {
         (self.now_nanos() / 1_000_000) as u64
     }
 
+    /// Refuses a body the filter cannot route, with its status and OpenAI-shaped error.
+    fn reject_body(&mut self, invalid: body::InvalidBody) {
+        self.reject(
+            Rejection::Body(invalid),
+            invalid.status(),
+            &body::invalid_body_error(invalid),
+        );
+    }
+
     /// Answers the client without contacting anyone, as `rejection` with `status` and an
     /// OpenAI-style `body`; the request is done.
     fn reject(&mut self, rejection: Rejection, status: u16, body: &[u8]) {
@@ -265,18 +274,6 @@ impl SwitchyardRequest {
             return Action::Pause;
         }
         self.body_len = body.len();
-        if matches!(self.phase, Phase::Buffering(_))
-            && body::is_encoded(self.get_http_request_header("content-encoding").as_deref())
-        {
-            // Compressed, the prompt cannot be read, and the engine would refuse it too.
-            let invalid = body::InvalidBody::Encoded;
-            self.reject(
-                Rejection::Body(invalid),
-                invalid.status(),
-                &body::invalid_body_error(invalid),
-            );
-            return Action::Pause;
-        }
         // A byte-order mark (which vLLM's JSON reader accepts) is dropped here, so that the
         // screen, the control plane and every worker read the body without it.
         let stripped = switchyard_protocol::without_bom(&body);
@@ -302,20 +299,12 @@ impl SwitchyardRequest {
                     increment(self.shared.stats.client_steering_stripped_total, 1);
                     Action::Continue
                 } else {
-                    self.reject(
-                        Rejection::Body(body::InvalidBody::NotJson),
-                        400,
-                        &body::invalid_body_error(body::InvalidBody::NotJson),
-                    );
+                    self.reject_body(body::InvalidBody::NotJson);
                     Action::Pause
                 }
             }
             body::Screened::Invalid(invalid) if body::may_steer(body) => {
-                self.reject(
-                    Rejection::Body(invalid),
-                    invalid.status(),
-                    &body::invalid_body_error(invalid),
-                );
+                self.reject_body(invalid);
                 Action::Pause
             }
             body::Screened::Invalid(_) => Action::Continue,
@@ -368,13 +357,14 @@ impl HttpContext for SwitchyardRequest {
             increment(self.shared.stats.stripped_headers_total, 1);
         }
         if end_of_stream {
-            // No body: nothing to screen. A routed API request without one has nothing to
-            // route on either: it fails open, under a usable request id like any other.
+            // No body: nothing to screen. A routed API request without one is refused, as the
+            // engine would refuse it (not failed open: nothing is wrong with the routing).
             let method = self.get_http_request_header(":method");
             let path = self.get_http_request_header(":path");
             if routable_api(method.as_deref(), path.as_deref()).is_some() {
                 self.settle_request_id();
-                self.fail_open(FailOpenReason::EmptyBody);
+                self.reject_body(body::InvalidBody::Empty);
+                return Action::Pause;
             }
             return Action::Continue;
         }
@@ -401,6 +391,12 @@ impl HttpContext for SwitchyardRequest {
             self.set_http_request_header(":path", Some(&canonical));
         }
         self.settle_request_id();
+        if body::is_encoded(self.get_http_request_header("content-encoding").as_deref()) {
+            // Compressed, the prompt cannot be read, and the engine would refuse it too; said
+            // before the client uploads (and Envoy buffers) a byte of it.
+            self.reject_body(body::InvalidBody::Encoded);
+            return Action::Pause;
+        }
         self.path = canonical;
         self.authority = self
             .get_http_request_header(":authority")

@@ -27,8 +27,8 @@ impl SwitchyardRequest {
     /// ask the control plane. Returns the body or trailers callback's action.
     pub(super) fn route_body(&mut self, api: ApiKind, body: Vec<u8>) -> Action {
         if body.is_empty() {
-            self.fail_open(FailOpenReason::EmptyBody);
-            return Action::Continue;
+            self.reject_body(body::InvalidBody::Empty);
+            return Action::Pause;
         }
         // When the control plane tokenizes, it parses the body anyway and says in its verdict
         // whether the body names a steering key. So an object's screen waits for the verdict
@@ -82,12 +82,7 @@ impl SwitchyardRequest {
             } => {
                 // A client must not make a worker reach a host of its choosing.
                 if !self.replace_body(&stripped) {
-                    let invalid = body::InvalidBody::NotJson;
-                    self.reject(
-                        Rejection::Body(invalid),
-                        400,
-                        &body::invalid_body_error(invalid),
-                    );
+                    self.reject_body(body::InvalidBody::NotJson);
                     return None;
                 }
                 increment(self.shared.stats.client_steering_stripped_total, 1);
@@ -97,11 +92,7 @@ impl SwitchyardRequest {
                 })
             }
             Screened::Invalid(invalid) => {
-                self.reject(
-                    Rejection::Body(invalid),
-                    invalid.status(),
-                    &body::invalid_body_error(invalid),
-                );
+                self.reject_body(invalid);
                 None
             }
         }
@@ -155,8 +146,7 @@ impl SwitchyardRequest {
             match reason {
                 FailOpenReason::ControlPlaneUnavailable
                 | FailOpenReason::Timeout
-                | FailOpenReason::NoWorkers
-                | FailOpenReason::EmptyBody => {
+                | FailOpenReason::NoWorkers => {
                     debug!(
                         "#{} {} fails open: {reason}",
                         self.context_id, self.request_id
