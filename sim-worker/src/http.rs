@@ -149,29 +149,50 @@ fn models_reply(ctx: &WorkerContext) -> Response {
 
 /// Releases the hold a side-channel request names; the shared first half of pull and
 /// release.
+/// Why a hold could not be taken.
+enum TakeHoldError {
+    /// A hold id of this worker under which nothing is held (any more): pulled, released or
+    /// expired.
+    Gone(ApiError),
+    /// Anything else: a bad request, another worker's id, a worker shutting down.
+    Refused(ApiError),
+}
+
+impl TakeHoldError {
+    fn into_api_error(self) -> ApiError {
+        match self {
+            TakeHoldError::Gone(e) | TakeHoldError::Refused(e) => e,
+        }
+    }
+}
+
 async fn take_hold(
     ctx: &WorkerContext,
     body: Result<Bytes, ApiError>,
-) -> Result<(PullRequest, HeldKv, Option<SequenceHash>), ApiError> {
-    let req: PullRequest = switchyard_protocol::from_json_object(&body?).map_err(|e| {
-        ApiError::bad_request(
+) -> Result<(PullRequest, HeldKv, Option<SequenceHash>), TakeHoldError> {
+    let refused = TakeHoldError::Refused;
+    let body = body.map_err(refused)?;
+    let req: PullRequest = switchyard_protocol::from_json_object(&body).map_err(|e| {
+        refused(ApiError::bad_request(
             format!("invalid hold request (want {{\"remote_request_id\"}}): {e}"),
             None,
-        )
+        ))
     })?;
     let not_held = || ApiError::not_found(format!("no KV held under {:?}", req.remote_request_id));
     let id = parse_hold_id(&req.remote_request_id, &ctx.id.0, ctx.instance_id).or_else(|| {
         parse_room_hold_id(&req.remote_request_id).and_then(|room| ctx.holds.take_room(room))
     });
     let Some(id) = id else {
-        return Err(not_held());
+        return Err(refused(not_held()));
     };
     // Forget the record whatever the engine says: an expired hold is gone either way.
     let prefix_hash = ctx.holds.take(id).flatten();
     match ctx.engine.release_held(id).await {
         Ok(Some(held)) => Ok((req, held, prefix_hash)),
-        Ok(None) => Err(not_held()),
-        Err(_) => Err(ApiError::unavailable("the worker is shutting down")),
+        Ok(None) => Err(TakeHoldError::Gone(not_held())),
+        Err(_) => Err(refused(ApiError::unavailable(
+            "the worker is shutting down",
+        ))),
     }
 }
 
@@ -188,7 +209,7 @@ async fn pull_reply(ctx: Arc<WorkerContext>, body: Result<Bytes, ApiError>) -> R
             };
             warp::reply::json(&body).into_response()
         }
-        Err(e) => error_reply(&ctx, &e),
+        Err(e) => error_reply(&ctx, &e.into_api_error()),
     }
 }
 
@@ -204,7 +225,14 @@ async fn release_reply(ctx: Arc<WorkerContext>, body: Result<Bytes, ApiError>) -
             tracing::debug!(worker = %ctx.id, hold = %req.remote_request_id, "KV released unpulled");
             warp::reply::json(&json!({"released": req.remote_request_id})).into_response()
         }
-        Err(e) => error_reply(&ctx, &e),
+        // Nothing held under this worker's id: the decode worker pulled it already (the
+        // gateway cannot tell, for a non-streamed request whose client left mid-decode), or
+        // it expired. Releasing asks that nothing stay held, which is so: not an error.
+        Err(TakeHoldError::Gone(e)) => {
+            tracing::debug!(worker = %ctx.id, "release of a hold already gone: {}", e.message);
+            warp::reply::json(&json!({"released": null})).into_response()
+        }
+        Err(e) => error_reply(&ctx, &e.into_api_error()),
     }
 }
 

@@ -361,7 +361,9 @@ async fn failed_pulls_fall_back_to_local_prefill_and_are_counted() {
 }
 
 /// `POST /switchyard/kv/release` with the body the docs show frees the hold at once; a
-/// second release finds nothing held.
+/// second release finds nothing held, which is no error (nothing stays held, as asked: the
+/// gateway releases a non-streamed request's hold when its client leaves, not knowing the
+/// decode worker pulled it), while another worker's hold id is refused.
 #[tokio::test]
 async fn a_release_frees_the_hold_once() {
     let tok = tokenizer();
@@ -375,12 +377,21 @@ async fn a_release_frees_the_hold_once() {
     assert_eq!(first.status(), 200);
     assert_eq!(prefill.engine().load().held, 0);
     let again = client.post(&url).json(&body).send().await.unwrap();
-    assert_eq!(again.status(), 404);
+    assert_eq!(again.status(), 200);
+    assert_eq!(
+        again.json::<serde_json::Value>().await.unwrap()["released"],
+        serde_json::Value::Null
+    );
+    let foreign = json!({"remote_request_id": "someone-else-1-2"});
+    let refused = client.post(&url).json(&foreign).send().await.unwrap();
+    assert_eq!(refused.status(), 404);
     let text = metrics_text(&client, &prefill).await;
     assert_eq!(
         metric(&text, "switchyard_kv_holds_released_total", None),
         1.0
     );
+    // Only the foreign id counts as a bad request.
+    assert_eq!(metric(&text, "switchyard_bad_requests_total", None), 1.0);
 }
 
 #[tokio::test]
