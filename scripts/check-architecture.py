@@ -27,6 +27,7 @@ ALLOWED = {
         "switchyard-router",
         "switchyard-bus",
         "switchyard-adapters",
+        "switchyard-support",
     },
     "switchyard-sim-worker": {
         "switchyard-protocol",
