@@ -16,7 +16,7 @@
 #![deny(missing_docs)]
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
 use switchyard_protocol::registration::{RegistrationError, RegistrationSecret};
@@ -306,9 +306,14 @@ pub fn server_addrs(urls: &str) -> Result<Vec<async_nats::ServerAddr>, BusError>
 /// A connection-event callback for [`connect`] that does nothing.
 pub fn ignore_event(_: async_nats::Event) {}
 
-/// Whether the current failure to connect was said: once per outage, since the client
-/// retries about every second (a deployment with only declared pools may run no NATS at all).
-static CONNECT_FAILURE_SAID: AtomicBool = AtomicBool::new(false);
+/// Which failure to connect was last said ([`FAILURE_NONE`], [`FAILURE_UNREACHABLE`],
+/// [`FAILURE_REFUSED`]): each is said once per outage, since the client retries about every
+/// second (a deployment with only declared pools may run no NATS at all), and a change of
+/// kind is said again (a server that comes up refusing the client's credentials).
+static CONNECT_FAILURE_SAID: AtomicU8 = AtomicU8::new(FAILURE_NONE);
+const FAILURE_NONE: u8 = 0;
+const FAILURE_UNREACHABLE: u8 = 1;
+const FAILURE_REFUSED: u8 = 2;
 
 /// A connection-event callback for [`connect`] that logs what an operator needs: connected,
 /// lost, and why it cannot connect, once per outage. A server that refuses the client's
@@ -317,16 +322,21 @@ static CONNECT_FAILURE_SAID: AtomicBool = AtomicBool::new(false);
 pub fn log_event(event: async_nats::Event) {
     match event {
         async_nats::Event::Connected => {
-            CONNECT_FAILURE_SAID.store(false, Ordering::Relaxed);
+            CONNECT_FAILURE_SAID.store(FAILURE_NONE, Ordering::Relaxed);
             tracing::info!("connected to NATS");
         }
         async_nats::Event::Disconnected => {
             tracing::warn!("NATS connection lost; reconnecting (HTTP keeps serving)")
         }
         async_nats::Event::ClientError(e) => {
-            if CONNECT_FAILURE_SAID.swap(true, Ordering::Relaxed) {
+            let kind = if is_credentials_refused(&e) {
+                FAILURE_REFUSED
+            } else {
+                FAILURE_UNREACHABLE
+            };
+            if CONNECT_FAILURE_SAID.swap(kind, Ordering::Relaxed) == kind {
                 tracing::debug!(error = %e, "cannot connect to NATS; retrying");
-            } else if is_credentials_refused(&e) {
+            } else if kind == FAILURE_REFUSED {
                 tracing::warn!(error = %e, "NATS refused this client's credentials; retrying every second or so, said once until it connects (HTTP keeps serving): give the server's credentials with --nats-token-file, --nats-user and --nats-password-file, --nats-nkey-file or --nats-creds-file");
             } else {
                 tracing::warn!(error = %e, "NATS unreachable; retrying every second or so, said once until it connects (HTTP keeps serving)");

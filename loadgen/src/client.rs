@@ -86,8 +86,8 @@ struct Shared {
     start: Instant,
     deadline: Option<Instant>,
     slots: Option<Semaphore>,
-    /// Turns true when the caller stops the replay.
-    stop: watch::Receiver<bool>,
+    /// When the caller stopped the replay (`None` until it does).
+    stop: watch::Receiver<Option<Instant>>,
 }
 
 /// How one planned request ended.
@@ -160,11 +160,12 @@ pub async fn replay_until(
     let start = Instant::now();
     let n = workload.requests.len();
     let progress = progress_bar(n as u64, config.progress);
-    let (stop_tx, stop_rx) = watch::channel(false);
+    // When the caller stopped the replay, if it did: the channel itself carries it, so the
+    // outcome cannot miss a stop its requests saw.
+    let (stop_tx, stop_rx) = watch::channel(None::<Instant>);
     let stopper = tokio::spawn(async move {
         stop.await;
-        let _ = stop_tx.send(true);
-        Instant::now()
+        let _ = stop_tx.send(Some(Instant::now()));
     });
     let shared = Arc::new(Shared {
         http,
@@ -175,7 +176,7 @@ pub async fn replay_until(
         builder,
         workload,
         start,
-        stop: stop_rx,
+        stop: stop_rx.clone(),
     });
     let (done_tx, done_rx): (Vec<_>, Vec<_>) = (0..n).map(|_| watch::channel(false)).unzip();
     let mut tasks = Vec::with_capacity(n);
@@ -210,20 +211,17 @@ pub async fn replay_until(
         }
     }
     progress.finish_and_clear();
-    if stopper.is_finished() {
-        if let Ok(at) = stopper.await {
-            outcome.stopped_after = Some(at.saturating_duration_since(start));
-        }
-    } else {
-        stopper.abort();
-    }
+    stopper.abort();
+    outcome.stopped_after = stop_rx
+        .borrow()
+        .map(|at| at.saturating_duration_since(start));
     Ok(outcome)
 }
 
 /// Resolves once the caller has stopped the replay.
 async fn stopped(shared: &Shared) {
     let mut stop = shared.stop.clone();
-    if stop.wait_for(|stopped| *stopped).await.is_err() {
+    if stop.wait_for(Option::is_some).await.is_err() {
         // The stopper is gone without stopping: never.
         std::future::pending::<()>().await;
     }

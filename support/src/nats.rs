@@ -205,7 +205,15 @@ impl NatsServer {
     /// # Panics
     /// As [`NatsServer::start`].
     pub fn start_with_token(token: &str) -> NatsServer {
-        NatsServer::start_fixture(crate::free_port(), Some(token.to_string()))
+        NatsServer::start_on_with_token(crate::free_port(), token)
+    }
+
+    /// [`NatsServer::start_with_token`] on `port`.
+    ///
+    /// # Panics
+    /// As [`NatsServer::start`].
+    pub fn start_on_with_token(port: u16, token: &str) -> NatsServer {
+        NatsServer::start_fixture(port, Some(token.to_string()))
     }
 
     fn start_fixture(port: u16, token: Option<String>) -> NatsServer {

@@ -257,6 +257,9 @@ impl Declared {
                 self.cx.metrics.declared_event("health_down", 1);
                 tracing::warn!(worker = %self.worker.id, polls = self.cx.health.unhealthy_after, "declared worker unhealthy: out of the pools");
                 self.registered = None;
+                // A streak of an unreachable publisher is counted while healthy: the next
+                // healthy spell is a new one.
+                self.kv_unreachable_while_healthy = 0;
                 let _ = self.cx.service.withdraw(self.worker.id.clone()).await;
             }
             None if ok && self.registered.is_some() => self.refresh().await,

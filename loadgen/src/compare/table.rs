@@ -99,7 +99,32 @@ pub fn comparison_tables(runs: &[RunReport]) -> String {
         );
     }
     out.push_str(&objectives_note(runs));
+    out.push_str(&interrupted_note(runs));
     out
+}
+
+/// A warning naming the runs stopped before their end: they measured only the requests that
+/// finished early (the long ones were cut), so they do not compare with whole runs.
+fn interrupted_note(runs: &[RunReport]) -> String {
+    let stopped: Vec<String> = runs
+        .iter()
+        .filter_map(|r| {
+            let stop = r.meta.interrupted?;
+            Some(format!(
+                "{} (after {:.1} s, {} cut)",
+                r.meta.label, stop.after_s, stop.cut
+            ))
+        })
+        .collect();
+    if stopped.is_empty() {
+        return String::new();
+    }
+    format!(
+        "
+**Interrupted runs**: {}. Each measured only the requests that finished before it \
+         was stopped; it does not compare with whole runs.\n",
+        stopped.join(", ")
+    )
 }
 
 /// What the goodput columns count: one line when every run was scored against the same
@@ -268,5 +293,22 @@ mod tests {
             .collect();
         let report = build_report(meta, &one_open, 0, Slo::default());
         assert_eq!(fail_open_note(&report), None);
+    }
+
+    #[test]
+    fn interrupted_runs_are_named_under_the_tables() {
+        let mut stopped = RunReport::default();
+        stopped.meta.label = "agg@x1".into();
+        stopped.meta.interrupted = Some(crate::report::Interrupted {
+            after_s: 12.5,
+            cut: 3,
+        });
+        let whole = RunReport::default();
+        let tables = comparison_tables(&[stopped, whole.clone()]);
+        assert!(
+            tables.contains("**Interrupted runs**: agg@x1 (after 12.5 s, 3 cut)"),
+            "{tables}"
+        );
+        assert!(!comparison_tables(&[whole]).contains("Interrupted"));
     }
 }

@@ -303,17 +303,33 @@ async fn a_worker_started_before_nats_serves_http_and_joins_nats_later() {
 }
 
 /// A worker that a control plane or NATS would refuse says so itself, once: a worker whose
-/// heartbeats go nowhere otherwise looks alive (it serves HTTP).
+/// heartbeats go nowhere otherwise looks alive (it serves HTTP). The worker starts before
+/// its NATS server, as the docs allow: the refusal is said even after the outage was.
 #[test]
 fn a_worker_says_when_nats_refuses_it_and_when_its_heartbeats_are_unsigned() {
-    let server = NatsServer::start_with_token("a-token-of-sixteen-chars");
+    let nats_port = free_port();
     let (_guard, lines) = WorkerProcess::spawn_logged(&[
         "--nats-url",
-        &server.url,
+        &format!("nats://127.0.0.1:{nats_port}"),
         "--worker",
         &format!("decode:refused-0@127.0.0.1:{}", free_port()),
     ]);
     let mut seen = Vec::new();
+    // NATS unreachable first (said once), then up and refusing the worker's credentials.
+    for _ in 0..300 {
+        if let Ok(line) = lines.recv_timeout(Duration::from_millis(50)) {
+            let unreachable = line.contains("NATS unreachable");
+            seen.push(line);
+            if unreachable {
+                break;
+            }
+        }
+    }
+    assert!(
+        seen.iter().any(|l| l.contains("NATS unreachable")),
+        "{seen:#?}"
+    );
+    let _server = NatsServer::start_on_with_token(nats_port, "a-token-of-sixteen-chars");
     let told = |seen: &[String], want: &str| seen.iter().any(|l| l.contains(want));
     // At most 15 s.
     for _ in 0..300 {

@@ -128,5 +128,9 @@ pub async fn run_comparison(config: &CompareConfig) -> Result<StackComparison, C
         gpus_per_worker: preset.gpus_per_worker(),
     };
     write_comparison(config, &comparison)?;
+    crate::cleanup::say_on_signal(format!(
+        "interrupted: the comparison in {} was written",
+        config.out.display()
+    ));
     Ok(comparison)
 }
