@@ -161,9 +161,7 @@ impl StackBuilder {
         stack.launch(&self, &artifacts).await?;
         Ok(stack)
     }
-}
 
-impl StackBuilder {
     /// Settings a component would refuse, refused before anything starts: Envoy refuses a
     /// filter configuration the filter refuses and the control plane a policy it cannot use,
     /// but only once the stack is half up, with the reason in their logs.

@@ -178,7 +178,7 @@ fn main() -> std::process::ExitCode {
             switchyard_support::errln!("error: {e}");
             std::process::ExitCode::from(cli::EXIT_USAGE)
         }
-        Err(e) if e.is::<Interrupted130>() => {
+        Err(e) if e.is::<StoppedBySignal>() => {
             switchyard_support::errln!("{e}");
             std::process::ExitCode::from(130)
         }
@@ -217,7 +217,7 @@ fn stop_signal() -> anyhow::Result<impl std::future::Future<Output = ()> + Send 
 /// interrupted command.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
-struct Interrupted130(String);
+struct StoppedBySignal(String);
 
 /// Bad or missing flags (or a workload config they name) that clap cannot check alone: exit
 /// 64 like clap's own refusals, before anything is sent.
@@ -405,7 +405,7 @@ fn run(args: RunArgs) -> Result<()> {
     switchyard_support::outln!("{}", run_markdown(&report));
     switchyard_support::errln!("wrote {}", out.display());
     if let Some(stop) = report.meta.interrupted {
-        return Err(Interrupted130(format!(
+        return Err(StoppedBySignal(format!(
             "interrupted after {:.1} s: the report measures the {} requests that finished ({} cut, {} not sent)",
             stop.after_s, report.requests.sent, stop.cut, report.requests.not_sent
         ))
