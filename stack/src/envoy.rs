@@ -304,6 +304,26 @@ pub fn render_bootstrap_for_models(
     Ok(rendered)
 }
 
+/// Requests in flight through the gateway's listeners: the sum of every HTTP connection
+/// manager's `downstream_rq_active` gauge on Envoy's admin `/stats` text page (lines like
+/// `http.switchyard.downstream_rq_active: 3`), the admin interface's own left out (the
+/// request reading the page is one of them).
+pub fn requests_in_flight(stats_page: &str) -> u64 {
+    stats_page
+        .lines()
+        .filter_map(|line| {
+            let (name, value) = line.split_once(':')?;
+            let manager = name
+                .strip_prefix("http.")?
+                .strip_suffix(".downstream_rq_active")?;
+            if manager == "admin" {
+                return None;
+            }
+            value.trim().parse::<u64>().ok()
+        })
+        .sum()
+}
+
 /// The `host:port` of every healthy host of `cluster` on Envoy's admin `/clusters` text page
 /// (lines like `switchyard_decode::127.0.0.1:8001::health_flags::healthy`).
 pub fn healthy_hosts(clusters_page: &str, cluster: &str) -> Vec<String> {
@@ -323,6 +343,21 @@ pub fn healthy_hosts(clusters_page: &str, cluster: &str) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn requests_in_flight_sum_every_listener_but_the_admin_interface() {
+        let page = "http.admin.downstream_rq_active: 1\n\
+                    http.plain.downstream_rq_active: 2\n\
+                    http.switchyard.downstream_rq_active: 3\n\
+                    http.switchyard.downstream_rq_active_total: 9\n\
+                    cluster.switchyard_decode.upstream_rq_active: 7\n";
+        assert_eq!(requests_in_flight(page), 5);
+        assert_eq!(
+            requests_in_flight("http.admin.downstream_rq_active: 1\n"),
+            0
+        );
+        assert_eq!(requests_in_flight(""), 0);
+    }
 
     fn settings() -> EnvoySettings {
         EnvoySettings {

@@ -49,6 +49,14 @@ pub enum StackError {
         /// The run directory with every log.
         run_dir: PathBuf,
     },
+    /// Envoy's admin interface did not do what was asked.
+    #[error("envoy admin {call}: {detail}")]
+    EnvoyAdmin {
+        /// The admin call (e.g. "POST /drain_listeners").
+        call: &'static str,
+        /// What went wrong.
+        detail: String,
+    },
     /// A bad builder setting.
     #[error("invalid stack setting: {0}")]
     InvalidSetting(String),

@@ -10,7 +10,7 @@ use crate::envoy::{self, EnvoySettings, DECODE_CLUSTER, PREFILL_CLUSTER};
 use crate::error::StackError;
 use crate::paths::Artifacts;
 use crate::process::{Signal, Supervised};
-use crate::readiness::{http_ok, tcp_open, wait_until};
+use crate::readiness::{http_ok, tcp_open, wait_until, POLL_INTERVAL};
 use crate::stack::{http_client, Component, StackBuilder, WorkerSpec, MAX_CONTROL_PLANES};
 
 /// Largest body Envoy buffers per connection: long agentic prompts run to megabytes of JSON.
@@ -829,6 +829,71 @@ impl Stack {
     /// [`StackError::Exited`] for the first that has exited, with its log's end.
     pub fn check_running(&mut self) -> Result<(), StackError> {
         all_running(&mut self.processes)
+    }
+
+    /// Stops Envoy's listeners taking new connections (`POST /drain_listeners`; connections
+    /// already open keep being served) and says how many requests are in flight through
+    /// them: the first step of a stop that lets the workers finish the streams they serve
+    /// ([`Stack::wait_gateway_idle`] is the second, [`Stack::shutdown`] the last).
+    ///
+    /// # Errors
+    /// [`StackError::EnvoyAdmin`] if Envoy's admin interface does not answer (Envoy died,
+    /// say): there is nothing to drain through it then.
+    pub async fn close_gateway(&self) -> Result<u64, StackError> {
+        const CALL: &str = "POST /drain_listeners";
+        let url = format!("{}/drain_listeners", self.admin_url());
+        let answer = self
+            .client
+            .post(&url)
+            .send()
+            .await
+            .map_err(|e| StackError::EnvoyAdmin {
+                call: CALL,
+                detail: e.to_string(),
+            })?;
+        if !answer.status().is_success() {
+            return Err(StackError::EnvoyAdmin {
+                call: CALL,
+                detail: format!("answered {}", answer.status()),
+            });
+        }
+        self.gateway_requests_in_flight().await
+    }
+
+    /// Requests in flight through Envoy's listeners now.
+    ///
+    /// # Errors
+    /// [`StackError::EnvoyAdmin`] if Envoy's admin interface does not answer.
+    pub async fn gateway_requests_in_flight(&self) -> Result<u64, StackError> {
+        const CALL: &str = "GET /stats";
+        let url = format!("{}/stats?filter=downstream_rq_active", self.admin_url());
+        let admin_error = |e: reqwest::Error| StackError::EnvoyAdmin {
+            call: CALL,
+            detail: e.to_string(),
+        };
+        let page = self.client.get(&url).send().await.map_err(admin_error)?;
+        let page = page.text().await.map_err(admin_error)?;
+        Ok(envoy::requests_in_flight(&page))
+    }
+
+    /// Waits up to `within` until no request is in flight through Envoy's listeners, and
+    /// says how many still are then (0: all ended).
+    ///
+    /// # Errors
+    /// [`StackError::EnvoyAdmin`] if Envoy's admin interface stops answering.
+    pub async fn wait_gateway_idle(&self, within: Duration) -> Result<u64, StackError> {
+        let deadline = tokio::time::Instant::now() + within;
+        // The deadline bounds the wait; the count is a second, independent bound.
+        let max_polls = within.as_millis() / POLL_INTERVAL.as_millis() + 1;
+        let mut in_flight = self.gateway_requests_in_flight().await?;
+        for _ in 0..max_polls {
+            if in_flight == 0 || tokio::time::Instant::now() >= deadline {
+                break;
+            }
+            tokio::time::sleep(POLL_INTERVAL).await;
+            in_flight = self.gateway_requests_in_flight().await?;
+        }
+        Ok(in_flight)
     }
 
     /// Stops everything, Envoy first (no new requests), nats-server last.

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
-use switchyard_e2e::{chat_body, client, post_observed, BUILD_COMMAND};
+use switchyard_e2e::{chat_body, client, post_observed, sse_data, BUILD_COMMAND};
 use switchyard_protocol::route::ROUTE_HEADER;
 use switchyard_stack::paths::target_dir;
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -129,11 +129,18 @@ async fn start_launcher() -> Started {
 impl Started {
     /// Sends `signal` to the launcher alone (not its process group), and checks that it
     /// exits 0 within 20 s, saying `why`, with every process it started gone.
-    async fn stop_with(mut self, signal: &str, why: &str) {
+    async fn stop_with(self, signal: &str, why: &str) {
         let pid = self.launcher.0.id().expect("launcher pid");
         let _ = std::process::Command::new("kill")
             .args([signal, &pid.to_string()])
             .status();
+        self.stop_with_said(why, &format!("{why}: stopped everything"))
+            .await;
+    }
+
+    /// After a stop signal (`why`): checks that the launcher exits 0 within 20 s with every
+    /// process it started gone, having said `said` and `{why}: stopped everything`.
+    async fn stop_with_said(mut self, why: &str, said: &str) {
         let status = tokio::time::timeout(Duration::from_secs(20), self.launcher.0.wait())
             .await
             .expect("the launcher exits within 20 s of the signal")
@@ -152,8 +159,12 @@ impl Started {
             }
         };
         let _ = tokio::time::timeout(Duration::from_secs(5), read).await;
-        let said = format!("{why}: stopped everything");
-        assert!(rest.iter().any(|l| l.contains(&said)), "{rest:?}");
+        for line in [said.to_string(), format!("{why}: stopped everything")] {
+            assert!(
+                rest.iter().any(|l| l.contains(&line)),
+                "{line:?} in {rest:?}"
+            );
+        }
         let _ = std::fs::remove_dir_all(&self.run_dir);
     }
 }
@@ -229,11 +240,77 @@ async fn switchyard_local_serves_and_stops_everything_on_sigterm() {
     started.stop_with("-TERM", "SIGTERM").await;
 }
 
-/// A closed terminal (SIGHUP) stops everything too. nats-server takes SIGHUP for "reload":
-/// before the launcher watched it, nats-server outlived it, holding its port.
+/// A closed terminal (SIGHUP) stops everything too (nats-server takes SIGHUP for "reload":
+/// before the launcher watched it, nats-server outlived it, holding its port), and a stop
+/// lets the stream in flight finish: the gateway takes no new connection meanwhile. Before
+/// the drain, Envoy was stopped first and cut every stream.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn switchyard_local_stops_everything_when_its_terminal_closes() {
-    start_launcher().await.stop_with("-HUP", "SIGHUP").await;
+async fn switchyard_local_finishes_the_streams_in_flight_when_its_terminal_closes() {
+    const TOKENS: u32 = 300;
+    let started = start_launcher().await;
+    let url = format!("{}/v1/chat/completions", started.gateway);
+    let mut stream = client()
+        .post(&url)
+        .json(&chat_body("Hello!", TOKENS, true))
+        .timeout(Duration::from_secs(60))
+        .send()
+        .await
+        .expect("stream through the launched stack");
+    assert_eq!(stream.status(), 200);
+    let mut body = String::from_utf8_lossy(
+        &stream
+            .chunk()
+            .await
+            .expect("first chunk")
+            .expect("the stream has a first chunk"),
+    )
+    .to_string();
+
+    let pid = started.launcher.0.id().expect("launcher pid");
+    let _ = std::process::Command::new("kill")
+        .args(["-HUP", &pid.to_string()])
+        .status();
+    // The stream runs on to its end: the workers finish it before anything stops.
+    let rest = tokio::spawn(async move {
+        while let Some(chunk) = stream.chunk().await.expect("the stream is not cut") {
+            body.push_str(&String::from_utf8_lossy(&chunk));
+        }
+        body
+    });
+    // Meanwhile the gateway takes no new connection.
+    let models = format!("{}/v1/models", started.gateway);
+    let mut refused = None;
+    for _ in 0..50 {
+        // Refused, or reset if it raced the listener's close: either way not served.
+        if let Err(e) = client().get(&models).send().await {
+            refused = Some(e);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        refused.is_some(),
+        "a new connection was still served 5 s after SIGHUP"
+    );
+    assert!(
+        !rest.is_finished(),
+        "the stream ended before the gateway closed: lengthen it"
+    );
+    let body = tokio::time::timeout(Duration::from_secs(30), rest)
+        .await
+        .expect("the stream ends within 30 s")
+        .expect("the stream's reader");
+    let data = sse_data(&body);
+    assert_eq!(data.last().map(String::as_str), Some("[DONE]"), "{body}");
+    // One content chunk per token, then a final chunk with the usage, then [DONE].
+    let tokens = data.iter().filter(|d| d.contains("\"content\"")).count();
+    assert!(
+        tokens >= TOKENS as usize - 1,
+        "{tokens} tokens of {TOKENS}: {body}"
+    );
+    started
+        .stop_with_said("SIGHUP", "every request in flight ended")
+        .await;
 }
 
 /// Settings that cannot make a stack exit 64, as every Switchyard binary's bad flags do,

@@ -2,7 +2,9 @@
 //!
 //! Starts nats-server, the control plane, simulated workers (simulated: no GPU, a
 //! performance model) and Envoy with the filter, prints where to send requests, and stays
-//! the parent of every process until Ctrl-C or SIGTERM, then stops them all.
+//! the parent of every process until Ctrl-C, SIGTERM or SIGHUP. Then the gateway takes no
+//! new connections, the requests in flight through it may finish (bounded; a second signal
+//! stops at once), and every process is stopped.
 
 use std::path::PathBuf;
 
@@ -59,6 +61,11 @@ struct Args {
     /// The filter's route call timeout in milliseconds.
     #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u64).range(1..=MAX_ROUTE_TIMEOUT_MS))]
     route_timeout_ms: u64,
+    /// On Ctrl-C, SIGTERM or SIGHUP, how long the requests in flight through the gateway
+    /// may run on before everything stops (the gateway takes no new connections meanwhile;
+    /// a second signal stops at once). 0 stops at once.
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(0..=3600))]
+    shutdown_grace_secs: u64,
     /// Directory for logs and generated config (default: a new one under the temp dir).
     #[arg(long)]
     run_dir: Option<PathBuf>,
@@ -185,16 +192,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
     }
 
     // Signals are watched from the start, so a Ctrl-C during start-up also stops what began.
-    // SIGHUP too (the terminal closed): nats-server takes it for "reload" and would outlive
-    // the launcher.
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
-    let mut sighup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
+    let mut signals = Signals::install()?;
     let stack = tokio::select! {
         started = builder.start() => started.context("starting the stack")?,
-        _ = tokio::signal::ctrl_c() => return Err(StoppedDuringStartUp("Ctrl-C").into()),
-        _ = sigterm.recv() => return Err(StoppedDuringStartUp("SIGTERM").into()),
-        _ = sighup.recv() => return Err(StoppedDuringStartUp("SIGHUP").into()),
+        signal = signals.next() => return Err(StoppedDuringStartUp(signal).into()),
     };
 
     switchyard_support::outln!(
@@ -233,16 +234,17 @@ async fn run(args: Args) -> anyhow::Result<()> {
         "  curl -sN -i {}/v1/chat/completions -H 'content-type: application/json' \\\n    -d '{{\"model\":\"qwen3\",\"messages\":[{{\"role\":\"user\",\"content\":\"Hello!\"}}],\"max_tokens\":16,\"stream\":true}}'",
         stack.gateway_url()
     );
-    switchyard_support::outln!("Ctrl-C stops everything.");
+    switchyard_support::outln!(
+        "Ctrl-C stops everything (the requests in flight may finish first, up to {} s).",
+        args.shutdown_grace_secs
+    );
 
     let mut stack = stack;
     let mut health = tokio::time::interval(std::time::Duration::from_secs(1));
     let started = tokio::time::Instant::now();
     let why = loop {
         tokio::select! {
-            _ = tokio::signal::ctrl_c() => break "Ctrl-C",
-            _ = sigterm.recv() => break "SIGTERM",
-            _ = sighup.recv() => break "SIGHUP",
+            signal = signals.next() => break signal,
             _ = health.tick() => {
                 // A child that dies is named, with why and its log's end; the others keep
                 // serving (the gateway fails open around a dead control plane, say).
@@ -255,9 +257,82 @@ async fn run(args: Args) -> anyhow::Result<()> {
             }
         }
     };
+    let grace = std::time::Duration::from_secs(args.shutdown_grace_secs);
+    if !grace.is_zero() {
+        drain_gateway(&stack, why, grace, &mut signals).await;
+    }
     stack.shutdown();
     switchyard_support::outln!("{why}: stopped everything");
     Ok(())
+}
+
+/// The signals that stop the launcher. SIGHUP too (the terminal closed): nats-server takes
+/// it for "reload" and would outlive the launcher.
+struct Signals {
+    terminate: tokio::signal::unix::Signal,
+    hang_up: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn install() -> anyhow::Result<Signals> {
+        use tokio::signal::unix::{signal, SignalKind};
+        Ok(Signals {
+            terminate: signal(SignalKind::terminate()).context("installing the SIGTERM handler")?,
+            hang_up: signal(SignalKind::hangup()).context("installing the SIGHUP handler")?,
+        })
+    }
+
+    /// The next stop signal's name.
+    async fn next(&mut self) -> &'static str {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => "Ctrl-C",
+            _ = self.terminate.recv() => "SIGTERM",
+            _ = self.hang_up.recv() => "SIGHUP",
+        }
+    }
+}
+
+/// Lets the workers finish the requests in flight through the gateway before the stop:
+/// Envoy's listeners take no new connections, and the launcher waits up to `grace` for
+/// those requests to end. A second signal ends the wait. Stopping Envoy first without this
+/// would cut every stream the workers could have finished.
+async fn drain_gateway(
+    stack: &switchyard_stack::Stack,
+    why: &str,
+    grace: std::time::Duration,
+    signals: &mut Signals,
+) {
+    let in_flight = match stack.close_gateway().await {
+        Ok(in_flight) => in_flight,
+        Err(e) => {
+            switchyard_support::errln!(
+                "switchyard-local: cannot drain the gateway, stopping at once: {}",
+                switchyard_support::cli::error_line(&e)
+            );
+            return;
+        }
+    };
+    if in_flight == 0 {
+        return;
+    }
+    switchyard_support::outln!(
+        "{why}: the gateway takes no new connections; waiting up to {} s for {in_flight} request(s) in flight (Ctrl-C again stops at once)",
+        grace.as_secs()
+    );
+    tokio::select! {
+        left = stack.wait_gateway_idle(grace) => match left {
+            Ok(0) => switchyard_support::outln!("every request in flight ended"),
+            Ok(left) => switchyard_support::outln!(
+                "{left} request(s) still in flight after {} s: cut",
+                grace.as_secs()
+            ),
+            Err(e) => switchyard_support::errln!(
+                "switchyard-local: stopped waiting for the requests in flight: {}",
+                switchyard_support::cli::error_line(&e)
+            ),
+        },
+        signal = signals.next() => switchyard_support::outln!("{signal}: stopping at once"),
+    }
 }
 
 #[cfg(test)]
