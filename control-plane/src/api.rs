@@ -12,8 +12,8 @@
 //! | admin | GET | `/` | the status page (HTML; it asks for `/v1/status` with the token) |
 //! | admin | GET | `/whatif/<file>` | the page's what-if module, JS and wasm ([`whatif`]) |
 //! | both | GET | `/metrics` | Prometheus / OpenMetrics text |
-//! | both | GET | `/healthz` | liveness (200 while HTTP serves, NATS state included) |
-//! | both | GET | `/readyz` | readiness for route calls (503 naming what is awaited; see [`crate::readiness`]) |
+//! | both | GET, HEAD | `/healthz` | liveness (200 while HTTP serves, NATS state included) |
+//! | both | GET, HEAD | `/readyz` | readiness for route calls (503 naming what is awaited; see [`crate::readiness`]) |
 //!
 //! The route API is unauthenticated: Envoy's filter calls it on every request. The admin
 //! endpoints that change or dump state need the admin bearer token ([`auth`]).
@@ -247,12 +247,14 @@ fn observability(
         .and(warp::get())
         .and(with_state(state.clone()))
         .then(admin::metrics);
+    // HEAD too: some probes and load balancers check with it (hyper sends no body).
+    let get_or_head = || warp::get().or(warp::head()).unify();
     let health = warp::path!("healthz")
-        .and(warp::get())
+        .and(get_or_head())
         .and(with_state(state.clone()))
         .then(admin::health);
     let ready = warp::path!("readyz")
-        .and(warp::get())
+        .and(get_or_head())
         .and(with_state(state))
         .then(admin::ready);
     metrics.or(health).unify().or(ready).unify()
@@ -306,14 +308,49 @@ pub fn declared_length(headers: &warp::http::HeaderMap) -> usize {
         .unwrap_or(0)
 }
 
+/// How long a request's body may take to arrive once its headers have. Envoy sends a route
+/// call's buffered body at once (megabytes in milliseconds over loopback); a peer that stops
+/// midway would otherwise hold its connection, task and buffer for ever.
+pub const BODY_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Reads a request body, refusing more than `limit` bytes (413) whatever the declared
-/// length, so a chunked upload cannot grow without bound. `declared` (see
-/// [`declared_length`]), when within the limit, sizes the buffer up front: agentic bodies are
-/// 0.4–1 MB, and growing a buffer by doubling copies the body about twice more.
+/// length, so a chunked upload cannot grow without bound, and a body that has not arrived
+/// within [`BODY_READ_TIMEOUT`] (408). `declared` (see [`declared_length`]), when within the
+/// limit, sizes the buffer up front: agentic bodies are 0.4–1 MB, and growing a buffer by
+/// doubling copies the body about twice more.
 ///
 /// # Errors
-/// `Err(reply)` with 413 `body_too_large` or 400 `body_read`.
+/// `Err(reply)` with 413 `body_too_large`, 408 `body_read_timeout` or 400 `body_read`.
 pub async fn read_body<S, B>(
+    body: S,
+    limit: usize,
+    declared: usize,
+) -> Result<Vec<u8>, (&'static str, Response)>
+where
+    S: futures::Stream<Item = Result<B, warp::Error>> + Send,
+    B: warp::Buf,
+{
+    match tokio::time::timeout(BODY_READ_TIMEOUT, read_body_within(body, limit, declared)).await {
+        Ok(read) => read,
+        Err(_) => {
+            let code = "body_read_timeout";
+            Err((
+                code,
+                error_reply(
+                    StatusCode::REQUEST_TIMEOUT,
+                    code,
+                    format!(
+                        "the request body did not arrive within {} s",
+                        BODY_READ_TIMEOUT.as_secs()
+                    ),
+                ),
+            ))
+        }
+    }
+}
+
+/// [`read_body`] without its time bound.
+async fn read_body_within<S, B>(
     body: S,
     limit: usize,
     declared: usize,
@@ -355,4 +392,27 @@ where
         }
     }
     Ok(buf)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A body that stops arriving midway is refused once its time is up (a peer that
+    /// stalls would otherwise hold the connection and its buffer for ever).
+    #[tokio::test(start_paused = true)]
+    async fn a_body_that_stops_arriving_is_refused_when_its_time_is_up() {
+        let first = futures::stream::iter([Ok::<_, warp::Error>(bytes::Bytes::from_static(
+            b"{\"model\":",
+        ))]);
+        let stalled = futures::StreamExt::chain(first, futures::stream::pending());
+        let started = tokio::time::Instant::now();
+        let (code, reply) = read_body(stalled, 1 << 20, 100).await.unwrap_err();
+        assert_eq!(code, "body_read_timeout");
+        assert_eq!(reply.status(), StatusCode::REQUEST_TIMEOUT);
+        assert_eq!(started.elapsed(), BODY_READ_TIMEOUT);
+        // A whole body is read as before.
+        let whole = futures::stream::iter([Ok::<_, warp::Error>(bytes::Bytes::from_static(b"{}"))]);
+        assert_eq!(read_body(whole, 1 << 20, 2).await.unwrap(), b"{}");
+    }
 }

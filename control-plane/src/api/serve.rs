@@ -11,13 +11,18 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::time::Duration;
 
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use warp::reply::Response;
 use warp::Filter;
+
+/// How long a connection may take to send a request's headers. Envoy sends them at once; a
+/// peer that trickles them (or opens a connection and sends nothing) would otherwise hold a
+/// connection and its task for ever. The body has its own bound ([`super::BODY_READ_TIMEOUT`]).
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Pause after an accept error that is not about one connection (EMFILE and the like), so a
 /// full descriptor table is not spun on.
@@ -50,7 +55,11 @@ where
         let service = TowerToHyperService::new(warp::service(routes.clone()));
         let watcher = graceful.watcher();
         tokio::spawn(async move {
-            let builder = Builder::new(TokioExecutor::new());
+            let mut builder = Builder::new(TokioExecutor::new());
+            builder
+                .http1()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEADER_READ_TIMEOUT);
             let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
             if let Err(e) = watcher.watch(connection).await {
                 tracing::debug!(error = %e, "connection ended with an error (peer gone or malformed request)");

@@ -516,6 +516,11 @@ async fn the_admin_api_needs_its_token_and_has_its_own_listener() {
             let resp = http.get(format!("{base}{path}")).send().await.unwrap();
             assert_eq!(resp.status(), 200, "{base}{path}");
         }
+        // Probes that check with HEAD get the same answer, without a body.
+        let resp = http.head(format!("{base}/healthz")).send().await.unwrap();
+        assert_eq!(resp.status(), 200, "HEAD {base}/healthz");
+        let resp = http.head(format!("{base}/readyz")).send().await.unwrap();
+        assert_ne!(resp.status(), 405, "HEAD {base}/readyz");
     }
     // The route API itself needs no token (400: the body is not a request).
     let resp = route(&svc.base, "chat", None, "{}").await;
