@@ -24,7 +24,6 @@
 pub mod admin;
 pub mod auth;
 pub mod route;
-pub mod serve;
 pub mod tokenize_lanes;
 pub mod tokenizer_bundle;
 pub mod whatif;

@@ -274,12 +274,13 @@ pub async fn start_worker(
 
     let mut tasks = vec![engine_task];
     let (stop_accepting, accepting_stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = warp::serve(http::routes(ctx.clone()))
-        .incoming(listener)
-        .graceful(async {
-            let _ = accepting_stopped.await;
-        });
-    let server = Some(tokio::spawn(server.run()));
+    // The shared accept loop: TCP_NODELAY, so each streamed token leaves as it is made
+    // instead of waiting on the client's delayed ACK.
+    let routes = warp::Filter::map(http::routes(ctx.clone()), warp::Reply::into_response);
+    let server = switchyard_support::http_server::serve(listener, routes, async {
+        let _ = accepting_stopped.await;
+    });
+    let server = Some(tokio::spawn(server));
     let mut heartbeats = None;
     let mut vllm_endpoints = None;
     match (wire, deps.nats) {

@@ -4,7 +4,8 @@
 //!
 //! Every process listens on 127.0.0.1 only and is stopped by its PID when its handle is
 //! dropped, also when a test panics. The crate uses the standard library only (plus
-//! `thiserror`, and `clap` for [`cli`]), so depending on it costs little.
+//! `thiserror`, and `clap` for [`cli`]), so depending on it costs little; the HTTP accept
+//! loop and its dependencies (warp, hyper, tokio) come only with the `http-server` feature.
 //!
 //! # Layout
 //! - [`process`]: one child with its output in a log file (or discarded), signals, a bounded
@@ -13,9 +14,14 @@
 //!   the test fixture.
 //! - [`scratch`]: free ports and scratch directories removed on drop.
 //! - [`cli`]: flag parsing for the binaries, exiting 64 on bad flags.
+//! - `http_server` (feature `http-server`): the accept loop the control plane and the
+//!   simulated workers serve HTTP with (`TCP_NODELAY`, a header read timeout, quiet about
+//!   peers' connection errors).
 #![deny(missing_docs)]
 
 pub mod cli;
+#[cfg(feature = "http-server")]
+pub mod http_server;
 pub mod nats;
 pub mod process;
 pub mod scratch;

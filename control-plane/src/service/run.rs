@@ -306,12 +306,16 @@ pub async fn run_with_tokenizer(
     let stopped = |mut stop_rx: watch::Receiver<bool>| async move {
         let _ = stop_rx.wait_for(|stop| *stop).await;
     };
-    let route_server = api::serve::serve(
+    let route_server = switchyard_support::http_server::serve(
         listeners.route,
         api::route_api(state.clone()),
         stopped(stop_rx.clone()),
     );
-    let admin_server = api::serve::serve(listeners.admin, api::admin_api(state), stopped(stop_rx));
+    let admin_server = switchyard_support::http_server::serve(
+        listeners.admin,
+        api::admin_api(state),
+        stopped(stop_rx),
+    );
     // Both listeners serve until shutdown, then drain together.
     let mut server = Box::pin(async move {
         tokio::join!(route_server, admin_server);

@@ -15,8 +15,9 @@ use std::convert::Infallible;
 use std::net::SocketAddr;
 
 use anyhow::Context as _;
-use switchyard_control_plane::api::{declared_length, read_body, serve::serve};
+use switchyard_control_plane::api::{declared_length, read_body};
 use switchyard_protocol::lifecycle::LIFECYCLE_PATH;
+use switchyard_support::http_server::serve;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;

@@ -1,11 +1,18 @@
-//! The HTTP accept loop: hyper serves the warp routes on each connection until shutdown.
+//! The HTTP accept loop of the control plane and the simulated workers: hyper serves warp
+//! routes on each connection until shutdown (feature `http-server`).
 //!
-//! Why not `warp::serve`: it logs every failed connection at ERROR, and here the commonest
-//! failure is expected — the filter abandoning a route call at its timeout closes the
-//! connection mid-request (`IncompleteMessage`), once per late verdict. Connection errors
-//! are the peer's doing (gone, reset, malformed HTTP), so this loop logs them at debug and
-//! keeps ERROR for what an operator must act on: the listener failing (out of file
-//! descriptors, say).
+//! Why not `warp::serve`:
+//! - It leaves Nagle's algorithm on. A streamed answer (a worker's SSE tokens, or a small
+//!   reply after headers written apart) then waits on the peer's delayed ACK: up to 40 ms
+//!   with every token held back and sent at once, which a simulated worker's timings must not
+//!   show and a route call cannot afford. Every accepted socket here has `TCP_NODELAY`.
+//! - It logs every failed connection at ERROR, and the commonest failure is expected: the
+//!   filter abandoning a route call at its timeout closes the connection mid-request
+//!   (`IncompleteMessage`), once per late verdict. Connection errors are the peer's doing
+//!   (gone, reset, malformed HTTP), so this loop logs them at debug and keeps ERROR for what
+//!   an operator must act on: the listener failing (out of file descriptors, say).
+//! - Its headers have no read timeout: a peer that opens a connection and trickles (or never
+//!   sends) its headers holds the connection for ever.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -21,7 +28,7 @@ use warp::Filter;
 
 /// How long a connection may take to send a request's headers. Envoy sends them at once; a
 /// peer that trickles them (or opens a connection and sends nothing) would otherwise hold a
-/// connection and its task for ever. The body has its own bound ([`super::BODY_READ_TIMEOUT`]).
+/// connection and its task for ever. Bodies are the handlers' to bound.
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Pause after an accept error that is not about one connection (EMFILE and the like), so a
@@ -39,7 +46,13 @@ where
     loop {
         let stream = tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok((stream, _peer)) => stream,
+                Ok((stream, _peer)) => {
+                    // A socket that refuses it still serves, only slower: not worth a refusal.
+                    if let Err(e) = stream.set_nodelay(true) {
+                        tracing::debug!(error = %e, "cannot set TCP_NODELAY on a connection");
+                    }
+                    stream
+                }
                 Err(e) if is_per_connection(&e) => {
                     tracing::debug!(error = %e, "a connection failed while being accepted");
                     continue;
