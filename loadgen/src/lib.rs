@@ -144,8 +144,11 @@ impl Workload {
     }
 
     /// Measures arrivals from the earliest one: a trace whose timestamps are, say, Unix
-    /// milliseconds would otherwise wait decades before its first request. Only requests that
-    /// wait on none have an arrival time of their own; the rest follow their dependencies.
+    /// milliseconds would otherwise wait decades before its first request. Every planned
+    /// arrival moves, also those of requests that follow their dependencies: theirs were
+    /// planned from the dependencies' own, and a send waits for the planned arrival too (the
+    /// HTTP client and the virtual-time tracker both), so one left unmoved held every later
+    /// turn of a session back by the trace's first timestamp.
     pub fn start_at_zero(&mut self) {
         let origin = self
             .requests
@@ -154,8 +157,8 @@ impl Workload {
             .map(|r| r.arrival_ms)
             .min()
             .unwrap_or(0);
-        for r in self.requests.iter_mut().filter(|r| r.after.is_empty()) {
-            r.arrival_ms -= origin;
+        for r in &mut self.requests {
+            r.arrival_ms = r.arrival_ms.saturating_sub(origin);
         }
     }
 

@@ -139,6 +139,36 @@ mod tests {
         assert!(matches!(e, TraceError::Span(_)), "{e}");
     }
 
+    /// A session trace plans the same arrivals whatever its first timestamp: Unix
+    /// milliseconds or an offset shift the whole trace, later turns included. Before, the
+    /// turns after a session's first kept arrivals planned from the unshifted timestamps,
+    /// and every send waited for them (a 10 s offset held each later turn 10 s back).
+    #[test]
+    fn a_session_traces_first_timestamp_moves_every_turn() {
+        let trace = |origin: u64| {
+            let row = |session: &str, time: &str| {
+                format!(
+                    r#"{{"session_id": "{session}", {time}, "input_length": 600, "output_length": 20, "hash_ids": [0, 1]}}"#
+                )
+            };
+            [
+                row("a", &format!(r#""timestamp": {origin}"#)),
+                row("a", r#""delay": 1000"#),
+                row("b", &format!(r#""timestamp": {}"#, origin + 2000)),
+                row("b", r#""delay": 500"#),
+            ]
+            .join("\n")
+        };
+        let from_zero = load_trace_text(&trace(0), None, 512, 0).unwrap().workload;
+        let arrivals: Vec<u64> = from_zero.requests.iter().map(|r| r.arrival_ms).collect();
+        assert_eq!(arrivals, [0, 1000, 2000, 2500]);
+        for origin in [10_000, 1_765_000_000_000] {
+            let loaded = load_trace_text(&trace(origin), None, 512, 0).unwrap().workload;
+            assert_eq!(loaded.requests, from_zero.requests, "first timestamp {origin}");
+            assert_eq!(loaded.span_warning(), None, "first timestamp {origin}");
+        }
+    }
+
     #[test]
     fn a_byte_order_mark_is_not_part_of_the_first_row() {
         let rows = concat!(
