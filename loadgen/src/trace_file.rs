@@ -163,8 +163,13 @@ mod tests {
         let arrivals: Vec<u64> = from_zero.requests.iter().map(|r| r.arrival_ms).collect();
         assert_eq!(arrivals, [0, 1000, 2000, 2500]);
         for origin in [10_000, 1_765_000_000_000] {
-            let loaded = load_trace_text(&trace(origin), None, 512, 0).unwrap().workload;
-            assert_eq!(loaded.requests, from_zero.requests, "first timestamp {origin}");
+            let loaded = load_trace_text(&trace(origin), None, 512, 0)
+                .unwrap()
+                .workload;
+            assert_eq!(
+                loaded.requests, from_zero.requests,
+                "first timestamp {origin}"
+            );
             assert_eq!(loaded.span_warning(), None, "first timestamp {origin}");
         }
     }

@@ -13,8 +13,9 @@
 //! - **Joining.** The parent's next turn waits for every sub-agent spawned from its current
 //!   turn to finish: for the last row of each, as far as the file has gone, instead of the
 //!   parent's own previous turn (which they already waited for), then `delay` ms. A sub-agent
-//!   has returned from then on: a later row of it is an error, and so is a session spawned
-//!   from it.
+//!   whose last turn spawned sub-agents it never joined finishes when they do (and so on
+//!   down). A sub-agent, and every one under it, has returned from then on: a later row of it
+//!   is an error, and so is a session spawned from it.
 //!
 //! An unusable row is reported with its line number and why, and changes no session: the
 //! rows after it are linked as if it were not there.
@@ -114,12 +115,12 @@ impl Linker {
                 }
             }
         }
-        let joined = self
+        let spawned = self
             .sessions
             .get_mut(&row.session_id)
             .map(|s| std::mem::take(&mut s.spawned))
             .unwrap_or_default();
-        for child in joined {
+        for child in self.outstanding(&spawned).1 {
             if let Some(c) = self.sessions.get_mut(&child) {
                 c.returned_at = Some(line);
             }
@@ -269,11 +270,7 @@ impl Linker {
         let after = if state.spawned.is_empty() {
             vec![state.current]
         } else {
-            state
-                .spawned
-                .iter()
-                .filter_map(|child| self.sessions.get(child).map(|c| c.current))
-                .collect()
+            self.outstanding(&state.spawned).0
         };
         let link = Link {
             after,
@@ -281,6 +278,30 @@ impl Linker {
             arrival_ms: 0,
         };
         Ok((link, state.clone()))
+    }
+}
+
+impl Linker {
+    /// What a join of `spawned` waits for: each sub-agent's latest turn, or, where that turn
+    /// spawned sub-agents of its own that it never joined, theirs, and so on down (a
+    /// sub-agent has finished when everything it started has). Also every session that
+    /// returns with it. A loop, not recursion: a file may nest sub-agents deeply.
+    fn outstanding(&self, spawned: &[SessionId]) -> (Vec<usize>, Vec<SessionId>) {
+        let mut turns = Vec::new();
+        let mut returning = Vec::new();
+        let mut pending: Vec<&SessionId> = spawned.iter().rev().collect();
+        while let Some(child) = pending.pop() {
+            let Some(state) = self.sessions.get(child) else {
+                continue;
+            };
+            returning.push(child.clone());
+            if state.spawned.is_empty() {
+                turns.push(state.current);
+            } else {
+                pending.extend(state.spawned.iter().rev());
+            }
+        }
+        (turns, returning)
     }
 }
 

@@ -156,6 +156,40 @@ fn bad_rows_are_reported_by_line_and_do_not_change_the_sessions() {
     );
 }
 
+/// A sub-agent that spawned its own sub-agent and never joined it finishes when that one
+/// does: the root's next turn waits for the grandchild, which has returned with it. Before,
+/// the join waited for the child's turn alone, so the root resumed while the grandchild still
+/// ran, and the grandchild could take turns and spawn after its root had resumed.
+#[test]
+fn a_join_waits_for_sub_agents_of_sub_agents() {
+    let row = |rest: &str| {
+        format!(r#"{{{rest}, "input_length": 600, "output_length": 20, "hash_ids": [0, 1]}}"#)
+    };
+    let rows = [
+        /* 1 */ row(r#""session_id": "P", "timestamp": 0"#),
+        /* 2 */ row(r#""session_id": "S", "parent_session_id": "P", "delay": 1"#),
+        /* 3 */ row(r#""session_id": "T", "parent_session_id": "S", "delay": 1"#),
+        /* 4 */ row(r#""session_id": "T", "delay": 1"#),
+        /* 5 */ row(r#""session_id": "P", "delay": 1"#),
+        /* 6 */ row(r#""session_id": "T", "delay": 1"#),
+        /* 7 */ row(r#""session_id": "U", "parent_session_id": "T", "delay": 1"#),
+        /* 8 */ row(r#""session_id": "S", "delay": 1"#),
+    ];
+    let parsed = parse_sessions(&rows.join("\n"), 512);
+    assert_eq!(parsed.lines, vec![1, 2, 3, 4, 5]);
+    let bad: Vec<usize> = parsed.malformed.iter().map(|m| m.line).collect();
+    assert_eq!(bad, vec![6, 7, 8], "{:?}", parsed.malformed);
+    assert!(
+        parsed.malformed[0]
+            .reason
+            .contains("after its parent resumed at line 5"),
+        "{:?}",
+        parsed.malformed[0]
+    );
+    // P's second turn (file row 5, turn 4) waits for T's latest turn (turn 3), not S's.
+    assert_eq!(parsed.turns[4].after, vec![3]);
+}
+
 #[test]
 fn a_forced_form_overrides_detection() {
     let text = std::fs::read_to_string(SMALL).unwrap();
