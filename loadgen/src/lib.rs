@@ -136,6 +136,28 @@ impl Workload {
         Ok(())
     }
 
+    /// `Err` with why when the planned arrivals, scaled by `scale` (an arrival scale at a
+    /// load level), would span more than [`trace::MAX_ROW_MS`]: a huge scale or a tiny load
+    /// level stretches the run past what virtual time resolves, and a replay of it would not
+    /// end.
+    ///
+    /// # Errors
+    /// The message, naming the scaled span.
+    pub fn check_scaled_span(&self, scale: ArrivalScale) -> Result<(), String> {
+        let span = scale.scale_ms(self.arrival_span_ms().unwrap_or(0) as f64);
+        // Written so that NaN is refused too.
+        if !(span <= trace::MAX_ROW_MS as f64) {
+            return Err(format!(
+                "{}: the planned arrivals would span {span:.3e} ms at arrival scale {:.3e}, \
+                 more than {} ms",
+                self.name,
+                scale.scale_ms(1.0),
+                trace::MAX_ROW_MS
+            ));
+        }
+        Ok(())
+    }
+
     /// From the first planned arrival to the last (ms); `None` without requests.
     fn arrival_span_ms(&self) -> Option<u64> {
         let last = self.requests.iter().map(|r| r.arrival_ms).max()?;

@@ -205,6 +205,11 @@ fn plan(cli: &Cli) -> Result<Plan> {
     };
     // Checked here so that bad modes, levels or splits exit 64 before anything runs.
     comparison.runs()?;
+    for &level in &comparison.load_levels {
+        workload
+            .check_scaled_span(comparison.arrival_scale.at_level(level))
+            .map_err(|e| anyhow::anyhow!("--arrival-scale / --load-levels: {e}"))?;
+    }
     let mut router_json = match &cli.conditional_disagg_config {
         Some(text) => {
             serde_json::from_str(text).context("--conditional-disagg-config is not valid JSON")?
@@ -225,6 +230,9 @@ fn plan(cli: &Cli) -> Result<Plan> {
     }
     let router = RouterConfig::from_json(&router_json).context("--conditional-disagg-config")?;
     if cli.sweep {
+        // The sweep runs conditional serving: it needs a prefill and a decode worker.
+        worker_split(ServingMode::Conditional, cli.workers, comparison.prefill)
+            .map_err(|e| anyhow::anyhow!("--sweep runs conditional serving: {e}"))?;
         if !(0.0..1.0).contains(&cli.goodput_tolerance) {
             bail!(
                 "--goodput-tolerance must be in [0, 1), got {}",

@@ -13,7 +13,7 @@ fn replay(args: &[&str]) -> Output {
 
 #[test]
 fn bad_input_exits_64_with_a_clear_message() {
-    let cases: [(&[&str], &str); 13] = [
+    let cases: [(&[&str], &str); 16] = [
         // A bad ratio is named, with its flag and value.
         (
             &["--agentic", "--sweep", "--sweep-ratios", "2"],
@@ -56,6 +56,22 @@ fn bad_input_exits_64_with_a_clear_message() {
         (&["--no-such-flag"], "unexpected argument"),
         // Each simulated worker holds its KV block table: 100,000 of them ran out of memory.
         (&["--agentic", "--workers", "100000"], "not in 1..=512"),
+        // A scale that stretches the run past what virtual time resolves: the run never
+        // ended, printing nothing.
+        (
+            &["--agentic", "--arrival-scale", "1e30"],
+            "--arrival-scale / --load-levels",
+        ),
+        (
+            &["--agentic", "--load-levels", "1e-300"],
+            "--arrival-scale / --load-levels",
+        ),
+        // A sweep runs conditional serving: refused up front on one worker (it ran agg
+        // first, then failed, exit 1, leaving half a report).
+        (
+            &["--agentic", "--workers", "1", "--modes", "agg", "--sweep"],
+            "--sweep runs conditional serving",
+        ),
         // Named as the flag, in the user's unit (it said "ms per prompt token ... -0.001").
         (
             &["--agentic", "--gateway-body-us-per-token=-1"],
@@ -149,7 +165,7 @@ const SESSIONS: &str = concat!(
 #[test]
 fn the_planner_refuses_bad_input_and_plans_a_session_trace() {
     let slo = ["--slo-ttft-ms", "2000", "--slo-itl-ms", "25"];
-    let cases: [(Vec<&str>, &str); 6] = [
+    let cases: [(Vec<&str>, &str); 7] = [
         (
             vec!["--slo-ttft-ms", "0", "--slo-itl-ms", "25", "--out", "x"],
             "--slo-ttft-ms must be a positive",
@@ -177,6 +193,16 @@ fn the_planner_refuses_bad_input_and_plans_a_session_trace() {
         (
             [&slo[..], &["--modes", "agg,agg", "--out", "x"]].concat(),
             "mode agg is given twice",
+        ),
+        // A level that stretches the run past what virtual time resolves: the plan never
+        // ended.
+        (
+            [
+                &slo[..],
+                &["--agentic", "--load-levels", "1e-300", "--out", "x"],
+            ]
+            .concat(),
+            "--arrival-scale / --load-levels",
         ),
     ];
     for (args, expected) in cases {
