@@ -80,8 +80,7 @@ pub fn parse_trace(text: &str, block_tokens: u32) -> Result<ParsedTrace, TraceEr
         if line.trim().is_empty() {
             continue;
         }
-        let checked = switchyard_protocol::from_json_object::<TraceRow>(line.as_bytes())
-            .map_err(row_json_error)
+        let checked = parse_row_object::<TraceRow>(line)
             .and_then(|row| check_row(&row, block_tokens).map(|()| row));
         match checked {
             Ok(row) => parsed.rows.push(row),
@@ -147,10 +146,31 @@ pub(crate) fn merge_by_line(a: Vec<MalformedLine>, b: Vec<MalformedLine>) -> Vec
     all
 }
 
-/// A row's JSON error. Each row is parsed alone, so serde's "at line 1" would contradict the
-/// line number the report gives: only the column is kept.
-pub(crate) fn row_json_error(e: impl std::fmt::Display) -> String {
-    e.to_string().replace(" at line 1 column ", " at column ")
+/// One row of a trace file read as `T`, or why not, naming the field it broke at
+/// (`delay: invalid value: integer `-5`, expected u64 at column 31`). Each row is parsed
+/// alone, so serde's "at line 1" would contradict the line number the report gives: only the
+/// column is kept.
+pub(crate) fn parse_row_object<T: serde::de::DeserializeOwned>(line: &str) -> Result<T, String> {
+    let located =
+        |e: &serde_json::Error| e.to_string().replace(" at line 1 column ", " at column ");
+    // Not an object: the protocol's own check says what it is instead.
+    if line.trim_start().as_bytes().first() != Some(&b'{') {
+        let refused =
+            switchyard_protocol::from_json_object::<serde::de::IgnoredAny>(line.as_bytes());
+        return Err(refused.map_or_else(|e| located(&e), |_| "expected a JSON object".into()));
+    }
+    let mut json = serde_json::Deserializer::from_str(line);
+    let row = serde_path_to_error::deserialize(&mut json).map_err(|e| {
+        let path = e.path().to_string();
+        let error = located(e.inner());
+        if path == "." || path.is_empty() {
+            error
+        } else {
+            format!("{path}: {error}")
+        }
+    })?;
+    json.end().map_err(|e| located(&e))?;
+    Ok(row)
 }
 
 /// The longest prompt a row may ask for: above every model's context, and small enough that

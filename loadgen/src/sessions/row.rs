@@ -8,7 +8,7 @@ use std::fmt;
 use serde::de::{self, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use crate::trace::{check_row, row_json_error, TraceRow, MAX_ROW_MS};
+use crate::trace::{check_row, parse_row_object, TraceRow, MAX_ROW_MS};
 
 /// A session's name in the file: a string, or a non-negative integer read as its decimal
 /// text (so `7` and `"7"` name the same session).
@@ -89,8 +89,7 @@ impl SessionRow {
 
 /// Reads one line; the error says why it is unusable.
 pub fn parse_row(line: &str, block_tokens: u32) -> Result<SessionRow, String> {
-    let row: SessionRow =
-        switchyard_protocol::from_json_object(line.as_bytes()).map_err(row_json_error)?;
+    let row: SessionRow = parse_row_object(line)?;
     check_row(&row.as_trace_row(), block_tokens)?;
     if let Some(delay) = row.delay.filter(|&d| d > MAX_ROW_MS) {
         return Err(format!("delay {delay} is above {MAX_ROW_MS} ms"));

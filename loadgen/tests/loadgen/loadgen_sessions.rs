@@ -104,13 +104,15 @@ fn bad_rows_are_reported_by_line_and_do_not_change_the_sessions() {
         r#"{"session_id": "a", "delay": 2, "input_length": 10, "output_length": 0, "hash_ids": [0]}"#,
         /* 18: serde would read this array field by field as a valid first turn */
         r#"["z", null, 0, null, 10, 2, [0]]"#,
+        /* 19: the field is named, not only a column */
+        r#"{"session_id": "a", "delay": -5, "input_length": 10, "output_length": 2, "hash_ids": [0]}"#,
     ];
     let text = rows.join("\n");
     let parsed = parse_sessions(&text, 512);
     let bad: Vec<usize> = parsed.malformed.iter().map(|m| m.line).collect();
     assert_eq!(
         bad,
-        vec![2, 3, 4, 5, 6, 7, 8, 10, 12, 13, 14, 15, 16, 17, 18]
+        vec![2, 3, 4, 5, 6, 7, 8, 10, 12, 13, 14, 15, 16, 17, 18, 19]
     );
     assert_eq!(parsed.lines, vec![1, 9, 11]);
     let reason = |line: usize| {
@@ -137,6 +139,7 @@ fn bad_rows_are_reported_by_line_and_do_not_change_the_sessions() {
         (16, "expected"),
         (17, "output_length is 0"),
         (18, "expected a JSON object, found an array"),
+        (19, "delay: invalid value: integer `-5`"),
     ] {
         assert!(
             reason(line).contains(words),
