@@ -282,6 +282,14 @@ async fn two_replicas_share_load_and_config_and_a_replica_lost_or_late_costs_not
         },
     )
     .await;
+    // The same value again writes no revision: the version holds, on both replicas.
+    let (status, body, unchanged) =
+        put_config(&http, &stack, 0, json!({"eff_isl_threshold": 1234})).await;
+    assert_eq!(
+        (status, unchanged.as_str()),
+        (200, version.as_str()),
+        "{body}"
+    );
     let (status, body, _) = put_config(&http, &stack, 0, json!({"eff_isl_threshold": -1})).await;
     assert_eq!(status, 400, "{body}");
     assert_eq!(body["code"], "invalid_config");

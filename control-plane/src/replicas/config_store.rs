@@ -175,9 +175,9 @@ async fn patch_store(
 ) -> Result<Result<Versioned, PatchRefusal>, ConfigStoreError> {
     let store = ConfigStore::open(nats).await?;
     for _ in 0..WRITE_ATTEMPTS {
-        let (base, expected) = match store.current().await? {
-            Some(v) => (v.config, v.version),
-            None => (service.config().await.map_err(unavailable)?, 0),
+        let (base, expected, stored) = match store.current().await? {
+            Some(v) => (v.config, v.version, true),
+            None => (service.config().await.map_err(unavailable)?, 0, false),
         };
         // Checked against the revision the write below compares-and-sets on, so a change
         // that lands in between fails the write and is checked again.
@@ -188,6 +188,14 @@ async fn patch_store(
             Ok(next) => next,
             Err(e) => return Ok(Err(e.into())),
         };
+        // A change that changes nothing writes no revision: the version, and every
+        // operator's `If-Match` on it, still holds.
+        if stored && next == base {
+            return Ok(Ok(Versioned {
+                config: next,
+                version: expected,
+            }));
+        }
         match store.write(&next, expected).await {
             Ok(version) => {
                 // `next` passed the same validation the owner runs: this cannot refuse it.

@@ -230,6 +230,11 @@ impl Owner {
             });
         }
         let next = self.router().config().apply_json_patch(patch)?;
+        // A change that changes nothing keeps the version: an operator's `If-Match` on it
+        // still holds, and nothing is logged as changed.
+        if next == *self.router().config() {
+            return Ok((next, self.config_version));
+        }
         let router = self.core.router_mut();
         router.set_config(next)?;
         let config = router.config().clone();

@@ -417,8 +417,21 @@ async fn a_config_change_on_a_stale_version_is_refused_with_412() {
         .await
         .unwrap();
     assert_eq!(invalid.status(), 400);
+    // Nor does a change that changes nothing (it did, and another operator's `If-Match` on
+    // the version they had read then failed for a config that had not moved).
     assert_eq!(
         etag(&put(json!({}), None).await.unwrap()).as_deref(),
+        Some("\"4\"")
+    );
+    let same = put(json!({"eff_isl_threshold": 666}), Some("\"4\""))
+        .await
+        .unwrap();
+    assert_eq!(
+        (same.status().as_u16(), etag(&same)),
+        (200, Some("\"4\"".into()))
+    );
+    assert_eq!(
+        etag(&put(json!({"eff_isl_threshold": 777}), None).await.unwrap()).as_deref(),
         Some("\"5\"")
     );
 
