@@ -291,6 +291,22 @@ where
         Ok(r) => r,
         Err(reply) => return reply,
     };
+    // This endpoint serves endpoints only: an answer of ClusterLoadAssignments to a request
+    // for another type (clusters, listeners) would be taken as that type's resources. An
+    // empty type_url is Envoy's REST EDS, which names none.
+    if !request.type_url.is_empty() && request.type_url != eds::CLUSTER_LOAD_ASSIGNMENT_TYPE {
+        let code = "unsupported_type";
+        state.metrics.bad_request(code);
+        return error_reply(
+            StatusCode::BAD_REQUEST,
+            code,
+            format!(
+                "type_url {:?}: this endpoint serves {} only",
+                request.type_url,
+                eds::CLUSTER_LOAD_ASSIGNMENT_TYPE
+            ),
+        );
+    }
     if let Some(detail) = &request.error_detail {
         tracing::warn!(%detail, version = %request.version_info, "Envoy rejected an EDS response");
     }

@@ -280,6 +280,18 @@ async fn eds_serves_pool_membership_with_a_stable_version() {
     assert_eq!(prefill_eps[0]["endpoint"]["hostname"], "prefill-0");
     // Same membership, same version.
     assert_eq!(poll("x").await["version_info"], full["version_info"]);
+    // A request for another resource type is refused, not answered with endpoints that
+    // would be read as that type's resources (camelCase, as protobuf JSON may write it).
+    let clusters = http
+        .post(format!("{}/v3/discovery:endpoints", svc.base))
+        .json(&json!({"typeUrl": "type.googleapis.com/envoy.config.cluster.v3.Cluster"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(clusters.status(), 400);
+    let refused: ApiError = clusters.json().await.unwrap();
+    assert_eq!(refused.code, "unsupported_type");
+    assert!(refused.message.contains("Cluster\""), "{refused:?}");
     svc.stop().await;
 }
 
