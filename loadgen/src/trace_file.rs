@@ -45,17 +45,25 @@ pub struct LoadedTrace {
     pub malformed: Vec<MalformedLine>,
 }
 
-/// The form of `text`: [`TraceForm::Sessions`] if its first JSON-object row has a
-/// `session_id` field, else [`TraceForm::Mooncake`] (also when no row parses: the Mooncake
-/// reader then reports every line).
+/// Rows [`detect_form`] looks at.
+const DETECTION_ROWS: usize = 100;
+
+/// The form of `text`: [`TraceForm::Sessions`] if one of its first [`DETECTION_ROWS`]
+/// JSON-object rows has a `session_id` field, else [`TraceForm::Mooncake`] (also when no row
+/// parses: the Mooncake reader then reports every line). Not the first row alone: a session
+/// trace whose first row lost its `session_id` was read as a Mooncake trace, every other row
+/// refused for its missing `timestamp`.
 pub fn detect_form(text: &str) -> TraceForm {
-    let first_object = text
+    let sessions = text
         .lines()
         .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
-        .find_map(|value| value.as_object().cloned());
-    match first_object {
-        Some(row) if row.contains_key("session_id") => TraceForm::Sessions,
-        _ => TraceForm::Mooncake,
+        .filter_map(|value| value.as_object().map(|row| row.contains_key("session_id")))
+        .take(DETECTION_ROWS)
+        .any(|has_session| has_session);
+    if sessions {
+        TraceForm::Sessions
+    } else {
+        TraceForm::Mooncake
     }
 }
 
@@ -210,6 +218,17 @@ mod tests {
             TraceForm::Sessions
         );
         assert_eq!(detect_form("garbage"), TraceForm::Mooncake);
+        // A session trace whose first row lost its session_id is still one: that row is
+        // the one reported.
+        let loaded = load_trace_text(&format!("{mooncake}\n{session}"), None, 512, 0).unwrap();
+        assert_eq!(loaded.form, TraceForm::Sessions);
+        assert_eq!(loaded.malformed.len(), 1);
+        assert_eq!(loaded.malformed[0].line, 1);
+        assert!(
+            loaded.malformed[0].reason.contains("session_id"),
+            "{:?}",
+            loaded.malformed[0]
+        );
         let forced = load_trace_text(session, Some(TraceForm::Mooncake), 512, 0).unwrap();
         assert_eq!(forced.form, TraceForm::Mooncake);
         assert_eq!(

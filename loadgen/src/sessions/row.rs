@@ -33,9 +33,13 @@ impl<'de> Deserialize<'de> for SessionId {
         impl Visitor<'_> for IdVisitor {
             type Value = SessionId;
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a session id (a string or a non-negative integer)")
+                f.write_str("a session id (a non-empty string or a non-negative integer)")
             }
             fn visit_str<E: de::Error>(self, v: &str) -> Result<SessionId, E> {
+                // An empty name is a field left blank, not a session.
+                if v.is_empty() {
+                    return Err(E::invalid_value(de::Unexpected::Str(v), &self));
+                }
                 Ok(SessionId(v.to_string()))
             }
             fn visit_u64<E: de::Error>(self, v: u64) -> Result<SessionId, E> {

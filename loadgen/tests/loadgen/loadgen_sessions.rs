@@ -106,13 +106,15 @@ fn bad_rows_are_reported_by_line_and_do_not_change_the_sessions() {
         r#"["z", null, 0, null, 10, 2, [0]]"#,
         /* 19: the field is named, not only a column */
         r#"{"session_id": "a", "delay": -5, "input_length": 10, "output_length": 2, "hash_ids": [0]}"#,
+        /* 20: a blank name is no session */
+        r#"{"session_id": "", "timestamp": 0, "input_length": 10, "output_length": 2, "hash_ids": [0]}"#,
     ];
     let text = rows.join("\n");
     let parsed = parse_sessions(&text, 512);
     let bad: Vec<usize> = parsed.malformed.iter().map(|m| m.line).collect();
     assert_eq!(
         bad,
-        vec![2, 3, 4, 5, 6, 7, 8, 10, 12, 13, 14, 15, 16, 17, 18, 19]
+        vec![2, 3, 4, 5, 6, 7, 8, 10, 12, 13, 14, 15, 16, 17, 18, 19, 20]
     );
     assert_eq!(parsed.lines, vec![1, 9, 11]);
     let reason = |line: usize| {
@@ -140,6 +142,7 @@ fn bad_rows_are_reported_by_line_and_do_not_change_the_sessions() {
         (17, "output_length is 0"),
         (18, "expected a JSON object, found an array"),
         (19, "delay: invalid value: integer `-5`"),
+        (20, "session_id: invalid value: string \"\""),
     ] {
         assert!(
             reason(line).contains(words),
