@@ -145,8 +145,7 @@ impl Workload {
     /// The message, naming the scaled span.
     pub fn check_scaled_span(&self, scale: ArrivalScale) -> Result<(), String> {
         let span = scale.scale_ms(self.arrival_span_ms().unwrap_or(0) as f64);
-        // Written so that NaN is refused too.
-        if !(span <= trace::MAX_ROW_MS as f64) {
+        if span.is_nan() || span > trace::MAX_ROW_MS as f64 {
             return Err(format!(
                 "{}: the planned arrivals would span {span:.3e} ms at arrival scale {:.3e}, \
                  more than {} ms",

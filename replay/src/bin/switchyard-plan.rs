@@ -7,6 +7,8 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Result};
@@ -116,7 +118,10 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_USAGE);
         }
     };
-    match run(&cli, checked) {
+    // Watched from here on: an interrupted plan still writes the points that ran.
+    let interrupted = watch_interrupts();
+    match run(&cli, checked, &interrupted) {
+        Ok(()) if interrupted.load(Ordering::SeqCst) => ExitCode::from(130),
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             switchyard_support::errln!(
@@ -126,6 +131,55 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Set by the first Ctrl-C, SIGTERM or SIGHUP: no further point starts, the points running
+/// finish, and the plan of those that ran is written (the process then exits 130). A second
+/// signal exits at once. Before, the first killed the plan and every finished point was lost.
+fn watch_interrupts() -> Arc<AtomicBool> {
+    let interrupted = Arc::new(AtomicBool::new(false));
+    let flag = interrupted.clone();
+    let (installed, handlers_ready) = std::sync::mpsc::channel::<()>();
+    let spawned = std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            else {
+                return;
+            };
+            runtime.block_on(async move {
+                use tokio::signal::unix::{signal, SignalKind};
+                let (Ok(mut terminate), Ok(mut hang_up)) =
+                    (signal(SignalKind::terminate()), signal(SignalKind::hangup()))
+                else {
+                    return;
+                };
+                let _ = installed.send(());
+                for count in 0..2 {
+                    let name = tokio::select! {
+                        _ = tokio::signal::ctrl_c() => "Ctrl-C",
+                        _ = terminate.recv() => "SIGTERM",
+                        _ = hang_up.recv() => "SIGHUP",
+                    };
+                    if count == 1 {
+                        switchyard_support::errln!("switchyard-plan: {name} again: stopped");
+                        std::process::exit(130);
+                    }
+                    flag.store(true, Ordering::SeqCst);
+                    switchyard_support::errln!(
+                        "switchyard-plan: {name}: no further point starts; the plan of the points \
+                         that ran is written once the running ones finish ({name} again stops at once)"
+                    );
+                }
+            });
+        });
+    // Until the handlers are in, a signal keeps its default (the plan stops at once).
+    if spawned.is_ok() {
+        let _ = handlers_ready.recv_timeout(Duration::from_secs(5));
+    }
+    interrupted
 }
 
 fn check(cli: &Cli) -> Result<Checked> {
@@ -190,7 +244,7 @@ fn check(cli: &Cli) -> Result<Checked> {
     })
 }
 
-fn run(cli: &Cli, checked: Checked) -> Result<()> {
+fn run(cli: &Cli, checked: Checked, interrupted: &AtomicBool) -> Result<()> {
     let Checked {
         workload,
         base,
@@ -224,7 +278,7 @@ fn run(cli: &Cli, checked: Checked) -> Result<()> {
     // The one wall-clock read: the time bound is about the machine's time, not the model's.
     #[allow(clippy::disallowed_methods)]
     let started = std::time::Instant::now();
-    let out_of_time = || started.elapsed() >= limit;
+    let out_of_time = || interrupted.load(Ordering::SeqCst) || started.elapsed() >= limit;
     let on_point_done = |done: usize| bar.set_position(done as u64);
     let execution = Execution {
         jobs,
@@ -236,8 +290,13 @@ fn run(cli: &Cli, checked: Checked) -> Result<()> {
     bar.finish_and_clear();
     let markdown = write_plan(&cli.out, &outcome)?;
     switchyard_support::outln!("{markdown}");
+    let stopped_by = if interrupted.load(Ordering::SeqCst) {
+        "the interrupt"
+    } else {
+        "the time bound"
+    };
     switchyard_support::errln!(
-        "wrote {} ({} of {points} points not run before the time bound)",
+        "wrote {} ({} of {points} points not run before {stopped_by})",
         cli.out.display(),
         outcome.not_run()
     );

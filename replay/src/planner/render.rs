@@ -46,7 +46,8 @@ pub fn plan_markdown(outcome: &PlanOutcome) -> String {
     let _ = writeln!(
         out,
         "# Deployment plan (virtual time, simulated)\n\n{} workers ({} GPUs); SLOs: {}; \
-         {} points: {} measured, {} failed, {} not run (time bound).\n",
+         {} points: {} measured, {} failed, {} not run (the time bound or an interrupt came \
+         first).\n",
         outcome.space.workers,
         outcome.gpus,
         slo.describe(),
@@ -101,8 +102,8 @@ pub fn plan_markdown(outcome: &PlanOutcome) -> String {
             if outcome.not_run() > 0 {
                 let _ = writeln!(
                     out,
-                    "\n**{} of {} points did not run within the time bound**: this is the best \
-                     of the points that ran, not of the plan.",
+                    "\n**{} of {} points did not run** (the time bound or an interrupt came \
+                     first): this is the best of the points that ran, not of the plan.",
                     outcome.not_run(),
                     outcome.results.len()
                 );

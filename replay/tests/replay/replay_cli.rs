@@ -373,3 +373,68 @@ fn a_reused_out_folder_keeps_only_the_latest_runs_files() {
     }
     let _ = std::fs::remove_dir_all(&out);
 }
+
+/// An interrupted plan writes the points that ran and exits 130: before, Ctrl-C killed it
+/// and every finished point was lost.
+#[test]
+fn an_interrupted_plan_writes_the_points_that_ran_and_exits_130() {
+    let out = TempDir(std::env::temp_dir().join(format!("sy-plan-int-{}", std::process::id())));
+    let dir = out.0.to_str().unwrap().to_string();
+    // Many points on one thread: the interrupt comes long before the last would start.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_switchyard-plan"))
+        .args([
+            "--agentic",
+            "--workers",
+            "4",
+            "--load-levels",
+            "1,2,4",
+            "--slo-cost",
+            "--slo-ttft-ms",
+            "2000",
+            "--slo-itl-ms",
+            "25",
+            "--jobs",
+            "1",
+            "--quiet",
+            "--out",
+            &dir,
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("the plan binary runs");
+    // Past its checks and into the points (the folder is made once the flags pass).
+    for _ in 0..100 {
+        if out.0.is_dir() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let _ = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status();
+    let mut status = None;
+    for _ in 0..1200 {
+        if let Some(exited) = child.try_wait().expect("wait for the plan") {
+            status = Some(exited);
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let Some(status) = status else {
+        let _ = child.kill();
+        panic!("the plan did not end within 60 s of Ctrl-C");
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert_eq!(status.code(), Some(130), "{stderr}");
+    assert!(
+        stderr.contains("Ctrl-C: no further point starts"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("not run before the interrupt"), "{stderr}");
+    let plan_md = std::fs::read_to_string(out.0.join("plan.md")).expect("plan.md written");
+    assert!(plan_md.contains("not run"), "{plan_md}");
+    assert!(out.0.join("plan.json").is_file());
+}

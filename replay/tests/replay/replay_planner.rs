@@ -138,7 +138,7 @@ fn the_time_bound_stops_points_from_starting_and_says_so() {
     assert!(markdown.contains("11 not run"), "{markdown}");
     // The recommendation says it is the best of what ran, and names the modes that did not.
     assert!(
-        markdown.contains("11 of 14 points did not run within the time bound"),
+        markdown.contains("11 of 14 points did not run** (the time bound or an interrupt"),
         "{markdown}"
     );
     let none = plan(2, 0);
