@@ -70,9 +70,12 @@ pub fn run_markdown(r: &RunReport) -> String {
     if let Some(stop) = &m.interrupted {
         let _ = writeln!(
             out,
-            "- **interrupted after {:.1} s**: only the requests that finished are measured; {} \
-             in flight were cut (not counted below) and the rest were not sent",
-            stop.after_s, stop.cut
+            "- **interrupted after {:.1} s of real time** ({:.1} s modelled): only the requests \
+             that finished are measured; {} in flight were cut (not counted below) and the rest \
+             were not sent",
+            stop.after_s,
+            stop.after_s * m.speed_up.factor(),
+            stop.cut
         );
     }
     let c = &r.requests;

@@ -100,7 +100,8 @@ pub struct RunMeta {
 /// A run stopped before its end.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct Interrupted {
-    /// When, from the run's start, s.
+    /// When, from the run's start, s of real (wall-clock) time; the report's own times are
+    /// modelled ones, `speed_up` times longer.
     pub after_s: f64,
     /// Requests in flight then: sent, but cut and not measured.
     pub cut: usize,

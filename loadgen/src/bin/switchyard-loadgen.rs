@@ -406,8 +406,12 @@ fn run(args: RunArgs) -> Result<()> {
     switchyard_support::errln!("wrote {}", out.display());
     if let Some(stop) = report.meta.interrupted {
         return Err(StoppedBySignal(format!(
-            "interrupted after {:.1} s: the report measures the {} requests that finished ({} cut, {} not sent)",
-            stop.after_s, report.requests.sent, stop.cut, report.requests.not_sent
+            "interrupted after {:.1} s of real time ({:.1} s modelled): the report measures the {} requests that finished ({} cut, {} not sent)",
+            stop.after_s,
+            stop.after_s * report.meta.speed_up.factor(),
+            report.requests.sent,
+            stop.cut,
+            report.requests.not_sent
         ))
         .into());
     }
