@@ -27,7 +27,7 @@ use switchyard_support::cli::{parse_args, EXIT_USAGE};
 /// SLOs, sweeps agg, disagg at every prefill:decode split and conditional at every split and
 /// threshold pair, and recommends the one with the most goodput (docs/planner.md).
 #[derive(Parser)]
-#[command(name = "switchyard-plan", version)]
+#[command(name = "switchyard-plan", version, allow_negative_numbers = true)]
 struct Cli {
     /// Workload: `--trace PATH` (Mooncake or session trace; default: the conversation trace
     /// in data/) or `--agentic` with its knobs; `--seed` also seeds the router.

@@ -31,7 +31,12 @@ use switchyard_router::config::{RouterConfig, ServingMode};
 use switchyard_support::cli::{parse_args, EXIT_USAGE};
 
 #[derive(Parser)]
-#[command(name = "switchyard-replay", version, about)]
+#[command(
+    name = "switchyard-replay",
+    version,
+    about,
+    allow_negative_numbers = true
+)]
 struct Cli {
     /// Workload: `--trace PATH` (default: the one-hour conversation trace in
     /// data/mooncake_conversation_trace.jsonl) or `--agentic` with its knobs; `--seed` also seeds the router.

@@ -13,7 +13,7 @@ fn replay(args: &[&str]) -> Output {
 
 #[test]
 fn bad_input_exits_64_with_a_clear_message() {
-    let cases: [(&[&str], &str); 16] = [
+    let cases: [(&[&str], &str); 17] = [
         // A bad ratio is named, with its flag and value.
         (
             &["--agentic", "--sweep", "--sweep-ratios", "2"],
@@ -26,6 +26,12 @@ fn bad_input_exits_64_with_a_clear_message() {
         ),
         // A sweep's knobs without the sweep would be ignored: refused instead.
         (&["--agentic", "--sweep-thresholds", "100"], "--sweep"),
+        // A negative value is taken as the flag's value and refused as out of range (clap
+        // took `-0.2` for an unknown flag `-0`).
+        (
+            &["--agentic", "--prefill-ratio", "-0.2"],
+            "--prefill-ratio must be strictly between 0 and 1, got -0.2",
+        ),
         // Objectives are positive numbers, named as the flag they came from.
         (&["--agentic", "--slo-ttft-ms=-5"], "--slo-ttft-ms"),
         (&["--agentic", "--slo-itl-ms", "nan"], "--slo-itl-ms"),

@@ -31,7 +31,12 @@ enum ProfileArg {
 // A flag given twice takes its last value, so `scripts/demo.sh --max-requests 400` overrides
 // the demo's own `--max-requests 200`; the list flags use `ArgAction::Set` so that a second
 // `--load-levels` replaces the demo's list instead of appending to it.
-#[command(name = "switchyard-compare", version, args_override_self = true)]
+#[command(
+    name = "switchyard-compare",
+    version,
+    args_override_self = true,
+    allow_negative_numbers = true
+)]
 struct Cli {
     /// Workload: `--trace PATH` (default:
     /// data/mooncake_conversation_trace.jsonl) or `--agentic` with its knobs.
