@@ -52,8 +52,8 @@ pub enum StackError {
     /// Envoy's admin interface did not do what was asked.
     #[error("envoy admin {call}: {detail}")]
     EnvoyAdmin {
-        /// The admin call (e.g. "POST /drain_listeners").
-        call: &'static str,
+        /// The admin endpoint (e.g. "drain_listeners").
+        call: String,
         /// What went wrong.
         detail: String,
     },

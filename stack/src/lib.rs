@@ -38,7 +38,7 @@ pub use cleanup::stop_children_on_signal;
 pub use error::StackError;
 pub use paths::{Artifacts, Profile};
 pub use process::Signal;
-pub use running::{Stack, ADMIN_TOKEN_FILE};
+pub use running::{Stack, ADMIN_TOKEN_FILE, ENVOY_ADMIN_TIMEOUT};
 pub use stack::{
     http_client, Component, ServingMode, SpeedUp, StackBuilder, WorkerSpec, MAX_CONTROL_PLANES,
 };

@@ -36,8 +36,13 @@ impl Supervised {
         args: &[String],
         log: PathBuf,
     ) -> Result<Supervised, StackError> {
-        let process =
-            Process::spawn(name, program, args, Some(&log)).map_err(|e| stack_error(e, &log))?;
+        // In a process group of its own: a Ctrl-C typed in the terminal reaches the parent
+        // alone, which stops the stack in order (switchyard-local lets the requests in flight
+        // finish first; Envoy, sharing the terminal's group, quit at once on its own SIGINT).
+        // Every parent of a stack stops its children on those signals: the launcher itself,
+        // the rest through [`crate::cleanup::stop_children_on_signal`].
+        let process = Process::spawn_in_own_group(name, program, args, Some(&log))
+            .map_err(|e| stack_error(e, &log))?;
         Ok(Supervised::adopt(process, log))
     }
 

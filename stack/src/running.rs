@@ -28,6 +28,9 @@ fn body_limit_bytes(filter_overrides: &serde_json::Map<String, serde_json::Value
 
 /// How often Envoy polls EDS in a local stack: fast, so new workers are usable at once.
 pub const EDS_REFRESH: Duration = Duration::from_millis(500);
+/// How long a stop waits for one answer of Envoy's admin interface (on loopback it answers
+/// in milliseconds; one that does not is hung or gone).
+pub const ENVOY_ADMIN_TIMEOUT: Duration = Duration::from_secs(1);
 /// Grace each process gets on SIGTERM before SIGKILL.
 pub const STOP_GRACE: Duration = Duration::from_secs(3);
 
@@ -831,31 +834,28 @@ impl Stack {
         all_running(&mut self.processes)
     }
 
-    /// Stops Envoy's listeners taking new connections (`POST /drain_listeners`; connections
-    /// already open keep being served) and says how many requests are in flight through
-    /// them: the first step of a stop that lets the workers finish the streams they serve
-    /// ([`Stack::wait_gateway_idle`] is the second, [`Stack::shutdown`] the last).
+    /// Closes the gateway to new work and says how many requests are in flight through it:
+    /// Envoy's listeners stop taking connections (`POST /drain_listeners`; a new connection
+    /// is refused, an open one still served) and its health is set failing (`POST
+    /// /healthcheck/fail`), which makes every connection close after its current response
+    /// (`Connection: close`, HTTP/2 GOAWAY), so a client's pooled connection cannot keep
+    /// bringing new requests. The first step of a stop that lets the workers finish the
+    /// streams they serve ([`Stack::wait_gateway_idle`] is the second, [`Stack::shutdown`]
+    /// the last).
     ///
     /// # Errors
-    /// [`StackError::EnvoyAdmin`] if Envoy's admin interface does not answer (Envoy died,
-    /// say): there is nothing to drain through it then.
+    /// [`StackError::EnvoyAdmin`] if Envoy's admin interface does not answer within
+    /// [`ENVOY_ADMIN_TIMEOUT`] (Envoy died, say): there is nothing to drain through it then.
     pub async fn close_gateway(&self) -> Result<u64, StackError> {
-        const CALL: &str = "POST /drain_listeners";
-        let url = format!("{}/drain_listeners", self.admin_url());
-        let answer = self
-            .client
-            .post(&url)
-            .send()
-            .await
-            .map_err(|e| StackError::EnvoyAdmin {
-                call: CALL,
-                detail: e.to_string(),
-            })?;
-        if !answer.status().is_success() {
-            return Err(StackError::EnvoyAdmin {
-                call: CALL,
-                detail: format!("answered {}", answer.status()),
-            });
+        for call in ["drain_listeners", "healthcheck/fail"] {
+            let url = format!("{}/{call}", self.admin_url());
+            let answer = self.envoy_admin(call, self.client.post(&url)).await?;
+            if !answer.status().is_success() {
+                return Err(StackError::EnvoyAdmin {
+                    call: call.to_string(),
+                    detail: format!("answered {}", answer.status()),
+                });
+            }
         }
         self.gateway_requests_in_flight().await
     }
@@ -863,17 +863,32 @@ impl Stack {
     /// Requests in flight through Envoy's listeners now.
     ///
     /// # Errors
-    /// [`StackError::EnvoyAdmin`] if Envoy's admin interface does not answer.
+    /// [`StackError::EnvoyAdmin`] if Envoy's admin interface does not answer within
+    /// [`ENVOY_ADMIN_TIMEOUT`].
     pub async fn gateway_requests_in_flight(&self) -> Result<u64, StackError> {
-        const CALL: &str = "GET /stats";
         let url = format!("{}/stats?filter=downstream_rq_active", self.admin_url());
-        let admin_error = |e: reqwest::Error| StackError::EnvoyAdmin {
-            call: CALL,
+        let page = self.envoy_admin("stats", self.client.get(&url)).await?;
+        let page = page.text().await.map_err(|e| StackError::EnvoyAdmin {
+            call: "stats".to_string(),
             detail: e.to_string(),
-        };
-        let page = self.client.get(&url).send().await.map_err(admin_error)?;
-        let page = page.text().await.map_err(admin_error)?;
+        })?;
         Ok(envoy::requests_in_flight(&page))
+    }
+
+    /// Sends one call to Envoy's admin interface, bounded by [`ENVOY_ADMIN_TIMEOUT`].
+    async fn envoy_admin(
+        &self,
+        call: &str,
+        request: reqwest::RequestBuilder,
+    ) -> Result<reqwest::Response, StackError> {
+        request
+            .timeout(ENVOY_ADMIN_TIMEOUT)
+            .send()
+            .await
+            .map_err(|e| StackError::EnvoyAdmin {
+                call: call.to_string(),
+                detail: e.to_string(),
+            })
     }
 
     /// Waits up to `within` until no request is in flight through Envoy's listeners, and

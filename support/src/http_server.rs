@@ -11,25 +11,23 @@
 //!   (`IncompleteMessage`), once per late verdict. Connection errors are the peer's doing
 //!   (gone, reset, malformed HTTP), so this loop logs them at debug and keeps ERROR for what
 //!   an operator must act on: the listener failing (out of file descriptors, say).
-//! - Its headers have no read timeout: a peer that opens a connection and trickles (or never
-//!   sends) its headers holds the connection for ever.
+//!
+//! Headers get no read timeout: hyper's would also close every idle keep-alive connection
+//! once it ran out, and Envoy keeps its upstream connections pooled for an hour by default, so
+//! a request sent as the server closed one would fail (a fail-open for a route call). Bodies
+//! are bounded by the handlers that read them (the control plane's `read_body`).
 
 use std::convert::Infallible;
 use std::future::Future;
 use std::time::Duration;
 
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto::Builder;
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use warp::reply::Response;
 use warp::Filter;
-
-/// How long a connection may take to send a request's headers. Envoy sends them at once; a
-/// peer that trickles them (or opens a connection and sends nothing) would otherwise hold a
-/// connection and its task for ever. Bodies are the handlers' to bound.
-const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Pause after an accept error that is not about one connection (EMFILE and the like), so a
 /// full descriptor table is not spun on.
@@ -68,11 +66,7 @@ where
         let service = TowerToHyperService::new(warp::service(routes.clone()));
         let watcher = graceful.watcher();
         tokio::spawn(async move {
-            let mut builder = Builder::new(TokioExecutor::new());
-            builder
-                .http1()
-                .timer(TokioTimer::new())
-                .header_read_timeout(HEADER_READ_TIMEOUT);
+            let builder = Builder::new(TokioExecutor::new());
             let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
             if let Err(e) = watcher.watch(connection).await {
                 tracing::debug!(error = %e, "connection ended with an error (peer gone or malformed request)");

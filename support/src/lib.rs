@@ -15,7 +15,7 @@
 //! - [`scratch`]: free ports and scratch directories removed on drop.
 //! - [`cli`]: flag parsing for the binaries, exiting 64 on bad flags.
 //! - `http_server` (feature `http-server`): the accept loop the control plane and the
-//!   simulated workers serve HTTP with (`TCP_NODELAY`, a header read timeout, quiet about
+//!   simulated workers serve HTTP with (`TCP_NODELAY`, quiet about
 //!   peers' connection errors).
 #![deny(missing_docs)]
 

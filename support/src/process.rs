@@ -71,6 +71,33 @@ impl Process {
         args: &[String],
         log: Option<&Path>,
     ) -> Result<Process, Error> {
+        Process::start(name, program, args, log, false)
+    }
+
+    /// As [`Process::spawn`], in a process group of its own: a Ctrl-C typed in the terminal
+    /// (SIGINT to the terminal's foreground group), or the terminal closing (SIGHUP), then
+    /// reaches the parent alone, which stops the child in its own time and order. Only for a
+    /// parent that does stop its children on those signals: the child no longer gets them.
+    ///
+    /// # Errors
+    /// As [`Process::spawn`].
+    pub fn spawn_in_own_group(
+        name: &str,
+        program: &Path,
+        args: &[String],
+        log: Option<&Path>,
+    ) -> Result<Process, Error> {
+        Process::start(name, program, args, log, true)
+    }
+
+    fn start(
+        name: &str,
+        program: &Path,
+        args: &[String],
+        log: Option<&Path>,
+        own_group: bool,
+    ) -> Result<Process, Error> {
+        use std::os::unix::process::CommandExt as _;
         let (out, err) = match log {
             Some(path) => {
                 let out = File::create(path)
@@ -82,17 +109,20 @@ impl Process {
             }
             None => (Stdio::null(), Stdio::null()),
         };
-        let child = Command::new(program)
+        let mut command = Command::new(program);
+        command
             .args(args)
             .stdin(Stdio::null())
             .stdout(out)
-            .stderr(err)
-            .spawn()
-            .map_err(|source| Error::Spawn {
-                name: name.to_string(),
-                program: program.to_path_buf(),
-                source,
-            })?;
+            .stderr(err);
+        if own_group {
+            command.process_group(0);
+        }
+        let child = command.spawn().map_err(|source| Error::Spawn {
+            name: name.to_string(),
+            program: program.to_path_buf(),
+            source,
+        })?;
         Ok(Process {
             name: name.to_string(),
             child: Some(child),

@@ -60,6 +60,12 @@ async fn start_launcher() -> Started {
     let child = Command::new(&binary)
         .args(["--decode", "1"])
         .env("RUST_LOG", "warn")
+        // The workers at the modelled speed, whatever the environment asks: the drain test
+        // needs a stream that is still running when the stop comes.
+        .env_remove("SWITCHYARD_SPEED_UP")
+        // A group of its own, as a shell gives a foreground job: the tests signal it as a
+        // terminal does (Ctrl-C, hang-up: the whole group), not only its own PID.
+        .process_group(0)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -240,12 +246,25 @@ async fn switchyard_local_serves_and_stops_everything_on_sigterm() {
     started.stop_with("-TERM", "SIGTERM").await;
 }
 
-/// A closed terminal (SIGHUP) stops everything too (nats-server takes SIGHUP for "reload":
-/// before the launcher watched it, nats-server outlived it, holding its port), and a stop
-/// lets the stream in flight finish: the gateway takes no new connection meanwhile. Before
-/// the drain, Envoy was stopped first and cut every stream.
+/// A closed terminal stops everything too: SIGHUP reaches the launcher's whole process
+/// group, as the terminal sends it. nats-server takes SIGHUP for "reload": before the
+/// launcher watched it, nats-server outlived it, holding its port.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn switchyard_local_finishes_the_streams_in_flight_when_its_terminal_closes() {
+async fn switchyard_local_stops_everything_when_its_terminal_closes() {
+    let started = start_launcher().await;
+    let pid = started.launcher.0.id().expect("launcher pid");
+    switchyard_e2e::signal_group(pid, "-HUP");
+    started
+        .stop_with_said("SIGHUP", "SIGHUP: stopped everything")
+        .await;
+}
+
+/// A Ctrl-C typed in the terminal (SIGINT to the launcher's whole process group) lets the
+/// stream in flight finish, and the gateway takes no new connection meanwhile. Before the
+/// drain, Envoy was stopped first and cut every stream; and with the stack's processes in
+/// the terminal's group, Envoy took the Ctrl-C itself and quit at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ctrl_c_in_the_terminal_lets_the_streams_in_flight_finish() {
     const TOKENS: u32 = 300;
     let started = start_launcher().await;
     let url = format!("{}/v1/chat/completions", started.gateway);
@@ -267,9 +286,7 @@ async fn switchyard_local_finishes_the_streams_in_flight_when_its_terminal_close
     .to_string();
 
     let pid = started.launcher.0.id().expect("launcher pid");
-    let _ = std::process::Command::new("kill")
-        .args(["-HUP", &pid.to_string()])
-        .status();
+    switchyard_e2e::signal_group(pid, "-INT");
     // The stream runs on to its end: the workers finish it before anything stops.
     let rest = tokio::spawn(async move {
         while let Some(chunk) = stream.chunk().await.expect("the stream is not cut") {
@@ -290,7 +307,7 @@ async fn switchyard_local_finishes_the_streams_in_flight_when_its_terminal_close
     }
     assert!(
         refused.is_some(),
-        "a new connection was still served 5 s after SIGHUP"
+        "a new connection was still served 5 s after Ctrl-C"
     );
     assert!(
         !rest.is_finished(),
@@ -309,7 +326,7 @@ async fn switchyard_local_finishes_the_streams_in_flight_when_its_terminal_close
         "{tokens} tokens of {TOKENS}: {body}"
     );
     started
-        .stop_with_said("SIGHUP", "every request in flight ended")
+        .stop_with_said("Ctrl-C", "every request in flight ended")
         .await;
 }
 

@@ -267,8 +267,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
 }
 
 /// The signals that stop the launcher. SIGHUP too (the terminal closed): nats-server takes
-/// it for "reload" and would outlive the launcher.
+/// it for "reload" and would outlive the launcher. Each is a stream installed once, so one
+/// that comes while nothing waits on it is kept for the next wait, not lost.
 struct Signals {
+    interrupt: tokio::signal::unix::Signal,
     terminate: tokio::signal::unix::Signal,
     hang_up: tokio::signal::unix::Signal,
 }
@@ -277,6 +279,7 @@ impl Signals {
     fn install() -> anyhow::Result<Signals> {
         use tokio::signal::unix::{signal, SignalKind};
         Ok(Signals {
+            interrupt: signal(SignalKind::interrupt()).context("installing the SIGINT handler")?,
             terminate: signal(SignalKind::terminate()).context("installing the SIGTERM handler")?,
             hang_up: signal(SignalKind::hangup()).context("installing the SIGHUP handler")?,
         })
@@ -285,7 +288,7 @@ impl Signals {
     /// The next stop signal's name.
     async fn next(&mut self) -> &'static str {
         tokio::select! {
-            _ = tokio::signal::ctrl_c() => "Ctrl-C",
+            _ = self.interrupt.recv() => "Ctrl-C",
             _ = self.terminate.recv() => "SIGTERM",
             _ = self.hang_up.recv() => "SIGHUP",
         }
@@ -293,42 +296,47 @@ impl Signals {
 }
 
 /// Lets the workers finish the requests in flight through the gateway before the stop:
-/// Envoy's listeners take no new connections, and the launcher waits up to `grace` for
-/// those requests to end. A second signal ends the wait. Stopping Envoy first without this
-/// would cut every stream the workers could have finished.
+/// Envoy takes no new connections and closes each open one after its current response
+/// ([`switchyard_stack::Stack::close_gateway`]), and the launcher waits up to `grace` for
+/// those requests to end. A second signal ends the wait, and so does Envoy's admin interface
+/// not answering. Stopping Envoy first without this cut every stream the workers could have
+/// finished.
 async fn drain_gateway(
     stack: &switchyard_stack::Stack,
     why: &str,
     grace: std::time::Duration,
     signals: &mut Signals,
 ) {
-    let in_flight = match stack.close_gateway().await {
-        Ok(in_flight) => in_flight,
-        Err(e) => {
-            switchyard_support::errln!(
-                "switchyard-local: cannot drain the gateway, stopping at once: {}",
-                switchyard_support::cli::error_line(&e)
-            );
-            return;
+    let drain = async {
+        let in_flight = stack.close_gateway().await?;
+        if in_flight == 0 {
+            return Ok((0, 0));
         }
+        switchyard_support::outln!(
+            "{why}: the gateway takes no new connections; waiting up to {} s for {in_flight} request(s) in flight (a second signal stops at once)",
+            grace.as_secs()
+        );
+        let left = stack.wait_gateway_idle(grace).await?;
+        Ok::<_, StackError>((in_flight, left))
     };
-    if in_flight == 0 {
-        return;
-    }
-    switchyard_support::outln!(
-        "{why}: the gateway takes no new connections; waiting up to {} s for {in_flight} request(s) in flight (Ctrl-C again stops at once)",
-        grace.as_secs()
-    );
+    // The admin calls around the wait are bounded too: the whole drain stays within the
+    // grace plus a few of their timeouts.
+    let bound = grace + 3 * switchyard_stack::ENVOY_ADMIN_TIMEOUT;
     tokio::select! {
-        left = stack.wait_gateway_idle(grace) => match left {
-            Ok(0) => switchyard_support::outln!("every request in flight ended"),
-            Ok(left) => switchyard_support::outln!(
+        drained = tokio::time::timeout(bound, drain) => match drained {
+            Ok(Ok((0, _))) => {}
+            Ok(Ok((_, 0))) => switchyard_support::outln!("every request in flight ended"),
+            Ok(Ok((_, left))) => switchyard_support::outln!(
                 "{left} request(s) still in flight after {} s: cut",
                 grace.as_secs()
             ),
-            Err(e) => switchyard_support::errln!(
-                "switchyard-local: stopped waiting for the requests in flight: {}",
+            Ok(Err(e)) => switchyard_support::errln!(
+                "switchyard-local: cannot drain the gateway, stopping at once: {}",
                 switchyard_support::cli::error_line(&e)
+            ),
+            Err(_) => switchyard_support::outln!(
+                "the gateway did not drain within {} s: stopping",
+                bound.as_secs()
             ),
         },
         signal = signals.next() => switchyard_support::outln!("{signal}: stopping at once"),
