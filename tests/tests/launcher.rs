@@ -268,6 +268,12 @@ async fn a_ctrl_c_in_the_terminal_lets_the_streams_in_flight_finish() {
     const TOKENS: u32 = 300;
     let started = start_launcher().await;
     let url = format!("{}/v1/chat/completions", started.gateway);
+    let models = format!("{}/v1/models", started.gateway);
+    // A client with a pooled connection, as a load generator keeps one.
+    let pooled = client();
+    let first = pooled.get(&models).send().await.expect("models answered");
+    assert_eq!(first.status(), 200);
+    let _ = first.bytes().await;
     let mut stream = client()
         .post(&url)
         .json(&chat_body("Hello!", TOKENS, true))
@@ -295,7 +301,6 @@ async fn a_ctrl_c_in_the_terminal_lets_the_streams_in_flight_finish() {
         body
     });
     // Meanwhile the gateway takes no new connection.
-    let models = format!("{}/v1/models", started.gateway);
     let mut refused = None;
     for _ in 0..50 {
         // Refused, or reset if it raced the listener's close: either way not served.
@@ -308,6 +313,29 @@ async fn a_ctrl_c_in_the_terminal_lets_the_streams_in_flight_finish() {
     assert!(
         refused.is_some(),
         "a new connection was still served 5 s after Ctrl-C"
+    );
+    // Nor does an open connection keep bringing requests: its next answer closes it (it
+    // was served on for as long as the client kept sending).
+    let mut closed = false;
+    for _ in 0..50 {
+        match pooled.get(&models).send().await {
+            Err(_) => closed = true,
+            Ok(answer) => {
+                closed = answer
+                    .headers()
+                    .get("connection")
+                    .is_some_and(|value| value == "close");
+                let _ = answer.bytes().await;
+            }
+        }
+        if closed {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        closed,
+        "a pooled connection was still kept open after Ctrl-C"
     );
     assert!(
         !rest.is_finished(),

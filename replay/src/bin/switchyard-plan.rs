@@ -119,10 +119,11 @@ fn main() -> ExitCode {
         }
     };
     // Watched from here on: an interrupted plan still writes the points that ran.
-    let interrupted = watch_interrupts();
-    match run(&cli, checked, &interrupted) {
-        Ok(()) if interrupted.load(Ordering::SeqCst) => ExitCode::from(130),
-        Ok(()) => ExitCode::SUCCESS,
+    let interrupts = watch_interrupts();
+    match run(&cli, checked, &interrupts) {
+        // Cut short: exit as a signal-stopped program does (its plan is written).
+        Ok(Stopped::Early) => ExitCode::from(130),
+        Ok(Stopped::Whole) => ExitCode::SUCCESS,
         Err(e) => {
             switchyard_support::errln!(
                 "switchyard-plan: {}",
@@ -133,12 +134,23 @@ fn main() -> ExitCode {
     }
 }
 
-/// Set by the first Ctrl-C, SIGTERM or SIGHUP: no further point starts, the points running
-/// finish, and the plan of those that ran is written (the process then exits 130). A second
-/// signal exits at once. Before, the first killed the plan and every finished point was lost.
-fn watch_interrupts() -> Arc<AtomicBool> {
-    let interrupted = Arc::new(AtomicBool::new(false));
-    let flag = interrupted.clone();
+/// What the signal watcher and the plan share.
+#[derive(Default)]
+struct Interrupts {
+    /// Set by the first Ctrl-C, SIGTERM or SIGHUP: no further point starts.
+    requested: AtomicBool,
+    /// Set while the plan's files are written: a second signal then waits for them, so the
+    /// folder never holds half of this plan beside half of an earlier one.
+    writing: AtomicBool,
+}
+
+/// Watches Ctrl-C, SIGTERM and SIGHUP on a thread of its own. The first stops points from
+/// starting; the points running finish and the plan of those that ran is written (the
+/// process then exits 130). A second exits at once, unless the plan is being written.
+/// Before, the first killed the plan and every finished point was lost.
+fn watch_interrupts() -> Arc<Interrupts> {
+    let interrupts = Arc::new(Interrupts::default());
+    let shared = interrupts.clone();
     let (installed, handlers_ready) = std::sync::mpsc::channel::<()>();
     let spawned = std::thread::Builder::new()
         .name("signals".into())
@@ -151,27 +163,38 @@ fn watch_interrupts() -> Arc<AtomicBool> {
             };
             runtime.block_on(async move {
                 use tokio::signal::unix::{signal, SignalKind};
-                let (Ok(mut terminate), Ok(mut hang_up)) =
-                    (signal(SignalKind::terminate()), signal(SignalKind::hangup()))
-                else {
+                // Installed here, before the plan goes on: from now on none is lost.
+                let (Ok(mut interrupt), Ok(mut terminate), Ok(mut hang_up)) = (
+                    signal(SignalKind::interrupt()),
+                    signal(SignalKind::terminate()),
+                    signal(SignalKind::hangup()),
+                ) else {
                     return;
                 };
                 let _ = installed.send(());
-                for count in 0..2 {
+                let mut first = true;
+                loop {
                     let name = tokio::select! {
-                        _ = tokio::signal::ctrl_c() => "Ctrl-C",
+                        _ = interrupt.recv() => "Ctrl-C",
                         _ = terminate.recv() => "SIGTERM",
                         _ = hang_up.recv() => "SIGHUP",
                     };
-                    if count == 1 {
+                    if first {
+                        first = false;
+                        shared.requested.store(true, Ordering::SeqCst);
+                        switchyard_support::errln!(
+                            "switchyard-plan: {name}: no further point starts; the plan of the \
+                             points that ran is written once the running ones finish (a second \
+                             signal stops at once)"
+                        );
+                    } else if shared.writing.load(Ordering::SeqCst) {
+                        switchyard_support::errln!(
+                            "switchyard-plan: {name}: writing the plan; it stops once written"
+                        );
+                    } else {
                         switchyard_support::errln!("switchyard-plan: {name} again: stopped");
                         std::process::exit(130);
                     }
-                    flag.store(true, Ordering::SeqCst);
-                    switchyard_support::errln!(
-                        "switchyard-plan: {name}: no further point starts; the plan of the points \
-                         that ran is written once the running ones finish ({name} again stops at once)"
-                    );
                 }
             });
         });
@@ -179,7 +202,7 @@ fn watch_interrupts() -> Arc<AtomicBool> {
     if spawned.is_ok() {
         let _ = handlers_ready.recv_timeout(Duration::from_secs(5));
     }
-    interrupted
+    interrupts
 }
 
 fn check(cli: &Cli) -> Result<Checked> {
@@ -244,7 +267,15 @@ fn check(cli: &Cli) -> Result<Checked> {
     })
 }
 
-fn run(cli: &Cli, checked: Checked, interrupted: &AtomicBool) -> Result<()> {
+/// Whether an interrupt left points of the plan unrun.
+enum Stopped {
+    /// Every point ran (or the time bound stopped them, which the plan says).
+    Whole,
+    /// An interrupt stopped points from starting.
+    Early,
+}
+
+fn run(cli: &Cli, checked: Checked, interrupts: &Interrupts) -> Result<Stopped> {
     let Checked {
         workload,
         base,
@@ -278,7 +309,8 @@ fn run(cli: &Cli, checked: Checked, interrupted: &AtomicBool) -> Result<()> {
     // The one wall-clock read: the time bound is about the machine's time, not the model's.
     #[allow(clippy::disallowed_methods)]
     let started = std::time::Instant::now();
-    let out_of_time = || interrupted.load(Ordering::SeqCst) || started.elapsed() >= limit;
+    let interrupted = || interrupts.requested.load(Ordering::SeqCst);
+    let out_of_time = || interrupted() || started.elapsed() >= limit;
     let on_point_done = |done: usize| bar.set_position(done as u64);
     let execution = Execution {
         jobs,
@@ -288,9 +320,11 @@ fn run(cli: &Cli, checked: Checked, interrupted: &AtomicBool) -> Result<()> {
     let source = PromptSource::synthetic(workload.content_seed);
     let outcome = plan_deployment(&workload, &source, &base, &space, slo, &execution)?;
     bar.finish_and_clear();
+    interrupts.writing.store(true, Ordering::SeqCst);
     let markdown = write_plan(&cli.out, &outcome)?;
+    interrupts.writing.store(false, Ordering::SeqCst);
     switchyard_support::outln!("{markdown}");
-    let stopped_by = if interrupted.load(Ordering::SeqCst) {
+    let stopped_by = if interrupted() {
         "the interrupt"
     } else {
         "the time bound"
@@ -300,5 +334,9 @@ fn run(cli: &Cli, checked: Checked, interrupted: &AtomicBool) -> Result<()> {
         cli.out.display(),
         outcome.not_run()
     );
-    Ok(())
+    Ok(if interrupted() && outcome.not_run() > 0 {
+        Stopped::Early
+    } else {
+        Stopped::Whole
+    })
 }

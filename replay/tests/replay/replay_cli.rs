@@ -409,14 +409,16 @@ fn an_interrupted_plan_writes_the_points_that_ran_and_exits_130() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("the plan binary runs");
-    // Past its checks and into the points (the folder is made once the flags pass).
-    for _ in 0..100 {
-        if out.0.is_dir() {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(50));
+    // Its banner comes once the signals are watched and the points start (a minute's work
+    // on one thread: far from done when the interrupt comes).
+    let mut stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut said = String::new();
+    while !said.contains(" points on 1 threads") {
+        let mut line = String::new();
+        let read = std::io::BufRead::read_line(&mut stderr, &mut line).unwrap();
+        assert!(read > 0, "the plan ended before its banner: {said}");
+        said.push_str(&line);
     }
-    std::thread::sleep(std::time::Duration::from_millis(500));
     let _ = Command::new("kill")
         .args(["-INT", &child.id().to_string()])
         .status();
@@ -432,8 +434,8 @@ fn an_interrupted_plan_writes_the_points_that_ran_and_exits_130() {
         let _ = child.kill();
         panic!("the plan did not end within 60 s of Ctrl-C");
     };
-    let mut stderr = String::new();
-    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    std::io::Read::read_to_string(&mut stderr, &mut said).unwrap();
+    let stderr = said;
     assert_eq!(status.code(), Some(130), "{stderr}");
     assert!(
         stderr.contains("Ctrl-C: no further point starts"),
