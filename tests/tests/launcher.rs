@@ -333,13 +333,11 @@ async fn a_ctrl_c_in_the_terminal_lets_the_streams_in_flight_finish() {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    // Closed while the stream still ran: by the drain, not by the stop after it.
     assert!(
-        closed,
-        "a pooled connection was still kept open after Ctrl-C"
-    );
-    assert!(
-        !rest.is_finished(),
-        "the stream ended before the gateway closed: lengthen it"
+        closed && !rest.is_finished(),
+        "a pooled connection was kept open after Ctrl-C until the stream ended (or the \
+         stream was too short: lengthen it)"
     );
     let body = tokio::time::timeout(Duration::from_secs(30), rest)
         .await
