@@ -130,8 +130,11 @@ pub struct Cluster {
     handoffs: HashMap<(EngineIdx, u64), Handoff>,
     forward_kv_events: bool,
     /// CPU time per prompt token between a prefill leg's end and the start of its KV
-    /// transfer (the real decode worker tokenizes the decode leg's body before it pulls).
+    /// transfer (the real decode worker tokenizes the decode leg's body before it pulls),
+    /// for tokens the decode worker does not cache.
     handoff_cpu_ms_per_prompt_token: f64,
+    /// The same for tokens it caches ([`Cluster::set_handoff_cpu_ms`]).
+    handoff_cpu_ms_per_cached_token: f64,
     buf: Vec<EngineOutput>,
 }
 
@@ -187,10 +190,14 @@ impl Cluster {
 
     /// CPU time per prompt token a disaggregated request spends between its prefill leg and
     /// its KV transfer (0 by default): on the real stack the decode worker parses and
-    /// tokenizes the decode leg's body before it pulls the KV. Negative or non-finite values
-    /// count as 0.
-    pub fn set_handoff_cpu_ms_per_prompt_token(&mut self, ms: f64) {
-        self.handoff_cpu_ms_per_prompt_token = if ms.is_finite() { ms.max(0.0) } else { 0.0 };
+    /// tokenizes the decode leg's body before it pulls the KV. `per_new_token` for the tokens
+    /// the decode worker does not cache, `per_cached_token` for those it does (it tokenized
+    /// their text before, and its tokenizer keeps a segment cache). Negative or non-finite
+    /// values count as 0.
+    pub fn set_handoff_cpu_ms(&mut self, per_new_token: f64, per_cached_token: f64) {
+        let usable = |ms: f64| if ms.is_finite() { ms.max(0.0) } else { 0.0 };
+        self.handoff_cpu_ms_per_prompt_token = usable(per_new_token);
+        self.handoff_cpu_ms_per_cached_token = usable(per_cached_token);
     }
 
     /// Number of workers.
@@ -375,7 +382,10 @@ impl Cluster {
             u64::from(handoff.req.prompt.len()),
             u64::from(decode_cached),
         );
-        let cpu_ms = self.handoff_cpu_ms_per_prompt_token * f64::from(handoff.req.prompt.len());
+        let cached = decode_cached.min(handoff.req.prompt.len());
+        let cpu_ms = self.handoff_cpu_ms_per_prompt_token
+            * f64::from(handoff.req.prompt.len() - cached)
+            + self.handoff_cpu_ms_per_cached_token * f64::from(cached);
         // The decode leg's tokenization comes first, then the transfer; `at_ms` stays the
         // prefill leg's end, `until_ms` is when the decode engine gets the request.
         let until_ms = at_ms + cpu_ms + model.time_ms(tokens);

@@ -51,15 +51,22 @@ pub struct GatewayModel {
     /// (the control plane's lanes split bodies at 64 KiB). 0: one lane for all.
     pub long_lane_min_tokens: u64,
     /// The first worker's CPU time per prompt token before its engine sees the request,
-    /// modelled ms.
+    /// modelled ms, for text it has not tokenized before.
     pub worker_ms_per_prompt_token: f64,
+    /// The same for text it has: workers keep a segment cache as the control plane does.
+    /// The control plane's cached share stands in for the worker's own (a session's turns go
+    /// to the worker that served the earlier ones, which saw the same text), modelled ms.
+    pub worker_ms_per_cached_token: f64,
     /// Cores all of the gateway work shares (fractional: the machine's cores less what other
     /// work took on average).
     pub cpus: f64,
     /// CPU time per prompt token a disaggregated request spends between its prefill leg and
     /// its KV transfer (the decode worker tokenizes the decode leg's body), modelled ms; not
-    /// shared, see [`switchyard_engine::vtime::Cluster::set_handoff_cpu_ms_per_prompt_token`].
+    /// shared, see [`switchyard_engine::vtime::Cluster::set_handoff_cpu_ms`]; for tokens the
+    /// decode worker does not cache.
     pub decode_leg_ms_per_prompt_token: f64,
+    /// The same for tokens it caches (it tokenized their text before), modelled ms.
+    pub decode_leg_ms_per_cached_token: f64,
     /// The filter's route call timeout, modelled ms: a request whose route tokenization has
     /// not finished this long after it was sent fails open. `None`: never.
     pub route_timeout_ms: Option<f64>,
@@ -80,8 +87,10 @@ impl GatewayModel {
         route_threads: 0,
         long_lane_min_tokens: 0,
         worker_ms_per_prompt_token: 0.0,
+        worker_ms_per_cached_token: 0.0,
         cpus: 1.0,
         decode_leg_ms_per_prompt_token: 0.0,
+        decode_leg_ms_per_cached_token: 0.0,
         route_timeout_ms: None,
         route_timeout_ms_per_token: 0.0,
         route_timeout_cap_ms: None,
@@ -121,9 +130,12 @@ impl GatewayModel {
         self.long_lane_min_tokens > 0 && prompt_tokens >= self.long_lane_min_tokens
     }
 
-    /// The first worker's CPU work for a prompt of `prompt_tokens` tokens, ms.
-    pub fn worker_work_ms(&self, prompt_tokens: u64) -> f64 {
-        self.worker_ms_per_prompt_token.max(0.0) * prompt_tokens as f64
+    /// The first worker's CPU work for a prompt of `prompt_tokens` tokens whose first
+    /// `cached_tokens` it has tokenized before, ms.
+    pub fn worker_work_ms(&self, prompt_tokens: u64, cached_tokens: u64) -> f64 {
+        let cached = cached_tokens.min(prompt_tokens);
+        self.worker_ms_per_cached_token.max(0.0) * cached as f64
+            + self.worker_ms_per_prompt_token.max(0.0) * (prompt_tokens - cached) as f64
     }
 
     /// Checks the fields.
@@ -144,8 +156,16 @@ impl GatewayModel {
                 self.worker_ms_per_prompt_token,
             ),
             (
+                "worker ms per cached token",
+                self.worker_ms_per_cached_token,
+            ),
+            (
                 "decode-leg ms per prompt token",
                 self.decode_leg_ms_per_prompt_token,
+            ),
+            (
+                "decode-leg ms per cached token",
+                self.decode_leg_ms_per_cached_token,
             ),
         ] {
             if !(v.is_finite() && v >= 0.0) {
@@ -336,7 +356,7 @@ impl GatewayQueue {
             stage: Stage::Body,
             remaining_ms: body_ms,
             route_ms: self.model.route_work_ms(prompt_tokens, cached_tokens),
-            worker_ms: self.model.worker_work_ms(prompt_tokens),
+            worker_ms: self.model.worker_work_ms(prompt_tokens, cached_tokens),
             dispatched_ms: t,
             timeout_ms: self.model.route_timeout_for(prompt_tokens),
             long_lane: self.model.long_lane(prompt_tokens),
@@ -446,8 +466,10 @@ mod tests {
             route_timeout_ms_per_token: 0.0,
             route_timeout_cap_ms: None,
             worker_ms_per_prompt_token: worker,
+            worker_ms_per_cached_token: 0.0,
             cpus,
             decode_leg_ms_per_prompt_token: 0.0,
+            decode_leg_ms_per_cached_token: 0.0,
             route_timeout_ms: timeout,
         }
     }
@@ -685,10 +707,21 @@ mod tests {
         assert!(bad_leg.validate().is_err());
         assert!(!model(0.0, 0.01, 2, 1.0, None).is_free());
         assert_eq!(model(0.5, 0.25, 2, 2.0, None).route_work_ms(10, 0), 5.0);
-        assert_eq!(model(0.5, 0.25, 2, 2.0, None).worker_work_ms(10), 2.5);
+        assert_eq!(model(0.5, 0.25, 2, 2.0, None).worker_work_ms(10, 0), 2.5);
         let mut bad_cap = model(0.01, 0.0, 2, 1.0, Some(10.0));
         bad_cap.route_timeout_cap_ms = Some(-1.0);
         assert!(bad_cap.validate().is_err());
+    }
+
+    /// A worker tokenizes a later turn's earlier text from its segment cache too: charging
+    /// every token the uncached rate made later turns' virtual TTFT several times the real
+    /// stack's in the cross-check.
+    #[test]
+    fn text_the_worker_has_seen_costs_its_cached_rate() {
+        let mut m = model(0.0, 0.5, 0, 1.0, None);
+        m.worker_ms_per_cached_token = 0.01;
+        assert_eq!(m.worker_work_ms(1000, 900), 900.0 * 0.01 + 100.0 * 0.5);
+        assert_eq!(m.worker_work_ms(100, 500), 100.0 * 0.01);
     }
 
     #[test]

@@ -139,7 +139,10 @@ impl<'a> VirtualStack<'a> {
         );
         let mut cluster = Cluster::new();
         cluster.set_forward_kv_events(true);
-        cluster.set_handoff_cpu_ms_per_prompt_token(spec.gateway.decode_leg_ms_per_prompt_token);
+        cluster.set_handoff_cpu_ms(
+            spec.gateway.decode_leg_ms_per_prompt_token,
+            spec.gateway.decode_leg_ms_per_cached_token,
+        );
         let mut counts = [0u32; 3];
         let mut block_size = None;
         let roles = spec.roles()?;

@@ -373,7 +373,7 @@ fn handoff_cpu_time_delays_the_transfer_by_the_prompt_length() {
     let (mut cluster, p, d) = default_prefill_decode();
     // 0.01 ms per prompt token: a 4,096-token prompt waits 40.96 ms (the decode worker's
     // tokenization) before its KV starts moving.
-    cluster.set_handoff_cpu_ms_per_prompt_token(0.01);
+    cluster.set_handoff_cpu_ms(0.01, 0.0);
     let req = EngineRequest::local(7, prompt(3, 4_096), 2);
     cluster.schedule(
         0.0,
@@ -393,6 +393,48 @@ fn handoff_cpu_time_delays_the_transfer_by_the_prompt_length() {
     );
     assert!(first_token(&events, d, 7) > until);
     // Nonsense settings count as no delay.
-    cluster.set_handoff_cpu_ms_per_prompt_token(f64::NAN);
+    cluster.set_handoff_cpu_ms(f64::NAN, -1.0);
     assert_eq!(cluster.handoff_cpu_ms_per_prompt_token, 0.0);
+    assert_eq!(cluster.handoff_cpu_ms_per_cached_token, 0.0);
+}
+
+/// A decode worker tokenizes a later turn's decode leg mostly from its segment cache: the
+/// tokens it caches cost the cached rate. Charging all at the new-token rate made the
+/// cross-check's virtual disagg TTFT several times the real stack's.
+#[test]
+fn handoff_cpu_time_charges_the_decode_workers_cached_tokens_their_own_rate() {
+    let (mut cluster, p, d) = default_prefill_decode();
+    cluster.set_handoff_cpu_ms(0.01, 0.001);
+    // The first turn: nothing cached on the decode worker.
+    let first = EngineRequest::local(1, prompt(3, 4_096), 2);
+    cluster.schedule(
+        0.0,
+        Arrival::Disaggregated {
+            prefill: p,
+            decode: d,
+            req: first,
+        },
+    );
+    let events = collect(&mut cluster);
+    let cold = transfer_until(&events) - first_token(&events, p, 1);
+    // The same prompt again: the decode worker holds all of it now.
+    let again = EngineRequest::local(2, prompt(3, 4_096), 2);
+    let start = cluster.now_ms() + 1.0;
+    cluster.schedule(
+        start,
+        Arrival::Disaggregated {
+            prefill: p,
+            decode: d,
+            req: again,
+        },
+    );
+    let events = collect(&mut cluster);
+    let warm = transfer_until(&events) - first_token(&events, p, 2);
+    assert!(
+        (cold - 40.96 - cluster.engine(p).transfer_time_ms(4_096)).abs() < 1e-9,
+        "{cold}"
+    );
+    // 4.096 ms of cached-rate tokenization, and no KV left to move.
+    let no_kv = cluster.engine(p).transfer_time_ms(0);
+    assert!((warm - 4.096 - no_kv).abs() < 1e-6, "{warm}");
 }

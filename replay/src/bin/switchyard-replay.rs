@@ -277,8 +277,10 @@ fn plan(cli: &Cli) -> Result<Plan> {
         route_timeout_ms_per_token: 0.0,
         route_timeout_cap_ms: None,
         worker_ms_per_prompt_token: cli.gateway_worker_us_per_token / 1e3,
+        worker_ms_per_cached_token: cli.gateway_worker_us_per_token / 1e3,
         cpus: cli.gateway_cpus,
         decode_leg_ms_per_prompt_token: cli.gateway_decode_leg_us_per_token / 1e3,
+        decode_leg_ms_per_cached_token: cli.gateway_decode_leg_us_per_token / 1e3,
         route_timeout_ms: cli.gateway_route_timeout_ms,
     };
     base.gateway

@@ -56,8 +56,10 @@ fn shared(ms_per_token: f64, cpus: f64) -> GatewayModel {
         route_timeout_ms_per_token: 0.0,
         route_timeout_cap_ms: None,
         worker_ms_per_prompt_token: ms_per_token,
+        worker_ms_per_cached_token: ms_per_token,
         cpus,
         decode_leg_ms_per_prompt_token: 0.0,
+        decode_leg_ms_per_cached_token: 0.0,
         route_timeout_ms: None,
     }
 }

@@ -148,6 +148,9 @@ pub fn gateway_model(
     route_timeout_wall_ms: u64,
 ) -> GatewayModel {
     let per_token = speed_up.model_ms(measured.tokenize_ms_per_token).max(0.0);
+    let cached_per_token = speed_up
+        .model_ms(measured.tokenize_cached_ms_per_token)
+        .max(0.0);
     let bytes_per_token = measured.body_bytes_per_token;
     let known_bytes = bytes_per_token.is_finite() && bytes_per_token > 0.0;
     // The control plane's lanes and the filter's route budget go by body bytes.
@@ -164,18 +167,19 @@ pub fn gateway_model(
     GatewayModel {
         body_ms_per_prompt_token: speed_up.model_ms(measured.body_ms_per_token).max(0.0),
         route_ms_per_prompt_token: per_token,
-        route_ms_per_cached_token: speed_up
-            .model_ms(measured.tokenize_cached_ms_per_token)
-            .max(0.0),
+        route_ms_per_cached_token: cached_per_token,
         route_threads,
         long_lane_min_tokens,
         worker_ms_per_prompt_token: per_token,
+        // The workers' tokenizer keeps the same segment cache as the control plane's.
+        worker_ms_per_cached_token: cached_per_token,
         cpus: if cpus.is_finite() && cpus > 0.0 {
             cpus
         } else {
             1.0
         },
         decode_leg_ms_per_prompt_token: per_token * TOKENIZATIONS_ON_DECODE_LEG,
+        decode_leg_ms_per_cached_token: cached_per_token * TOKENIZATIONS_ON_DECODE_LEG,
         route_timeout_ms: Some(speed_up.model_ms(route_timeout_wall_ms.max(1) as f64))
             .filter(|t| *t > 0.0),
         route_timeout_ms_per_token: speed_up.model_ms(timeout_wall_ms_per_token).max(0.0),
@@ -212,14 +216,17 @@ pub fn gateway_summary(g: &GatewayModel) -> String {
          new token and {:.5} per token its segment cache holds, on {threads} control-plane \
          threads per lane (FIFO; prompts of {} tokens or more in the long lane), route timeout \
          {timeout} + {:.4} ms per token (fail-open), worker tokenization {:.4} ms per \
-         token, decode-leg tokenization {:.4} ms per token, all processor-shared over {:.0} cores",
+         new token and {:.5} per cached token, decode-leg tokenization {:.4} ms per new token and \
+         {:.5} per cached token, all processor-shared over {:.0} cores",
         g.body_ms_per_prompt_token,
         g.route_ms_per_prompt_token,
         g.route_ms_per_cached_token,
         g.long_lane_min_tokens,
         g.route_timeout_ms_per_token,
         g.worker_ms_per_prompt_token,
+        g.worker_ms_per_cached_token,
         g.decode_leg_ms_per_prompt_token,
+        g.decode_leg_ms_per_cached_token,
         g.cpus
     )
 }
