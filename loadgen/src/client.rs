@@ -369,7 +369,14 @@ async fn exchange(
         let chunk = match stream.next().await {
             Some(Ok(bytes)) => bytes,
             Some(Err(e)) => {
-                stream_error = Some(format!("stream: {}", describe(e)));
+                // Labelled as a failure mid-stream (the report groups errors by the label
+                // before the first colon); `describe` says "stream" itself for a cut body.
+                let described = describe(e);
+                stream_error = Some(if described.starts_with("stream:") {
+                    described
+                } else {
+                    format!("stream: {described}")
+                });
                 break;
             }
             None => break,
