@@ -369,14 +369,7 @@ async fn exchange(
         let chunk = match stream.next().await {
             Some(Ok(bytes)) => bytes,
             Some(Err(e)) => {
-                // Labelled as a failure mid-stream (the report groups errors by the label
-                // before the first colon); `describe` says "stream" itself for a cut body.
-                let described = describe(e);
-                stream_error = Some(if described.starts_with("stream:") {
-                    described
-                } else {
-                    format!("stream: {described}")
-                });
+                stream_error = Some(mid_stream(describe(e)));
                 break;
             }
             None => break,
@@ -418,6 +411,17 @@ async fn exchange(
 }
 
 /// A reqwest error with its causes, prefixed by its kind.
+/// An error met while reading a body, labelled as a failure mid-stream (the report groups
+/// errors by the label before the first colon); [`describe`] already says "stream" for a cut
+/// body, which was then said twice.
+fn mid_stream(described: String) -> String {
+    if described.starts_with("stream:") {
+        described
+    } else {
+        format!("stream: {described}")
+    }
+}
+
 fn describe(e: reqwest::Error) -> String {
     let kind = if e.is_connect() {
         "connect"
@@ -435,4 +439,21 @@ fn describe(e: reqwest::Error) -> String {
         source = s.source();
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::mid_stream;
+
+    #[test]
+    fn an_error_mid_stream_is_labelled_once() {
+        assert_eq!(
+            mid_stream("stream: error decoding response body".into()),
+            "stream: error decoding response body"
+        );
+        assert_eq!(
+            mid_stream("timeout: operation timed out".into()),
+            "stream: timeout: operation timed out"
+        );
+    }
 }
