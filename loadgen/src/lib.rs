@@ -157,6 +157,24 @@ impl Workload {
         Ok(())
     }
 
+    /// [`Workload::check_scaled_span`] at each of `levels` on `scale`, the error naming the
+    /// flags that set them (`--arrival-scale`, `--load-levels`), as every tool that replays
+    /// at load levels says it.
+    ///
+    /// # Errors
+    /// The message of the first level that stretches the run too far.
+    pub fn check_load_levels(
+        &self,
+        scale: ArrivalScale,
+        levels: &[LoadLevel],
+    ) -> Result<(), String> {
+        for &level in levels {
+            self.check_scaled_span(scale.at_level(level))
+                .map_err(|e| format!("--arrival-scale / --load-levels: {e}"))?;
+        }
+        Ok(())
+    }
+
     /// From the first planned arrival to the last (ms); `None` without requests.
     fn arrival_span_ms(&self) -> Option<u64> {
         let last = self.requests.iter().map(|r| r.arrival_ms).max()?;

@@ -74,7 +74,7 @@ pub fn run_markdown(r: &RunReport) -> String {
              that finished are measured; {} in flight were cut (not counted below) and the rest \
              were not sent",
             stop.after_s,
-            stop.after_s * m.speed_up.factor(),
+            stop.after_modelled_s(m.speed_up),
             stop.cut
         );
     }

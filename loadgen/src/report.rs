@@ -107,6 +107,14 @@ pub struct Interrupted {
     pub cut: usize,
 }
 
+impl Interrupted {
+    /// When, in the report's own (modelled) seconds for workers `speed_up` times faster than
+    /// the model.
+    pub fn after_modelled_s(&self, speed_up: SpeedUp) -> f64 {
+        speed_up.model_ms(self.after_s * 1e3) / 1e3
+    }
+}
+
 /// A report's speed-up; reports written before the newtype stored 0 for "no speed-up".
 fn speed_up_or_real<'de, D: serde::Deserializer<'de>>(d: D) -> Result<SpeedUp, D::Error> {
     let factor = f64::deserialize(d)?;

@@ -1,7 +1,7 @@
 //! A trace file of either form, read into a workload: Mooncake rows (open loop, each at its
 //! timestamp, [`crate::trace`]) or session rows (closed loop, [`crate::sessions`]). The form
-//! is given, or detected from the first row that is a JSON object: one with a `session_id`
-//! field makes the file a session trace.
+//! is given, or detected from the first 100 rows that are JSON objects: a `session_id` field
+//! in any of them makes the file a session trace.
 
 use std::fmt;
 use std::path::Path;

@@ -290,6 +290,13 @@ async fn two_replicas_share_load_and_config_and_a_replica_lost_or_late_costs_not
         (200, version.as_str()),
         "{body}"
     );
+    for replica in 0..2 {
+        assert_eq!(
+            config(&http, &stack, replica).await.1,
+            version,
+            "replica {replica}"
+        );
+    }
     let (status, body, _) = put_config(&http, &stack, 0, json!({"eff_isl_threshold": -1})).await;
     assert_eq!(status, 400, "{body}");
     assert_eq!(body["code"], "invalid_config");

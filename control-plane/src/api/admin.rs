@@ -292,8 +292,9 @@ where
         Err(reply) => return reply,
     };
     // This endpoint serves endpoints only: an answer of ClusterLoadAssignments to a request
-    // for another type (clusters, listeners) would be taken as that type's resources. An
-    // empty type_url is Envoy's REST EDS, which names none.
+    // for another type (clusters, listeners) would be taken as that type's resources.
+    // Envoy's REST EDS names ClusterLoadAssignment; a request naming no type (by hand, say)
+    // is taken as asking for it.
     if !request.type_url.is_empty() && request.type_url != eds::CLUSTER_LOAD_ASSIGNMENT_TYPE {
         let code = "unsupported_type";
         state.metrics.bad_request(code);

@@ -408,7 +408,7 @@ fn run(args: RunArgs) -> Result<()> {
         return Err(StoppedBySignal(format!(
             "interrupted after {:.1} s of real time ({:.1} s modelled): the report measures the {} requests that finished ({} cut, {} not sent)",
             stop.after_s,
-            stop.after_s * report.meta.speed_up.factor(),
+            stop.after_modelled_s(report.meta.speed_up),
             report.requests.sent,
             stop.cut,
             report.requests.not_sent

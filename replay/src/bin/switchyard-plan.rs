@@ -239,11 +239,9 @@ fn check(cli: &Cli) -> Result<Checked> {
     };
     let points = plan_points(&space)?.len();
     let workload = load_workload(&cli.workload, default_trace, cli.max_requests)?;
-    for &level in &cli.load_levels {
-        workload
-            .check_scaled_span(cli.arrival_scale.at_level(level))
-            .map_err(|e| anyhow::anyhow!("--arrival-scale / --load-levels: {e}"))?;
-    }
+    workload
+        .check_load_levels(cli.arrival_scale, &cli.load_levels)
+        .map_err(anyhow::Error::msg)?;
     // Found now, not after a sweep of many minutes (and made only for a usable plan and
     // workload).
     std::fs::create_dir_all(&cli.out)

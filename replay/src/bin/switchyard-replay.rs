@@ -210,11 +210,9 @@ fn plan(cli: &Cli) -> Result<Plan> {
     };
     // Checked here so that bad modes, levels or splits exit 64 before anything runs.
     comparison.runs()?;
-    for &level in &comparison.load_levels {
-        workload
-            .check_scaled_span(comparison.arrival_scale.at_level(level))
-            .map_err(|e| anyhow::anyhow!("--arrival-scale / --load-levels: {e}"))?;
-    }
+    workload
+        .check_load_levels(comparison.arrival_scale, &comparison.load_levels)
+        .map_err(anyhow::Error::msg)?;
     let mut router_json = match &cli.conditional_disagg_config {
         Some(text) => {
             serde_json::from_str(text).context("--conditional-disagg-config is not valid JSON")?
