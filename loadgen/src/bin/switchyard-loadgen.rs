@@ -295,7 +295,10 @@ fn plan(args: &LoadgenWorkload) -> Result<()> {
             .render()
             .trim_end_matches('\n')
     );
-    switchyard_support::outln!("{malformed} malformed trace line(s) skipped");
+    // A generated workload read no trace: nothing to say of its lines.
+    if !args.workload.agentic {
+        switchyard_support::outln!("{malformed} malformed trace line(s) skipped");
+    }
     Ok(())
 }
 

@@ -116,6 +116,12 @@ async fn an_agentic_workload_written_as_a_session_trace_plans_the_same() {
     args.extend(["--block-tokens", "64", "--write-trace", file]);
     let written = loadgen(&args).await;
     assert!(written.status.success(), "{}", text(&written.stderr));
+    // A generated workload read no trace: nothing is said of trace lines.
+    assert!(
+        !text(&written.stdout).contains("malformed"),
+        "{}",
+        text(&written.stdout)
+    );
     assert!(
         text(&written.stderr).contains("session-trace rows to"),
         "{}",
