@@ -1,6 +1,6 @@
 //! Stopping every stack process when the parent is interrupted.
 //!
-//! `Drop` covers normal exits and panics, but SIGINT/SIGTERM/SIGHUP end a process without
+//! `Drop` covers normal exits and panics, but SIGINT/SIGTERM/SIGHUP/SIGQUIT end a process without
 //! running destructors. [`stop_children_on_signal`] installs, once per process, a watcher that
 //! stops every child any [`crate::Stack`] of this process still runs, then exits. It runs on
 //! its own thread and runtime so it outlives whichever test or runtime installed it (a
@@ -49,9 +49,9 @@ pub fn say_on_signal(text: impl Into<String>) {
     }
 }
 
-/// Installs the watcher (idempotent). On SIGINT, SIGTERM or SIGHUP (a closed terminal) it
-/// sends SIGTERM to every live child, gives them up to two seconds, SIGKILLs the rest, says
-/// what [`say_on_signal`] set and exits with 130, 143 or 129. Children must not outlive a
+/// Installs the watcher (idempotent). On SIGINT, SIGTERM, SIGHUP (a closed terminal) or
+/// SIGQUIT it sends SIGTERM to every live child, gives them up to two seconds, SIGKILLs the
+/// rest, says what [`say_on_signal`] set and exits with 130, 143, 129 or 131. Children must not outlive a
 /// closed terminal: nats-server takes SIGHUP for "reload" and would run on.
 pub fn stop_children_on_signal() {
     static INSTALLED: OnceLock<()> = OnceLock::new();
@@ -78,18 +78,22 @@ fn watch_signals() {
     };
     let code = runtime.block_on(async {
         use tokio::signal::unix::{signal, SignalKind};
-        let (Ok(mut int), Ok(mut term), Ok(mut hup)) = (
+        let (Ok(mut int), Ok(mut term), Ok(mut hup), Ok(mut quit)) = (
             signal(SignalKind::interrupt()),
             signal(SignalKind::terminate()),
             signal(SignalKind::hangup()),
+            // Ctrl-\: the stack's processes are in groups of their own, so it reaches this
+            // process alone; unhandled, it left them running.
+            signal(SignalKind::quit()),
         ) else {
-            tracing::warn!("cannot watch SIGINT/SIGTERM/SIGHUP");
+            tracing::warn!("cannot watch SIGINT/SIGTERM/SIGHUP/SIGQUIT");
             return None;
         };
         tokio::select! {
             _ = int.recv() => Some(130),
             _ = term.recv() => Some(143),
             _ = hup.recv() => Some(129),
+            _ = quit.recv() => Some(131),
         }
     });
     if let Some(code) = code {

@@ -9,7 +9,7 @@ use switchyard_protocol::worker::WorkerRole;
 use crate::envoy::{self, EnvoySettings, DECODE_CLUSTER, PREFILL_CLUSTER};
 use crate::error::StackError;
 use crate::paths::Artifacts;
-use crate::process::{Signal, Supervised};
+use crate::process::{process_state, Signal, Supervised};
 use crate::readiness::{http_ok, tcp_open, wait_until, POLL_INTERVAL};
 use crate::stack::{http_client, Component, StackBuilder, WorkerSpec, MAX_CONTROL_PLANES};
 
@@ -119,6 +119,7 @@ impl StackBuilder {
         std::fs::create_dir_all(&run_dir)
             .map_err(StackError::io(format!("creating {}", run_dir.display())))?;
         let run_dir_lock = lock_run_dir(&run_dir)?;
+        refuse_leftovers(&run_dir)?;
         // A reused run directory must not carry the last run's JetStream state: the
         // replicas' shared config kept there would win over this run's settings.
         let _ = std::fs::remove_dir_all(run_dir.join(NATS_STORE_DIR));
@@ -273,6 +274,50 @@ fn lock_run_dir(run_dir: &Path) -> Result<std::fs::File, StackError> {
             Err(StackError::io(format!("locking {}", path.display()))(e))
         }
     }
+}
+
+/// The processes an earlier stack in `run_dir` left running (its parent killed with
+/// SIGKILL, which cannot stop them): PIDs its `pids` file lists that still run with the run
+/// directory on their command line (so a PID reused since by an unrelated process is not
+/// taken for one).
+fn leftovers(run_dir: &Path) -> Vec<(u32, String)> {
+    let Ok(listed) = std::fs::read_to_string(run_dir.join("pids")) else {
+        return Vec::new();
+    };
+    let needle = run_dir.display().to_string();
+    listed
+        .lines()
+        .filter_map(|line| {
+            let (pid, name) = line.split_once(' ')?;
+            let pid: u32 = pid.parse().ok()?;
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            let running = process_state(pid).is_some_and(|state| state != 'Z');
+            (running && cmdline.contains(&needle)).then(|| (pid, name.to_string()))
+        })
+        .collect()
+}
+
+/// Refuses a run directory an earlier stack's processes still use: a new stack would
+/// overwrite the `pids` file that lists them and remove their NATS store from under them,
+/// and they would run on, listed nowhere.
+fn refuse_leftovers(run_dir: &Path) -> Result<(), StackError> {
+    let left = leftovers(run_dir);
+    if left.is_empty() {
+        return Ok(());
+    }
+    let named: Vec<String> = left
+        .iter()
+        .map(|(pid, name)| format!("{pid} ({name})"))
+        .collect();
+    let pids: Vec<String> = left.iter().map(|(pid, _)| pid.to_string()).collect();
+    Err(StackError::InvalidSetting(format!(
+        "run directory {} is still used by processes of an earlier stack whose launcher was \
+         killed: {}; stop them (`kill {}`) or give another --run-dir",
+        run_dir.display(),
+        named.join(", "),
+        pids.join(" ")
+    )))
 }
 
 /// Writes a secret readable by this user only.
@@ -959,6 +1004,44 @@ mod tests {
             .await
             .unwrap_err();
         assert!(matches!(err, StackError::InvalidSetting(_)), "{err}");
+    }
+
+    /// A stack whose launcher was SIGKILLed leaves its processes running, listed in the run
+    /// directory's `pids`; a new stack there is refused while they run (it overwrote the
+    /// list and removed their NATS store, and they ran on, listed nowhere). A listed PID
+    /// that now belongs to an unrelated process (no run directory on its command line) is
+    /// not taken for one.
+    #[test]
+    fn a_run_directory_with_an_earlier_stacks_processes_is_refused() {
+        let dir = std::env::temp_dir().join(format!("switchyard-run-left-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let marker = dir.join("marker");
+        let mut leftover = std::process::Command::new("/bin/sh")
+            // Not the last command: the shell stays, with the marker on its command line.
+            .args(["-c", "sleep 30; true", "sh", marker.to_str().unwrap()])
+            .spawn()
+            .unwrap();
+        let mut unrelated = std::process::Command::new("/bin/sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        std::fs::write(
+            dir.join("pids"),
+            format!("{} envoy\n{} nats-server\n", leftover.id(), unrelated.id()),
+        )
+        .unwrap();
+        let refused = refuse_leftovers(&dir).unwrap_err().to_string();
+        assert!(
+            refused.contains(&format!("{} (envoy)", leftover.id())) && refused.contains("kill"),
+            "{refused}"
+        );
+        assert!(!refused.contains("nats-server"), "{refused}");
+        let _ = leftover.kill();
+        let _ = leftover.wait();
+        assert!(refuse_leftovers(&dir).is_ok(), "none left once it is gone");
+        let _ = unrelated.kill();
+        let _ = unrelated.wait();
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -259,6 +259,19 @@ async fn switchyard_local_stops_everything_when_its_terminal_closes() {
         .await;
 }
 
+/// Ctrl-\ (SIGQUIT to the whole group) stops everything at once. The stack's processes are
+/// in groups of their own, so it reaches the launcher alone: unhandled, it ended the
+/// launcher and left nats-server, the control plane and the workers running.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn switchyard_local_stops_everything_on_ctrl_backslash() {
+    let started = start_launcher().await;
+    let pid = started.launcher.0.id().expect("launcher pid");
+    switchyard_e2e::signal_group(pid, "-QUIT");
+    started
+        .stop_with_said("SIGQUIT", "SIGQUIT: stopped everything")
+        .await;
+}
+
 /// A Ctrl-C typed in the terminal (SIGINT to the launcher's whole process group) lets the
 /// stream in flight finish, and the gateway takes no new connection meanwhile. Before the
 /// drain, Envoy was stopped first and cut every stream; and with the stack's processes in

@@ -234,10 +234,15 @@ async fn run(args: Args) -> anyhow::Result<()> {
         "  curl -sN -i {}/v1/chat/completions -H 'content-type: application/json' \\\n    -d '{{\"model\":\"qwen3\",\"messages\":[{{\"role\":\"user\",\"content\":\"Hello!\"}}],\"max_tokens\":16,\"stream\":true}}'",
         stack.gateway_url()
     );
-    switchyard_support::outln!(
-        "Ctrl-C stops everything (the requests in flight may finish first, up to {} s).",
-        args.shutdown_grace_secs
-    );
+    if args.shutdown_grace_secs == 0 {
+        switchyard_support::outln!("Ctrl-C stops everything.");
+    } else {
+        switchyard_support::outln!(
+            "Ctrl-C stops everything (the requests in flight may finish first, up to {} s; \
+             Ctrl-\\ stops at once).",
+            args.shutdown_grace_secs
+        );
+    }
 
     let mut stack = stack;
     let mut health = tokio::time::interval(std::time::Duration::from_secs(1));
@@ -258,8 +263,12 @@ async fn run(args: Args) -> anyhow::Result<()> {
         }
     };
     let grace = std::time::Duration::from_secs(args.shutdown_grace_secs);
-    if !grace.is_zero() {
+    if !grace.is_zero() && why != QUIT {
         drain_gateway(&stack, why, grace, &mut signals).await;
+    }
+    // A child that died while the gateway drained is named too (the health loop is over).
+    for exited in stack.reap_exited() {
+        switchyard_support::errln!("switchyard-local: {exited}");
     }
     stack.shutdown();
     switchyard_support::outln!("{why}: stopped everything");
@@ -273,7 +282,14 @@ struct Signals {
     interrupt: tokio::signal::unix::Signal,
     terminate: tokio::signal::unix::Signal,
     hang_up: tokio::signal::unix::Signal,
+    /// Ctrl-\ in a terminal: stop at once, without the drain. Unhandled, it ended the
+    /// launcher alone (the stack's processes are in groups of their own) and left the rest
+    /// running.
+    quit: tokio::signal::unix::Signal,
 }
+
+/// The name [`Signals::next`] gives SIGQUIT: a stop that skips the drain.
+const QUIT: &str = "SIGQUIT";
 
 impl Signals {
     fn install() -> anyhow::Result<Signals> {
@@ -282,6 +298,7 @@ impl Signals {
             interrupt: signal(SignalKind::interrupt()).context("installing the SIGINT handler")?,
             terminate: signal(SignalKind::terminate()).context("installing the SIGTERM handler")?,
             hang_up: signal(SignalKind::hangup()).context("installing the SIGHUP handler")?,
+            quit: signal(SignalKind::quit()).context("installing the SIGQUIT handler")?,
         })
     }
 
@@ -291,6 +308,7 @@ impl Signals {
             _ = self.interrupt.recv() => "Ctrl-C",
             _ = self.terminate.recv() => "SIGTERM",
             _ = self.hang_up.recv() => "SIGHUP",
+            _ = self.quit.recv() => QUIT,
         }
     }
 }
