@@ -284,7 +284,8 @@ fn leftovers(run_dir: &Path) -> Vec<(u32, String)> {
     let Ok(listed) = std::fs::read_to_string(run_dir.join("pids")) else {
         return Vec::new();
     };
-    let needle = run_dir.display().to_string();
+    // With the separator: another run directory whose name starts with this one's is not it.
+    let needle = run_dir.join("").display().to_string();
     listed
         .lines()
         .filter_map(|line| {
@@ -1021,13 +1022,24 @@ mod tests {
             .args(["-c", "sleep 30; true", "sh", marker.to_str().unwrap()])
             .spawn()
             .unwrap();
-        let mut unrelated = std::process::Command::new("/bin/sleep")
+        let unrelated = std::process::Command::new("/bin/sleep")
             .arg("30")
+            .spawn()
+            .unwrap();
+        // Another run directory whose name starts with this one's.
+        let neighbour = format!("{}-2/marker", dir.display());
+        let next_door = std::process::Command::new("/bin/sh")
+            .args(["-c", "sleep 30; true", "sh", &neighbour])
             .spawn()
             .unwrap();
         std::fs::write(
             dir.join("pids"),
-            format!("{} envoy\n{} nats-server\n", leftover.id(), unrelated.id()),
+            format!(
+                "{} envoy\n{} nats-server\n{} control-plane\n",
+                leftover.id(),
+                unrelated.id(),
+                next_door.id()
+            ),
         )
         .unwrap();
         let refused = refuse_leftovers(&dir).unwrap_err().to_string();
@@ -1036,11 +1048,14 @@ mod tests {
             "{refused}"
         );
         assert!(!refused.contains("nats-server"), "{refused}");
+        assert!(!refused.contains("control-plane"), "{refused}");
         let _ = leftover.kill();
         let _ = leftover.wait();
         assert!(refuse_leftovers(&dir).is_ok(), "none left once it is gone");
-        let _ = unrelated.kill();
-        let _ = unrelated.wait();
+        for mut other in [unrelated, next_door] {
+            let _ = other.kill();
+            let _ = other.wait();
+        }
         let _ = std::fs::remove_dir_all(&dir);
     }
 
