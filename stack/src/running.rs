@@ -1016,22 +1016,26 @@ mod tests {
     fn a_run_directory_with_an_earlier_stacks_processes_is_refused() {
         let dir = std::env::temp_dir().join(format!("switchyard-run-left-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let marker = dir.join("marker");
-        let mut leftover = std::process::Command::new("/bin/sh")
-            // Not the last command: the shell stays, with the marker on its command line.
-            .args(["-c", "sleep 30; true", "sh", marker.to_str().unwrap()])
-            .spawn()
-            .unwrap();
+        // A shell waiting on `read` (a builtin: no child process to leave behind) with a
+        // path on its command line; its stdin is held open until it is killed.
+        let waiting_with = |path: &str| {
+            std::process::Command::new("/bin/sh")
+                .args(["-c", "read line", "sh", path])
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .unwrap()
+        };
+        let mut leftover = waiting_with(dir.join("marker").to_str().unwrap());
         let unrelated = std::process::Command::new("/bin/sleep")
             .arg("30")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
             .spawn()
             .unwrap();
         // Another run directory whose name starts with this one's.
-        let neighbour = format!("{}-2/marker", dir.display());
-        let next_door = std::process::Command::new("/bin/sh")
-            .args(["-c", "sleep 30; true", "sh", &neighbour])
-            .spawn()
-            .unwrap();
+        let next_door = waiting_with(&format!("{}-2/marker", dir.display()));
         std::fs::write(
             dir.join("pids"),
             format!(
