@@ -412,7 +412,7 @@ pub fn generate_agentic(config: &AgenticConfig, seed: u64) -> Result<Workload, A
         requests: finish_closed_loop(g.requests),
     };
     workload
-        .check_span()
+        .check_span(crate::ArrivalScale::PLANNED)
         .map_err(|message| AgenticConfigError::OutOfRange {
             field: "think_ms / session_rate_per_s",
             message,

@@ -118,46 +118,32 @@ impl Workload {
         })
     }
 
-    /// `Err` with why when a planned arrival lies beyond [`trace::MAX_ROW_MS`] after the first:
-    /// virtual time, a float of milliseconds, no longer resolves the replay's steps out there
-    /// (rows' timestamps and delays are bounded each, but a session's delays add up).
+    /// `Err` with why when the planned arrivals, scaled by `scale` (the workload's own
+    /// times: [`ArrivalScale::PLANNED`]), span more than [`trace::MAX_ROW_MS`]: virtual time,
+    /// a float of milliseconds, no longer resolves the replay's steps out there, and a replay
+    /// would not end (rows' timestamps and delays are bounded each, but a session's delays
+    /// add up, and a huge scale or a tiny load level stretches them further).
     ///
     /// # Errors
-    /// The message, naming the latest planned arrival.
-    pub fn check_span(&self) -> Result<(), String> {
-        let span = self.arrival_span_ms().unwrap_or(0);
-        if span > trace::MAX_ROW_MS {
-            return Err(format!(
-                "{}'s planned arrivals span {span} ms, more than {} ms",
-                self.name,
-                trace::MAX_ROW_MS
-            ));
-        }
-        Ok(())
-    }
-
-    /// `Err` with why when the planned arrivals, scaled by `scale` (an arrival scale at a
-    /// load level), would span more than [`trace::MAX_ROW_MS`]: a huge scale or a tiny load
-    /// level stretches the run past what virtual time resolves, and a replay of it would not
-    /// end.
-    ///
-    /// # Errors
-    /// The message, naming the scaled span.
-    pub fn check_scaled_span(&self, scale: ArrivalScale) -> Result<(), String> {
+    /// The message, naming the span.
+    pub fn check_span(&self, scale: ArrivalScale) -> Result<(), String> {
         let span = scale.scale_ms(self.arrival_span_ms().unwrap_or(0) as f64);
         if span.is_nan() || span > trace::MAX_ROW_MS as f64 {
+            let scaled = if scale == ArrivalScale::PLANNED {
+                String::new()
+            } else {
+                format!(" at arrival scale {:.3e}", scale.scale_ms(1.0))
+            };
             return Err(format!(
-                "{}: the planned arrivals would span {span:.3e} ms at arrival scale {:.3e}, \
-                 more than {} ms",
+                "{}'s planned arrivals span {span:.3e} ms{scaled}, more than {} ms",
                 self.name,
-                scale.scale_ms(1.0),
                 trace::MAX_ROW_MS
             ));
         }
         Ok(())
     }
 
-    /// [`Workload::check_scaled_span`] at each of `levels` on `scale`, the error naming the
+    /// [`Workload::check_span`] at each of `levels` on `scale`, the error naming the
     /// flags that set them (`--arrival-scale`, `--load-levels`), as every tool that replays
     /// at load levels says it.
     ///
@@ -169,7 +155,7 @@ impl Workload {
         levels: &[LoadLevel],
     ) -> Result<(), String> {
         for &level in levels {
-            self.check_scaled_span(scale.at_level(level))
+            self.check_span(scale.at_level(level))
                 .map_err(|e| format!("--arrival-scale / --load-levels: {e}"))?;
         }
         Ok(())

@@ -12,7 +12,7 @@ use super::sessions::{parse_sessions, plan_sessions};
 use super::trace::{
     merge_by_line, parse_trace, plan_trace, read_trace_text, MalformedLine, TraceError,
 };
-use super::Workload;
+use super::{ArrivalScale, Workload};
 
 /// The two trace forms.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
@@ -97,7 +97,9 @@ pub fn load_trace_text(
         }
     };
     workload.start_at_zero();
-    workload.check_span().map_err(TraceError::Span)?;
+    workload
+        .check_span(ArrivalScale::PLANNED)
+        .map_err(TraceError::Span)?;
     Ok(LoadedTrace {
         form,
         workload,

@@ -1,10 +1,11 @@
 //! Stopping every stack process when the parent is interrupted.
 //!
-//! `Drop` covers normal exits and panics, but SIGINT/SIGTERM/SIGHUP/SIGQUIT end a process without
-//! running destructors. [`stop_children_on_signal`] installs, once per process, a watcher that
-//! stops every child any [`crate::Stack`] of this process still runs, then exits. It runs on
-//! its own thread and runtime so it outlives whichever test or runtime installed it (a
-//! watcher tied to a dropped runtime would leave the signal swallowed and ignored).
+//! `Drop` covers normal exits and panics, but SIGINT/SIGTERM/SIGHUP/SIGQUIT end a process
+//! without running destructors. [`stop_children_on_signal`] installs, once per process, a
+//! watcher that stops every child any [`crate::Stack`] of this process still runs, then
+//! exits. It runs on its own thread and runtime so it outlives whichever test or runtime
+//! installed it (a watcher tied to a dropped runtime would leave the signal swallowed and
+//! ignored).
 //! Binaries with their own shutdown (like `switchyard-local`) leave it off and drop the
 //! stack themselves.
 
@@ -51,8 +52,8 @@ pub fn say_on_signal(text: impl Into<String>) {
 
 /// Installs the watcher (idempotent). On SIGINT, SIGTERM, SIGHUP (a closed terminal) or
 /// SIGQUIT it sends SIGTERM to every live child, gives them up to two seconds, SIGKILLs the
-/// rest, says what [`say_on_signal`] set and exits with 130, 143, 129 or 131. Children must not outlive a
-/// closed terminal: nats-server takes SIGHUP for "reload" and would run on.
+/// rest, says what [`say_on_signal`] set and exits with 130, 143, 129 or 131. Children must
+/// not outlive a closed terminal: nats-server takes SIGHUP for "reload" and would run on.
 pub fn stop_children_on_signal() {
     static INSTALLED: OnceLock<()> = OnceLock::new();
     INSTALLED.get_or_init(|| {

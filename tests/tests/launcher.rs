@@ -12,16 +12,20 @@ use switchyard_stack::paths::target_dir;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
-/// Stops the launcher if the test fails midway: SIGTERM (so it stops its own children),
-/// then SIGKILL after a bounded wait.
+/// Stops the launcher if the test fails midway: SIGTERM twice (so it stops its own children,
+/// which run in process groups of their own; the second ends a drain of streams in flight at
+/// once), then SIGKILL after a bounded wait.
 struct Launcher(Child);
 
 impl Drop for Launcher {
     fn drop(&mut self) {
         let Some(pid) = self.0.id() else { return };
-        let _ = std::process::Command::new("kill")
-            .args(["-TERM", &pid.to_string()])
-            .status();
+        for _ in 0..2 {
+            let _ = std::process::Command::new("kill")
+                .args(["-TERM", &pid.to_string()])
+                .status();
+            std::thread::sleep(Duration::from_millis(100));
+        }
         for _ in 0..250 {
             if matches!(self.0.try_wait(), Ok(Some(_))) {
                 return;
@@ -144,6 +148,15 @@ impl Started {
             .await;
     }
 
+    /// Sends `signal` to the launcher's whole process group, as a terminal sends Ctrl-C,
+    /// Ctrl-\ or its hang-up, and checks the stop as [`Started::stop_with`] does.
+    async fn stop_as_terminal(self, signal: &str, why: &str) {
+        let pid = self.launcher.0.id().expect("launcher pid");
+        switchyard_e2e::signal_group(pid, signal);
+        self.stop_with_said(why, &format!("{why}: stopped everything"))
+            .await;
+    }
+
     /// After a stop signal (`why`): checks that the launcher exits 0 within 20 s with every
     /// process it started gone, having said `said` and `{why}: stopped everything`.
     async fn stop_with_said(mut self, why: &str, said: &str) {
@@ -251,11 +264,9 @@ async fn switchyard_local_serves_and_stops_everything_on_sigterm() {
 /// launcher watched it, nats-server outlived it, holding its port.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn switchyard_local_stops_everything_when_its_terminal_closes() {
-    let started = start_launcher().await;
-    let pid = started.launcher.0.id().expect("launcher pid");
-    switchyard_e2e::signal_group(pid, "-HUP");
-    started
-        .stop_with_said("SIGHUP", "SIGHUP: stopped everything")
+    start_launcher()
+        .await
+        .stop_as_terminal("-HUP", "SIGHUP")
         .await;
 }
 
@@ -264,11 +275,9 @@ async fn switchyard_local_stops_everything_when_its_terminal_closes() {
 /// launcher and left nats-server, the control plane and the workers running.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn switchyard_local_stops_everything_on_ctrl_backslash() {
-    let started = start_launcher().await;
-    let pid = started.launcher.0.id().expect("launcher pid");
-    switchyard_e2e::signal_group(pid, "-QUIT");
-    started
-        .stop_with_said("SIGQUIT", "SIGQUIT: stopped everything")
+    start_launcher()
+        .await
+        .stop_as_terminal("-QUIT", "SIGQUIT")
         .await;
 }
 
