@@ -19,6 +19,87 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 use switchyard_protocol::lifecycle::LifecycleEvent;
 use switchyard_protocol::route::{Reason, RouteMode};
+use switchyard_router::core::ResyncReason;
+
+/// Label values of the counters that count by a closed set of causes, created at 0 when the
+/// metrics are registered: a dashboard shows 0 rather than "No data" before the first event,
+/// and `rate`/`increase` count that first event (a series that appears already at 1 has no
+/// earlier sample to rise from). Each list is what `docs/control-plane.md` documents.
+mod closed_labels {
+    /// `route_bad_requests_total{code}`: the codes of `ApiError`s the API answers.
+    pub const BAD_REQUEST_CODES: &[&str] = &[
+        "admin_listener",
+        "bad_request",
+        "bad_route_input",
+        "body_read",
+        "body_read_timeout",
+        "body_too_large",
+        "config_version_mismatch",
+        "invalid_config",
+        "invalid_json",
+        "invalid_request",
+        "invalid_request_id",
+        "method_not_allowed",
+        "no_workers",
+        "not_found",
+        "not_the_gateway",
+        "prompt_too_long",
+        "starting",
+        "tokenizer",
+        "unavailable",
+        "unknown_api",
+        "unknown_model",
+        "unsupported_type",
+        "unsupported_version",
+        "whatif_unavailable",
+    ];
+    /// `workers_rejected_total{reason}`.
+    pub const WORKER_REJECTIONS: &[&str] = &[
+        "unsigned",
+        "bad_signature",
+        "stale",
+        "invalid",
+        "declared",
+        "address_in_use",
+        "id_in_use",
+    ];
+    /// `kv_batches_rejected_total{reason}`: `KvEventError`'s variants.
+    pub const KV_REJECTIONS: &[&str] = &["unknown_worker", "block_size_mismatch", "stale"];
+    /// `bad_messages_total{kind}`: the NATS message families.
+    pub const BAD_MESSAGE_KINDS: &[&str] = &[
+        "heartbeat",
+        "load",
+        "kv_events",
+        "shared_config",
+        "replica_sync",
+    ];
+    /// `replica_updates_total{reason}`.
+    pub const REPLICA_UPDATES: &[&str] =
+        &["sent", "applied", "rejected", "dropped", "duplicate_id"];
+    /// `pool_reloads_total{reason}`.
+    pub const POOL_RELOADS: &[&str] = &["ok", "error"];
+    /// `declared_worker_events_total{reason}`.
+    pub const DECLARED_EVENTS: &[&str] = &[
+        "health_up",
+        "health_down",
+        "never_healthy",
+        "scrape_failed",
+        "model_mismatch",
+        "block_size_mismatch",
+        "kv_unreachable",
+        "kv_reconnected",
+        "kv_poll_failed",
+        "kv_malformed",
+        "kv_gap_replayed",
+        "kv_gap_unrecoverable",
+        "kv_partial_rejoin",
+        "kv_restart",
+        "kv_refused_event",
+        "kv_replay_failed",
+        "kv_over_capacity_rejoin",
+        "kv_other_window",
+    ];
+}
 
 /// `cached_fraction`'s bucket bounds.
 const CACHED_FRACTION_BUCKETS: [f64; 10] = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0];
@@ -322,6 +403,31 @@ impl Metrics {
         for refusal in crate::api::auth::Refusal::ALL {
             let _ = m.admin_refusals.get_or_create(&ReasonLabels {
                 reason: refusal.code().to_string(),
+            });
+        }
+        // Likewise every documented cause of the counters below.
+        let reasons = |family: &Family<ReasonLabels, Counter>, values: &[&str]| {
+            for value in values {
+                let _ = family.get_or_create(&ReasonLabels {
+                    reason: value.to_string(),
+                });
+            }
+        };
+        reasons(&m.workers_rejected, closed_labels::WORKER_REJECTIONS);
+        reasons(&m.kv_batches_rejected, closed_labels::KV_REJECTIONS);
+        reasons(&m.replica_updates, closed_labels::REPLICA_UPDATES);
+        reasons(&m.pool_reloads, closed_labels::POOL_RELOADS);
+        reasons(&m.declared_events, closed_labels::DECLARED_EVENTS);
+        let resyncs: Vec<&str> = ResyncReason::ALL.iter().map(|r| r.as_str()).collect();
+        reasons(&m.resync_requests, &resyncs);
+        for code in closed_labels::BAD_REQUEST_CODES {
+            let _ = m.bad_requests.get_or_create(&CodeLabels {
+                code: code.to_string(),
+            });
+        }
+        for kind in closed_labels::BAD_MESSAGE_KINDS {
+            let _ = m.bad_messages.get_or_create(&KindLabels {
+                kind: kind.to_string(),
             });
         }
         let mut r = Registrar {
@@ -763,6 +869,7 @@ pub fn variant_label<E: std::fmt::Debug>(error: &E) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use switchyard_router::KvEventError;
 
     #[test]
     fn registered_metrics_appear_in_the_text_exposition() {
@@ -780,6 +887,87 @@ mod tests {
             text.contains("switchyard_route_bad_requests_total{code=\"invalid_json\"} 1"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn every_documented_cause_has_a_series_at_zero_before_the_first_event() {
+        let mut registry = Registry::default();
+        let _m = Metrics::register(&mut registry);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        let families: [(&str, &str, &[&str]); 7] = [
+            (
+                "route_bad_requests_total",
+                "code",
+                closed_labels::BAD_REQUEST_CODES,
+            ),
+            (
+                "workers_rejected_total",
+                "reason",
+                closed_labels::WORKER_REJECTIONS,
+            ),
+            (
+                "kv_batches_rejected_total",
+                "reason",
+                closed_labels::KV_REJECTIONS,
+            ),
+            (
+                "bad_messages_total",
+                "kind",
+                closed_labels::BAD_MESSAGE_KINDS,
+            ),
+            (
+                "replica_updates_total",
+                "reason",
+                closed_labels::REPLICA_UPDATES,
+            ),
+            ("pool_reloads_total", "reason", closed_labels::POOL_RELOADS),
+            (
+                "declared_worker_events_total",
+                "reason",
+                closed_labels::DECLARED_EVENTS,
+            ),
+        ];
+        for (family, label, values) in families {
+            for value in values {
+                let line = format!("switchyard_{family}{{{label}=\"{value}\"}} 0");
+                assert!(text.contains(&line), "no `{line}` in\n{text}");
+            }
+        }
+        for reason in ResyncReason::ALL {
+            let line = format!(
+                "switchyard_resync_requests_total{{reason=\"{}\"}} 0",
+                reason.as_str()
+            );
+            assert!(text.contains(&line), "no `{line}`");
+        }
+    }
+
+    #[test]
+    fn every_kv_rejection_is_among_the_pre_created_labels() {
+        let worker = switchyard_protocol::worker::WorkerId("w".into());
+        let errors = [
+            KvEventError::UnknownWorker(worker.clone()),
+            KvEventError::BlockSizeMismatch {
+                worker: worker.clone(),
+                got: 16,
+                registered: 32,
+            },
+            KvEventError::Stale {
+                worker,
+                seq: 1,
+                applied: 2,
+            },
+        ];
+        for error in &errors {
+            // A new variant fails to compile here until it is listed.
+            match error {
+                KvEventError::UnknownWorker(_)
+                | KvEventError::BlockSizeMismatch { .. }
+                | KvEventError::Stale { .. } => {}
+            }
+            assert!(closed_labels::KV_REJECTIONS.contains(&variant_label(error).as_str()));
+        }
     }
 
     #[test]

@@ -56,6 +56,15 @@ pub enum ResyncReason {
 }
 
 impl ResyncReason {
+    /// Every reason (metrics pre-create a series for each).
+    pub const ALL: [ResyncReason; 5] = [
+        ResyncReason::NewWorker,
+        ResyncReason::Restarted,
+        ResyncReason::Gap,
+        ResyncReason::Reconnected,
+        ResyncReason::OverCapacity,
+    ];
+
     /// Wire name (the resync request's `reason`, a metric label).
     pub fn as_str(self) -> &'static str {
         match self {
