@@ -433,6 +433,19 @@ impl Router {
             .collect()
     }
 
+    /// Workers live at `now_ms`, for the API and EDS: the registered ones less those whose
+    /// heartbeats stopped long enough that routing already passes them over, though the
+    /// periodic expiry has not removed them yet.
+    pub fn live_workers(&self, now_ms: u64) -> Vec<WorkerView> {
+        let mut views = self.workers();
+        views.retain(|view| {
+            self.workers
+                .get(&view.info.worker_id)
+                .is_some_and(|w| self.is_live(w, now_ms))
+        });
+        views
+    }
+
     /// Per-worker predicted load and cached blocks, for metrics.
     pub fn worker_stats(&self) -> Vec<WorkerStats> {
         self.workers

@@ -546,6 +546,32 @@ fn no_decode_workers_is_an_error_and_expired_workers_are_not_routed_to() {
 }
 
 #[test]
+fn a_worker_routing_passes_over_is_not_listed_as_live_before_the_expiry_sweep() {
+    let mut r = router_with(&[]);
+    r.upsert_worker(&info("decode-0", WorkerRole::Decode), 1_000, 100);
+    r.upsert_worker(&info("decode-1", WorkerRole::Decode), 1_050, 100);
+    let live = |r: &Router, now_ms| -> Vec<String> {
+        r.live_workers(now_ms)
+            .into_iter()
+            .map(|w| w.info.worker_id.0)
+            .collect()
+    };
+    assert_eq!(live(&r, 1_100), ["decode-0", "decode-1"]);
+    // decode-0 is past its window: routing skips it, so EDS and the API must not list it,
+    // though no sweep has removed it yet.
+    assert_eq!(live(&r, 1_101), ["decode-1"]);
+    assert_eq!(r.workers().len(), 2);
+    assert_eq!(
+        r.route("a", &prompt(1, 100), 1_101)
+            .unwrap()
+            .decode
+            .worker_id
+            .0,
+        "decode-1"
+    );
+}
+
+#[test]
 fn every_verdict_reason_is_registered() {
     let mut r = pool();
     for (i, n) in [0usize, 15, 16, 100, 2047, 2048, 9000]

@@ -377,7 +377,7 @@ impl Owner {
             .map(|s| (s.worker_id.clone(), s))
             .collect();
         self.router()
-            .workers()
+            .live_workers(self.now_ms())
             .into_iter()
             .map(|view| {
                 let stats = stats.remove(&view.info.worker_id);

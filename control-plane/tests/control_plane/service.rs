@@ -27,9 +27,11 @@ async fn heartbeats_register_a_worker_that_expires_when_they_stop() {
     let m = svc.metrics().await;
     assert_metric(&m, "switchyard_live_workers{role=\"decode\"}", 1.0);
 
-    // No more heartbeats: expired after 3 missed 300 ms intervals.
+    // No more heartbeats: expired after 3 missed 300 ms intervals (no longer listed as soon
+    // as its window ends; counted when the sweep removes it).
     eventually(WAIT, "decode-0 expired", || async {
         svc.worker_ids().await.is_empty()
+            && metric_value(&svc.metrics().await, "switchyard_workers_expired_total") == 1.0
     })
     .await;
     let m = svc.metrics().await;
@@ -473,6 +475,7 @@ async fn a_nats_outage_expires_no_worker_and_expiry_resumes_after_a_window() {
     });
     eventually(WAIT, "decode-1 expired after its window", || async {
         svc.worker_ids().await == ["decode-0"]
+            && metric_value(&svc.metrics().await, "switchyard_workers_expired_total") == 1.0
     })
     .await;
     beats.abort();
