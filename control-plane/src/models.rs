@@ -50,6 +50,9 @@ pub struct ServedModel {
     /// bundle's) when none of its workers is live: its first declared worker's, else
     /// [`DEFAULT_BLOCK_SIZE`].
     pub block_size: u32,
+    /// Its disaggregated legs carry a `disagg_request_id` (the pool file's
+    /// `trtllm_disagg_request_id`).
+    pub disagg_request_id: bool,
 }
 
 impl std::fmt::Debug for ServedModel {
@@ -101,6 +104,7 @@ impl Models {
                 max_model_len: context_length(flag, tokenizer.as_ref()),
                 tokenizer,
                 block_size: DEFAULT_BLOCK_SIZE,
+                disagg_request_id: false,
             }),
             max_model_len: flag,
             declared: RwLock::new(BTreeMap::new()),
@@ -189,6 +193,7 @@ impl Models {
                         .values()
                         .find(|w| &w.model == name)
                         .map_or(DEFAULT_BLOCK_SIZE, |w| w.block_size.get()),
+                    disagg_request_id: pools.disagg_request_id_models.contains(name),
                 }),
             );
         }

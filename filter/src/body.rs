@@ -26,7 +26,7 @@ use std::fmt;
 use serde::de::IgnoredAny;
 use serde::Deserialize;
 use serde_json::{Map, Value};
-use switchyard_protocol::handoff::{BootstrapRoom, DecodeLeg, Handoff};
+use switchyard_protocol::handoff::{insert_disagg_request_id, BootstrapRoom, DecodeLeg, Handoff};
 use switchyard_protocol::json_values::{parse_bounded, BoundedParseError};
 use switchyard_protocol::openai::CLIENT_STEERING_KEYS;
 use switchyard_protocol::route::is_header_safe_model;
@@ -248,7 +248,8 @@ impl RequestDoc {
             .count()
     }
 
-    /// The prefill leg's body under `handoff` (`room` ties SGLang's two legs).
+    /// The prefill leg's body under `handoff` (`room` ties SGLang's two legs;
+    /// `disagg_request_id` TensorRT-LLM's, when its servers need one).
     ///
     /// # Errors
     /// A serialization error (not expected).
@@ -256,8 +257,13 @@ impl RequestDoc {
         &self,
         handoff: Handoff,
         room: Option<&BootstrapRoom<'_>>,
+        disagg_request_id: Option<u64>,
     ) -> Result<Vec<u8>, serde_json::Error> {
-        serde_json::to_vec(&handoff.prefill_body(&self.0, room))
+        let mut body = handoff.prefill_body(&self.0, room);
+        if let Some(id) = disagg_request_id {
+            insert_disagg_request_id(&mut body, id);
+        }
+        serde_json::to_vec(&body)
     }
 
     /// The decode leg of a concurrent handoff (SGLang), sent at once with the prefill leg;
@@ -286,11 +292,17 @@ impl RequestDoc {
         &self,
         handoff: Handoff,
         prefill_answer: &[u8],
+        disagg_request_id: Option<u64>,
     ) -> Result<Option<DecodeBody>, String> {
         match handoff.decode_leg(&self.0, prefill_answer) {
             DecodeLeg::Local => Ok(None),
-            DecodeLeg::Handoff { body, hold } => Ok(Some(DecodeBody {
-                body: serde_json::to_vec(&body).map_err(|e| e.to_string())?,
+            DecodeLeg::Handoff { mut body, hold } => Ok(Some(DecodeBody {
+                body: {
+                    if let Some(id) = disagg_request_id {
+                        insert_disagg_request_id(&mut body, id);
+                    }
+                    serde_json::to_vec(&body).map_err(|e| e.to_string())?
+                },
                 hold,
             })),
             DecodeLeg::Unusable(why) => Err(why),
@@ -482,14 +494,21 @@ mod tests {
     fn legs_follow_the_handoff() {
         let doc = RequestDoc::parse(br#"{"model":"m","max_tokens":8,"stream":true}"#).unwrap();
         let prefill: Value =
-            serde_json::from_slice(&doc.prefill_body(Handoff::VllmNixl, None).unwrap()).unwrap();
+            serde_json::from_slice(&doc.prefill_body(Handoff::VllmNixl, None, None).unwrap())
+                .unwrap();
         assert_eq!(prefill["max_tokens"], 1);
         assert_eq!(prefill["stream"], false);
         let answer = br#"{"kv_transfer_params":{"remote_request_id":"h"}}"#;
-        let DecodeBody { body, hold } = doc.decode_leg(Handoff::VllmNixl, answer).unwrap().unwrap();
+        let DecodeBody { body, hold } = doc
+            .decode_leg(Handoff::VllmNixl, answer, None)
+            .unwrap()
+            .unwrap();
         assert_eq!(body, br#"{"model":"m","max_tokens":8,"stream":true,"kv_transfer_params":{"remote_request_id":"h"}}"#);
         assert_eq!(hold.as_deref(), Some("h"));
-        assert_eq!(doc.decode_leg(Handoff::VllmNixl, b"{}").unwrap(), None);
+        assert_eq!(
+            doc.decode_leg(Handoff::VllmNixl, b"{}", None).unwrap(),
+            None
+        );
     }
 
     #[test]

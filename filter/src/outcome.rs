@@ -246,6 +246,7 @@ mod tests {
                 address: "p:1".into(),
                 handoff: switchyard_protocol::handoff::Handoff::VllmNixl,
                 bootstrap_port: None,
+                disagg_request_id: false,
             }),
             on_prefill_pool: false,
             steering_free: false,

@@ -78,12 +78,19 @@ pub struct PrefillTarget {
     pub handoff: Handoff,
     /// SGLang's bootstrap port on the prefill worker's host (always present for SGLang).
     pub bootstrap_port: Option<u16>,
+    /// The legs carry a `disagg_request_id` (TensorRT-LLM servers with the Python KV
+    /// transceiver; the verdict's `disagg_request_id`).
+    pub disagg_request_id: bool,
 }
 
 impl PrefillTarget {
     /// The verdict's prefill worker, if the filter can run a handoff with it: a usable
     /// address and, for SGLang, a bootstrap port.
-    fn from_verdict(prefill: Endpoint, engine: Engine) -> Option<PrefillTarget> {
+    fn from_verdict(
+        prefill: Endpoint,
+        engine: Engine,
+        disagg_request_id: bool,
+    ) -> Option<PrefillTarget> {
         let handoff = engine.handoff();
         let needs_bootstrap = handoff.order() == LegOrder::Concurrent;
         let bootstrap_ok = !needs_bootstrap || prefill.bootstrap_port.is_some_and(|p| p != 0);
@@ -91,6 +98,7 @@ impl PrefillTarget {
             address: prefill.address,
             handoff,
             bootstrap_port: prefill.bootstrap_port,
+            disagg_request_id: disagg_request_id && handoff == Handoff::TrtllmDisagg,
         })
     }
 }
@@ -171,9 +179,9 @@ pub fn classify_route_response(
                 RouteOutcome::Routed {
                     mode: verdict.mode,
                     destination: verdict.decode.address,
-                    prefill: verdict
-                        .prefill
-                        .and_then(|p| PrefillTarget::from_verdict(p, verdict.engine)),
+                    prefill: verdict.prefill.and_then(|p| {
+                        PrefillTarget::from_verdict(p, verdict.engine, verdict.disagg_request_id)
+                    }),
                     on_prefill_pool: verdict.decode_on_prefill,
                     steering_free: verdict.steering_free,
                 }
@@ -247,6 +255,7 @@ mod tests {
                     address: "10.0.0.3:81".into(),
                     handoff: Handoff::VllmNixl,
                     bootstrap_port: None,
+                    disagg_request_id: false,
                 }),
                 on_prefill_pool: false,
                 steering_free: false,
@@ -276,9 +285,22 @@ mod tests {
         };
         verdict["engine"] = "trtllm".into();
         assert_eq!(
-            prefill_of(&verdict).map(|p| p.handoff),
-            Some(Handoff::TrtllmDisagg)
+            prefill_of(&verdict).map(|p| (p.handoff, p.disagg_request_id)),
+            Some((Handoff::TrtllmDisagg, false))
         );
+        // TensorRT-LLM's legs carry a disagg_request_id when the verdict asks; no other
+        // engine's do.
+        verdict["disagg_request_id"] = true.into();
+        assert_eq!(
+            prefill_of(&verdict).map(|p| p.disagg_request_id),
+            Some(true)
+        );
+        verdict["engine"] = "vllm".into();
+        assert_eq!(
+            prefill_of(&verdict).map(|p| p.disagg_request_id),
+            Some(false)
+        );
+        verdict["disagg_request_id"] = false.into();
         verdict["engine"] = "sglang".into();
         assert_eq!(prefill_of(&verdict), None, "no bootstrap port");
         verdict["prefill"]["bootstrap_port"] = 0.into();
@@ -290,6 +312,7 @@ mod tests {
                 address: "10.0.0.3:81".into(),
                 handoff: Handoff::SglangBootstrap,
                 bootstrap_port: Some(8998),
+                disagg_request_id: false,
             })
         );
         // An engine this filter does not know is not a verdict it can follow.

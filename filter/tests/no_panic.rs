@@ -191,11 +191,11 @@ mod bodies {
             }
             if let Ok(doc) = RequestDoc::parse(&body) {
                 // Whatever parses as an object rewrites into JSON objects again.
-                let prefill: Value = serde_json::from_slice(&doc.prefill_body(Handoff::VllmNixl, None).unwrap()).unwrap();
+                let prefill: Value = serde_json::from_slice(&doc.prefill_body(Handoff::VllmNixl, None, None).unwrap()).unwrap();
                 prop_assert_eq!(&prefill["max_tokens"], &Value::from(1));
                 prop_assert_eq!(&prefill["stream"], &Value::Bool(false));
                 let answer = br#"{"kv_transfer_params":{"x":1}}"#;
-                let decode = doc.decode_leg(Handoff::VllmNixl, answer).unwrap().unwrap().body;
+                let decode = doc.decode_leg(Handoff::VllmNixl, answer, None).unwrap().unwrap().body;
                 prop_assert!(serde_json::from_slice::<Value>(&decode).unwrap().is_object());
             }
         }
@@ -207,7 +207,7 @@ mod bodies {
             let doc = RequestDoc::parse(&body).unwrap();
             let original: Vec<String> = request.as_object().unwrap().keys().cloned().collect();
 
-            let prefill: Value = serde_json::from_slice(&doc.prefill_body(Handoff::VllmNixl, None).unwrap()).unwrap();
+            let prefill: Value = serde_json::from_slice(&doc.prefill_body(Handoff::VllmNixl, None, None).unwrap()).unwrap();
             let prefill = prefill.as_object().unwrap();
             let kept: Vec<&String> = prefill.keys().filter(|k| original.contains(k)).collect();
             let expected: Vec<&String> = original.iter().filter(|k| *k != "stream_options").collect();
@@ -226,7 +226,7 @@ mod bodies {
             let params = serde_json::to_value(&params).unwrap();
             let answer = serde_json::json!({"id": "x", "kv_transfer_params": params});
             let decode = doc
-                .decode_leg(Handoff::VllmNixl, answer.to_string().as_bytes())
+                .decode_leg(Handoff::VllmNixl, answer.to_string().as_bytes(), None)
                 .unwrap()
                 .expect("params hand the KV over")
                 .body;

@@ -33,6 +33,31 @@ pub const BOOTSTRAP_PORT: &str = "bootstrap_port";
 /// See [`BOOTSTRAP_HOST`].
 pub const BOOTSTRAP_ROOM: &str = "bootstrap_room";
 
+/// `disaggregated_params` key of the id a gateway draws for both of a TensorRT-LLM request's
+/// legs, when the servers move KV with the Python transceiver (it needs one; a 1.0 server
+/// refuses the field).
+pub const DISAGG_REQUEST_ID: &str = "disagg_request_id";
+/// The smallest `disagg_request_id`: TensorRT-LLM keeps a server's own request ids below it
+/// and a gateway's at or above, so the two never collide.
+pub const MIN_DISAGG_REQUEST_ID: u64 = 1 << 40;
+
+/// A `disagg_request_id` from 64 random bits: in `[2^40, 2^63)` (a non-negative 64-bit
+/// integer, as TensorRT-LLM's are), with 62 bits drawn. TensorRT-LLM's own orchestrator packs
+/// a clock, a node id and a counter instead; it only needs the id not to repeat among the
+/// requests a context server holds at once, and without coordination between gateways
+/// random bits are the safe way to get that.
+pub fn disagg_request_id(bits: u64) -> u64 {
+    (bits >> 1) | MIN_DISAGG_REQUEST_ID
+}
+
+/// Puts `id` into a TensorRT-LLM leg's `disaggregated_params` (a body without them, as a
+/// decode worker's local prefill, is left alone).
+pub fn insert_disagg_request_id(body: &mut Map<String, Value>, id: u64) {
+    if let Some(Value::Object(params)) = body.get_mut(DISAGGREGATED_PARAMS) {
+        params.insert(DISAGG_REQUEST_ID.to_string(), Value::from(id));
+    }
+}
+
 /// Path on a simulated prefill worker that releases a hold unpulled (real vLLM has none: it
 /// frees unpulled KV after `VLLM_NIXL_ABORT_REQUEST_TIMEOUT`).
 pub const RELEASE_PATH: &str = "/switchyard/kv/release";
@@ -450,6 +475,38 @@ mod tests {
             prefill,
             r#"{"model":"m","messages":[],"max_tokens":64,"stream":false,"disaggregated_params":{"request_type":"context_only"}}"#
         );
+    }
+
+    #[test]
+    fn a_disagg_request_id_goes_into_both_trtllm_legs_and_is_a_gateway_id() {
+        let client = object(json!({"model": "m", "messages": [], "stream": true}));
+        let mut prefill = Handoff::TrtllmDisagg.prefill_body(&client, None);
+        insert_disagg_request_id(&mut prefill, disagg_request_id(u64::MAX));
+        assert_eq!(
+            prefill[DISAGGREGATED_PARAMS],
+            json!({"request_type": "context_only", "disagg_request_id": (1u64 << 63) - 1})
+        );
+        let answer = br#"{"choices":[{"index":0,"finish_reason":"length","disaggregated_params":{"request_type":"context_only","ctx_request_id":42}}]}"#;
+        let DecodeLeg::Handoff { mut body, .. } = Handoff::TrtllmDisagg.decode_leg(&client, answer)
+        else {
+            panic!("a handoff");
+        };
+        insert_disagg_request_id(&mut body, disagg_request_id(0));
+        assert_eq!(
+            body[DISAGGREGATED_PARAMS][DISAGG_REQUEST_ID],
+            json!(MIN_DISAGG_REQUEST_ID)
+        );
+        // A body without the params (a local prefill) is left alone.
+        let mut local = client.clone();
+        insert_disagg_request_id(&mut local, 1 << 50);
+        assert_eq!(local, client);
+        for bits in [0, 1, 1 << 40, u64::MAX >> 1, u64::MAX] {
+            let id = disagg_request_id(bits);
+            assert!(
+                (MIN_DISAGG_REQUEST_ID..1 << 63).contains(&id),
+                "{bits}: {id}"
+            );
+        }
     }
 
     #[test]

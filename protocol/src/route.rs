@@ -401,6 +401,13 @@ pub struct Verdict {
     /// filter screens the body.
     #[serde(default, skip_serializing_if = "is_false")]
     pub steering_free: bool,
+    /// A `disagg` verdict's legs carry a `disaggregated_params.disagg_request_id` the filter
+    /// draws per request ([`crate::handoff::disagg_request_id`]): the model's TensorRT-LLM
+    /// servers move KV with the Python transceiver, which needs one (the pool file's
+    /// `trtllm_disagg_request_id`). Absent (false) otherwise: a TensorRT-LLM 1.0 server
+    /// refuses the field.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub disagg_request_id: bool,
 }
 
 fn is_false(b: &bool) -> bool {

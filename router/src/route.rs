@@ -386,6 +386,8 @@ impl Router {
             engine: d.engine,
             // The router never sees the body; the control plane's API sets it.
             steering_free: false,
+            // A setting of the model's in the pool file, which the control plane's API adds.
+            disagg_request_id: false,
         };
         if self.load.take_failed_open(request_id, route_call) {
             // A late call: the filter failed the request open and sent it to a worker of

@@ -92,7 +92,10 @@ pub async fn serve(
     let body: Value = serde_json::from_slice(switchyard_protocol::without_bom(&body))
         .map_err(|e| ApiError::bad_request(format!("request body is not valid JSON: {e}"), None))?;
     let leg = match &body {
-        Value::Object(fields) => legs::read(ctx.engine_kind, ctx.role, fields)?,
+        Value::Object(fields) => {
+            legs::check_disagg_request_id(ctx.engine_kind, ctx.disagg_request_id, fields)?;
+            legs::read(ctx.engine_kind, ctx.role, fields)?
+        }
         _ => None,
     };
     let mut req = parse_request(api, body, ctx.max_model_len)?;

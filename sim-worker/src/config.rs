@@ -8,6 +8,8 @@ use switchyard_protocol::worker::{Engine, WorkerId, WorkerRole};
 
 use switchyard_engine::{EngineConfig, SpeedUp};
 
+use crate::legs::DisaggRequestId;
+
 pub use switchyard_engine::{DEFAULT_LOAD_INTERVAL_MS, DEFAULT_MAX_MODEL_LEN, DEFAULT_MODEL_NAME};
 
 pub use crate::vllm_wire::{VllmWireConfig, Wire};
@@ -107,6 +109,8 @@ pub struct WorkerConfig {
     pub wire: Wire,
     /// The engine whose handoff protocol the worker speaks (`crate::legs`).
     pub engine_kind: Engine,
+    /// A TensorRT-LLM worker: what it makes of a leg's `disagg_request_id`.
+    pub disagg_request_id: DisaggRequestId,
     /// Simulated fault for failure tests: answer the 1st, (1+N)th, … completion request 503.
     pub unavailable_every: Option<NonZeroU64>,
 }
@@ -124,6 +128,7 @@ impl WorkerConfig {
             max_model_len: DEFAULT_MAX_MODEL_LEN,
             wire: Wire::default(),
             engine_kind: Engine::Vllm,
+            disagg_request_id: DisaggRequestId::default(),
             unavailable_every: None,
         }
     }
@@ -144,6 +149,13 @@ impl WorkerConfig {
         }
         if !is_usable_worker_id(&self.spec.id.0) {
             return Err(SpecError::Id(self.spec.id.0.clone()).to_string());
+        }
+        if self.disagg_request_id == DisaggRequestId::Required && self.engine_kind != Engine::Trtllm
+        {
+            return Err(format!(
+                "a disagg_request_id is TensorRT-LLM's; --engine {} workers have none",
+                self.engine_kind
+            ));
         }
         if let Wire::Vllm(vllm) = &self.wire {
             vllm.validate()?;

@@ -13,6 +13,7 @@ use switchyard_engine::EngineConfig;
 
 use super::fault::{Faults, KvOutage};
 use super::handoff::HoldRegistry;
+use super::legs::DisaggRequestId;
 use super::metrics::WorkerMetrics;
 use super::runtime::{EngineClock, EngineHandle};
 
@@ -25,6 +26,8 @@ pub struct WorkerContext {
     pub role: WorkerRole,
     /// The engine whose protocol the worker speaks (`--engine`).
     pub engine_kind: Engine,
+    /// A TensorRT-LLM worker: what it makes of a leg's `disagg_request_id`.
+    pub disagg_request_id: DisaggRequestId,
     /// Random per start; see [`WorkerInfo::instance_id`].
     pub instance_id: u64,
     /// Served model name.
@@ -81,6 +84,7 @@ impl WorkerContext {
             id,
             role,
             engine_kind: Engine::Vllm,
+            disagg_request_id: DisaggRequestId::default(),
             instance_id,
             model_name,
             advertised_host,
@@ -101,8 +105,9 @@ impl WorkerContext {
     }
 
     /// The context of a worker speaking `engine`'s protocol.
-    pub fn speaking(mut self, engine: Engine) -> Self {
+    pub fn speaking(mut self, engine: Engine, disagg_request_id: DisaggRequestId) -> Self {
         self.engine_kind = engine;
+        self.disagg_request_id = disagg_request_id;
         self
     }
 

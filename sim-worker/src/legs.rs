@@ -23,8 +23,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use switchyard_protocol::handoff::{
     TrtllmDisaggregatedParams, VllmKvTransferParams, BOOTSTRAP_HOST, BOOTSTRAP_PORT,
-    BOOTSTRAP_ROOM, DISAGGREGATED_PARAMS, KV_TRANSFER_PARAMS, TRTLLM_CONTEXT_ONLY,
-    TRTLLM_GENERATION_ONLY,
+    BOOTSTRAP_ROOM, DISAGGREGATED_PARAMS, DISAGG_REQUEST_ID, KV_TRANSFER_PARAMS,
+    MIN_DISAGG_REQUEST_ID, TRTLLM_CONTEXT_ONLY, TRTLLM_GENERATION_ONLY,
 };
 use switchyard_protocol::worker::{Engine, WorkerRole};
 
@@ -151,6 +151,67 @@ fn read_trtllm(body: &Map<String, Value>) -> Result<Option<LegRequest>, ApiError
     }
 }
 
+/// What a simulated TensorRT-LLM server makes of `disaggregated_params.disagg_request_id`, the
+/// id a gateway may draw for both legs of a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DisaggRequestId {
+    /// TensorRT-LLM 1.0, whose request models forbid fields they do not know: a leg carrying
+    /// one is refused 400.
+    #[default]
+    Refused,
+    /// A newer server moving KV with the Python transceiver, whose sender asserts that the
+    /// context leg carried one: a leg without one is refused 500 (the assertion, as the
+    /// request fails inside the server), as is one below the gateway range.
+    Required,
+}
+
+impl std::str::FromStr for DisaggRequestId {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "refused" => Ok(DisaggRequestId::Refused),
+            "required" => Ok(DisaggRequestId::Required),
+            other => Err(format!("{other:?}: expected refused or required")),
+        }
+    }
+}
+
+/// Checks a TensorRT-LLM leg's `disagg_request_id` against what the server models; any other
+/// engine's body, and a whole request (no `disaggregated_params`), passes.
+///
+/// # Errors
+/// A 400 for an id a 1.0 server would not know, a 500 for one the Python transceiver misses.
+pub fn check_disagg_request_id(
+    engine: Engine,
+    expects: DisaggRequestId,
+    body: &Map<String, Value>,
+) -> Result<(), ApiError> {
+    let Some(Value::Object(params)) = present(body, DISAGGREGATED_PARAMS) else {
+        return Ok(());
+    };
+    if engine != Engine::Trtllm {
+        return Ok(());
+    }
+    let id = params.get(DISAGG_REQUEST_ID).filter(|v| !v.is_null());
+    match (expects, id) {
+        (DisaggRequestId::Refused, Some(_)) => Err(ApiError::bad_request(
+            format!("{DISAGGREGATED_PARAMS}.{DISAGG_REQUEST_ID}: extra inputs are not permitted (simulated TensorRT-LLM 1.0)"),
+            Some(DISAGGREGATED_PARAMS),
+        )),
+        (DisaggRequestId::Required, id)
+            if !id
+                .and_then(Value::as_u64)
+                .is_some_and(|id| (MIN_DISAGG_REQUEST_ID..1 << 63).contains(&id)) =>
+        {
+            Err(ApiError::internal(format!(
+                "the Python KV transceiver needs {DISAGGREGATED_PARAMS}.{DISAGG_REQUEST_ID}, an integer in [2^40, 2^63); got {id:?} (simulated)"
+            )))
+        }
+        _ => Ok(()),
+    }
+}
+
 /// The hold id a simulated SGLang prefill worker files a room's KV under.
 pub fn room_hold_id(room: u64) -> String {
     format!("room-{room}")
@@ -236,6 +297,33 @@ mod tests {
             Value::Object(m) => m,
             _ => panic!("not an object"),
         }
+    }
+
+    #[test]
+    fn a_disagg_request_id_is_refused_by_1_0_and_required_by_the_python_transceiver() {
+        let leg = |params: Value| object(json!({ "disaggregated_params": params }));
+        let with = leg(json!({"request_type": "context_only", "disagg_request_id": 1u64 << 50}));
+        let without = leg(json!({"request_type": "context_only"}));
+        let local = leg(json!({"request_type": "context_only", "disagg_request_id": 7}));
+        let check = |expects, body: &Map<String, Value>| {
+            check_disagg_request_id(Engine::Trtllm, expects, body).map_err(|e| e.status)
+        };
+        assert_eq!(check(DisaggRequestId::Refused, &without), Ok(()));
+        assert_eq!(check(DisaggRequestId::Refused, &with), Err(400));
+        assert_eq!(check(DisaggRequestId::Required, &with), Ok(()));
+        for missing in [&without, &local] {
+            assert_eq!(check(DisaggRequestId::Required, missing), Err(500));
+        }
+        // A whole request, and another engine's body, pass either way.
+        let whole = object(json!({"model": "m"}));
+        assert_eq!(check(DisaggRequestId::Required, &whole), Ok(()));
+        assert_eq!(
+            check_disagg_request_id(Engine::Vllm, DisaggRequestId::Required, &with)
+                .map_err(|e| e.status),
+            Ok(())
+        );
+        assert_eq!("required".parse(), Ok(DisaggRequestId::Required));
+        assert!("sometimes".parse::<DisaggRequestId>().is_err());
     }
 
     #[test]

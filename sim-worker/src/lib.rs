@@ -268,7 +268,7 @@ pub async fn start_worker(
             cfg.max_model_len,
             deps.registration,
         )
-        .speaking(cfg.engine_kind)
+        .speaking(cfg.engine_kind, cfg.disagg_request_id)
         .with_faults(fault::Faults::new(cfg.unavailable_every), deps.kv_outage),
     );
 

@@ -519,6 +519,7 @@ impl Stack {
                 worker_args.extend(["--speed-up".to_string(), speed_up.to_string()]);
             }
             worker_args.extend(["--engine".to_string(), b.engine.to_string()]);
+            worker_args.extend(b.worker_args.iter().cloned());
             self.spawn(component, &artifacts.sim_worker, worker_args)?;
         }
         let health: Vec<String> = self

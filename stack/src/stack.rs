@@ -99,6 +99,8 @@ pub struct StackBuilder {
     pub(crate) isolate_decode: bool,
     /// The engine whose handoff protocol the simulated workers speak.
     pub(crate) engine: Engine,
+    /// More flags for every simulated worker process.
+    pub(crate) worker_args: Vec<String>,
 }
 
 impl Default for StackBuilder {
@@ -128,6 +130,7 @@ impl Default for StackBuilder {
             control_planes: 1,
             isolate_decode: false,
             engine: Engine::Vllm,
+            worker_args: Vec::new(),
         }
     }
 }
@@ -193,6 +196,9 @@ impl StackBuilder {
     setter!(/// The engine whose handoff protocol the simulated workers speak (`--engine`;
         /// default vLLM).
         engine: Engine => engine);
+    setter!(/// More flags for every simulated worker process (e.g.
+        /// `--trtllm-disagg-request-id required`).
+        worker_args: Vec<String> => worker_args);
     setter!(/// Budget for each readiness stage.
         ready_timeout: Duration => ready_timeout);
     setter!(/// Keep the run directory when the stack is dropped (default). With `false` it is

@@ -45,22 +45,28 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 const WAIT: Duration = Duration::from_secs(20);
 
 /// Two decode workers and one prefill worker speaking `engine`'s protocol.
-async fn engine_stack(engine: Engine) -> Stack {
-    start_stack(
-        StackBuilder::new()
-            .decode_workers(2)
-            .prefill_workers(1)
-            .serving_mode(ServingMode::Conditional)
-            .engine(engine)
-            // Tokenizing a cold 4k-token prompt in a debug build takes tens of milliseconds.
-            .route_timeout_ms(3_000),
-    )
-    .await
+fn engine_stack(engine: Engine) -> StackBuilder {
+    StackBuilder::new()
+        .decode_workers(2)
+        .prefill_workers(1)
+        .serving_mode(ServingMode::Conditional)
+        .engine(engine)
+        // Tokenizing a cold 4k-token prompt in a debug build takes tens of milliseconds.
+        .route_timeout_ms(3_000)
 }
 
 /// A cold long prompt is disaggregated through `prefill` (its only prefill worker), and the
-/// conversation's next turn bypasses to the same decode worker.
-async fn cold_disaggregates_and_next_turn_bypasses(stack: &Stack, http: &reqwest::Client) {
+/// conversation's next turn bypasses to the same decode worker. Requests name `model`.
+async fn cold_disaggregates_and_next_turn_bypasses(
+    stack: &Stack,
+    http: &reqwest::Client,
+    model: &str,
+) {
+    let chat = |messages, max_tokens| {
+        let mut body = chat(messages, max_tokens);
+        body["model"] = model.into();
+        body
+    };
     let workers = known_workers(stack, http)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
@@ -158,16 +164,36 @@ async fn cold_disaggregates_and_next_turn_bypasses(stack: &Stack, http: &reqwest
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn trtllm_context_and_generation_legs_then_bypass_then_local_prefill_without_a_context_server(
 ) {
-    let mut stack = engine_stack(Engine::Trtllm).await;
+    // Servers moving KV with the Python transceiver: each leg must carry a
+    // `disagg_request_id` (a simulated worker refuses a leg without one 500), which the pool
+    // file asks of the model. Without the setting the legs carry none (the mixed-engine test
+    // below: a simulated 1.0 server refuses one 400).
+    let dir = TempDir::new("trtllm-e2e").expect("scratch");
+    let pools = dir.path().join("pools.yaml");
+    std::fs::write(
+        &pools,
+        format!(
+            "models:\n  - name: {SIMULATED_MODEL}\n    block_size: 64\n    trtllm_disagg_request_id: true\n"
+        ),
+    )
+    .expect("pool file");
+    let mut stack = start_stack(
+        engine_stack(Engine::Trtllm)
+            .pool_file(pools, Vec::new())
+            .worker_args(vec!["--trtllm-disagg-request-id".into(), "required".into()]),
+    )
+    .await;
     let http = client();
-    cold_disaggregates_and_next_turn_bypasses(&stack, &http).await;
+    cold_disaggregates_and_next_turn_bypasses(&stack, &http, SIMULATED_MODEL).await;
 
     // The context server dies; until its heartbeats expire the verdicts still name it. The
     // context leg fails before the generation leg leaves: local prefill, a 200.
     stack.stop_component(Component::PrefillWorkers);
     let url = format!("{}/v1/chat/completions", stack.gateway_url());
     let messages = json!([{"role": "user", "content": long_prompt("signal boxes")}]);
-    let response = post_observed(&http, &url, &chat(messages, 8), &[], REQUEST_TIMEOUT)
+    let mut body = chat(messages, 8);
+    body["model"] = SIMULATED_MODEL.into();
+    let response = post_observed(&http, &url, &body, &[], REQUEST_TIMEOUT)
         .await
         .expect("request without a context server");
     assert_streamed(&response);
@@ -186,9 +212,9 @@ async fn trtllm_context_and_generation_legs_then_bypass_then_local_prefill_witho
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sglang_legs_at_once_then_bypass_then_a_502_without_a_prefill_server() {
-    let mut stack = engine_stack(Engine::Sglang).await;
+    let mut stack = start_stack(engine_stack(Engine::Sglang)).await;
     let http = client();
-    cold_disaggregates_and_next_turn_bypasses(&stack, &http).await;
+    cold_disaggregates_and_next_turn_bypasses(&stack, &http, "qwen3").await;
 
     // The prefill server dies while the control plane still names it: the decode leg leaves
     // with the prefill leg and waits for KV that never comes. The client gets the gateway's

@@ -25,11 +25,13 @@ use switchyard_protocol::json_values::parse_bounded;
 use switchyard_protocol::openai::{
     check_prompt_length, generation_params, prompt_count, InvalidRequest, CLIENT_STEERING_KEYS,
 };
+use switchyard_protocol::route::RouteMode;
 use switchyard_protocol::route::{
     is_usable_request_id, ApiKind, RejectReason, API_HEADER, MAX_REQUEST_ID_LEN, NO_WORKERS,
     REJECT_HEADER, REQUEST_ID_HEADER, ROUTE_CALL_HEADER,
 };
 use switchyard_protocol::route_input::{HashedPrompt, ROUTE_INPUT_HASHES, ROUTE_INPUT_HEADER};
+use switchyard_protocol::worker::Engine;
 
 use super::{declared_length, error_reply, read_body, ApiState};
 use crate::metrics::{DecisionLabels, ModelDecisionLabels};
@@ -417,6 +419,10 @@ where
     match state.service.route(request).await {
         Ok(Ok(mut routed)) => {
             routed.verdict.steering_free = steering_free;
+            // Only a disaggregated TensorRT-LLM verdict has legs to carry it.
+            routed.verdict.disagg_request_id = model.disagg_request_id
+                && routed.verdict.mode == RouteMode::Disagg
+                && routed.verdict.engine == Engine::Trtllm;
             Ok((routed, model.name.clone()))
         }
         Ok(Err(RouteError::NoDecodeWorkers)) => Err(fail(RouteFailure::NoWorkers)),

@@ -38,7 +38,7 @@
 //! (its `--disaggregation-bootstrap-port`, which the decode leg is sent to); no other worker
 //! may.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
@@ -150,6 +150,8 @@ struct RawModel {
     #[serde(default)]
     model_dir: Option<PathBuf>,
     block_size: u32,
+    #[serde(default)]
+    trtllm_disagg_request_id: bool,
     /// `workers:` with nothing under it (YAML's null) is no workers, as `[]` is.
     #[serde(default)]
     workers: Option<Vec<RawWorker>>,
@@ -265,6 +267,9 @@ pub struct Pools {
     pub models: Vec<String>,
     /// The tokenizer folder of each model that names one (the others use `--model-dir`).
     pub model_dirs: BTreeMap<String, PathBuf>,
+    /// Models whose disaggregated legs carry a `disagg_request_id` (`trtllm_disagg_request_id:
+    /// true`: TensorRT-LLM servers moving KV with the Python transceiver).
+    pub disagg_request_id_models: BTreeSet<String>,
 }
 
 /// What changed between two pool files.
@@ -294,6 +299,7 @@ impl Pools {
             workers: BTreeMap::new(),
             models: Vec::new(),
             model_dirs: BTreeMap::new(),
+            disagg_request_id_models: BTreeSet::new(),
         }
     }
 
@@ -480,6 +486,20 @@ fn validate(raw: RawPoolFile) -> Result<Pools, Invalid> {
                 }
             }
             pools.workers.insert(declared.id.clone(), declared);
+        }
+        if model.trtllm_disagg_request_id {
+            // Only TensorRT-LLM's legs have the field; any other engine would refuse it.
+            if let Some((engine, worker)) = model_engine.filter(|(e, _)| *e != Engine::Trtllm) {
+                return Err(invalid(
+                    format!("{at}.trtllm_disagg_request_id"),
+                    format!(
+                        "model {:?} runs {} (worker {worker:?}): only a TensorRT-LLM model's legs carry a disagg_request_id",
+                        model.name,
+                        engine.as_str()
+                    ),
+                ));
+            }
+            pools.disagg_request_id_models.insert(model.name.clone());
         }
         pools.models.push(model.name);
     }
@@ -909,6 +929,34 @@ models:
         let vllm = parse(GOOD).unwrap();
         assert!(vllm.workers.values().all(|w| w.engine == Engine::Vllm));
         assert!(vllm.workers.values().all(|w| w.bootstrap_port.is_none()));
+    }
+
+    #[test]
+    fn only_a_tensorrt_llm_model_asks_for_a_disagg_request_id() {
+        assert!(parse(ENGINES).unwrap().disagg_request_id_models.is_empty());
+        let asked = ENGINES.replace(
+            "  - name: t\n    block_size: 32\n",
+            "  - name: t\n    block_size: 32\n    trtllm_disagg_request_id: true\n",
+        );
+        let pools = parse(&asked).unwrap();
+        assert_eq!(
+            pools.disagg_request_id_models.iter().collect::<Vec<_>>(),
+            ["t"]
+        );
+        // A model without declared workers (they register over NATS) may ask too.
+        let bare = "models:\n  - name: m\n    block_size: 16\n    trtllm_disagg_request_id: true\n";
+        assert!(parse(bare).unwrap().disagg_request_id_models.contains("m"));
+        // An SGLang model's legs have no such field.
+        let e = error(&ENGINES.replace(
+            "  - name: s\n",
+            "  - name: s\n    trtllm_disagg_request_id: true\n",
+        ));
+        assert!(
+            e.contains("models[0].trtllm_disagg_request_id")
+                && e.contains("sglang")
+                && e.contains("s-prefill"),
+            "{e}"
+        );
     }
 
     #[test]

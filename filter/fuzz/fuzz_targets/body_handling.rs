@@ -22,12 +22,12 @@ fuzz_target!(|data: &[u8]| {
         }
     }
     if let Ok(mut doc) = RequestDoc::parse(data) {
-        let prefill = doc.prefill_body(Handoff::VllmNixl, None).expect("a parsed object serialises");
+        let prefill = doc.prefill_body(Handoff::VllmNixl, None, None).expect("a parsed object serialises");
         let prefill: serde_json::Value = serde_json::from_slice(&prefill).expect("valid JSON");
         assert_eq!(prefill["max_tokens"], 1);
         let answer = br#"{"kv_transfer_params":{"remote_host":"h"}}"#;
         let decode = doc
-            .decode_leg(Handoff::VllmNixl, answer)
+            .decode_leg(Handoff::VllmNixl, answer, None)
             .expect("a parsed object serialises")
             .expect("params hand over")
             .body;

@@ -68,6 +68,9 @@ struct PrefillLeg {
     prefill: String,
     /// The engine's handoff protocol.
     handoff: Handoff,
+    /// The id both legs carry (TensorRT-LLM's `disagg_request_id`), when the verdict asks for
+    /// one: drawn once per request, so retries of the context leg carry it too.
+    disagg_request_id: Option<u64>,
     /// Retries made so far.
     retries: u32,
     /// When the first attempt was dispatched (ms, host clock).

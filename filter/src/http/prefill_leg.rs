@@ -20,7 +20,9 @@ use std::hash::BuildHasher;
 use log::{debug, warn};
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext};
-use switchyard_protocol::handoff::{address_host, BootstrapRoom, LegOrder};
+use switchyard_protocol::handoff::{
+    address_host, disagg_request_id as draw_disagg_request_id, BootstrapRoom, LegOrder,
+};
 use switchyard_protocol::route::{RouteMode, DESTINATION_HEADER, REQUEST_ID_HEADER};
 
 use super::{ConcurrentPrefill, Phase, PrefillLeg, SwitchyardRequest};
@@ -56,11 +58,16 @@ impl SwitchyardRequest {
                 return self.fall_back(decode, prefill.address, "the body does not parse");
             }
         };
+        // 64 random bits from the host, as for SGLang's room below.
+        let disagg_request_id = prefill
+            .disagg_request_id
+            .then(|| draw_disagg_request_id(RandomState::new().hash_one(&self.request_id)));
         let leg = PrefillLeg {
             doc,
             decode,
             prefill: prefill.address,
             handoff: prefill.handoff,
+            disagg_request_id,
             retries: 0,
             started_ms: self.now_ms(),
         };
@@ -195,7 +202,10 @@ impl SwitchyardRequest {
         target: Option<&str>,
         room: Option<&BootstrapRoom<'_>>,
     ) -> Option<u32> {
-        let body = match leg.doc.prefill_body(leg.handoff, room) {
+        let body = match leg
+            .doc
+            .prefill_body(leg.handoff, room, leg.disagg_request_id)
+        {
             Ok(body) => body,
             Err(e) => {
                 warn!("#{} {} prefill body: {e}", self.context_id, self.request_id);
@@ -277,7 +287,7 @@ impl SwitchyardRequest {
                     mode: RouteMode::Disagg,
                     destination: leg.decode.clone(),
                 };
-                match leg.doc.decode_leg(leg.handoff, body) {
+                match leg.doc.decode_leg(leg.handoff, body, leg.disagg_request_id) {
                     Ok(Some(DecodeBody { body, hold })) if self.replace_body(&body) => {
                         increment(self.shared.stats.prefill_handoffs_total, 1);
                         self.forward(served, Some(leg.prefill), hold);

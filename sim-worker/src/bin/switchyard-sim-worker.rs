@@ -15,6 +15,7 @@ use switchyard_bus::{NatsArgs, RegistrationArgs};
 use switchyard_engine::{EngineConfig, PerfPreset, SpeedUp, TransferMode};
 use switchyard_protocol::tokenize::{default_model_dir, ModelTokenizer};
 use switchyard_protocol::worker::Engine;
+use switchyard_sim_worker::legs::DisaggRequestId;
 use switchyard_sim_worker::vllm_wire::{DEFAULT_BUFFER_STEPS, DEFAULT_TOPIC};
 use switchyard_sim_worker::{
     self as worker, VllmWireConfig, Wire, WorkerConfig, WorkerDeps, WorkerSpec, DEFAULT_MODEL_NAME,
@@ -85,6 +86,11 @@ struct Args {
     /// same model whatever the engine.
     #[arg(long = "engine", env = "SWITCHYARD_ENGINE", value_delimiter = ',', value_parser = parse_engine)]
     engines: Vec<Engine>,
+    /// TensorRT-LLM workers: `refused` (TensorRT-LLM 1.0, whose request models forbid a leg's
+    /// `disaggregated_params.disagg_request_id`: 400) or `required` (a newer server moving KV
+    /// with the Python transceiver, which needs one on every leg: 500 without).
+    #[arg(long, default_value = "refused", value_parser = parse_disagg_request_id)]
+    trtllm_disagg_request_id: DisaggRequestId,
     /// A worker to run, `ROLE:ID@HOST:PORT` (role prefill|decode|agg); repeat for several.
     #[arg(long = "worker", required = true, value_parser = parse_spec)]
     workers: Vec<WorkerSpec>,
@@ -173,6 +179,10 @@ enum HashArg {
 }
 
 fn parse_engine(s: &str) -> Result<Engine, String> {
+    s.parse()
+}
+
+fn parse_disagg_request_id(s: &str) -> Result<DisaggRequestId, String> {
     s.parse()
 }
 
@@ -267,6 +277,14 @@ impl Args {
     fn worker_configs(&self) -> Result<Vec<WorkerConfig>, String> {
         let wires = self.wires()?;
         let engines = self.engines()?;
+        if self.trtllm_disagg_request_id != DisaggRequestId::default()
+            && !engines.contains(&Engine::Trtllm)
+        {
+            return Err(
+                "--trtllm-disagg-request-id: no worker is --engine trtllm (only TensorRT-LLM's legs carry one)"
+                    .into(),
+            );
+        }
         let mut seen_ids = std::collections::HashSet::new();
         let mut seen_ports = std::collections::HashSet::new();
         let mut out = Vec::new();
@@ -314,6 +332,11 @@ impl Args {
                 max_model_len: self.max_model_len,
                 wire,
                 engine_kind,
+                disagg_request_id: if engine_kind == Engine::Trtllm {
+                    self.trtllm_disagg_request_id
+                } else {
+                    DisaggRequestId::default()
+                },
                 unavailable_every: self.unavailable_every,
                 spec: spec.clone(),
             };
