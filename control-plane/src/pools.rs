@@ -158,6 +158,14 @@ impl PoolWatcher {
     }
 
     async fn apply(&mut self, next: Pools) {
+        // First, so that no heartbeat takes a newly declared id while its engine's first
+        // health poll is out.
+        let ids = next.workers.keys().cloned().collect();
+        if let Ok(taken) = self.service.set_declared_ids(ids).await {
+            for id in taken {
+                tracing::warn!(worker = %id, "a self-registering worker held an id the pool file now declares: it left the pools, and its heartbeats are refused while the id is declared");
+            }
+        }
         let mut changes = self.current.changes_to(&next);
         if (next.health, next.metrics) != (self.current.health, self.current.metrics) {
             // New polling settings apply to every worker: restart them all.

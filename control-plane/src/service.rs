@@ -60,6 +60,13 @@ pub enum Command {
         /// What changed.
         reply: oneshot::Sender<HeartbeatOutcome>,
     },
+    /// The ids the pool file declares now (see `ControlCore::set_declared_ids`).
+    DeclaredIds {
+        /// Every declared worker's id.
+        ids: std::collections::HashSet<WorkerId>,
+        /// Workers registered by heartbeat under a newly declared id, taken out of the pools.
+        reply: oneshot::Sender<Vec<WorkerId>>,
+    },
     /// A declared worker leaves the pools and the index (unhealthy, or no longer declared).
     Withdraw {
         /// Which worker.
@@ -259,6 +266,18 @@ impl ServiceHandle {
             reply,
         })
         .await
+    }
+
+    /// Reserves the pool file's worker ids for its engines; returns the self-registered
+    /// workers that held a newly declared id and were taken out of the pools.
+    ///
+    /// # Errors
+    /// [`ServiceStopped`] during shutdown.
+    pub async fn set_declared_ids(
+        &self,
+        ids: std::collections::HashSet<WorkerId>,
+    ) -> Result<Vec<WorkerId>, ServiceStopped> {
+        self.call(|reply| Command::DeclaredIds { ids, reply }).await
     }
 
     /// Takes a worker out of the pools and the index; whether it was there.

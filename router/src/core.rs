@@ -117,8 +117,9 @@ pub struct ControlCore {
     resyncs: HashMap<WorkerId, (u64, u64)>,
     /// New workers asked for their first KV dump, and when; left when a dump batch arrives.
     awaiting_dump: HashMap<WorkerId, u64>,
-    /// Workers registered by [`ControlCore::declared`] (the pool file), until withdrawn or
-    /// expired: a heartbeat under one of these ids is refused.
+    /// The ids the pool file declares, healthy or not ([`ControlCore::set_declared_ids`], and
+    /// every worker registered by [`ControlCore::declared`]): a heartbeat under one is refused,
+    /// so a self-registering process never stands in for a declared engine that is down.
     declared_ids: HashSet<WorkerId>,
     /// Whether the event bus was reachable at the last report of it.
     reachable: bool,
@@ -238,12 +239,37 @@ impl ControlCore {
             .apply_peer_route(request_id, decode, prefill, now_ms)
     }
 
+    /// The ids the pool file declares now. A worker registered by heartbeat under a newly
+    /// declared id leaves the pools (the id is the declared engine's from now on); its id is
+    /// returned. An id no longer declared is free for heartbeats again.
+    pub fn set_declared_ids(&mut self, ids: HashSet<WorkerId>, now_ms: u64) -> Vec<WorkerId> {
+        self.observe(now_ms);
+        let taken: Vec<WorkerId> = ids
+            .iter()
+            .filter(|id| !self.declared_ids.contains(*id))
+            .filter(|id| {
+                self.router
+                    .workers()
+                    .iter()
+                    .any(|w| &w.info.worker_id == *id)
+            })
+            .cloned()
+            .collect();
+        for id in &taken {
+            self.resyncs.remove(id);
+            self.awaiting_dump.remove(id);
+            self.router.remove_worker(id);
+        }
+        self.declared_ids = ids;
+        taken
+    }
+
     /// A worker known to be up without a heartbeat of its own — a declared engine whose
     /// health check passed — live for `expires_after_ms` unless confirmed again. The same
     /// registration as a heartbeat's; the resync it asks for is the caller's to carry out
-    /// (a declared vLLM has no dump: its KV feed replays instead). From then on the id is
-    /// the declared worker's: heartbeats under it are refused until it is withdrawn or
-    /// expires.
+    /// (a declared vLLM has no dump: its KV feed replays instead). The id is the declared
+    /// worker's: heartbeats under it are refused while the pool file declares it, whether the
+    /// worker is live or not.
     pub fn declared(
         &mut self,
         worker: &WorkerInfo,
@@ -295,7 +321,6 @@ impl ControlCore {
         self.observe(now_ms);
         self.resyncs.remove(worker);
         self.awaiting_dump.remove(worker);
-        self.declared_ids.remove(worker);
         let known = self
             .router
             .workers()
@@ -418,7 +443,6 @@ impl ControlCore {
         for id in &expired {
             self.resyncs.remove(id);
             self.awaiting_dump.remove(id);
-            self.declared_ids.remove(id);
         }
         expired
     }
@@ -708,10 +732,13 @@ mod tests {
             );
         }
         assert_eq!(core.router().workers()[0].info.address, declared.address);
-        // Withdrawn (unhealthy, or gone from the file): the id is free again.
+        // Withdrawn as unhealthy, or expired: still declared, so the id stays refused (the
+        // intruder would be routed to under the declared engine's name).
         core.withdraw(&declared.worker_id, 400);
-        assert_eq!(core.heartbeat(&intruder, 500).change, WorkerChange::New);
-        // A declared worker that expires frees its id too.
+        assert_eq!(
+            core.heartbeat(&intruder, 500).change,
+            WorkerChange::Declared
+        );
         let mut core = ControlCore::new(Router::new(), 3);
         core.declared(&declared, 1_000, 0);
         let mut t = 0;
@@ -719,7 +746,33 @@ mod tests {
             t += 200;
             assert!(t < 5_000, "expires");
         }
-        assert_eq!(core.heartbeat(&intruder, t).change, WorkerChange::New);
+        assert_eq!(core.heartbeat(&intruder, t).change, WorkerChange::Declared);
+        // Gone from the pool file: the id is free again.
+        core.set_declared_ids(HashSet::new(), t);
+        assert_eq!(core.heartbeat(&intruder, t + 100).change, WorkerChange::New);
+    }
+
+    #[test]
+    fn a_declared_id_is_refused_before_its_engine_was_ever_healthy_and_taken_from_a_heartbeat_worker(
+    ) {
+        let mut core = ControlCore::new(Router::new(), 3);
+        let mut intruder = hb("vd9", 2);
+        intruder.worker.address = "127.0.0.1:2".into();
+        assert_eq!(core.heartbeat(&intruder, 0).change, WorkerChange::New);
+        // The pool file now declares vd9, whose engine has not answered a health poll yet:
+        // the self-registered worker leaves, and its heartbeats are refused from then on.
+        let ids: HashSet<WorkerId> = [intruder.worker.worker_id.clone()].into();
+        assert_eq!(
+            core.set_declared_ids(ids.clone(), 100),
+            [intruder.worker.worker_id.clone()]
+        );
+        assert!(core.router().workers().is_empty());
+        assert_eq!(
+            core.heartbeat(&intruder, 200).change,
+            WorkerChange::Declared
+        );
+        // Declaring the same ids again takes nothing.
+        assert!(core.set_declared_ids(ids, 300).is_empty());
     }
 
     /// Ticks the core from `t` in half-second steps until worker `id` has expired; the time.

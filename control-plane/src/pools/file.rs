@@ -388,7 +388,7 @@ fn validate(raw: RawPoolFile) -> Result<Pools, Invalid> {
         ..Pools::empty()
     };
     let mut addresses = HashSet::new();
-    let mut listens = HashSet::new();
+    let mut feeds = HashSet::new();
     for (m, model) in raw.models.into_iter().enumerate() {
         let at = format!("models[{m}]");
         if model.name.trim().is_empty() || model.name.len() > 256 {
@@ -475,13 +475,25 @@ fn validate(raw: RawPoolFile) -> Result<Pools, Invalid> {
                     format!("{} is declared for two workers", declared.address),
                 ));
             }
-            // Switchyard binds a listening event socket: a second worker on the same one
-            // would never get its feed.
-            if let KvEventsSource::Zmq(KvEventsSocket::Listen(endpoint)) = &declared.kv_events {
-                if !listens.insert(endpoint.clone()) {
+            // One engine's feed filed under two workers would give each the other's blocks:
+            // cache hits the router sees on a worker that holds nothing. (A listening socket
+            // is Switchyard's to bind, so a second worker there would get no feed at all.)
+            let (key, what) = match &declared.kv_events {
+                KvEventsSource::Zmq(KvEventsSocket::Listen(e)) => ("kv_events_listen", e),
+                KvEventsSource::Zmq(KvEventsSocket::Connect(e)) => ("kv_events", e),
+                KvEventsSource::Polled(url) => ("kv_events", url),
+            };
+            if !feeds.insert(what.clone()) {
+                return Err(invalid(
+                    format!("{at}.{key}"),
+                    format!("{what} is declared for two workers: each engine publishes its own KV events"),
+                ));
+            }
+            if let Some(replay) = &declared.kv_replay {
+                if !feeds.insert(replay.clone()) {
                     return Err(invalid(
-                        format!("{at}.kv_events_listen"),
-                        format!("{endpoint} is declared for two workers: each engine publishes to its own port"),
+                        format!("{at}.kv_replay"),
+                        format!("{replay} is declared twice: each engine answers replays of its own KV events"),
                     ));
                 }
             }
@@ -929,6 +941,27 @@ models:
         let vllm = parse(GOOD).unwrap();
         assert!(vllm.workers.values().all(|w| w.engine == Engine::Vllm));
         assert!(vllm.workers.values().all(|w| w.bootstrap_port.is_none()));
+    }
+
+    #[test]
+    fn two_workers_never_share_a_kv_event_feed() {
+        let shared = |from: &str, to: &str| error(&ENGINES.replace(from, to));
+        // Two engines' events under one subscription (ZMQ), one polled queue (TensorRT-LLM).
+        let e = shared("tcp://10.0.0.2:5557", "tcp://10.0.0.1:5557");
+        assert!(
+            e.contains("models[0].workers[1].kv_events") && e.contains("two workers"),
+            "{e}"
+        );
+        let e = shared(
+            "kv_events: \"http://10.0.0.4:9000/kv_cache_events\"",
+            "kv_events: \"http://10.0.0.3:8000/kv_cache_events\"",
+        );
+        assert!(e.contains("models[1].workers[1].kv_events"), "{e}");
+        let e = shared(
+            "kv_events: \"tcp://10.0.0.2:5557\"",
+            "kv_events: \"tcp://10.0.0.2:5557\", kv_replay: \"tcp://10.0.0.1:5557\"",
+        );
+        assert!(e.contains("models[0].workers[1].kv_replay"), "{e}");
     }
 
     #[test]

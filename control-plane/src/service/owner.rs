@@ -96,6 +96,13 @@ impl Owner {
                 }
                 let _ = reply.send(outcome);
             }
+            Command::DeclaredIds { ids, reply } => {
+                let taken = self.core.set_declared_ids(ids, now_ms);
+                if !taken.is_empty() {
+                    self.update_worker_gauges();
+                }
+                let _ = reply.send(taken);
+            }
             Command::Withdraw { worker, reply } => {
                 let removed = self.core.withdraw(&worker, now_ms);
                 if removed {

@@ -301,3 +301,35 @@ async fn a_heartbeat_under_a_declared_workers_id_is_refused_and_counted() {
     assert_eq!(address(&workers), json!(engine.to_string()), "{workers}");
     svc.stop().await;
 }
+
+/// A declared id stays the declared engine's while the pool file names it, healthy or not: a
+/// self-registering worker under it is refused even before the engine ever answers a health
+/// poll (it would be routed to at its own address under the declared engine's name).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_declared_id_is_refused_to_heartbeats_while_its_engine_is_down() {
+    let dir = TempDir::new("declared-down").unwrap();
+    let nobody: std::net::SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let pool_file = trtllm_pool_file(&dir, nobody);
+    let mut settings = Settings::for_tests();
+    settings.pool_file = Some(pool_file);
+    let (_nats_server, svc, nats) = service_with_nats(settings).await;
+    let mut clash = worker(
+        "trt-0",
+        switchyard_protocol::worker::WorkerRole::Agg,
+        9051,
+        7,
+    );
+    clash.model = "qwen3".into();
+    eventually(Duration::from_secs(4), "the clash is counted", || async {
+        heartbeat(&nats, &clash, 1_000).await;
+        nats.flush().await.unwrap();
+        metric_value(
+            &svc.metrics().await,
+            "switchyard_workers_rejected_total{reason=\"declared\"}",
+        ) >= 2.0
+    })
+    .await;
+    let workers = svc.get_json("/v1/workers").await;
+    assert_eq!(workers["workers"], json!([]), "{workers}");
+    svc.stop().await;
+}
