@@ -14,6 +14,7 @@
 use std::path::{Path, PathBuf};
 
 use serde::Serialize;
+use switchyard_protocol::route::ServingMode;
 
 use super::plot::{interactivity_vs_throughput_svg, ThroughputKind};
 use super::result::{RunDetail, RunResult};
@@ -159,22 +160,37 @@ pub fn remove_stale(path: &Path) -> Result<(), OutputError> {
     }
 }
 
-/// The files and folders a comparison writes into its output folder (besides a tool's own
-/// extras).
-const COMPARISON_OUTPUTS: [&str; 5] = [
+/// The files a comparison writes into its output folder (besides its run folders and a
+/// tool's own extras).
+const COMPARISON_OUTPUTS: [&str; 4] = [
     "comparison.md",
     "comparison.json",
     "throughput_vs_interactivity.svg",
     "output_throughput_vs_interactivity.svg",
-    "runs",
 ];
+
+/// Whether `name` is a run folder a comparison writes under `runs/`: `<mode>@x<level>`.
+fn is_run_folder(name: &str) -> bool {
+    let Some((mode, level)) = name.split_once("@x") else {
+        return false;
+    };
+    let modes = [
+        ServingMode::Agg,
+        ServingMode::Disagg,
+        ServingMode::Conditional,
+    ];
+    modes.iter().any(|m| m.as_str() == mode)
+        && level.parse::<f64>().is_ok_and(|l| l.is_finite() && l > 0.0)
+}
 
 /// Removes what an earlier comparison wrote into a reused output folder (its page, JSON,
 /// plots and run folders, and the tool's `extras`) before a new one starts: runs are written
 /// as they finish and the page at the end, so an interrupted comparison would otherwise leave
-/// its finished runs beside an earlier one's page, reading as one finished comparison. Only
-/// for a tool that writes every run folder itself: `switchyard-loadgen compare` reads run
-/// folders it did not write.
+/// its finished runs beside an earlier one's page, reading as one finished comparison. Under
+/// `runs/` only the run folders a comparison names (`<mode>@x<level>`) go: the folder is also
+/// where the documentation keeps load-generator runs and traces, and those stay. Only for a
+/// tool that writes every run folder itself: `switchyard-loadgen compare` reads run folders
+/// it did not write.
 ///
 /// # Errors
 /// [`OutputError`] if something there cannot be removed.
@@ -182,5 +198,57 @@ pub fn clear_earlier_comparison(out: &Path, extras: &[&str]) -> Result<(), Outpu
     COMPARISON_OUTPUTS
         .iter()
         .chain(extras)
-        .try_for_each(|name| remove_stale(&out.join(name)))
+        .try_for_each(|name| remove_stale(&out.join(name)))?;
+    let runs = out.join("runs");
+    let Ok(entries) = std::fs::read_dir(&runs) else {
+        return Ok(());
+    };
+    for entry in entries.flatten() {
+        if entry.file_name().to_str().is_some_and(is_run_folder) {
+            remove_stale(&entry.path())?;
+        }
+    }
+    // Gone if nothing else was in it; kept (with what else is there) otherwise.
+    let _ = std::fs::remove_dir(&runs);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_earlier_comparison_is_cleared_and_nothing_else_under_runs() {
+        let out = std::env::temp_dir().join(format!("sy-clear-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&out);
+        for dir in [
+            "runs/agg@x1",
+            "runs/conditional@x0.5",
+            "runs/mine",
+            "runs/agg@xmany",
+        ] {
+            std::fs::create_dir_all(out.join(dir)).unwrap();
+        }
+        for file in [
+            "comparison.md",
+            "runs/agg@x1/report.json",
+            "runs/mine/notes.txt",
+            "runs/agentic-7.jsonl",
+            "runs/agg@xmany/report.json",
+        ] {
+            std::fs::write(out.join(file), "x").unwrap();
+        }
+        clear_earlier_comparison(&out, &[]).unwrap();
+        let left = |p: &str| out.join(p).exists();
+        assert!(!left("comparison.md"));
+        assert!(!left("runs/agg@x1") && !left("runs/conditional@x0.5"));
+        assert!(left("runs/mine/notes.txt") && left("runs/agentic-7.jsonl"));
+        assert!(left("runs/agg@xmany"), "not a load level: not a run folder");
+        // With only run folders in it, `runs/` goes too.
+        std::fs::remove_dir_all(out.join("runs")).unwrap();
+        std::fs::create_dir_all(out.join("runs/disagg@x2")).unwrap();
+        clear_earlier_comparison(&out, &[]).unwrap();
+        assert!(!left("runs"));
+        let _ = std::fs::remove_dir_all(&out);
+    }
 }
