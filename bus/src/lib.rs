@@ -94,6 +94,16 @@ pub enum BusError {
         /// The file.
         path: PathBuf,
     },
+    /// A TLS file that holds no PEM block of the kind its flag needs.
+    #[error("--{flag} {}: no PEM {what} in it (-----BEGIN ...-----)", path.display())]
+    NotPem {
+        /// The flag naming the file.
+        flag: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// What it should hold: `certificate` or `private key`.
+        what: &'static str,
+    },
     /// The flags do not make one way of authenticating.
     #[error("NATS credentials: {0}")]
     Conflict(String),
@@ -130,6 +140,38 @@ fn read_secret(flag: &'static str, path: &Path) -> Result<String, BusError> {
         });
     }
     Ok(text)
+}
+
+/// Checks that a TLS file can be read and holds a PEM block whose label ends with `label`
+/// (`CERTIFICATE`, `PRIVATE KEY`): async-nats reads it only when it connects, and a missing
+/// or wrong file then reads as an unreachable server, retried for ever.
+fn check_pem(
+    flag: &'static str,
+    path: &Path,
+    label: &str,
+    what: &'static str,
+) -> Result<(), BusError> {
+    let text = std::fs::read(path).map_err(|source| BusError::ReadFile {
+        flag,
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let text = String::from_utf8_lossy(&text);
+    let pem = text.lines().any(|line| {
+        line.trim()
+            .strip_prefix("-----BEGIN ")
+            .and_then(|rest| rest.strip_suffix("-----"))
+            .is_some_and(|kind| kind.ends_with(label))
+    });
+    if pem {
+        Ok(())
+    } else {
+        Err(BusError::NotPem {
+            flag,
+            path: path.to_path_buf(),
+            what,
+        })
+    }
 }
 
 impl NatsArgs {
@@ -203,10 +245,13 @@ impl NatsArgs {
                     })?;
         }
         if let Some(ca) = &self.nats_tls_ca_file {
+            check_pem("nats-tls-ca-file", ca, "CERTIFICATE", "certificate")?;
             options = options.require_tls(true).add_root_certificates(ca.clone());
         }
         match (&self.nats_tls_cert_file, &self.nats_tls_key_file) {
             (Some(cert), Some(key)) => {
+                check_pem("nats-tls-cert-file", cert, "CERTIFICATE", "certificate")?;
+                check_pem("nats-tls-key-file", key, "PRIVATE KEY", "private key")?;
                 options = options
                     .require_tls(true)
                     .add_client_certificate(cert.clone(), key.clone());
@@ -468,6 +513,59 @@ mod tests {
             args.options("t").await.unwrap_err(),
             BusError::ReadFile { .. }
         ));
+    }
+
+    #[tokio::test]
+    async fn tls_files_are_checked_before_connecting() {
+        let dir = scratch();
+        let cert = file(
+            &dir,
+            "ca.pem",
+            "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n",
+        );
+        let key = file(
+            &dir,
+            "key.pem",
+            "-----BEGIN EC PRIVATE KEY-----\nMHc\n-----END EC PRIVATE KEY-----\n",
+        );
+        let junk = file(&dir, "junk.pem", "not a certificate\n");
+        let mut args = NatsArgs::plain("tls://127.0.0.1:1");
+        args.nats_tls_ca_file = Some(cert.clone());
+        args.nats_tls_cert_file = Some(cert.clone());
+        args.nats_tls_key_file = Some(key.clone());
+        assert!(args.options("t").await.is_ok());
+        args.nats_tls_ca_file = Some(dir.join("missing"));
+        let err = args.options("t").await.unwrap_err();
+        assert!(
+            matches!(
+                err,
+                BusError::ReadFile {
+                    flag: "nats-tls-ca-file",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        args.nats_tls_ca_file = Some(junk.clone());
+        let err = args.options("t").await.unwrap_err();
+        assert!(
+            err.to_string().contains("--nats-tls-ca-file") && err.to_string().contains("no PEM"),
+            "{err}"
+        );
+        args.nats_tls_ca_file = None;
+        // A certificate where the key belongs.
+        args.nats_tls_key_file = Some(cert);
+        let err = args.options("t").await.unwrap_err();
+        assert!(
+            matches!(
+                err,
+                BusError::NotPem {
+                    flag: "nats-tls-key-file",
+                    ..
+                }
+            ),
+            "{err}"
+        );
     }
 
     #[test]

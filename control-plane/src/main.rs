@@ -26,8 +26,10 @@ async fn bind(flag: &str, addr: std::net::SocketAddr) -> Option<tokio::net::TcpL
 }
 
 fn init_logging(format: LogFormat) {
+    // async-nats logs every failed reconnect (an ERROR a second while credentials are
+    // refused); the bus's event callback says each connection state once instead.
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,async_nats=warn"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,async_nats=off"));
     let builder = tracing_subscriber::fmt().with_env_filter(filter);
     match format {
         LogFormat::Text => builder.init(),

@@ -350,8 +350,9 @@ impl Args {
 
 /// The log filter without `RUST_LOG`. warp's server logs every connection that ends early at
 /// ERROR, and here that is a client leaving mid-stream: an ordinary event, counted in
-/// `switchyard_requests_aborted_total`.
-const DEFAULT_LOG_FILTER: &str = "info,warp::server=off";
+/// `switchyard_requests_aborted_total`. async-nats logs every failed reconnect (an ERROR a
+/// second while credentials are refused); the bus's event callback says each state once.
+const DEFAULT_LOG_FILTER: &str = "info,warp::server=off,async_nats=off";
 
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
@@ -388,6 +389,13 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    // So are the NATS credential and TLS files, read now rather than at the first connect.
+    if !(args.no_nats || args.wire == WireArg::Vllm) {
+        if let Err(e) = runtime.block_on(args.nats.options("switchyard-sim-worker")) {
+            eprintln!("error: {e}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    }
     match runtime.block_on(run(args, configs)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
