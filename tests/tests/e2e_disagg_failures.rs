@@ -101,12 +101,20 @@ async fn bad_input_and_a_failing_prefill_pool_never_fail_a_request() {
         json!([{"role": "user", "content": "x".repeat(MAX_BODY_BYTES as usize)}]),
         4,
     );
-    let response = post_observed(&http, &url, &huge, &[], REQUEST_TIMEOUT)
-        .await
-        .expect("oversized");
+    let response = post_observed(
+        &http,
+        &url,
+        &huge,
+        &[("x-request-id", "oversized-1")],
+        REQUEST_TIMEOUT,
+    )
+    .await
+    .expect("oversized");
     assert_eq!(response.status, 413, "{}", response.body());
     let error: Value = serde_json::from_str(&response.body()).expect("JSON error");
     assert_eq!(error["error"]["code"], 413, "{error}");
+    // Refused from its content-length, before the body: still with the client's request id.
+    assert_eq!(response.header("x-request-id"), "oversized-1");
     // Uploaded chunked (no content-length to refuse early on): refused once the buffered
     // size passes the limit.
     let response = post_chunked(&http, &url, huge.to_string().into_bytes(), REQUEST_TIMEOUT)

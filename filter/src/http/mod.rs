@@ -371,18 +371,23 @@ impl HttpContext for SwitchyardRequest {
             }
             return Action::Continue;
         }
+        let method = self.get_http_request_header(":method");
+        let path = self.get_http_request_header(":path").unwrap_or_default();
+        let routable = routable_api(method.as_deref(), Some(&path));
         let content_length = self.get_http_request_header("content-length");
         self.had_content_length = content_length.is_some();
         if let Some(size) = content_length.and_then(|v| v.trim().parse::<u64>().ok()) {
-            // Refuse before buffering a byte of it.
+            // Refuse before buffering a byte of it, with the request id every other answer
+            // to an API request carries.
             if size > self.shared.config.max_body_bytes {
+                if routable.is_some() {
+                    self.settle_request_id();
+                }
                 self.reply_too_large(size);
                 return Action::Pause;
             }
         }
-        let method = self.get_http_request_header(":method");
-        let path = self.get_http_request_header(":path").unwrap_or_default();
-        let Some(api) = routable_api(method.as_deref(), Some(&path)) else {
+        let Some(api) = routable else {
             // Not routed, but its body is screened before anything passes on.
             self.phase = Phase::Screening;
             return Action::Pause;
