@@ -44,7 +44,9 @@ pub enum InvalidBody {
     /// A JSON object of more than
     /// [`MAX_JSON_VALUES`](switchyard_protocol::json_values::MAX_JSON_VALUES) values: its tree would not fit the VM (the
     /// disaggregated path holds the client's and a leg's at once), and a crashed VM let
-    /// requests through unscreened until Envoy restarted.
+    /// requests through unscreened until Envoy restarted. Or nested
+    /// [`MAX_JSON_DEPTH`](switchyard_protocol::json_values::MAX_JSON_DEPTH) levels deep or
+    /// more, past the parser's recursion bound.
     TooComplex,
     /// No body at all: a chat or completion request is a JSON object (the engine answers 400
     /// too).
@@ -218,7 +220,9 @@ impl RequestDoc {
         match parse_bounded(body) {
             Ok(Value::Object(map)) => Ok(RequestDoc(map)),
             Ok(_) => Err(InvalidBody::NotAnObject),
-            Err(BoundedParseError::TooMany) => Err(InvalidBody::TooComplex),
+            Err(BoundedParseError::TooMany | BoundedParseError::TooDeep) => {
+                Err(InvalidBody::TooComplex)
+            }
             Err(BoundedParseError::Json(_)) => Err(InvalidBody::NotJson),
         }
     }
@@ -348,7 +352,7 @@ pub fn invalid_body_error(invalid: InvalidBody) -> Vec<u8> {
         InvalidBody::NotAnObject => "the request body must be a JSON object",
         InvalidBody::Empty => "the request has no body: a chat or completion request is a JSON object",
         InvalidBody::TooComplex => {
-            "the request body holds more JSON values than the gateway parses (524,288): a chat request needs a few per message, a prompt of token ids one per token"
+            "the request body holds more JSON values than the gateway parses (524,288), or nests arrays and objects 128 levels deep or more: a chat request needs a few values per message, a prompt of token ids one per token"
         }
         InvalidBody::Encoded => {
             "the request body is content-encoded (content-encoding header): the gateway reads the prompt to route it, so send the body uncompressed, or decompress it in the gateway before the Switchyard filter"
@@ -477,6 +481,16 @@ mod tests {
         body.extend(br#"{}],"kv_transfer_params":{}}"#);
         assert_eq!(RequestDoc::parse(&body), Err(InvalidBody::TooComplex));
         assert_eq!(screen(&body), Screened::Invalid(InvalidBody::TooComplex));
+        // So is one nested past the parser's bound: valid JSON, not "not JSON".
+        let deep = format!(
+            r#"{{"model":"m","kv_transfer_params":{{}},"x":{}1{}}}"#,
+            "[".repeat(200),
+            "]".repeat(200)
+        );
+        assert_eq!(
+            RequestDoc::parse(deep.as_bytes()),
+            Err(InvalidBody::TooComplex)
+        );
         // A prompt of 262,144 token ids is well within it.
         let ids = vec!["7"; 262_144].join(",");
         let prompt = format!(r#"{{"model":"m","prompt":[{ids}],"kv_transfer_params":{{}}}}"#);

@@ -15,11 +15,20 @@ use serde_json::{Map, Number, Value};
 /// hold: twice a 262,144-token prompt given as token ids.
 pub const MAX_JSON_VALUES: usize = 1 << 19;
 
+/// Arrays and objects nested this deep are refused (127 levels parse): serde_json's recursion
+/// bound, which keeps
+/// a hostile body from exhausting the stack. Python's `json` (vLLM's parser) takes about 1,000
+/// levels, so a request nested between 128 and ~1,000 levels deep is refused here that the
+/// engine would take; no chat or tool schema seen in practice comes near it.
+pub const MAX_JSON_DEPTH: usize = 128;
+
 /// Why [`parse_bounded`] gave no tree.
 #[derive(Debug)]
 pub enum BoundedParseError {
     /// More than [`MAX_JSON_VALUES`] values.
     TooMany,
+    /// Arrays and objects nested [`MAX_JSON_DEPTH`] levels deep or more.
+    TooDeep,
     /// Not JSON (syntax error, truncated, trailing bytes, `NaN`).
     Json(serde_json::Error),
 }
@@ -29,6 +38,13 @@ impl fmt::Display for BoundedParseError {
         match self {
             BoundedParseError::TooMany => {
                 write!(f, "holds more than {MAX_JSON_VALUES} JSON values")
+            }
+            BoundedParseError::TooDeep => {
+                write!(
+                    f,
+                    "nests JSON arrays and objects {MAX_JSON_DEPTH} levels deep or more (at most {} parse)",
+                    MAX_JSON_DEPTH - 1
+                )
             }
             BoundedParseError::Json(e) => write!(f, "not valid JSON: {e}"),
         }
@@ -52,6 +68,10 @@ pub fn parse_bounded(body: &[u8]) -> Result<Value, BoundedParseError> {
     {
         Ok(value) => Ok(value),
         Err(_) if count.get() > MAX_JSON_VALUES => Err(BoundedParseError::TooMany),
+        // serde_json names its recursion bound in words only.
+        Err(e) if e.to_string().starts_with("recursion limit exceeded") => {
+            Err(BoundedParseError::TooDeep)
+        }
         Err(e) => Err(BoundedParseError::Json(e)),
     }
 }
@@ -132,6 +152,25 @@ mod tests {
         body.extend(std::iter::repeat_n(&b"{},"[..], n - 1).flatten());
         body.extend(b"{}]");
         body
+    }
+
+    #[test]
+    fn nesting_past_the_depth_bound_is_named_as_such() {
+        let nested = |depth: usize| {
+            let mut body = "[".repeat(depth);
+            body.push('1');
+            body.push_str(&"]".repeat(depth));
+            body.into_bytes()
+        };
+        assert!(parse_bounded(&nested(MAX_JSON_DEPTH - 1)).is_ok());
+        let err = parse_bounded(&nested(MAX_JSON_DEPTH)).unwrap_err();
+        assert!(matches!(err, BoundedParseError::TooDeep), "{err}");
+        assert!(err.to_string().contains("128 levels deep"), "{err}");
+        // A syntax error stays one.
+        assert!(matches!(
+            parse_bounded(b"[[1]"),
+            Err(BoundedParseError::Json(_))
+        ));
     }
 
     #[test]
