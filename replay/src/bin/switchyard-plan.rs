@@ -227,6 +227,9 @@ fn check(cli: &Cli) -> Result<Checked> {
     if cli.jobs == Some(0) {
         bail!("--jobs must be at least 1");
     }
+    if cli.slo_cost && !cli.modes.contains(&ServingMode::Conditional) {
+        bail!("--slo-cost plans conditional serving: add conditional to --modes");
+    }
     let space = PlanSpace {
         workers: cli.workers,
         modes: cli.modes.clone(),

@@ -219,6 +219,10 @@ fn plan(cli: &Cli) -> Result<Plan> {
         }
         None => serde_json::json!({}),
     };
+    // Each run's mode is its --modes entry; a serving_mode here would be overridden unseen.
+    if router_json.get("serving_mode").is_some() {
+        bail!("--conditional-disagg-config: leave serving_mode out (each run's mode comes from --modes)");
+    }
     // slo_cost decides against the objectives the run is scored against, unless the config
     // names its own.
     if let Some(obj) = router_json.as_object_mut() {

@@ -13,7 +13,7 @@ fn replay(args: &[&str]) -> Output {
 
 #[test]
 fn bad_input_exits_64_with_a_clear_message() {
-    let cases: [(&[&str], &str); 17] = [
+    let cases: [(&[&str], &str); 18] = [
         // A bad ratio is named, with its flag and value.
         (
             &["--agentic", "--sweep", "--sweep-ratios", "2"],
@@ -77,6 +77,17 @@ fn bad_input_exits_64_with_a_clear_message() {
         (
             &["--agentic", "--workers", "1", "--modes", "agg", "--sweep"],
             "--sweep runs conditional serving",
+        ),
+        // Each run's mode is its --modes entry: a config's serving_mode was dropped unseen.
+        (
+            &[
+                "--agentic",
+                "--modes",
+                "agg",
+                "--conditional-disagg-config",
+                r#"{"serving_mode": "disagg"}"#,
+            ],
+            "leave serving_mode out",
         ),
         // Named as the flag, in the user's unit (it said "ms per prompt token ... -0.001").
         (
@@ -171,7 +182,7 @@ const SESSIONS: &str = concat!(
 #[test]
 fn the_planner_refuses_bad_input_and_plans_a_session_trace() {
     let slo = ["--slo-ttft-ms", "2000", "--slo-itl-ms", "25"];
-    let cases: [(Vec<&str>, &str); 7] = [
+    let cases: [(Vec<&str>, &str); 8] = [
         (
             vec!["--slo-ttft-ms", "0", "--slo-itl-ms", "25", "--out", "x"],
             "--slo-ttft-ms must be a positive",
@@ -199,6 +210,11 @@ fn the_planner_refuses_bad_input_and_plans_a_session_trace() {
         (
             [&slo[..], &["--modes", "agg,agg", "--out", "x"]].concat(),
             "mode agg is given twice",
+        ),
+        // slo_cost is a conditional policy: without conditional it planned nothing, unsaid.
+        (
+            [&slo[..], &["--modes", "agg", "--slo-cost", "--out", "x"]].concat(),
+            "--slo-cost plans conditional serving",
         ),
         // A level that stretches the run past what virtual time resolves: the plan never
         // ended.

@@ -53,6 +53,8 @@ fn a_router_config_the_control_plane_refuses_is_refused_before_anything_starts()
             "eff_isl_ratio_threshold",
         ),
         ("{not json", "not JSON"),
+        // The control plane lets it win over --serving-mode: every run would serve disagg.
+        (r#"{"serving_mode": "disagg"}"#, "leave serving_mode out"),
     ] {
         let (code, err) = compare(&["--conditional-disagg-config", config, "--out", out]);
         assert_eq!(code, Some(64), "{config}: {err}");
