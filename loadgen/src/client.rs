@@ -102,7 +102,9 @@ enum Outcome {
 
 /// What to write instead of a refused `endpoint`.
 fn endpoint_hint(endpoint: &str) -> String {
-    if endpoint.starts_with("https://") {
+    if endpoint.contains(['?', '#']) {
+        " (no query or fragment: requests go to <endpoint>/v1/chat/completions)".into()
+    } else if endpoint.starts_with("https://") {
         " (TLS is not built in: point it at the gateway's plain-HTTP listener)".into()
     } else if !endpoint.contains("://") {
         format!(" (did you mean http://{endpoint}?)")
@@ -114,13 +116,22 @@ fn endpoint_hint(endpoint: &str) -> String {
 /// Whether `endpoint` is a URL the client can send to.
 ///
 /// # Errors
-/// [`ClientError::InvalidEndpoint`] unless it is an `http://` URL.
+/// [`ClientError::InvalidEndpoint`] unless it is an `http://` URL without a query or
+/// fragment (the request path is appended to it).
 pub fn check_endpoint(endpoint: &str) -> Result<(), ClientError> {
-    if endpoint.starts_with("http://") {
+    if endpoint.starts_with("http://") && !endpoint.contains(['?', '#']) {
         Ok(())
     } else {
         Err(ClientError::InvalidEndpoint(endpoint.to_string()))
     }
+}
+
+/// Where requests go: `endpoint` (the server's root, or an OpenAI base URL ending in `/v1`,
+/// as OpenAI's SDKs take it) followed by `path` (`/v1/chat/completions`).
+pub fn request_url(endpoint: &str, path: &str) -> String {
+    let root = endpoint.trim_end_matches('/');
+    let root = root.strip_suffix("/v1").unwrap_or(root);
+    format!("{root}{path}")
 }
 
 /// Replays `workload` with `builder`'s request bodies.
@@ -152,11 +163,7 @@ pub async fn replay_until(
         .pool_max_idle_per_host(1024)
         .build()
         .map_err(|e| ClientError::Build(e.to_string()))?;
-    let url = format!(
-        "{}{}",
-        config.endpoint.trim_end_matches('/'),
-        builder.path()
-    );
+    let url = request_url(&config.endpoint, builder.path());
     let start = Instant::now();
     let n = workload.requests.len();
     let progress = progress_bar(n as u64, config.progress);
@@ -443,7 +450,32 @@ fn describe(e: reqwest::Error) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::mid_stream;
+    use super::{check_endpoint, mid_stream, request_url};
+
+    #[test]
+    fn an_openai_base_url_and_a_server_root_reach_the_same_path() {
+        let path = "/v1/chat/completions";
+        for endpoint in [
+            "http://127.0.0.1:8080",
+            "http://127.0.0.1:8080/",
+            "http://127.0.0.1:8080/v1",
+            "http://127.0.0.1:8080/v1/",
+        ] {
+            assert_eq!(
+                request_url(endpoint, path),
+                "http://127.0.0.1:8080/v1/chat/completions",
+                "{endpoint}"
+            );
+            assert!(check_endpoint(endpoint).is_ok(), "{endpoint}");
+        }
+        // A gateway under a prefix keeps it.
+        assert_eq!(
+            request_url("http://gw/llm", path),
+            "http://gw/llm/v1/chat/completions"
+        );
+        let err = check_endpoint("http://gw:80/?x=1").unwrap_err();
+        assert!(err.to_string().contains("no query"), "{err}");
+    }
 
     #[test]
     fn an_error_mid_stream_is_labelled_once() {

@@ -75,7 +75,8 @@ struct LoadgenWorkload {
 struct RunArgs {
     #[command(flatten)]
     workload: LoadgenWorkload,
-    /// Base URL of the gateway or OpenAI-compatible server, e.g. http://127.0.0.1:8080.
+    /// Base URL of the gateway or OpenAI-compatible server, e.g. http://127.0.0.1:8080 (or
+    /// http://127.0.0.1:8080/v1, as OpenAI's SDKs take it); requests go to /v1/... under it.
     #[arg(long)]
     endpoint: Option<String>,
     /// API to use: one user message (chat) or a raw prompt (completions).
