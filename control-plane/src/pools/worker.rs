@@ -159,6 +159,8 @@ struct Declared {
     /// When the feed last started over because the router dropped the worker's blocks for
     /// passing its capacity ([`OVER_CAPACITY_REJOIN_INTERVAL`] apart at most).
     over_capacity_rejoined: Option<Instant>,
+    /// Whether refused KV events were warned of (once per task: they come in bursts).
+    refused_said: bool,
 }
 
 /// Failed attempts in a row, with the worker healthy, before its unreachable KV event
@@ -196,6 +198,7 @@ impl Declared {
             registrations: 0,
             block_size_mismatch: None,
             over_capacity_rejoined: None,
+            refused_said: false,
             scrape_failing: None,
             kv_unreachable_while_healthy: 0,
             failed_before_first_up: 0,
@@ -255,7 +258,8 @@ impl Declared {
             }
             Some(HealthChange::Down) => {
                 self.cx.metrics.declared_event("health_down", 1);
-                tracing::warn!(worker = %self.worker.id, polls = self.cx.health.unhealthy_after, "declared worker unhealthy: out of the pools");
+                let error = answer.as_ref().err().map_or("", String::as_str);
+                tracing::warn!(worker = %self.worker.id, url = %self.worker.health_url, %error, polls = self.cx.health.unhealthy_after, "declared worker unhealthy: out of the pools");
                 self.registered = None;
                 // A streak of an unreachable publisher is counted while healthy: the next
                 // healthy spell is a new one.
@@ -561,10 +565,19 @@ impl Declared {
         self.restart_feed(instance_id)
     }
 
+    /// Warns once that the engine's KV events were refused, when they first are.
+    fn say_refused(&mut self, more: u64) {
+        if more > 0 && !self.refused_said {
+            self.refused_said = true;
+            tracing::warn!(worker = %self.worker.id, refused = more, "KV events refused (a block size or token count other than the pool file's, or a block chained to one never seen): those blocks are not indexed; counted in switchyard_declared_worker_events_total{{reason=\"kv_refused_event\"}}, said once");
+        }
+    }
+
     fn count_feed(&mut self) {
         self.count_polled_feed();
         let now = self.feed.counters();
         let was = std::mem::replace(&mut self.counted, now);
+        self.say_refused(now.refused_events - was.refused_events);
         let m = &self.cx.metrics;
         m.declared_event("kv_gap_replayed", now.replayed_gaps - was.replayed_gaps);
         m.declared_event(
@@ -588,6 +601,7 @@ impl Declared {
         };
         let now = polled.counters();
         let was = std::mem::replace(&mut self.polled_counted, now);
+        self.say_refused(now.refused_events - was.refused_events);
         let m = &self.cx.metrics;
         m.declared_event("kv_gap_unrecoverable", now.gaps - was.gaps);
         m.declared_event("kv_restart", now.restarts - was.restarts);
