@@ -284,9 +284,13 @@ fn run(cli: &Cli, checked: Checked, interrupts: &Interrupts) -> Result<Stopped> 
         slo,
         points,
     } = checked;
-    let jobs = cli.jobs.unwrap_or_else(|| {
-        std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
-    });
+    let jobs = cli
+        .jobs
+        .unwrap_or_else(|| {
+            std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+        })
+        // No more threads than points run at once.
+        .min(points.max(1));
     switchyard_support::errln!(
         "{}: {} requests; {} workers ({} GPUs), {points} points on {jobs} threads, at most {} min",
         workload.name,

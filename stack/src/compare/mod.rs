@@ -68,6 +68,9 @@ pub enum WorkloadSpec {
     Agentic(AgenticConfig),
 }
 
+/// Most workers a comparison starts on the local stack.
+pub const MAX_LOCAL_WORKERS: u32 = 128;
+
 /// Everything one comparison depends on. Same values, same workload: a run is reproducible
 /// up to the machine's scheduling noise.
 #[derive(Debug, Clone)]
@@ -160,6 +163,12 @@ impl CompareConfig {
             return Err(CompareError::InvalidSetting(
                 "--max-requests must be at least 1".into(),
             ));
+        }
+        if self.workers > MAX_LOCAL_WORKERS {
+            return Err(CompareError::InvalidSetting(format!(
+                "--workers must be at most {MAX_LOCAL_WORKERS}, got {}: every worker of a local stack is a simulated engine on this machine, with its own port and Envoy endpoint (larger deployments: switchyard-replay, in virtual time)",
+                self.workers
+            )));
         }
         Ok(self.plan().runs()?)
     }

@@ -38,6 +38,12 @@ fn repeated_levels_are_refused_and_a_second_list_replaces_the_first() {
     let (code, err) = compare(&["--modes", "agg,agg", "--modes", "agg", "--workers", "0"]);
     assert_eq!(code, Some(64), "{err}");
     assert!(err.contains("--workers must be at least 1"), "{err}");
+
+    // 600 workers started a 600-engine stack on one machine.
+    let (code, err) = compare(&["--workers", "600"]);
+    assert_eq!(code, Some(64), "{err}");
+    assert!(err.contains("--workers must be at most 128"), "{err}");
+    assert!(!err.contains("starting a stack"), "{err}");
 }
 
 /// A router config the control plane would refuse is refused before any stack starts (it
