@@ -255,6 +255,27 @@ async fn sglang_verdicts_name_the_engine_and_the_prefill_workers_bootstrap_port(
     svc.stop().await;
 }
 
+/// Heartbeats of a self-registering worker at `port` under the declared `trt-0`'s id, sent until
+/// two are counted refused (the consumer's subscription may not have reached NATS yet).
+async fn clash_until_refused(svc: &Service, nats: &async_nats::Client, port: u16) {
+    let mut clash = worker(
+        "trt-0",
+        switchyard_protocol::worker::WorkerRole::Agg,
+        port,
+        7,
+    );
+    clash.model = "qwen3".into();
+    eventually(Duration::from_secs(4), "the clash is counted", || async {
+        heartbeat(nats, &clash, 1_000).await;
+        nats.flush().await.unwrap();
+        metric_value(
+            &svc.metrics().await,
+            "switchyard_workers_rejected_total{reason=\"declared\"}",
+        ) >= 2.0
+    })
+    .await;
+}
+
 /// A self-registering worker under a declared worker's id is refused (counted as `declared`)
 /// and the declared worker keeps its registration: before, each replaced the other on every
 /// heartbeat and health poll, resetting the worker's cache each time.
@@ -275,23 +296,7 @@ async fn a_heartbeat_under_a_declared_workers_id_is_refused_and_counted() {
     )
     .await;
 
-    let mut clash = worker(
-        "trt-0",
-        switchyard_protocol::worker::WorkerRole::Agg,
-        9050,
-        7,
-    );
-    clash.model = "qwen3".into();
-    // Sent until counted: the consumer's subscription may not have reached NATS yet.
-    eventually(Duration::from_secs(4), "the clash is counted", || async {
-        heartbeat(&nats, &clash, 1_000).await;
-        nats.flush().await.unwrap();
-        metric_value(
-            &svc.metrics().await,
-            "switchyard_workers_rejected_total{reason=\"declared\"}",
-        ) >= 2.0
-    })
-    .await;
+    clash_until_refused(&svc, &nats, 9050).await;
     let workers = svc.get_json("/v1/workers").await;
     assert_eq!(
         workers["workers"].as_array().map(Vec::len),
@@ -313,22 +318,7 @@ async fn a_declared_id_is_refused_to_heartbeats_while_its_engine_is_down() {
     let mut settings = Settings::for_tests();
     settings.pool_file = Some(pool_file);
     let (_nats_server, svc, nats) = service_with_nats(settings).await;
-    let mut clash = worker(
-        "trt-0",
-        switchyard_protocol::worker::WorkerRole::Agg,
-        9051,
-        7,
-    );
-    clash.model = "qwen3".into();
-    eventually(Duration::from_secs(4), "the clash is counted", || async {
-        heartbeat(&nats, &clash, 1_000).await;
-        nats.flush().await.unwrap();
-        metric_value(
-            &svc.metrics().await,
-            "switchyard_workers_rejected_total{reason=\"declared\"}",
-        ) >= 2.0
-    })
-    .await;
+    clash_until_refused(&svc, &nats, 9051).await;
     let workers = svc.get_json("/v1/workers").await;
     assert_eq!(workers["workers"], json!([]), "{workers}");
     svc.stop().await;
