@@ -17,6 +17,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde_json::{json, Value};
+use switchyard_e2e::browser::Chromium;
 use switchyard_e2e::drill::{self, DrillLoad};
 use switchyard_e2e::probe::long_prompt;
 use switchyard_e2e::{
@@ -26,6 +27,7 @@ use switchyard_e2e::{
 use switchyard_protocol::route::ROUTE_HEADER;
 use switchyard_stack::envoy::healthy_hosts;
 use switchyard_stack::{Component, ServingMode, Stack, StackBuilder};
+use switchyard_support::TempDir;
 
 /// Per decode worker: requests in flight as one replica sees them.
 async fn in_flight(http: &reqwest::Client, stack: &Stack, replica: usize) -> BTreeMap<String, u64> {
@@ -261,6 +263,18 @@ async fn two_replicas_share_load_and_config_and_a_replica_lost_or_late_costs_not
     assert!(
         names.iter().all(|n| !n.is_empty()) && names[0] != names[1],
         "{names:?}"
+    );
+    // And its page says so: its share is one replica's, not the fleet's.
+    let scratch = TempDir::new("replica-page").expect("scratch");
+    let page = format!(
+        "{}/#token={}",
+        stack.control_plane_replica_admin_url(1),
+        stack.control_plane_admin_token()
+    );
+    let dom = Chromium::locate().dump_dom(&page, Duration::from_secs(3), scratch.path());
+    assert!(
+        dom.contains(&format!("Replica {}: the verdicts", names[1])),
+        "the page does not say whose verdicts it shows:\n{dom}"
     );
 
     // One PUT, on either replica, changes both, under one version.

@@ -264,6 +264,11 @@ async fn the_status_page_renders_workers_and_verdicts_in_chromium() {
     assert_eq!(text_of(&dom, "share"), share_text(&status));
     assert_eq!(text_of(&dom, "verdicts"), sent.to_string());
     assert_eq!(text_of(&dom, "error"), "");
+    // One control plane: no replica to name.
+    assert!(
+        dom.contains("<div id=\"replica\" class=\"muted\" hidden=\"\"></div>"),
+        "{dom}"
+    );
 
     // Without the token: the refusal, the form, and no data.
     let refused = chromium.dump_dom(
