@@ -16,7 +16,7 @@ use std::time::Duration;
 use serde_json::Value;
 use switchyard_e2e::browser::Chromium;
 use switchyard_e2e::probe::{known_workers, long_prompt};
-use switchyard_e2e::{admin_get_json, chat_body, client, post_observed, start_stack};
+use switchyard_e2e::{admin_get_json, chat_body, client, get_text, post_observed, start_stack};
 use switchyard_protocol::route::{RouteMode, ROUTE_HEADER};
 use switchyard_router::config::{ConditionalDisaggConfig, RouterConfig};
 use switchyard_router::policy::{decide, PolicyCall};
@@ -270,11 +270,24 @@ async fn the_status_page_renders_workers_and_verdicts_in_chromium() {
         "{dom}"
     );
 
-    // Without the token: the refusal, the form, and no data.
+    // Without the token: the refusal, the form, and no data; asked once, not every second
+    // (each refusal is counted, and a tab left open read as someone guessing).
+    let missing = "switchyard_admin_refusals_total{reason=\"missing_token\"}";
+    let metrics_url = format!("{}/metrics", stack.control_plane_url());
+    let refusals = || async {
+        let text = get_text(&http, &metrics_url).await.unwrap_or_default();
+        switchyard_e2e::prom_sum(&text, missing)
+    };
+    let refusals_before = refusals().await;
     let refused = chromium.dump_dom(
         &stack.control_plane_admin_url(),
         SCRIPT_BUDGET,
         scratch.path(),
+    );
+    assert_eq!(
+        refusals().await - refusals_before,
+        1.0,
+        "asked again and again"
     );
     assert!(
         text_of(&refused, "error").starts_with("401 missing_token"),
