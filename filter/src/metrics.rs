@@ -248,6 +248,7 @@ mod tests {
             prefill: None,
             on_prefill_pool: true,
             steering_free: true,
+            model: None,
         };
         assert_eq!(ids().for_outcome(&outcome), vec![22]);
     }

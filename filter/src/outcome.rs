@@ -250,6 +250,7 @@ mod tests {
             }),
             on_prefill_pool: false,
             steering_free: false,
+            model: None,
         };
         assert_eq!(
             Served::from_outcome(&outcome),

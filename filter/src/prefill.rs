@@ -8,7 +8,8 @@
 //!
 //! A retry names no worker (the verdict's failed), so Envoy's fallback balancer picks one:
 //! on a gateway of several models it must pick among the request's model's prefill workers
-//! only, which is what [`retry_cluster`] chooses.
+//! only, which is what [`prefill_leg_cluster`] chooses (for the first attempt too: its named
+//! worker may be gone).
 
 use std::borrow::Cow;
 
@@ -60,11 +61,11 @@ pub fn classify_prefill_answer(
     }
 }
 
-/// The cluster a retried prefill attempt goes to. With `per_model` (the gateway defines a
-/// prefill cluster per model, `<prefill_cluster>__<model>`, as the control plane's EDS
-/// serves them) and a `model` that can name one, that model's cluster: a retry then never
-/// lands on another model's prefill worker. Otherwise the shared `prefill_cluster`.
-pub fn retry_cluster<'a>(
+/// The cluster a prefill attempt goes to. With `per_model` (the gateway defines a prefill
+/// cluster per model, `<prefill_cluster>__<model>`, as the control plane's EDS serves them)
+/// and a `model` that can name one, that model's cluster: an attempt then never lands on
+/// another model's prefill worker. Otherwise the shared `prefill_cluster`.
+pub fn prefill_leg_cluster<'a>(
     prefill_cluster: &'a str,
     per_model: bool,
     model: Option<&str>,
@@ -90,16 +91,16 @@ mod tests {
     #[test]
     fn retries_stay_in_the_models_cluster_only_when_the_gateway_has_one() {
         assert_eq!(
-            retry_cluster("switchyard_prefill", true, Some("Qwen/Qwen3-8B")),
+            prefill_leg_cluster("switchyard_prefill", true, Some("Qwen/Qwen3-8B")),
             "switchyard_prefill__Qwen_Qwen3-8B"
         );
         assert_eq!(
-            retry_cluster("switchyard_prefill", false, Some("Qwen/Qwen3-8B")),
+            prefill_leg_cluster("switchyard_prefill", false, Some("Qwen/Qwen3-8B")),
             "switchyard_prefill"
         );
         for unnamed in [None, Some(""), Some(" padded "), Some("line\nbreak")] {
             assert_eq!(
-                retry_cluster("switchyard_prefill", true, unnamed),
+                prefill_leg_cluster("switchyard_prefill", true, unnamed),
                 "switchyard_prefill",
                 "{unnamed:?}"
             );

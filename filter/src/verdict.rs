@@ -12,7 +12,7 @@ use std::fmt;
 
 use switchyard_protocol::handoff::{Handoff, LegOrder};
 use switchyard_protocol::route::{
-    ApiError, Endpoint, RejectReason, RouteMode, Verdict, NO_WORKERS,
+    is_header_safe_model, ApiError, Endpoint, RejectReason, RouteMode, Verdict, NO_WORKERS,
 };
 use switchyard_protocol::worker::Engine;
 
@@ -121,6 +121,9 @@ pub enum RouteOutcome {
         /// The control plane found the body free of steering keys (the verdict's
         /// `steering_free`): the filter need not screen it.
         steering_free: bool,
+        /// The pool file's model the request was routed within (the verdict's `model`, when
+        /// a header can carry it): named to Envoy so that a retry stays in that model.
+        model: Option<String>,
     },
     /// Leave the destination unset: Envoy's fallback load balancer picks a worker.
     FailOpen(FailOpenReason),
@@ -184,6 +187,7 @@ pub fn classify_route_response(
                     }),
                     on_prefill_pool: verdict.decode_on_prefill,
                     steering_free: verdict.steering_free,
+                    model: verdict.model.filter(|m| is_header_safe_model(m)),
                 }
             }
             _ => RouteOutcome::FailOpen(FailOpenReason::BadVerdict),
@@ -259,6 +263,7 @@ mod tests {
                 }),
                 on_prefill_pool: false,
                 steering_free: false,
+                model: None,
             }
         );
         assert_eq!(outcome.route_header_value(), "disagg");
@@ -339,6 +344,7 @@ mod tests {
                 prefill: None,
                 on_prefill_pool: true,
                 steering_free: true,
+                model: None,
             }
         );
         assert_eq!(outcome.route_header_value(), "agg");

@@ -408,6 +408,11 @@ pub struct Verdict {
     /// refuses the field.
     #[serde(default, skip_serializing_if = "is_false")]
     pub disagg_request_id: bool,
+    /// The pool file's model the request was routed within (absent on a gateway without
+    /// declared models): the filter names it in [`MODEL_HEADER`], so that Envoy's retries and
+    /// fallbacks, when the named worker is gone, stay among that model's workers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
 }
 
 fn is_false(b: &bool) -> bool {

@@ -388,6 +388,7 @@ impl Router {
             steering_free: false,
             // A setting of the model's in the pool file, which the control plane's API adds.
             disagg_request_id: false,
+            model: None,
         };
         if self.load.take_failed_open(request_id, route_call) {
             // A late call: the filter failed the request open and sent it to a worker of

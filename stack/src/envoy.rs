@@ -9,8 +9,8 @@ use crate::error::StackError;
 /// works from any directory.
 pub const BOOTSTRAP_TEMPLATE: &str = include_str!("../../envoy/bootstrap.template.yaml");
 
-use switchyard_protocol::route::MODEL_HEADER;
 pub use switchyard_protocol::route::{model_cluster, DECODE_CLUSTER, PREFILL_CLUSTER};
+use switchyard_protocol::route::{MODEL_HEADER, POOL_HEADER, POOL_PREFILL};
 
 /// The template's comment line where extra listeners go.
 const EXTRA_LISTENERS_MARKER: &str = "    # switchyard:extra-listeners\n";
@@ -39,17 +39,28 @@ const MODEL_CLUSTERS_MARKER: &str = "    # switchyard:model-clusters\n";
 /// body naming a model).
 const MODEL_PATHS: [&str; 2] = ["/v1/chat/completions", "/v1/completions"];
 
-/// Each model's routes: a request the filter failed open names its model in
-/// [`MODEL_HEADER`], and goes to that model's decode cluster rather than any model's worker.
+/// Each model's routes: the filter names a request's model in [`MODEL_HEADER`] (from the
+/// verdict, or the body when it fails open), and the request goes to that model's cluster,
+/// where a retry or fallback finds only that model's workers.
 fn model_routes(models: &[String]) -> String {
     let mut out = String::new();
     for model in models {
         // A JSON string is a YAML double-quoted scalar: any model name stays one value.
         let quoted = serde_json::Value::from(model.as_str()).to_string();
-        let cluster = model_cluster(DECODE_CLUSTER, model);
+        let model_match =
+            format!("{{ name: {MODEL_HEADER}, string_match: {{ exact: {quoted} }} }}");
+        // A prefill worker serving the request whole, then every other request of the model:
+        // each to the model's own cluster, so Envoy's retries and fallbacks stay in it.
+        let prefill = model_cluster(PREFILL_CLUSTER, model);
+        let decode = model_cluster(DECODE_CLUSTER, model);
         for path in MODEL_PATHS {
             out.push_str(&format!(
-                "                        - match: {{ path: \"{path}\", headers: [ {{ name: {MODEL_HEADER}, string_match: {{ exact: {quoted} }} }} ] }}\n                          route: {{ cluster: {cluster}, timeout: 0s }}\n"
+                "                        - match: {{ path: \"{path}\", headers: [ {{ name: {POOL_HEADER}, string_match: {{ exact: {POOL_PREFILL} }} }}, {model_match} ] }}\n                          route: {{ cluster: {prefill}, timeout: 0s }}\n"
+            ));
+        }
+        for path in MODEL_PATHS {
+            out.push_str(&format!(
+                "                        - match: {{ path: \"{path}\", headers: [ {model_match} ] }}\n                          route: {{ cluster: {decode}, timeout: 0s }}\n"
             ));
         }
     }
@@ -416,7 +427,6 @@ mod tests {
 
     #[test]
     fn a_request_kept_on_its_prefill_worker_is_routed_to_the_prefill_cluster() {
-        use switchyard_protocol::route::{POOL_HEADER, POOL_PREFILL};
         let yaml = render_bootstrap(&settings()).expect("renders");
         for path in ["/v1/chat/completions", "/v1/completions"] {
             let pool = format!(
@@ -463,6 +473,29 @@ mod tests {
             .expect("shared route");
         assert!(route < shared, "model routes come first");
         assert!(yaml.contains("route: { cluster: switchyard_decode__org_a-1_0, timeout: 0s }"));
+        // A request a model's prefill worker serves whole goes to that model's prefill
+        // cluster, before the shared pool route and the model's decode route could take it.
+        let model_pool = yaml
+            .find(&format!(
+                r#"headers: [ {{ name: {POOL_HEADER}, string_match: {{ exact: {POOL_PREFILL} }} }}, {{ name: {MODEL_HEADER}, string_match: {{ exact: "b" }} }} ] }}
+                          route: {{ cluster: switchyard_prefill__b, timeout: 0s }}"#
+            ))
+            .expect("b's pool route");
+        let model_decode = yaml
+            .find(
+                r#"string_match: { exact: "b" } } ] }
+                          route: { cluster: switchyard_decode__b, timeout: 0s }"#,
+            )
+            .expect("b's decode route");
+        let shared_pool = yaml
+            .find(&format!(
+                r#"headers: [ {{ name: {POOL_HEADER}, string_match: {{ exact: {POOL_PREFILL} }} }} ] }}"#
+            ))
+            .expect("the shared pool route");
+        assert!(
+            model_pool < model_decode && model_decode < shared_pool,
+            "{yaml}"
+        );
         assert!(yaml.contains("    - name: switchyard_decode__b\n"));
         assert!(yaml.contains("service_name: switchyard_decode__b\n"));
         assert!(yaml.contains("    - name: switchyard_prefill__org_a-1_0\n"));

@@ -24,7 +24,7 @@ use switchyard_protocol::route::{REJECT_HEADER, ROUTE_HEADER};
 use switchyard_protocol::worker::{WorkerId, WorkerRole};
 use switchyard_stack::envoy::{healthy_hosts, model_cluster, DECODE_CLUSTER, PREFILL_CLUSTER};
 use switchyard_stack::{Artifacts, Component, Profile, StackBuilder, WorkerSpec};
-use switchyard_support::{free_port, Process, TempDir};
+use switchyard_support::{free_port, Process, Signal, TempDir};
 
 const WAIT: Duration = Duration::from_secs(20);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(20);
@@ -37,7 +37,7 @@ struct Sim {
     http: u16,
     events: u16,
     replay: u16,
-    _process: Process,
+    process: Process,
 }
 
 impl Sim {
@@ -76,7 +76,7 @@ impl Sim {
             http,
             events,
             replay,
-            _process: process,
+            process,
         }
     }
 
@@ -322,4 +322,85 @@ async fn two_models_are_served_by_their_own_workers_and_an_unknown_one_is_404() 
         }
     }
     stack.shutdown();
+}
+
+/// A routed request whose worker is gone (killed, or draining in a rolling restart) is retried
+/// by Envoy among its own model's workers only: the verdict names the model, and the model's
+/// routes send the request to its own cluster. Before, routed requests went to the shared
+/// cluster, and a dead alpha worker's requests were answered by beta's worker with a 200.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_routed_request_whose_worker_died_is_never_served_by_another_models_worker() {
+    let artifacts = Artifacts::locate(Profile::Debug).unwrap_or_else(|e| panic!("{e}"));
+    let dir = TempDir::new("models-dead-e2e").expect("scratch");
+    let model_dir = artifacts.model_dir.to_string_lossy().into_owned();
+    let start = |id, role| Sim::start(id, role, &[], &model_dir, dir.path(), &artifacts);
+    let alpha = start("alpha-0", WorkerRole::Decode);
+    let beta = start("beta-0", WorkerRole::Decode);
+    let pools = dir.path().join("pools.yaml");
+    // Health polls a second apart: the control plane routes to alpha's worker for a while
+    // after it dies, as it does for a worker whose death no poll has seen yet.
+    std::fs::write(
+        &pools,
+        format!(
+            "health: {{ interval_ms: 1000, timeout_ms: 500, unhealthy_after: 3 }}\nmodels:\n  - name: {}\n    block_size: 64\n    workers:\n{}  - name: {}\n    block_size: 64\n    workers:\n{}",
+            MODELS[0],
+            alpha.declared(),
+            MODELS[1],
+            beta.declared()
+        ),
+    )
+    .expect("pool file");
+    let stack = start_stack(
+        StackBuilder::new()
+            .decode_workers(0)
+            .pool_file(pools, vec![alpha.spec(), beta.spec()])
+            .route_timeout_ms(1_000),
+    )
+    .await;
+    let http = client();
+    let gateway = format!("{}/v1/chat/completions", stack.gateway_url());
+    let clusters = format!("{}/clusters", stack.admin_url());
+    for (model, sim) in MODELS.iter().zip([&alpha, &beta]) {
+        let cluster = model_cluster(DECODE_CLUSTER, model);
+        eventually(&format!("{cluster} holds {}", sim.id), WAIT, || async {
+            let page = get_text(&http, &clusters).await.unwrap_or_default();
+            healthy_hosts(&page, &cluster) == [sim.address()]
+        })
+        .await;
+    }
+    let first = post_observed(&http, &gateway, &chat(MODELS[0], 0), &[], REQUEST_TIMEOUT)
+        .await
+        .expect("alpha, alive");
+    assert_eq!(first.header(WORKER_HEADER), alpha.id);
+
+    alpha.process.signal(Signal::Kill).expect("SIGKILL alpha-0");
+    let beta_before = worker_metric(&http, &beta.address(), "switchyard_requests_total").await;
+    let mut routed = 0;
+    for i in 1..4 {
+        let answer = post_observed(&http, &gateway, &chat(MODELS[0], i), &[], REQUEST_TIMEOUT)
+            .await
+            .unwrap_or_else(|e| panic!("alpha request {i}: {e}"));
+        assert_ne!(
+            answer.header(WORKER_HEADER),
+            beta.id,
+            "alpha request {i} served by beta's worker: {:?}",
+            answer.headers
+        );
+        assert_ne!(answer.status, 200, "alpha request {i}: {}", answer.body());
+        if !answer.header(ROUTE_HEADER).starts_with("fail-open") {
+            routed += 1;
+        }
+    }
+    assert!(routed > 0, "no alpha request was routed to the dead worker");
+    assert_eq!(
+        worker_metric(&http, &beta.address(), "switchyard_requests_total").await,
+        beta_before,
+        "beta's worker saw none of alpha's requests"
+    );
+    // Beta is served as before.
+    let answer = post_observed(&http, &gateway, &chat(MODELS[1], 9), &[], REQUEST_TIMEOUT)
+        .await
+        .expect("beta");
+    assert_eq!(answer.status, 200, "{}", answer.body());
+    assert_eq!(answer.header(WORKER_HEADER), beta.id);
 }

@@ -419,6 +419,7 @@ where
     match state.service.route(request).await {
         Ok(Ok(mut routed)) => {
             routed.verdict.steering_free = steering_free;
+            routed.verdict.model = model.name.clone();
             // Only a disaggregated TensorRT-LLM verdict has legs to carry it.
             routed.verdict.disagg_request_id = model.disagg_request_id
                 && routed.verdict.mode == RouteMode::Disagg

@@ -28,7 +28,7 @@ use switchyard_protocol::route::{RouteMode, DESTINATION_HEADER, REQUEST_ID_HEADE
 use super::{ConcurrentPrefill, Phase, PrefillLeg, SwitchyardRequest};
 use crate::body::{self, DecodeBody, RequestDoc};
 use crate::outcome::{FallbackReason, Served};
-use crate::prefill::{classify_prefill_answer, retry_cluster, PrefillFailure, PrefillStep};
+use crate::prefill::{classify_prefill_answer, prefill_leg_cluster, PrefillFailure, PrefillStep};
 use crate::request::prefill_leg_headers;
 use crate::shared::increment;
 use crate::verdict::PrefillTarget;
@@ -174,10 +174,9 @@ impl SwitchyardRequest {
         }
     }
 
-    /// One prefill attempt of a sequential handoff. `target` names the prefill worker (on the
-    /// shared prefill cluster); retries pass `None` so Envoy's fallback load balancer may pick
-    /// a healthier one, within the request's model when the gateway has a cluster per model
-    /// ([`retry_cluster`]).
+    /// One prefill attempt of a sequential handoff. `target` names the prefill worker; retries
+    /// pass `None` so Envoy's fallback load balancer may pick a healthier one, within the
+    /// request's model when the gateway has a cluster per model ([`prefill_leg_cluster`]).
     fn dispatch_prefill(
         &mut self,
         leg: PrefillLeg,
@@ -229,18 +228,18 @@ impl SwitchyardRequest {
             (REQUEST_ID_HEADER, self.request_id.as_str()),
         ];
         headers.extend(prefill_leg_headers(&client, REQUEST_ID_HEADER));
-        let cluster = match target {
-            Some(target) => {
-                headers.push((DESTINATION_HEADER, target));
-                config.prefill_cluster.clone()
-            }
-            None => retry_cluster(
-                &config.prefill_cluster,
-                config.prefill_model_clusters,
-                leg.doc.model(),
-            )
-            .into_owned(),
-        };
+        if let Some(target) = target {
+            headers.push((DESTINATION_HEADER, target));
+        }
+        // The model's own prefill cluster, which holds the named worker: should it be gone,
+        // Envoy's fallback picks another of the model's prefill workers, never another
+        // model's (and a retry, naming none, stays in the model too).
+        let cluster = prefill_leg_cluster(
+            &config.prefill_cluster,
+            config.prefill_model_clusters,
+            leg.doc.model(),
+        )
+        .into_owned();
         match self.dispatch_http_call(
             &cluster,
             headers,

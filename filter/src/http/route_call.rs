@@ -280,6 +280,16 @@ impl SwitchyardRequest {
                 }
             }
         };
+        if let RouteOutcome::Routed {
+            model: Some(model), ..
+        } = &outcome
+        {
+            // The model's routes send the request to its own cluster, where the named worker
+            // is: if it is gone, Envoy's retry and fallback pick another of the same model's
+            // workers, never another model's (set before the route is chosen again, as
+            // `name_model` explains).
+            self.set_http_request_header(MODEL_HEADER, Some(model));
+        }
         match outcome {
             RouteOutcome::Rejected { status, reason } => {
                 // The client's own mistake, in the engine's words: its 4xx as it is.
@@ -291,6 +301,7 @@ impl SwitchyardRequest {
                 prefill,
                 on_prefill_pool,
                 steering_free,
+                model,
             } => {
                 self.count_verdict(&RouteOutcome::Routed {
                     mode: RouteMode::Disagg,
@@ -298,6 +309,7 @@ impl SwitchyardRequest {
                     prefill: prefill.clone(),
                     on_prefill_pool,
                     steering_free,
+                    model,
                 });
                 match prefill {
                     Some(prefill) => self.start_prefill_leg(doc, destination, prefill),
