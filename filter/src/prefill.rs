@@ -36,10 +36,13 @@ pub enum PrefillFailure {
 }
 
 impl std::fmt::Display for PrefillFailure {
-    /// In words for a client's error message: `answered 503`, `no answer`.
+    /// In words for a client's error message: `answered 500`, `no answer`.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             PrefillFailure::NoStatus => f.write_str("no answer"),
+            // Envoy answers a call it could not deliver with these itself.
+            PrefillFailure::Status(503) => f.write_str("answered 503, or could not be reached"),
+            PrefillFailure::Status(504) => f.write_str("answered 504, or timed out"),
             PrefillFailure::Status(code) => write!(f, "answered {code}"),
         }
     }
@@ -84,7 +87,12 @@ mod tests {
 
     #[test]
     fn a_failure_reads_in_words_for_the_client() {
-        assert_eq!(PrefillFailure::Status(503).to_string(), "answered 503");
+        // Envoy's own answer for a worker it could not reach is a 503: both are said.
+        assert_eq!(
+            PrefillFailure::Status(503).to_string(),
+            "answered 503, or could not be reached"
+        );
+        assert_eq!(PrefillFailure::Status(500).to_string(), "answered 500");
         assert_eq!(PrefillFailure::NoStatus.to_string(), "no answer");
     }
 

@@ -278,6 +278,16 @@ impl SwitchyardRequest {
             }
             PrefillStep::Failed(failure) => {
                 self.record_prefill_latency(leg.started_ms);
+                if let PrefillFailure::Status(code @ 400..=499) = failure {
+                    // The engine refused the leg itself, not an outage: the gateway speaks
+                    // another protocol than the workers (an engine or a pool-file setting
+                    // such as trtllm_disagg_request_id that does not match the servers).
+                    // Worth a line each, as a misconfiguration is.
+                    warn!(
+                        "#{} {} prefill worker {} refused the prefill leg ({code}): check that its engine and the pool file's settings for the model match the servers; falling back to local prefill",
+                        self.context_id, self.request_id, leg.prefill
+                    );
+                }
                 self.fall_back(leg.decode, leg.prefill, &format!("{failure:?}"));
             }
             PrefillStep::Answered => {
