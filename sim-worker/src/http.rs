@@ -152,7 +152,7 @@ fn models_reply(ctx: &WorkerContext) -> Response {
 /// Why a hold could not be taken.
 enum TakeHoldError {
     /// A hold id of this worker under which nothing is held (any more): pulled, released or
-    /// expired.
+    /// expired; or an SGLang room not held yet.
     Gone(ApiError),
     /// Anything else: a bad request, another worker's id, a worker shutting down.
     Refused(ApiError),
@@ -179,11 +179,16 @@ async fn take_hold(
         ))
     })?;
     let not_held = || ApiError::not_found(format!("no KV held under {:?}", req.remote_request_id));
-    let id = parse_hold_id(&req.remote_request_id, &ctx.id.0, ctx.instance_id).or_else(|| {
-        parse_room_hold_id(&req.remote_request_id).and_then(|room| ctx.holds.take_room(room))
-    });
-    let Some(id) = id else {
-        return Err(refused(not_held()));
+    let id = match parse_hold_id(&req.remote_request_id, &ctx.id.0, ctx.instance_id) {
+        Some(id) => id,
+        None => match parse_room_hold_id(&req.remote_request_id) {
+            // A room the prefill leg, which runs at the same time, may not hold yet.
+            Some(room) => ctx
+                .holds
+                .take_room(room)
+                .ok_or_else(|| TakeHoldError::Gone(not_held()))?,
+            None => return Err(refused(not_held())),
+        },
     };
     // Forget the record whatever the engine says: an expired hold is gone either way.
     let prefix_hash = ctx.holds.take(id).flatten();
@@ -209,6 +214,9 @@ async fn pull_reply(ctx: Arc<WorkerContext>, body: Result<Bytes, ApiError>) -> R
             };
             warp::reply::json(&body).into_response()
         }
+        // Nothing held (yet): part of the handoff, not a bad request. An SGLang decode worker
+        // asks for its room until the prefill leg, which runs at the same time, holds it.
+        Err(TakeHoldError::Gone(e)) => uncounted_error_reply(&e),
         Err(e) => error_reply(&ctx, &e.into_api_error()),
     }
 }
@@ -290,6 +298,11 @@ fn error_reply(ctx: &WorkerContext, error: &ApiError) -> Response {
     if (400..500).contains(&error.status) {
         ctx.metrics.bad_requests.fetch_add(1, Ordering::Relaxed);
     }
+    uncounted_error_reply(error)
+}
+
+/// An error answer that is not the asker's mistake (not counted as a bad request).
+fn uncounted_error_reply(error: &ApiError) -> Response {
     let status = StatusCode::from_u16(error.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     warp::reply::with_status(warp::reply::json(&error.to_json()), status).into_response()
 }

@@ -395,6 +395,25 @@ async fn a_release_frees_the_hold_once() {
 }
 
 #[tokio::test]
+async fn a_pull_of_kv_not_held_yet_is_a_404_but_no_bad_request() {
+    let client = reqwest::Client::new();
+    let prefill = start(
+        config(WorkerRole::Prefill, "prefill-not-yet"),
+        &tokenizer(),
+        None,
+    )
+    .await;
+    let url = format!("{}/switchyard/kv/pull", base_url(&prefill));
+    // An SGLang decode worker asks for its room until the prefill leg, which runs at the
+    // same time, holds it: part of the handoff, which counted as a bad request each time.
+    let early = json!({"remote_request_id": "room-7"});
+    let answer = client.post(&url).json(&early).send().await.unwrap();
+    assert_eq!(answer.status(), 404);
+    let text = metrics_text(&client, &prefill).await;
+    assert_eq!(metric(&text, "switchyard_bad_requests_total", None), 0.0);
+}
+
+#[tokio::test]
 async fn a_pull_for_a_different_prompt_is_a_mismatch() {
     let tok = tokenizer();
     let client = reqwest::Client::new();
