@@ -225,12 +225,19 @@ impl Declared {
     }
 
     async fn poll_health(&mut self) {
-        let answer = match self
-            .get(&self.worker.health_url, self.cx.health.timeout_ms)
-            .await
-        {
+        let timeout_ms = self.cx.health.timeout_ms;
+        let asked = tokio::time::Instant::now();
+        let answer = match self.get(&self.worker.health_url, timeout_ms).await {
             Ok(response) if response.status().is_success() => Ok(()),
             Ok(response) => Err(format!("answered {}", response.status())),
+            // A timeout that ended long after its bound says this process did not run (the
+            // host starved it), not that the engine did not answer: inconclusive, neither
+            // counted nor a reset, as a stall gives heartbeats a fresh window. Three such
+            // polls emptied a pool of one while its engine streamed on.
+            Err(e) if overran(e.is_timeout(), asked.elapsed(), timeout_ms) => {
+                tracing::debug!(worker = %self.worker.id, took_ms = asked.elapsed().as_millis() as u64, timeout_ms, "health poll overran its timeout (this process was not running): not counted");
+                return;
+            }
             // With its causes: reqwest's own text ("error sending request") says no more.
             Err(e) => Err(switchyard_support::cli::error_line(&e)),
         };
@@ -611,5 +618,26 @@ impl Declared {
         if now.gaps > was.gaps {
             tracing::warn!(worker = %self.worker.id, "KV events missed (TensorRT-LLM keeps no replay): the worker's blocks were dropped and are rebuilt from new events");
         }
+    }
+}
+
+/// Whether a poll that timed out after `took`, against a bound of `timeout_ms`, overran it by
+/// so much that this process, not the engine, was not running: the timer fired late.
+fn overran(timed_out: bool, took: Duration, timeout_ms: u64) -> bool {
+    timed_out && took > Duration::from_millis(timeout_ms.saturating_mul(2))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_timeout_that_fired_long_after_its_bound_is_the_control_planes_stall() {
+        // The engine did not answer within 500 ms: it counts.
+        assert!(!overran(true, Duration::from_millis(510), 500));
+        // The timer fired 3 s late: the process was starved, nothing is known of the engine.
+        assert!(overran(true, Duration::from_millis(3_000), 500));
+        // Other failures are the engine's however long they took.
+        assert!(!overran(false, Duration::from_millis(3_000), 500));
     }
 }
