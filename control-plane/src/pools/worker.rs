@@ -465,7 +465,7 @@ impl Declared {
                 self.kv_unreachable_while_healthy += 1;
                 if self.kv_unreachable_while_healthy == KV_UNREACHABLE_WARN_AFTER {
                     self.cx.metrics.declared_event("kv_unreachable", 1);
-                    tracing::warn!(worker = %self.worker.id, kv_events = %self.worker.kv_events, %error, "the worker is healthy but nothing listens at its KV event endpoint, so it is routed without its cache: if the engine's publisher connects out (its endpoint names a host), give the pool file `kv_events_listen` instead of `kv_events`");
+                    tracing::warn!(worker = %self.worker.id, kv_events = %self.worker.kv_events, %error, "the worker is healthy but nothing listens at its KV event endpoint, so its cache is not followed: the index holds at most what its replay socket gave when it joined, never updated (removals unseen, so its hits may be stale): if the engine's publisher connects out (its endpoint names a host), give the pool file `kv_events_listen` instead of `kv_events`");
                 } else {
                     tracing::debug!(worker = %self.worker.id, %error, "KV event publisher not reachable");
                 }
