@@ -238,6 +238,11 @@ impl Consumer {
                             "address_in_use",
                             "another live worker is registered at this address (GET /v1/workers) and keeps it until it is withdrawn or expires; one address is one engine",
                         ),
+                        WorkerChange::EngineMismatch => self.refused(
+                            &worker,
+                            "engine_mismatch",
+                            "a live worker of its model runs another engine (GET /v1/workers); a model's workers run one engine: give it its own model name or the model's engine",
+                        ),
                         WorkerChange::IdInUse => self.refused(
                             &worker,
                             "id_in_use",

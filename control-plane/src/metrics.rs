@@ -62,6 +62,7 @@ mod closed_labels {
         "declared",
         "address_in_use",
         "id_in_use",
+        "engine_mismatch",
     ];
     /// `kv_batches_rejected_total{reason}`: `KvEventError`'s variants.
     pub const KV_REJECTIONS: &[&str] = &["unknown_worker", "block_size_mismatch", "stale"];

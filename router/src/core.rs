@@ -179,8 +179,9 @@ impl ControlCore {
     /// A heartbeat (registration or refresh). Its authenticity is the caller's to check. A
     /// heartbeat under the id of a declared worker is refused ([`WorkerChange::Declared`]),
     /// and so is one at an address another live worker holds
-    /// ([`WorkerChange::AddressInUse`]) and one of a second process under a live worker's id
-    /// ([`WorkerChange::IdInUse`]).
+    /// ([`WorkerChange::AddressInUse`]), one of a second process under a live worker's id
+    /// ([`WorkerChange::IdInUse`]) and one of another engine than its model's live workers
+    /// run ([`WorkerChange::EngineMismatch`]).
     pub fn heartbeat(&mut self, hb: &WorkerHeartbeat, now_ms: u64) -> HeartbeatOutcome {
         let refused = if self.declared_ids.contains(&hb.worker.worker_id) {
             Some(WorkerChange::Declared)
@@ -188,6 +189,12 @@ impl ControlCore {
             Some(WorkerChange::AddressInUse)
         } else if self.router.id_held_elsewhere(&hb.worker, now_ms) {
             Some(WorkerChange::IdInUse)
+        } else if self
+            .router
+            .other_engine_of_model(&hb.worker, now_ms)
+            .is_some()
+        {
+            Some(WorkerChange::EngineMismatch)
         } else {
             None
         };
@@ -299,7 +306,8 @@ impl ControlCore {
             | WorkerChange::Rejected
             | WorkerChange::Declared
             | WorkerChange::AddressInUse
-            | WorkerChange::IdInUse => None,
+            | WorkerChange::IdInUse
+            | WorkerChange::EngineMismatch => None,
         };
         // A registration wipes what the index knew of the worker, so its dump is always asked
         // for, never rate-limited: a resync asked of this instance just before (for batches
@@ -750,6 +758,31 @@ mod tests {
         // Gone from the pool file: the id is free again.
         core.set_declared_ids(HashSet::new(), t);
         assert_eq!(core.heartbeat(&intruder, t + 100).change, WorkerChange::New);
+    }
+
+    #[test]
+    fn a_worker_of_another_engine_than_its_models_is_refused() {
+        let mut core = ControlCore::new(Router::new(), 3);
+        let vllm = hb("v0", 1);
+        assert_eq!(core.heartbeat(&vllm, 0).change, WorkerChange::New);
+        let mut sglang = hb("s0", 2);
+        sglang.worker.engine = switchyard_protocol::worker::Engine::Sglang;
+        for t in [100, 200] {
+            assert_eq!(
+                core.heartbeat(&sglang, t).change,
+                WorkerChange::EngineMismatch
+            );
+        }
+        // Another model may run it; and the worker itself may come back on another engine.
+        let mut other_model = sglang.clone();
+        other_model.worker.model = "another-model".into();
+        assert_eq!(core.heartbeat(&other_model, 300).change, WorkerChange::New);
+        let mut restarted = hb("v0", 3);
+        restarted.worker.engine = switchyard_protocol::worker::Engine::Trtllm;
+        assert_ne!(
+            core.heartbeat(&restarted, 400).change,
+            WorkerChange::EngineMismatch
+        );
     }
 
     #[test]

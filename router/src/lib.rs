@@ -81,7 +81,7 @@ pub enum WorkerChange {
     /// [`MAX_WORKERS`] workers. Count it and log it; the worker is not routed to.
     Rejected,
     /// Not registered from this heartbeat: a worker of the same id is declared (the pool
-    /// file) and live, and keeps the id. Two processes under one id would otherwise replace
+    /// file), and keeps the id whether it is up or not. Two processes under one id would otherwise replace
     /// each other's registration on every message, resetting its cache each time.
     Declared,
     /// Not registered from this heartbeat: another live worker is registered at the same
@@ -94,6 +94,10 @@ pub enum WorkerChange {
     /// otherwise replace each other on every heartbeat, dropping the cache each time; a
     /// worker that really moved registers once the old one expires.
     IdInUse,
+    /// Not registered from this heartbeat: a live worker of the same model runs another
+    /// engine. A model's workers run one engine, as the pool file requires of declared ones:
+    /// its legs speak that engine's handoff, and a retried leg may reach any of them.
+    EngineMismatch,
 }
 
 /// Most workers one router tracks (the KV index stores 15-bit worker slots).
