@@ -401,11 +401,6 @@ impl Metrics {
                 event: event.to_string(),
             });
         }
-        for refusal in crate::api::auth::Refusal::ALL {
-            let _ = m.admin_refusals.get_or_create(&ReasonLabels {
-                reason: refusal.code().to_string(),
-            });
-        }
         // Likewise every documented cause of the counters below.
         let reasons = |family: &Family<ReasonLabels, Counter>, values: &[&str]| {
             for value in values {
@@ -414,6 +409,11 @@ impl Metrics {
                 });
             }
         };
+        let refusals: Vec<&str> = crate::api::auth::Refusal::ALL
+            .iter()
+            .map(|r| r.code())
+            .collect();
+        reasons(&m.admin_refusals, &refusals);
         reasons(&m.workers_rejected, closed_labels::WORKER_REJECTIONS);
         reasons(&m.kv_batches_rejected, closed_labels::KV_REJECTIONS);
         reasons(&m.replica_updates, closed_labels::REPLICA_UPDATES);

@@ -300,15 +300,15 @@ impl RequestDoc {
     ) -> Result<Option<DecodeBody>, String> {
         match handoff.decode_leg(&self.0, prefill_answer) {
             DecodeLeg::Local => Ok(None),
-            DecodeLeg::Handoff { mut body, hold } => Ok(Some(DecodeBody {
-                body: {
-                    if let Some(id) = disagg_request_id {
-                        insert_disagg_request_id(&mut body, id);
-                    }
-                    serde_json::to_vec(&body).map_err(|e| e.to_string())?
-                },
-                hold,
-            })),
+            DecodeLeg::Handoff { mut body, hold } => {
+                if let Some(id) = disagg_request_id {
+                    insert_disagg_request_id(&mut body, id);
+                }
+                Ok(Some(DecodeBody {
+                    body: serde_json::to_vec(&body).map_err(|e| e.to_string())?,
+                    hold,
+                }))
+            }
             DecodeLeg::Unusable(why) => Err(why),
         }
     }

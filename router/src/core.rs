@@ -189,11 +189,7 @@ impl ControlCore {
             Some(WorkerChange::AddressInUse)
         } else if self.router.id_held_elsewhere(&hb.worker, now_ms) {
             Some(WorkerChange::IdInUse)
-        } else if self
-            .router
-            .other_engine_of_model(&hb.worker, now_ms)
-            .is_some()
-        {
+        } else if self.router.model_runs_another_engine(&hb.worker, now_ms) {
             Some(WorkerChange::EngineMismatch)
         } else {
             None
@@ -253,13 +249,7 @@ impl ControlCore {
         self.observe(now_ms);
         let taken: Vec<WorkerId> = ids
             .iter()
-            .filter(|id| !self.declared_ids.contains(*id))
-            .filter(|id| {
-                self.router
-                    .workers()
-                    .iter()
-                    .any(|w| &w.info.worker_id == *id)
-            })
+            .filter(|id| !self.declared_ids.contains(*id) && self.router.knows(id))
             .cloned()
             .collect();
         for id in &taken {
@@ -329,11 +319,7 @@ impl ControlCore {
         self.observe(now_ms);
         self.resyncs.remove(worker);
         self.awaiting_dump.remove(worker);
-        let known = self
-            .router
-            .workers()
-            .iter()
-            .any(|w| &w.info.worker_id == worker);
+        let known = self.router.knows(worker);
         self.router.remove_worker(worker);
         known
     }

@@ -81,8 +81,9 @@ pub enum WorkerChange {
     /// [`MAX_WORKERS`] workers. Count it and log it; the worker is not routed to.
     Rejected,
     /// Not registered from this heartbeat: a worker of the same id is declared (the pool
-    /// file), and keeps the id whether it is up or not. Two processes under one id would otherwise replace
-    /// each other's registration on every message, resetting its cache each time.
+    /// file), and keeps the id whether it is up or not. Two processes under one id would
+    /// otherwise replace each other's registration on every message, resetting its cache each
+    /// time.
     Declared,
     /// Not registered from this heartbeat: another live worker is registered at the same
     /// address. One address is one engine; the holder keeps it until it is withdrawn or
@@ -425,29 +426,33 @@ impl Router {
             || now_ms.saturating_sub(w.last_seen_ms.max(self.grace_from_ms)) <= w.expires_after_ms
     }
 
-    /// Live workers, for the API and EDS.
+    /// Every registered worker (expired ones too until the periodic expiry removes them).
     pub fn workers(&self) -> Vec<WorkerView> {
-        self.workers
-            .values()
-            .map(|w| WorkerView {
-                info: w.info.clone(),
-                last_seen_ms: w.last_seen_ms,
-                in_flight: self.load.load(w.slot).in_flight,
-            })
-            .collect()
+        self.workers.values().map(|w| self.view(w)).collect()
     }
 
     /// Workers live at `now_ms`, for the API and EDS: the registered ones less those whose
     /// heartbeats stopped long enough that routing already passes them over, though the
     /// periodic expiry has not removed them yet.
     pub fn live_workers(&self, now_ms: u64) -> Vec<WorkerView> {
-        let mut views = self.workers();
-        views.retain(|view| {
-            self.workers
-                .get(&view.info.worker_id)
-                .is_some_and(|w| self.is_live(w, now_ms))
-        });
-        views
+        self.workers
+            .values()
+            .filter(|w| self.is_live(w, now_ms))
+            .map(|w| self.view(w))
+            .collect()
+    }
+
+    /// Whether worker `id` is registered.
+    pub fn knows(&self, id: &WorkerId) -> bool {
+        self.workers.contains_key(id)
+    }
+
+    fn view(&self, w: &WorkerState) -> WorkerView {
+        WorkerView {
+            info: w.info.clone(),
+            last_seen_ms: w.last_seen_ms,
+            in_flight: self.load.load(w.slot).in_flight,
+        }
     }
 
     /// Per-worker predicted load and cached blocks, for metrics.

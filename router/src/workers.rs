@@ -84,22 +84,15 @@ impl Router {
             .map(|(id, _)| id)
     }
 
-    /// The engine of a live worker of `worker`'s model, under another id, that runs another
-    /// engine than `worker` (a model's workers run one engine).
-    pub fn other_engine_of_model(
-        &self,
-        worker: &WorkerInfo,
-        now_ms: u64,
-    ) -> Option<(&WorkerId, switchyard_protocol::worker::Engine)> {
-        self.workers
-            .iter()
-            .find(|(id, w)| {
-                **id != worker.worker_id
-                    && w.info.model == worker.model
-                    && w.info.engine != worker.engine
-                    && self.is_live(w, now_ms)
-            })
-            .map(|(id, w)| (id, w.info.engine))
+    /// Whether a live worker of `worker`'s model, under another id, runs another engine than
+    /// `worker` (a model's workers run one engine).
+    pub fn model_runs_another_engine(&self, worker: &WorkerInfo, now_ms: u64) -> bool {
+        self.workers.iter().any(|(id, w)| {
+            *id != worker.worker_id
+                && w.info.model == worker.model
+                && w.info.engine != worker.engine
+                && self.is_live(w, now_ms)
+        })
     }
 
     /// Whether a live worker of `worker`'s id runs as another process instance at another
