@@ -11,6 +11,8 @@
 //! - With the control plane gone, requests fail open and still reach their own model's
 //!   worker (the filter names the model in `x-switchyard-model`, an Envoy route per model
 //!   sends it to that model's decode cluster).
+//! - A model with no reachable worker is answered Envoy's 503 as an OpenAI-style JSON error
+//!   (the gateway's `local_reply_config`), before and after the control plane drops the worker.
 
 use std::path::Path;
 use std::time::Duration;
@@ -387,6 +389,7 @@ async fn a_routed_request_whose_worker_died_is_never_served_by_another_models_wo
             answer.headers
         );
         assert_ne!(answer.status, 200, "alpha request {i}: {}", answer.body());
+        assert_gateway_error(&answer, 503);
         if !answer.header(ROUTE_HEADER).starts_with("fail-open") {
             routed += 1;
         }
@@ -397,10 +400,68 @@ async fn a_routed_request_whose_worker_died_is_never_served_by_another_models_wo
         beta_before,
         "beta's worker saw none of alpha's requests"
     );
+    // Once the control plane has dropped alpha's worker, alpha's requests fail open to a
+    // cluster with no host: still an OpenAI error a client can parse, not Envoy's plain text.
+    let deadline = std::time::Instant::now() + WAIT;
+    for salt in 10.. {
+        let answer = post_observed(
+            &http,
+            &gateway,
+            &chat(MODELS[0], salt),
+            &[],
+            REQUEST_TIMEOUT,
+        )
+        .await
+        .expect("alpha, no worker");
+        assert_gateway_error(&answer, 503);
+        if answer.header(ROUTE_HEADER) == "fail-open;reason=no_workers" {
+            assert!(
+                answer.body().contains("no healthy upstream"),
+                "{}",
+                answer.body()
+            );
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "alpha's requests never failed open for want of a worker: {} {}",
+            answer.header(ROUTE_HEADER),
+            answer.body()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     // Beta is served as before.
     let answer = post_observed(&http, &gateway, &chat(MODELS[1], 9), &[], REQUEST_TIMEOUT)
         .await
         .expect("beta");
     assert_eq!(answer.status, 200, "{}", answer.body());
     assert_eq!(answer.header(WORKER_HEADER), beta.id);
+}
+
+/// An answer Envoy gave itself for want of a reachable worker: an OpenAI-style JSON error with
+/// the status and the request's id, as the gateway's `local_reply_config` renders it.
+fn assert_gateway_error(answer: &switchyard_e2e::Observed, status: u16) {
+    assert_eq!(answer.status, status, "{}", answer.body());
+    assert_eq!(
+        answer.header("content-type"),
+        "application/json",
+        "{:?}",
+        answer.headers
+    );
+    let body: Value = serde_json::from_str(&answer.body())
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", answer.body()));
+    let error = &body["error"];
+    assert_eq!(error["code"], status, "{body}");
+    assert_eq!(error["type"], "ServiceUnavailableError", "{body}");
+    assert!(
+        error["message"]
+            .as_str()
+            .is_some_and(|m| m.starts_with("the gateway reached no worker")),
+        "{body}"
+    );
+    assert!(
+        !answer.header("x-request-id").is_empty(),
+        "{:?}",
+        answer.headers
+    );
 }
