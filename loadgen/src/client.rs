@@ -1,7 +1,8 @@
 //! The streaming HTTP client that replays a workload.
 //!
 //! Each planned request gets a task that waits for its arrival time (scaled), its
-//! dependencies and think time, then for a concurrency slot, and sends the request with
+//! dependencies and think time, then for a concurrency slot (taken in planned order by
+//! requests whose arrival times tie), and sends the request with
 //! `stream: true`. TTFT, E2E and token counts come from the SSE stream; route and worker from
 //! the response headers. Every request sent yields a [`RequestRecord`], failures included;
 //! requests that cannot be sent before the duration cap are counted as not sent.
@@ -13,7 +14,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use indicatif::{ProgressBar, ProgressStyle};
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::{watch, Semaphore, SemaphorePermit};
 use tokio::time::Instant;
 
 use super::prompts::{BodyBuilder, PromptFraming};
@@ -85,9 +86,63 @@ struct Shared {
     workload: Workload,
     start: Instant,
     deadline: Option<Instant>,
-    slots: Option<Semaphore>,
+    slots: Option<Slots>,
     /// When the caller stopped the replay (`None` until it does).
     stop: watch::Receiver<Option<Instant>>,
+}
+
+/// The concurrency cap. Requests of the open-loop schedule (no dependencies) queue for a slot
+/// in planned order, arrival then id: each joins the semaphore's queue (first come, first
+/// served) only once the one before it has, so requests whose arrival times tie (all of them
+/// at `--arrival-scale 0`) are not sent in whatever order the runtime polls their tasks, which
+/// would send later turns of a trace before earlier ones. A request that waits for others
+/// joins when it is ready.
+struct Slots {
+    semaphore: Semaphore,
+    /// Each open-loop request's place in the planned order (`None`: it has dependencies).
+    place: Vec<Option<usize>>,
+    /// How many open-loop requests have joined the semaphore's queue.
+    joined: watch::Sender<usize>,
+}
+
+impl Slots {
+    fn new(slots: usize, requests: &[PlannedRequest]) -> Self {
+        let mut open_loop: Vec<(u64, usize)> = (requests.iter().enumerate())
+            .filter(|(_, r)| r.after.is_empty())
+            .map(|(id, r)| (r.arrival_ms, id))
+            .collect();
+        open_loop.sort_unstable();
+        let mut place = vec![None; requests.len()];
+        for (at, &(_, id)) in open_loop.iter().enumerate() {
+            place[id] = Some(at);
+        }
+        Slots {
+            semaphore: Semaphore::new(slots),
+            place,
+            joined: watch::channel(0).0,
+        }
+    }
+
+    /// A slot for request `id`, once it is its turn to queue; `None` if the semaphore closed.
+    async fn acquire(&self, id: usize) -> Option<SemaphorePermit<'_>> {
+        let Some(place) = self.place[id] else {
+            return self.semaphore.acquire().await.ok();
+        };
+        self.joined
+            .subscribe()
+            .wait_for(|&joined| joined >= place)
+            .await
+            .ok()?;
+        let acquire = self.semaphore.acquire();
+        tokio::pin!(acquire);
+        // Polled once, an acquire holds its place in the semaphore's queue.
+        let first = futures::poll!(&mut acquire);
+        self.joined.send_modify(|joined| *joined += 1);
+        match first {
+            std::task::Poll::Ready(permit) => permit.ok(),
+            std::task::Poll::Pending => acquire.await.ok(),
+        }
+    }
 }
 
 /// How one planned request ended.
@@ -104,7 +159,11 @@ enum Outcome {
 fn endpoint_hint(endpoint: &str) -> String {
     if endpoint.contains(['?', '#']) {
         " (no query or fragment: requests go to <endpoint>/v1/chat/completions)".into()
-    } else if endpoint.starts_with("https://") {
+    } else if names_an_api_path(endpoint) {
+        " (give the server's root or its /v1 base URL: the request path is appended to it)".into()
+    } else if endpoint.contains('@') {
+        " (no credentials in the URL: pass a key with --api-key or OPENAI_API_KEY)".into()
+    } else if endpoint.to_ascii_lowercase().starts_with("https://") {
         " (TLS is not built in: point it at the gateway's plain-HTTP listener)".into()
     } else if !endpoint.contains("://") {
         format!(" (did you mean http://{endpoint}?)")
@@ -116,14 +175,29 @@ fn endpoint_hint(endpoint: &str) -> String {
 /// Whether `endpoint` is a URL the client can send to.
 ///
 /// # Errors
-/// [`ClientError::InvalidEndpoint`] unless it is an `http://` URL without a query or
-/// fragment (the request path is appended to it).
+/// [`ClientError::InvalidEndpoint`] unless it is an `http://` URL without a query, fragment
+/// or credentials (which the report would print) whose path is not already an API path (the
+/// request path is appended to it).
 pub fn check_endpoint(endpoint: &str) -> Result<(), ClientError> {
-    if endpoint.starts_with("http://") && !endpoint.contains(['?', '#']) {
-        Ok(())
-    } else {
-        Err(ClientError::InvalidEndpoint(endpoint.to_string()))
+    match reqwest::Url::parse(endpoint) {
+        Ok(url)
+            if url.scheme() == "http"
+                && url.query().is_none()
+                && url.fragment().is_none()
+                && url.username().is_empty()
+                && url.password().is_none()
+                && !names_an_api_path(url.path()) =>
+        {
+            Ok(())
+        }
+        _ => Err(ClientError::InvalidEndpoint(endpoint.to_string())),
     }
+}
+
+/// Whether `endpoint` ends in a request path (`.../chat/completions`), which
+/// [`request_url`] would append a second time.
+fn names_an_api_path(endpoint: &str) -> bool {
+    endpoint.trim_end_matches('/').ends_with("/completions")
 }
 
 /// Where requests go: `endpoint` (the server's root, or an OpenAI base URL ending in `/v1`,
@@ -178,7 +252,9 @@ pub async fn replay_until(
         http,
         url,
         deadline: config.max_duration.map(|d| start + d),
-        slots: config.max_concurrency.map(|c| Semaphore::new(c.max(1))),
+        slots: config
+            .max_concurrency
+            .map(|c| Slots::new(c.max(1), &workload.requests)),
         config,
         builder,
         workload,
@@ -274,7 +350,7 @@ async fn run_one(shared: &Shared, id: usize, deps: Vec<watch::Receiver<bool>>) -
         tokio::time::sleep_until(shared.start + scaled(planned.arrival_ms)).await;
         let ready = Instant::now();
         let permit = match &shared.slots {
-            Some(s) => Some(s.acquire().await.ok()?),
+            Some(slots) => Some(slots.acquire(id).await?),
             None => None,
         };
         Some((ready, permit))
@@ -368,6 +444,17 @@ async fn exchange(
         let body = response.text().await.unwrap_or_default();
         return Err(format!("http {}: {}", status.as_u16(), clip(body.trim())));
     }
+    // A server that ignores `stream: true` answers one JSON document: say so, rather than
+    // "ended without [DONE]" over a body that holds a finish_reason.
+    if let Some(kind) = header("content-type").filter(|kind| !is_event_stream(kind)) {
+        let body = response.text().await.unwrap_or_default();
+        record.e2e_ms = Some(ms_since(sent, Instant::now()));
+        return Err(format!(
+            "stream: the answer is not an event stream (content-type {kind}; does the server \
+             honour `stream: true`?): {}",
+            clip(body.trim())
+        ));
+    }
     let mut parser = SseParser::default();
     let mut stream = response.bytes_stream();
     let mut finished = false;
@@ -417,7 +504,14 @@ async fn exchange(
     Ok(())
 }
 
-/// A reqwest error with its causes, prefixed by its kind.
+/// Whether a `content-type` names server-sent events (parameters and case aside).
+fn is_event_stream(content_type: &str) -> bool {
+    content_type
+        .split(';')
+        .next()
+        .is_some_and(|kind| kind.trim().eq_ignore_ascii_case("text/event-stream"))
+}
+
 /// An error met while reading a body, labelled as a failure mid-stream (the report groups
 /// errors by the label before the first colon); [`describe`] already says "stream" for a cut
 /// body, which was then said twice.
@@ -429,6 +523,7 @@ fn mid_stream(described: String) -> String {
     }
 }
 
+/// A reqwest error with its causes, prefixed by its kind.
 fn describe(e: reqwest::Error) -> String {
     let kind = if e.is_connect() {
         "connect"
@@ -475,6 +570,24 @@ mod tests {
         );
         let err = check_endpoint("http://gw:80/?x=1").unwrap_err();
         assert!(err.to_string().contains("no query"), "{err}");
+        assert!(
+            check_endpoint("HTTP://127.0.0.1:8080").is_ok(),
+            "schemes are case-blind"
+        );
+    }
+
+    #[test]
+    fn an_endpoint_that_would_misroute_or_leak_is_refused_with_a_hint() {
+        for (endpoint, hint) in [
+            ("http://127.0.0.1:8080/v1/chat/completions", "base URL"),
+            ("http://127.0.0.1:8080/v1/completions/", "base URL"),
+            ("http://user:pw@127.0.0.1:8080", "--api-key"),
+            ("https://127.0.0.1:8080", "TLS"),
+            ("127.0.0.1:8080", "did you mean"),
+        ] {
+            let err = check_endpoint(endpoint).expect_err(endpoint).to_string();
+            assert!(err.contains(hint), "{endpoint}: {err}");
+        }
     }
 
     #[test]

@@ -7,7 +7,7 @@
 //!   is the slow tail (the user with the 99th-percentile ITL).
 //! - **Throughput per GPU**: tokens/s over the run window ÷ every prefill and decode GPU,
 //!   input+output and output-only. The window runs from the first send to the last
-//!   completion; tokens are the server's `usage` counts of successful requests.
+//!   successful completion; tokens are the server's `usage` counts of successful requests.
 //! - **Goodput**: successful requests/s that meet every SLO given.
 //!
 //! Percentiles interpolate linearly between ranks ([`super::stats::percentile`]).
@@ -213,7 +213,7 @@ pub struct RunReport {
     pub meta: RunMeta,
     /// Outcomes.
     pub requests: RequestCounts,
-    /// First send to last completion, s.
+    /// First send to the last successful completion, s.
     pub window_s: f64,
     /// TTFT, ms (successful requests).
     pub ttft_ms: Summary,
@@ -257,9 +257,12 @@ pub fn build_report(
         .iter()
         .map(|r| r.sent_ms)
         .fold(f64::INFINITY, f64::min);
-    let end = records
+    // The window ends with the last success: the tokens counted are successes' only, and a
+    // request the client gave up on (`--request-timeout-s`, the drain) would otherwise stretch
+    // it to the client's own deadline and lower every rate.
+    let end = ok
         .iter()
-        .filter_map(RequestRecord::done_ms)
+        .filter_map(|r| r.done_ms())
         .fold(f64::NEG_INFINITY, f64::max);
     let window_s = if end > start {
         (end - start) / 1000.0

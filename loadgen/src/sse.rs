@@ -113,9 +113,12 @@ pub fn interpret(data: &str) -> StreamEvent {
         let non_empty =
             |v: Option<&Value>| v.and_then(Value::as_str).is_some_and(|s| !s.is_empty());
         let delta = choice.get("delta");
+        // A reasoning model streams its thinking first: vLLM names it `reasoning` (since
+        // 0.19; it dropped `reasoning_content`, the name older servers and SGLang use).
         event.content = non_empty(choice.get("text"))
-            || non_empty(delta.and_then(|d| d.get("content")))
-            || non_empty(delta.and_then(|d| d.get("reasoning_content")));
+            || ["content", "reasoning", "reasoning_content"]
+                .iter()
+                .any(|field| non_empty(delta.and_then(|d| d.get(field))));
         event.finish_reason = choice
             .get("finish_reason")
             .and_then(Value::as_str)
@@ -165,6 +168,12 @@ mod tests {
     fn interprets_content_usage_and_errors() {
         let chat = interpret(r#"{"choices":[{"delta":{"content":"hi"},"finish_reason":null}]}"#);
         assert!(chat.content && chat.usage.is_none());
+        for field in ["reasoning", "reasoning_content"] {
+            let thinking = interpret(&format!(
+                r#"{{"choices":[{{"delta":{{"{field}":" w"}}}}]}}"#
+            ));
+            assert!(thinking.content, "{field}");
+        }
         let empty_role = interpret(r#"{"choices":[{"delta":{"role":"assistant","content":""}}]}"#);
         assert!(!empty_role.content);
         let text = interpret(r#"{"choices":[{"text":" a","finish_reason":"length"}]}"#);

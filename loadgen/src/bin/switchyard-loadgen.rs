@@ -450,11 +450,20 @@ fn compare(args: &CompareArgs) -> Result<()> {
         } else {
             path.clone()
         };
+        // Input the user named, unreadable: a usage error (64), as for `run`'s trace.
         let text = std::fs::read_to_string(&file)
-            .with_context(|| format!("cannot read {}", file.display()))?;
+            .map_err(|e| usage(format!("cannot read {}: {e}", file.display())))?;
         let report: RunReport = serde_json::from_str(&text)
-            .with_context(|| format!("{} is not a run report", file.display()))?;
+            .map_err(|e| usage(format!("{} is not a run report: {e}", file.display())))?;
         runs.push(report);
+    }
+    // Runs left at their default labels (mode and arrival scale) may share one: name each
+    // such row by where its report came from, or the table's rows cannot be told apart.
+    let labels: Vec<String> = runs.iter().map(|r| r.meta.label.clone()).collect();
+    for (report, path) in runs.iter_mut().zip(&args.runs) {
+        if labels.iter().filter(|l| **l == report.meta.label).count() > 1 {
+            report.meta.label = format!("{} ({})", report.meta.label, path.display());
+        }
     }
     // Runs given in any order read best grouped by mode, by rising offered load.
     runs.sort_by(|a, b| {

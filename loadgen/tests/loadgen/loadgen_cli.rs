@@ -233,6 +233,40 @@ async fn a_run_writes_records_and_reports_and_compare_plots_them() {
     );
     let svg = std::fs::read_to_string(cmp.join("throughput_vs_interactivity.svg")).unwrap();
     assert!(svg.contains("<svg") && svg.contains("conditional"));
+
+    // Two runs sharing a label (here the same default one) are told apart by their folders.
+    let again = dir.0.join("agg-again");
+    std::fs::create_dir_all(&again).unwrap();
+    std::fs::copy(dir.0.join("agg/report.json"), again.join("report.json")).unwrap();
+    let compare = loadgen(&[
+        "compare",
+        "--out",
+        cmp.to_str().unwrap(),
+        dir.0.join("agg").to_str().unwrap(),
+        again.to_str().unwrap(),
+    ])
+    .await;
+    assert!(compare.status.success(), "{}", text(&compare.stderr));
+    let table = std::fs::read_to_string(cmp.join("comparison.md")).unwrap();
+    assert!(
+        table.contains("/agg)") && table.contains("/agg-again)"),
+        "{table}"
+    );
+    // A folder without a report is the user's mistake: exit 64, naming it.
+    let missing = dir.0.join("never-ran");
+    let compare = loadgen(&[
+        "compare",
+        "--out",
+        cmp.to_str().unwrap(),
+        missing.to_str().unwrap(),
+    ])
+    .await;
+    assert_eq!(compare.status.code(), Some(64), "{}", text(&compare.stderr));
+    assert!(
+        text(&compare.stderr).contains("never-ran"),
+        "{}",
+        text(&compare.stderr)
+    );
 }
 
 /// A run in which no request succeeded exits 1 and says so, and still writes its report (a

@@ -9,7 +9,8 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use loadgen_support::{
-    start_server, FAIL_IN_STREAM, FAIL_STATUS, FAIL_TRUNCATED, FIRST_TOKEN_MS, TOKEN_GAP_MS,
+    start_server, FAIL_IN_STREAM, FAIL_NOT_STREAMED, FAIL_STATUS, FAIL_TRUNCATED, FIRST_TOKEN_MS,
+    TOKEN_GAP_MS,
 };
 use switchyard_loadgen::client::{replay, ClientConfig, ReplayOutcome};
 use switchyard_loadgen::prompts::{BodyBuilder, PromptFraming, PromptSpec, Segment};
@@ -92,9 +93,10 @@ async fn measures_ttft_itl_tokens_and_headers_and_records_every_failure() {
         request(2, 0, FAIL_STATUS, vec![], 0),
         request(3, 0, FAIL_IN_STREAM, vec![], 0),
         request(4, 0, FAIL_TRUNCATED, vec![], 0),
+        request(5, 0, FAIL_NOT_STREAMED, vec![], 0),
     ]);
     let out = run(w, config(addr)).await;
-    assert_eq!((out.records.len(), out.not_sent), (5, 0));
+    assert_eq!((out.records.len(), out.not_sent), (6, 0));
 
     let r = by_id(&out, 0);
     assert!(r.ok(), "{r:?}");
@@ -142,6 +144,15 @@ async fn measures_ttft_itl_tokens_and_headers_and_records_every_failure() {
         "{truncated:?}"
     );
     assert!(!truncated.ok() && truncated.ttft_ms.is_some());
+    let not_streamed = by_id(&out, 5);
+    let error = not_streamed.error.as_deref().unwrap();
+    assert!(
+        error.starts_with(
+            "stream: the answer is not an event stream (content-type application/json"
+        ),
+        "{not_streamed:?}"
+    );
+    assert!(!not_streamed.ok() && not_streamed.e2e_ms.is_some());
 }
 
 #[tokio::test]
@@ -163,6 +174,28 @@ async fn a_dead_endpoint_gives_connect_errors_not_silence() {
         assert!(r.error.as_deref().unwrap().starts_with("connect"), "{r:?}");
         assert_eq!(r.status, None);
     }
+}
+
+/// Requests whose arrival times tie (all of them at `--arrival-scale 0`) take the slots in
+/// planned order, not in the order the runtime happens to poll their tasks: later turns of a
+/// trace sent before earlier ones would change what the cache holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tied_arrivals_take_the_slots_in_planned_order() {
+    let (addr, _) = start_server().await;
+    let w = workload((0..10).map(|i| request(i, 0, 1, vec![], 0)).collect());
+    let out = run(
+        w,
+        ClientConfig {
+            max_concurrency: Some(1),
+            arrival_scale: ArrivalScale::new(0.0).expect("0 is a scale"),
+            ..config(addr)
+        },
+    )
+    .await;
+    let mut sent: Vec<_> = out.records.iter().map(|r| (r.sent_ms, r.id)).collect();
+    sent.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let order: Vec<_> = sent.iter().map(|&(_, id)| id).collect();
+    assert_eq!(order, (0..10).collect::<Vec<_>>());
 }
 
 #[tokio::test]

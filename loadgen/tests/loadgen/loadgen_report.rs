@@ -91,7 +91,7 @@ fn percentiles_itl_interactivity_and_throughput_per_gpu() {
         ),
         (6, 4, 2, 3)
     );
-    // Window: first send 0 ms to last completion 4500 ms.
+    // Window: first send 0 ms to last successful completion 4500 ms.
     assert!((r.window_s - 4.5).abs() < 1e-9);
     // TTFT of ok requests sorted: 100, 200, 300, 500. p50 = 250, p90 = 300 + 0.7·200 = 440.
     assert!(close(r.ttft_ms.p50, 250.0) && close(r.ttft_ms.p90, 440.0));
@@ -141,6 +141,23 @@ fn without_slos_goodput_is_the_success_rate_and_a_single_token_meets_itl() {
         r.goodput.requests, 1,
         "only the one-token request has no ITL to miss"
     );
+}
+
+#[test]
+fn a_request_the_client_gave_up_on_late_does_not_stretch_the_window() {
+    let mut with_timeout = records();
+    // Sent at 3 s, cut by the client's timeout at 9 s: after the last success (4.5 s).
+    with_timeout.push(RequestRecord {
+        sent_ms: 3000.0,
+        e2e_ms: Some(6000.0),
+        error: Some("timeout: no answer within 6 s".into()),
+        expected_prompt_tokens: 900,
+        ..RequestRecord::default()
+    });
+    let r = build_report(meta(8, "conditional"), &with_timeout, 0, Slo::default());
+    assert_eq!((r.requests.ok, r.requests.failed), (4, 3));
+    assert!((r.window_s - 4.5).abs() < 1e-9, "{}", r.window_s);
+    assert!((r.throughput.requests_per_s - 4.0 / 4.5).abs() < 1e-9);
 }
 
 #[test]

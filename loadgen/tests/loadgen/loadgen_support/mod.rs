@@ -24,6 +24,8 @@ pub const FAIL_STATUS: u32 = 503;
 pub const FAIL_IN_STREAM: u32 = 2;
 /// `max_tokens` that makes the server close the stream early.
 pub const FAIL_TRUNCATED: u32 = 3;
+/// `max_tokens` that makes the server ignore `stream: true` and answer one JSON document.
+pub const FAIL_NOT_STREAMED: u32 = 517;
 
 /// Concurrency the server saw.
 #[derive(Default)]
@@ -56,6 +58,11 @@ fn respond(body: Value, state: Arc<ServerState>) -> warp::reply::Response {
         let reply = warp::reply::json(&json!({"error": {"message": "no capacity"}}));
         return warp::reply::with_status(reply, warp::http::StatusCode::SERVICE_UNAVAILABLE)
             .into_response();
+    }
+    if n == FAIL_NOT_STREAMED {
+        let completion =
+            json!({"choices": [{"message": {"content": "a b c d e"}, "finish_reason": "stop"}]});
+        return warp::reply::json(&completion).into_response();
     }
     let chat = body.get("messages").is_some();
     let prompt = if chat {
