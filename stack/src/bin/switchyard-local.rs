@@ -234,6 +234,17 @@ async fn run(args: Args) -> anyhow::Result<()> {
         "  curl -sN -i {}/v1/chat/completions -H 'content-type: application/json' \\\n    -d '{{\"model\":\"qwen3\",\"messages\":[{{\"role\":\"user\",\"content\":\"Hello!\"}}],\"max_tokens\":16,\"stream\":true}}'",
         stack.gateway_url()
     );
+    if !args.release {
+        // A burst of long cold prompts takes the debug control plane past the route timeout,
+        // and the gateway then fails open: a user measuring routing would measure that.
+        switchyard_support::outln!(
+            "These are debug builds: long prompts tokenize slower than in a release build, and \
+             a route call over --route-timeout-ms ({} ms) fails open \
+             (x-switchyard-route: fail-open;reason=timeout). To put load on it, build with \
+             --release and run with --release.",
+            args.route_timeout_ms
+        );
+    }
     if args.shutdown_grace_secs == 0 {
         switchyard_support::outln!("Ctrl-C stops everything.");
     } else {
