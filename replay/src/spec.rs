@@ -153,3 +153,39 @@ pub struct ReplayRun {
     /// Virtual time when the last event happened, ms.
     pub end_ms: f64,
 }
+
+/// The router config a comparison's runs share, from `--conditional-disagg-config` (JSON text,
+/// or `None` for the defaults) and the objectives the runs are scored against: `slo_cost`
+/// decides against those same objectives unless the config names its own (`slo_itl_ms`,
+/// `slo_ttft_ms`). `switchyard-replay` and `switchyard-compare` (its real runs and their
+/// virtual cross-check) both take their config from here, so they decide alike.
+///
+/// # Errors
+/// A message naming the flag for text that is not a JSON object, a `serving_mode` (each run's
+/// mode comes from `--modes`; one here would win unseen), or a field the router refuses.
+pub fn comparison_router_json(
+    text: Option<&str>,
+    slo: switchyard_loadgen::report::Slo,
+) -> Result<serde_json::Value, String> {
+    let flag = "--conditional-disagg-config";
+    let mut json = match text {
+        Some(text) => serde_json::from_str::<serde_json::Value>(text)
+            .map_err(|e| format!("{flag} is not JSON: {e}"))?,
+        None => serde_json::json!({}),
+    };
+    let Some(fields) = json.as_object_mut() else {
+        return Err(format!("{flag} must be a JSON object, got {json}"));
+    };
+    if fields.contains_key("serving_mode") {
+        return Err(format!(
+            "{flag}: leave serving_mode out (each run's mode comes from --modes)"
+        ));
+    }
+    for (field, objective) in [("slo_itl_ms", slo.itl_ms), ("slo_ttft_ms", slo.ttft_ms)] {
+        if let Some(ms) = objective {
+            fields.entry(field).or_insert(ms.into());
+        }
+    }
+    RouterConfig::from_json(&json).map_err(|e| format!("{flag}: {e}"))?;
+    Ok(json)
+}

@@ -3,7 +3,7 @@
 use switchyard_protocol::hash::{sequence_hashes, BlockSize, HashSeed};
 use switchyard_protocol::route::{Reason, RouteMode};
 use switchyard_protocol::worker::WorkerRole;
-use switchyard_router::config::ServingMode;
+use switchyard_router::config::{RouterConfig, ServingMode};
 
 use super::tokens::hashed_prompt;
 use super::tracker::{RouteNote, Tracker};
@@ -272,4 +272,49 @@ fn a_month_of_idle_time_is_skipped_and_changes_nothing() {
     // Played message by message, a month is millions of load reports.
     assert!(run.counters.load_reports < 1_000, "{:?}", run.counters);
     assert!(run.counters.idle_skipped_ms > 29.0 * 86_400_000.0);
+}
+
+/// `slo_cost` decides against the objectives the runs are scored against unless the config
+/// names its own; a config that would override each run's mode, or that the router refuses,
+/// is refused naming the flag. switchyard-compare's real runs once used slo_cost's default
+/// objectives while being scored against --slo-itl-ms.
+#[test]
+fn a_comparisons_router_config_takes_the_runs_objectives_unless_it_names_its_own() {
+    use crate::spec::comparison_router_json;
+    use switchyard_loadgen::report::Slo;
+    let slo = Slo {
+        ttft_ms: Some(500.0),
+        itl_ms: Some(12.0),
+    };
+    let filled = comparison_router_json(Some(r#"{"policy":"slo_cost"}"#), slo).unwrap();
+    assert_eq!(filled["slo_itl_ms"], 12.0);
+    assert_eq!(filled["slo_ttft_ms"], 500.0);
+    let own =
+        comparison_router_json(Some(r#"{"policy":"slo_cost","slo_itl_ms":30}"#), slo).unwrap();
+    assert_eq!(
+        (own["slo_itl_ms"].as_f64(), own["slo_ttft_ms"].as_f64()),
+        (Some(30.0), Some(500.0))
+    );
+    let router = RouterConfig::from_json(&filled).unwrap();
+    assert_eq!(router.conditional.slo_itl_ms, 12.0);
+    // Without objectives nothing is added.
+    assert_eq!(
+        comparison_router_json(None, Slo::default()).unwrap(),
+        serde_json::json!({})
+    );
+    for (text, named) in [
+        (r#"{"serving_mode":"disagg"}"#, "leave serving_mode out"),
+        ("[1]", "must be a JSON object"),
+        ("{nope", "not JSON"),
+        (
+            r#"{"eff_isl_ratio_threshold":2}"#,
+            "eff_isl_ratio_threshold",
+        ),
+    ] {
+        let err = comparison_router_json(Some(text), slo).unwrap_err();
+        assert!(
+            err.contains(named) && err.contains("--conditional-disagg-config"),
+            "{text}: {err}"
+        );
+    }
 }

@@ -213,28 +213,16 @@ fn plan(cli: &Cli) -> Result<Plan> {
     workload
         .check_load_levels(comparison.arrival_scale, &comparison.load_levels)
         .map_err(anyhow::Error::msg)?;
-    let mut router_json = match &cli.conditional_disagg_config {
-        Some(text) => {
-            serde_json::from_str(text).context("--conditional-disagg-config is not valid JSON")?
-        }
-        None => serde_json::json!({}),
-    };
-    // Each run's mode is its --modes entry; a serving_mode here would be overridden unseen.
-    if router_json.get("serving_mode").is_some() {
-        bail!("--conditional-disagg-config: leave serving_mode out (each run's mode comes from --modes)");
-    }
-    // slo_cost decides against the objectives the run is scored against, unless the config
+    // slo_cost decides against the objectives the runs are scored against, unless the config
     // names its own.
-    if let Some(obj) = router_json.as_object_mut() {
-        for (field, objective) in [
-            ("slo_itl_ms", cli.slo_itl_ms),
-            ("slo_ttft_ms", cli.slo_ttft_ms),
-        ] {
-            if let Some(ms) = objective {
-                obj.entry(field).or_insert(ms.into());
-            }
-        }
-    }
+    let router_json = switchyard_replay::spec::comparison_router_json(
+        cli.conditional_disagg_config.as_deref(),
+        Slo {
+            ttft_ms: cli.slo_ttft_ms,
+            itl_ms: cli.slo_itl_ms,
+        },
+    )
+    .map_err(anyhow::Error::msg)?;
     let router = RouterConfig::from_json(&router_json).context("--conditional-disagg-config")?;
     if cli.sweep {
         // The sweep runs conditional serving: it needs a prefill and a decode worker.

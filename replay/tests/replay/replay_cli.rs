@@ -53,7 +53,7 @@ fn bad_input_exits_64_with_a_clear_message() {
         ),
         (
             &["--agentic", "--conditional-disagg-config", "{not json"],
-            "not valid JSON",
+            "is not JSON",
         ),
         (
             &["--agentic", "--workers", "2", "--prefill-workers", "2"],

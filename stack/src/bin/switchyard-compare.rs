@@ -170,18 +170,6 @@ fn config(cli: Cli) -> Result<CompareConfig, String> {
         None => WorkloadSpec::Agentic(cli.workload.agentic_config()?),
     };
     let modes = cli.modes.clone();
-    // Checked as the control plane checks it (which would otherwise refuse it only once a
-    // stack had started, in its log): JSON, and every field known and in range.
-    if let Some(text) = &cli.conditional_disagg_config {
-        switchyard_stack::running::check_conditional_disagg_config(text)?;
-        // The control plane lets a config's serving_mode win over --serving-mode: every run
-        // would serve that mode under its own mode's name.
-        if serde_json::from_str::<serde_json::Value>(text)
-            .is_ok_and(|json| json.get("serving_mode").is_some())
-        {
-            return Err("--conditional-disagg-config: leave serving_mode out (each run's mode comes from --modes)".to_string());
-        }
-    }
     let out = cli
         .out
         .unwrap_or_else(|| PathBuf::from("results").join(format!("compare-{}", utc_stamp())));

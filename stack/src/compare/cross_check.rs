@@ -97,17 +97,8 @@ pub async fn virtual_runs(
     real: &[RunResult<RealDetail>],
     gateway: GatewayModel,
 ) -> Result<Vec<RunResult<VirtualDetail>>, CompareError> {
-    let router = match &config.conditional_disagg_config {
-        Some(text) => {
-            let json: serde_json::Value = serde_json::from_str(text).map_err(|e| {
-                CompareError::InvalidSetting(format!("--conditional-disagg-config: {e}"))
-            })?;
-            RouterConfig::from_json(&json).map_err(|e| {
-                CompareError::InvalidSetting(format!("--conditional-disagg-config: {e}"))
-            })?
-        }
-        None => RouterConfig::default(),
-    };
+    let router = RouterConfig::from_json(&config.router_json()?)
+        .map_err(|e| CompareError::InvalidSetting(format!("--conditional-disagg-config: {e}")))?;
     let source = prepared.prompt_source();
     // The split mode's stack; `VirtualBackend::spec` sets each run's mode and split.
     let mut base = StackSpec::new(ServingMode::Conditional, config.workers, 1);

@@ -64,7 +64,8 @@ impl Backend for RealBackend<'_> {
             split.prefill,
             split.decode
         );
-        let mut builder = StackBuilder::new()
+        let router_json = config.router_json()?;
+        let builder = StackBuilder::new()
             .agg_workers(split.agg)
             .prefill_workers(split.prefill)
             .decode_workers(split.decode)
@@ -73,10 +74,8 @@ impl Backend for RealBackend<'_> {
             .profile(config.profile)
             .route_timeout_ms(config.route_timeout_ms)
             .artifacts(self.artifacts.clone())
-            .run_dir(dir.join("stack"));
-        if let Some(json) = &config.conditional_disagg_config {
-            builder = builder.conditional_disagg_config(json.clone());
-        }
+            .run_dir(dir.join("stack"))
+            .conditional_disagg_config(router_json.to_string());
         let mut stack = builder
             .start()
             .await
