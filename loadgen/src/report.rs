@@ -7,7 +7,8 @@
 //!   is the slow tail (the user with the 99th-percentile ITL).
 //! - **Throughput per GPU**: tokens/s over the run window ÷ every prefill and decode GPU,
 //!   input+output and output-only. The window runs from the first send to the last
-//!   successful completion; tokens are the server's `usage` counts of successful requests.
+//!   successful completion or the last send, whichever is later; tokens are the server's
+//!   `usage` counts of successful requests.
 //! - **Goodput**: successful requests/s that meet every SLO given.
 //!
 //! Percentiles interpolate linearly between ranks ([`super::stats::percentile`]).
@@ -213,7 +214,7 @@ pub struct RunReport {
     pub meta: RunMeta,
     /// Outcomes.
     pub requests: RequestCounts,
-    /// First send to the last successful completion, s.
+    /// First send to the last successful completion or the last send if later, s.
     pub window_s: f64,
     /// TTFT, ms (successful requests).
     pub ttft_ms: Summary,
@@ -257,12 +258,15 @@ pub fn build_report(
         .iter()
         .map(|r| r.sent_ms)
         .fold(f64::INFINITY, f64::min);
-    // The window ends with the last success: the tokens counted are successes' only, and a
-    // request the client gave up on (`--request-timeout-s`, the drain) would otherwise stretch
-    // it to the client's own deadline and lower every rate.
+    // The window ends with the last success, or the last send if later. The tokens counted
+    // are successes' only, and a request the client gave up on (`--request-timeout-s`, the
+    // drain) would otherwise stretch it to the client's own deadline and lower every rate; a
+    // late request that failed fast still took its place in the offered load, which a window
+    // ending before it would exceed.
     let end = ok
         .iter()
         .filter_map(|r| r.done_ms())
+        .chain(records.iter().map(|r| r.sent_ms))
         .fold(f64::NEG_INFINITY, f64::max);
     let window_s = if end > start {
         (end - start) / 1000.0

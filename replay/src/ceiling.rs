@@ -1,8 +1,8 @@
 //! The goodput ceiling of a workload (simulated model): an upper bound on the goodput **any**
 //! deployment, of any size and under any routing policy, can reach on it in virtual time.
 //!
-//! Goodput is requests within the SLOs per second of the run's window (first send to last
-//! completion). In a closed loop the window is set by the sessions' chains of turns, so a
+//! Goodput is requests within the SLOs per second of the run's window (first send to the last
+//! successful completion, or the last send if later). In a closed loop the window is set by the sessions' chains of turns, so a
 //! deployment that served every turn faster would both finish sooner and send the next turns
 //! sooner. The bound serves every request alone on an idle worker with a perfect prefix
 //! cache and counts every request as good:
@@ -14,7 +14,10 @@
 //!   of more sequences, more context or prefill work beside it only costs more (the model's
 //!   coefficients are all positive);
 //! - **sends** as the tracker makes them: a request without dependencies at its scaled
-//!   arrival, one with dependencies its scaled think time after the last of them completes.
+//!   arrival, one with dependencies its scaled think time after the last of them completes;
+//! - a request whose prompt and output exceed a worker's KV capacity fails in every run: it
+//!   is not counted, and it "completes" at its send (no run can serve it, and its dependents
+//!   may go on at once).
 //!
 //! Each bound is at most what the engine model charges, so by induction over the
 //! dependencies every request completes no earlier here than in any run, the window is no
@@ -41,10 +44,12 @@ pub struct GoodputCeiling {
     pub requests_per_s: f64,
 }
 
-/// The ceiling of `workload` on workers of `perf` at `scale` (see the module doc).
+/// The ceiling of `workload` on workers of `perf` holding `kv_capacity_tokens` each at `scale`
+/// (see the module doc).
 pub fn goodput_ceiling(
     workload: &Workload,
     perf: &PerfModel,
+    kv_capacity_tokens: u64,
     scale: ArrivalScale,
 ) -> GoodputCeiling {
     let requests = &workload.requests;
@@ -52,6 +57,7 @@ pub fn goodput_ceiling(
     let mut done_ms = vec![f64::NAN; requests.len()];
     let mut first_send = f64::INFINITY;
     let mut last_done = f64::NEG_INFINITY;
+    let mut servable = 0usize;
     for index in dependency_order(workload) {
         let r = &requests[index];
         // Dependencies outside the workload are ignored, as the tracker ignores them.
@@ -61,7 +67,12 @@ pub fn goodput_ceiling(
             .filter_map(|&d| done_ms.get(d).copied())
             .fold(f64::NEG_INFINITY, f64::max);
         let sent = send_time(r, scale, deps_done);
-        let done = sent + service_floor_ms(perf, r.isl(), uncacheable[index], r.osl);
+        let done = if r.isl() + u64::from(r.osl) > kv_capacity_tokens {
+            sent
+        } else {
+            servable += 1;
+            sent + service_floor_ms(perf, r.isl(), uncacheable[index], r.osl)
+        };
         done_ms[index] = done;
         first_send = first_send.min(sent);
         last_done = last_done.max(done);
@@ -74,7 +85,7 @@ pub fn goodput_ceiling(
     GoodputCeiling {
         window_s,
         requests_per_s: if window_s > 0.0 {
-            requests.len() as f64 / window_s
+            servable as f64 / window_s
         } else {
             0.0
         },
@@ -199,14 +210,14 @@ mod tests {
             request(0, 0, vec![], 0, &[1]),
             request(1, 0, vec![0], 500, &[1, 2]),
         ]);
-        let c = goodput_ceiling(&workload, &perf, ArrivalScale::PLANNED);
+        let c = goodput_ceiling(&workload, &perf, u64::MAX, ArrivalScale::PLANNED);
         let first = service_floor_ms(&perf, 1_000, 0, 100);
         let second = service_floor_ms(&perf, 2_000, 1_000, 100);
         let window_ms = first + 500.0 + second;
         assert!((c.window_s * 1000.0 - window_ms).abs() < 1e-6);
         assert!((c.requests_per_s - 2.0 / (window_ms / 1000.0)).abs() < 1e-9);
         // Half the think time: a shorter window.
-        let faster = goodput_ceiling(&workload, &perf, ArrivalScale::new(0.5).unwrap());
+        let faster = goodput_ceiling(&workload, &perf, u64::MAX, ArrivalScale::new(0.5).unwrap());
         assert!((faster.window_s * 1000.0 - (window_ms - 250.0)).abs() < 1e-6);
     }
 
@@ -233,8 +244,24 @@ mod tests {
             request(0, 0, vec![], 0, &[1]),
             request(1, 10_000, vec![], 0, &[2]),
         ]);
-        let c = goodput_ceiling(&workload, &perf, ArrivalScale::PLANNED);
+        let c = goodput_ceiling(&workload, &perf, u64::MAX, ArrivalScale::PLANNED);
         let last = 10_000.0 + service_floor_ms(&perf, 1_000, 1_000, 100);
         assert!((c.window_s * 1000.0 - last).abs() < 1e-6);
+    }
+
+    /// A request no worker can hold fails in every run: counted, it put the bound below
+    /// the goodput runs served (its service floor took the window far past every run's).
+    #[test]
+    fn a_request_beyond_every_workers_kv_is_neither_counted_nor_waited_for() {
+        let perf = PerfModel::default();
+        let mut too_large = request(1, 5_000, vec![], 0, &[2; 8]);
+        too_large.prompt.segments[0].tokens = 9_000;
+        let workload = workload(vec![request(0, 0, vec![], 0, &[1]), too_large]);
+        // Request 0 needs 1,100 tokens of KV, request 1 16,100: capacity 10,000.
+        let c = goodput_ceiling(&workload, &perf, 10_000, ArrivalScale::PLANNED);
+        let served = service_floor_ms(&perf, 1_000, 1_000, 100);
+        let window_ms = served.max(5_000.0);
+        assert!((c.window_s * 1000.0 - window_ms).abs() < 1e-6, "{c:?}");
+        assert!((c.requests_per_s - 1.0 / (window_ms / 1000.0)).abs() < 1e-9);
     }
 }

@@ -158,6 +158,18 @@ fn a_request_the_client_gave_up_on_late_does_not_stretch_the_window() {
     assert_eq!((r.requests.ok, r.requests.failed), (4, 3));
     assert!((r.window_s - 4.5).abs() < 1e-9, "{}", r.window_s);
     assert!((r.throughput.requests_per_s - 4.0 / 4.5).abs() < 1e-9);
+
+    // A request sent after the last success and failed at once still counts in the window:
+    // it was part of the offered load, which goodput must not exceed.
+    with_timeout.push(RequestRecord {
+        sent_ms: 6000.0,
+        e2e_ms: Some(1.0),
+        status: Some(503),
+        error: Some("http 503: more KV than a worker holds".into()),
+        ..RequestRecord::default()
+    });
+    let r = build_report(meta(8, "conditional"), &with_timeout, 0, Slo::default());
+    assert!((r.window_s - 6.0).abs() < 1e-9, "{}", r.window_s);
 }
 
 #[test]

@@ -339,6 +339,13 @@ fn run(cli: &Cli, checked: Checked, interrupts: &Interrupts) -> Result<Stopped> 
         cli.out.display(),
         outcome.not_run()
     );
+    if outcome.nothing_served() {
+        // As switchyard-replay: a plan no request succeeded in is no result to act on.
+        bail!(
+            "no request succeeded at any point (the errors are in each point's report.json): \
+             prompts or outputs beyond what the workers hold?"
+        );
+    }
     Ok(if interrupted() && outcome.not_run() > 0 {
         Stopped::Early
     } else {

@@ -234,12 +234,11 @@ fn plan(cli: &Cli) -> Result<Plan> {
                 cli.goodput_tolerance
             );
         }
-        if let Some(bad) = cli.sweep_ratios.iter().find(|r| !(0.0..=1.0).contains(*r)) {
-            bail!("--sweep-ratios: a ratio threshold must be in [0, 1], got {bad}");
-        }
-        if cli.sweep_thresholds.is_empty() || cli.sweep_ratios.is_empty() {
-            bail!("--sweep needs at least one threshold (--sweep-thresholds) and one ratio (--sweep-ratios)");
-        }
+        switchyard_replay::planner::check_grid(&ThresholdGrid {
+            eff_isl_thresholds: cli.sweep_thresholds.clone(),
+            ratio_thresholds: cli.sweep_ratios.clone(),
+        })
+        .map_err(|e| anyhow::anyhow!("--sweep-thresholds / --sweep-ratios: {e}"))?;
     }
     // Found now, not after the runs.
     if let Some(out) = &cli.out {

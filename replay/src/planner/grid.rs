@@ -82,6 +82,34 @@ pub enum SpaceError {
     Repeated(&'static str, String),
 }
 
+/// Checks the threshold grid of a conditional sweep: at least one value of each, no value
+/// twice (the same points would run twice), ratios in [0, 1]. The planner and
+/// `switchyard-replay --sweep` both check theirs here.
+///
+/// # Errors
+/// [`SpaceError::Empty`], [`SpaceError::Repeated`] or [`SpaceError::Ratio`].
+pub fn check_grid(grid: &ThresholdGrid) -> Result<(), SpaceError> {
+    if grid.eff_isl_thresholds.is_empty() || grid.ratio_thresholds.is_empty() {
+        return Err(SpaceError::Empty(
+            "threshold and ratio for conditional mode",
+        ));
+    }
+    if let Some(t) = first_repeat(&grid.eff_isl_thresholds) {
+        return Err(SpaceError::Repeated("ISL threshold", t.to_string()));
+    }
+    if let Some(r) = first_repeat(&grid.ratio_thresholds) {
+        return Err(SpaceError::Repeated("ratio threshold", r.to_string()));
+    }
+    match grid
+        .ratio_thresholds
+        .iter()
+        .find(|r| !(0.0..=1.0).contains(*r))
+    {
+        Some(&r) => Err(SpaceError::Ratio(r)),
+        None => Ok(()),
+    }
+}
+
 /// Every point of `space`, load levels outer, then agg, then per split disagg and the
 /// conditional thresholds (ratio outer, ISL threshold inner).
 ///
@@ -109,32 +137,13 @@ pub fn plan_points(space: &PlanSpace) -> Result<Vec<PlanPoint>, SpaceError> {
             "load level",
             first_repeat(&space.load_levels).map(|l| text(l)),
         ),
-        (
-            "ISL threshold",
-            first_repeat(&grid.eff_isl_thresholds).map(|t| text(t)),
-        ),
-        (
-            "ratio threshold",
-            first_repeat(&grid.ratio_thresholds).map(|r| text(r)),
-        ),
     ] {
         if let Some(value) = repeat {
             return Err(SpaceError::Repeated(what, value));
         }
     }
     if space.modes.contains(&ServingMode::Conditional) {
-        if grid.eff_isl_thresholds.is_empty() || grid.ratio_thresholds.is_empty() {
-            return Err(SpaceError::Empty(
-                "threshold and ratio for conditional mode",
-            ));
-        }
-        if let Some(&r) = grid
-            .ratio_thresholds
-            .iter()
-            .find(|r| !(0.0..=1.0).contains(*r))
-        {
-            return Err(SpaceError::Ratio(r));
-        }
+        check_grid(grid)?;
     }
     for mode in &space.modes {
         if *mode != ServingMode::Agg && n < 2 {

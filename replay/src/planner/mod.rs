@@ -25,7 +25,7 @@ pub use analysis::{
     recommend, summarize, ModeGap, ModeSummary, PlanRecommendation, PointMetrics, Scored,
 };
 pub use execute::{run_points, Execution, PointOutcome, PointResult};
-pub use grid::{plan_points, PlanPoint, PlanSpace, SpaceError};
+pub use grid::{check_grid, plan_points, PlanPoint, PlanSpace, SpaceError};
 pub use policies::{policy_markdown, policy_rows, PolicyRow};
 pub use render::{plan_markdown, write_plan, WritePlanError};
 
@@ -53,6 +53,17 @@ pub struct PlanOutcome {
     pub ceilings: Vec<LevelCeiling>,
 }
 
+/// Failed requests over a plan's points (see [`PlanOutcome::failed_requests`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FailedRequests {
+    /// Points that failed at least one request.
+    pub points: usize,
+    /// The most requests one point failed.
+    pub most: usize,
+    /// Requests that point sent.
+    pub of: usize,
+}
+
 /// The goodput ceiling at one load level.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct LevelCeiling {
@@ -74,6 +85,29 @@ impl PlanOutcome {
             .iter()
             .filter(|r| matches!(r.outcome, PointOutcome::Failed { .. }))
             .count()
+    }
+
+    /// Of the points that ran: how many failed requests (errors, not SLO misses), and the
+    /// most requests one of them failed, of how many sent.
+    pub fn failed_requests(&self) -> FailedRequests {
+        let mut failed = FailedRequests::default();
+        for report in self.results.iter().filter_map(PointResult::report) {
+            if report.requests.failed > 0 {
+                failed.points += 1;
+                if report.requests.failed > failed.most {
+                    failed.most = report.requests.failed;
+                    failed.of = report.requests.sent;
+                }
+            }
+        }
+        failed
+    }
+
+    /// Whether points ran and none served a single request: nothing any deployment here
+    /// can do (prompts or outputs beyond what a worker holds), not a matter of load or SLOs.
+    pub fn nothing_served(&self) -> bool {
+        self.measured() > 0
+            && (self.results.iter().filter_map(PointResult::report)).all(|r| r.requests.ok == 0)
     }
 
     /// Points not started before the time bound.
@@ -112,7 +146,12 @@ pub fn plan_deployment(
         .iter()
         .map(|&load_level| LevelCeiling {
             load_level,
-            ceiling: goodput_ceiling(workload, &perf, base.arrival_scale.at_level(load_level)),
+            ceiling: goodput_ceiling(
+                workload,
+                &perf,
+                base.preset.kv_capacity_tokens(),
+                base.arrival_scale.at_level(load_level),
+            ),
         })
         .collect();
     Ok(PlanOutcome {

@@ -56,6 +56,19 @@ pub fn plan_markdown(outcome: &PlanOutcome) -> String {
         outcome.failed(),
         outcome.not_run(),
     );
+    let failed = outcome.failed_requests();
+    if failed.points > 0 {
+        let _ = writeln!(
+            out,
+            "**{} of {} measured points failed requests** (up to {} of {} sent; their errors \
+             are in each point's report.json): failed requests count against goodput. A \
+             request that fails at every point asks more KV than a worker holds.\n",
+            failed.points,
+            outcome.measured(),
+            failed.most,
+            failed.of,
+        );
+    }
     match &outcome.recommendation {
         Some(rec) => {
             let p = rec.best.point;
@@ -113,6 +126,11 @@ pub fn plan_markdown(outcome: &PlanOutcome) -> String {
         None if outcome.measured() == 0 => {
             out.push_str("## Recommended\n\nNothing ran: no recommendation.\n\n")
         }
+        None if outcome.nothing_served() => out.push_str(
+            "## Recommended\n\nNo request succeeded at any point (the errors are in each \
+             point's report.json): prompts or outputs beyond what the workers hold? No \
+             deployment of these workers serves this workload.\n\n",
+        ),
         None => out.push_str(
             "## Recommended\n\nNo deployment served a request within the SLOs (goodput 0 at \
              every point): no recommendation. Loosen the objectives, add workers or offer less \

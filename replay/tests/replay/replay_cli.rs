@@ -13,11 +13,16 @@ fn replay(args: &[&str]) -> Output {
 
 #[test]
 fn bad_input_exits_64_with_a_clear_message() {
-    let cases: [(&[&str], &str); 18] = [
+    let cases: [(&[&str], &str); 19] = [
         // A bad ratio is named, with its flag and value.
         (
             &["--agentic", "--sweep", "--sweep-ratios", "2"],
             "--sweep-ratios: a ratio threshold must be in [0, 1], got 2",
+        ),
+        // The same point twice ran twice (the planner refused it already).
+        (
+            &["--agentic", "--sweep", "--sweep-thresholds", "0,0"],
+            "ISL threshold 0 is given twice",
         ),
         // An --out that cannot be a folder is found before any run.
         (
@@ -322,6 +327,66 @@ fn a_replay_where_nothing_succeeded_exits_1() {
         out.join("comparison.md").is_file(),
         "the report is written all the same"
     );
+}
+
+/// A request no worker can hold fails at every point: the plan says so (it read "0 failed",
+/// and its ceiling counted the request), and a plan in which nothing succeeded exits 1 as the
+/// replay does (it exited 0 advising looser objectives).
+#[test]
+fn a_plan_says_which_points_failed_requests_and_fails_when_none_succeeded() {
+    let dir = TempDir(std::env::temp_dir().join(format!("sy-plan-failed-{}", std::process::id())));
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let served = r#"{"timestamp": 0, "input_length": 600, "output_length": 8, "hash_ids": [0, 1]}"#;
+    let too_large =
+        r#"{"timestamp": 100, "input_length": 3, "output_length": 100000000, "hash_ids": [9]}"#;
+    let slo = ["--slo-ttft-ms", "2000", "--slo-itl-ms", "25"];
+    for (name, rows, code) in [
+        ("mixed", format!("{served}\n{too_large}\n"), Some(0)),
+        ("none", format!("{too_large}\n"), Some(1)),
+    ] {
+        let trace = dir.0.join(format!("{name}.jsonl"));
+        std::fs::write(&trace, rows).unwrap();
+        let out = dir.0.join(name);
+        let args = [
+            &slo[..],
+            &[
+                "--trace",
+                trace.to_str().unwrap(),
+                "--workers",
+                "2",
+                "--modes",
+                "agg",
+                "--jobs",
+                "1",
+                "--quiet",
+                "--out",
+                out.to_str().unwrap(),
+            ],
+        ]
+        .concat();
+        let run = plan(&args);
+        let (stdout, stderr) = (
+            String::from_utf8_lossy(&run.stdout),
+            String::from_utf8_lossy(&run.stderr),
+        );
+        assert_eq!(run.status.code(), code, "{name}: {stderr}\n{stdout}");
+        assert!(
+            stdout.contains("**1 of 1 measured points failed requests** (up to 1 of"),
+            "{name}: {stdout}"
+        );
+        if name == "none" {
+            assert!(
+                stdout.contains("No request succeeded at any point"),
+                "{stdout}"
+            );
+            assert!(
+                stderr.contains("no request succeeded at any point"),
+                "{stderr}"
+            );
+        } else {
+            assert!(stdout.contains("**agg"), "a recommendation: {stdout}");
+        }
+    }
 }
 
 /// A reader that stops early (`switchyard-replay ... | head -1`) is no failure: the report
