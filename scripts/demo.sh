@@ -14,8 +14,8 @@
 # trace), 4 workers of 4 GPUs (1 prefill + 3 decode in disagg/conditional), workers 4x faster
 # than the modelled hardware, two load levels (half the trace's rate and its rate). The run part
 # takes about 4 minutes on 2 cores. Extra arguments go to switchyard-compare and override
-# these (e.g. `./scripts/demo.sh --max-requests 400 --load-levels 0.25,0.5,1`). Ctrl-C stops
-# every process it started.
+# these (e.g. `./scripts/demo.sh --max-requests 400 --load-levels 0.25,0.5,1`); the
+# virtual-time parts keep the defaults, and say so. Ctrl-C stops every process it started.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
@@ -51,6 +51,9 @@ target/release/switchyard-compare \
   --out "$out" \
   "$@"
 echo "(real-stack runs took $((SECONDS - start)) s; results in $out)"
+if (($# > 0)); then
+  echo "(the extra arguments ($*) went to the real-stack comparison only: the virtual-time parts below keep the demo's defaults)"
+fi
 
 if [[ -x target/release/switchyard-replay ]]; then
   echo
