@@ -88,7 +88,13 @@ pub(crate) fn prepare_message(
                 ))
             }
         }
-        if let Some(reasoning) = message.get("reasoning").filter(|r| !r.is_null()) {
+        // vLLM renames the deprecated `reasoning_content` to `reasoning` when that is unset
+        // (`_normalize_messages_before`): agents that send their thinking back under the old
+        // name get it rendered, and their next turn's prompt holds it.
+        let reasoning = ["reasoning", "reasoning_content"]
+            .iter()
+            .find_map(|key| message.get(*key).filter(|r| !r.is_null()));
+        if let Some(reasoning) = reasoning {
             entries.push((Arc::from("reasoning"), Some(Cow::Borrowed(reasoning))));
             entries.push((
                 Arc::from("reasoning_content"),

@@ -99,7 +99,10 @@ impl ChatTemplate {
                     &detail[RAISED_PREFIX.len()..]
                 ),
             ),
-            _ => TokenizeError::Template(format!("cannot render: {e:#}")),
+            // Without the alternate form's template excerpt: this text is the route call's
+            // answer, and a request whose data the template cannot take (a number where it
+            // expects text) got ~1.7 KB of template source back.
+            _ => TokenizeError::Template(format!("cannot render: {e}")),
         })
     }
 }
@@ -205,6 +208,19 @@ mod tests {
         let err = t.render(context! {}).unwrap_err();
         assert!(err.is_client_error(), "{err}");
         assert!(err.to_string().contains("roles must alternate"));
+    }
+
+    /// Any other failure is no proof the request is at fault (the template engine may lack
+    /// something the engine's Jinja has): the route call fails open, and its answer names the
+    /// failure in a line, without the template's source.
+    #[test]
+    fn a_render_failure_fails_open_and_is_said_in_a_line() {
+        let t = ChatTemplate::compile("line one\n{{ m.strip() }}\nline three").unwrap();
+        let err = t.render(context! { m => 123 }).unwrap_err();
+        assert!(!err.is_client_error(), "{err}");
+        let text = err.to_string();
+        assert!(text.contains("strip"), "{text}");
+        assert!(!text.contains("line three"), "the template's source: {text}");
     }
 
     #[test]

@@ -100,6 +100,19 @@ fn developer_messages_become_one_leading_system_message() {
     ]);
 }
 
+/// vLLM renames an assistant's `reasoning_content` to `reasoning` when that is unset, so the
+/// template renders it: an agent echoing its thinking under the old name had every turn's
+/// prompt diverge from vLLM's at its first assistant message (no cache hit past it).
+#[test]
+fn reasoning_content_is_the_old_name_of_reasoning() {
+    assert_chat_cases_match_vllm(&[
+        "reasoning_content_last_assistant",
+        "reasoning_content_null_reasoning",
+        "reasoning_over_reasoning_content",
+        "agent_reasoning_content_tool_loop+tcnone",
+    ]);
+}
+
 #[test]
 fn request_fields_win_over_chat_template_kwargs() {
     assert_chat_cases_match_vllm(&["ctk_agp_false", "agp_false_ctk_true", "continue_final_ctk"]);
