@@ -402,7 +402,7 @@ async fn a_routed_request_whose_worker_died_is_never_served_by_another_models_wo
     );
     // Once the control plane has dropped alpha's worker, alpha's requests fail open to a
     // cluster with no host: still an OpenAI error a client can parse, not Envoy's plain text.
-    let deadline = std::time::Instant::now() + WAIT;
+    let deadline = tokio::time::Instant::now() + WAIT;
     for salt in 10.. {
         let answer = post_observed(
             &http,
@@ -423,7 +423,7 @@ async fn a_routed_request_whose_worker_died_is_never_served_by_another_models_wo
             break;
         }
         assert!(
-            std::time::Instant::now() < deadline,
+            tokio::time::Instant::now() < deadline,
             "alpha's requests never failed open for want of a worker: {} {}",
             answer.header(ROUTE_HEADER),
             answer.body()

@@ -220,7 +220,10 @@ mod tests {
         assert!(!err.is_client_error(), "{err}");
         let text = err.to_string();
         assert!(text.contains("strip"), "{text}");
-        assert!(!text.contains("line three"), "the template's source: {text}");
+        assert!(
+            !text.contains("line three"),
+            "the template's source: {text}"
+        );
     }
 
     #[test]
