@@ -11,9 +11,12 @@
 //! Connections are made the same way everywhere ([`connect`]): in the background, retrying
 //! forever at most a second apart, so a component started before its NATS server still
 //! joins, and one that lost NATS is back within about a second of the server's return.
-//! [`watch_connection`] turns the client's connection state into a watch channel, which the
-//! control plane uses to stop expiring workers while it cannot hear them.
+//! [`watch_connection`] turns the client's connection state, and whether the server echoes
+//! what the client sends through it ([`echo`]), into a watch channel, which the control plane
+//! uses to stop expiring workers while it cannot hear them.
 #![deny(missing_docs)]
+
+pub mod echo;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -410,18 +413,59 @@ pub fn is_connected(client: &async_nats::Client) -> bool {
     client.connection_state() == async_nats::connection::State::Connected
 }
 
-/// A watch of the client's connection (true: connected), refreshed every
-/// [`CONNECTION_POLL`] by a task that ends when every receiver is dropped.
+/// A watch of whether the server can be heard (true: connected, and answering its echoes, see
+/// [`echo`]), refreshed every [`CONNECTION_POLL`] by a task that ends when every receiver is
+/// dropped.
 pub fn watch_connection(client: async_nats::Client) -> (watch::Receiver<bool>, JoinHandle<()>) {
     let (tx, rx) = watch::channel(is_connected(&client));
     let task = tokio::spawn(async move {
+        // Echoes go to this client's own inbox subject, which NATS permissions leave open for
+        // request-reply.
+        let subject = client.new_inbox();
+        let mut echoes = match client.subscribe(subject.clone()).await {
+            Ok(subscriber) => Some(subscriber),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot subscribe to NATS echoes; judging the connection by its state alone");
+                None
+            }
+        };
+        let mut probe = echo::EchoProbe::default();
         let mut tick = tokio::time::interval(CONNECTION_POLL);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            tick.tick().await;
-            let now = is_connected(&client);
+            let echoed = async {
+                match echoes.as_mut() {
+                    Some(subscriber) => next_message(subscriber).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                message = echoed => {
+                    if let Some(n) = message.and_then(|m| std::str::from_utf8(&m.payload).ok()?.parse().ok()) {
+                        probe.echoed(n);
+                    }
+                    continue;
+                }
+                _ = tick.tick() => {}
+            }
+            let connected = is_connected(&client);
+            let (send, answering) = if echoes.is_some() {
+                probe.tick(tokio::time::Instant::now(), connected)
+            } else {
+                (None, connected)
+            };
+            if let Some(n) = send {
+                // Bounded: a server that reads nothing lets the client's queue fill.
+                let publish = client.publish(subject.clone(), n.to_string().into());
+                let _ = tokio::time::timeout(echo::ECHO_INTERVAL, publish).await;
+            }
+            let now = connected && answering;
             if tx.send_if_modified(|seen| std::mem::replace(seen, now) != now) {
-                tracing::debug!(connected = now, "NATS connection state changed");
+                if connected && !answering {
+                    tracing::warn!("NATS connected but not answering (no echo within {:?}): no worker expires while it is silent", echo::ECHO_TIMEOUT);
+                } else {
+                    tracing::debug!(reachable = now, "NATS reachability changed");
+                }
             }
             if tx.is_closed() {
                 break;
@@ -429,6 +473,12 @@ pub fn watch_connection(client: async_nats::Client) -> (watch::Receiver<bool>, J
         }
     });
     (rx, task)
+}
+
+/// The next message of `subscriber` (`None` once it ended).
+async fn next_message(subscriber: &mut async_nats::Subscriber) -> Option<async_nats::Message> {
+    use futures::StreamExt;
+    subscriber.next().await
 }
 
 #[cfg(test)]

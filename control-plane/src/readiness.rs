@@ -100,6 +100,8 @@ pub fn decide(facts: &Facts) -> Result<(), NotReady> {
 struct State {
     ready: bool,
     nats_connected_at: Option<Instant>,
+    /// Connected, but the server echoes nothing back (`switchyard_bus::echo`).
+    nats_silent: bool,
 }
 
 /// Readiness as the service tracks it: when NATS connected, and the latch.
@@ -113,7 +115,17 @@ impl Readiness {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Records the NATS connection coming (at `now`) or going.
+    /// Records whether the connection, though up, is silent (the server echoes nothing).
+    pub fn nats_silent(&self, silent: bool) {
+        self.state().nats_silent = silent;
+    }
+
+    /// Whether the NATS connection is up and silent (see [`Readiness::nats_silent`]).
+    pub fn is_nats_silent(&self) -> bool {
+        self.state().nats_silent
+    }
+
+    /// Records NATS becoming reachable (at `now`) or not.
     pub fn nats_connected(&self, connected: bool, now: Instant) {
         let mut state = self.state();
         state.nats_connected_at = match (connected, state.nats_connected_at) {

@@ -10,7 +10,8 @@
 //! 2. The control plane killed and started again: 0 failed (fail open), quality back ≤ 5 s
 //!    after the restart.
 //! 3. NATS killed and started again: 0 failed, the index equal to the workers' caches ≤ 5 s
-//!    after NATS returns.
+//!    after NATS returns. Then NATS frozen (SIGSTOP), its connections up but silent: 0 failed,
+//!    `/healthz` says `not_answering` within 3 s.
 //! 4. Two decode workers' KV events dropped for 2 s (a gap) under traffic: detected, resynced,
 //!    counted; the index equal to their caches ≤ 5 s after the load ends.
 //! 5. The prefill worker killed: 0 failed (local prefill).
@@ -295,6 +296,33 @@ async fn fault_drills_on_one_control_plane() {
         ),
     ));
     report.assert_none_failed("NATS outage", 20);
+
+    // 3b. NATS frozen (SIGSTOP): its connections stay up, so the client alone would call it
+    // connected for minutes while no heartbeat arrives. Every worker expired after 3 s and
+    // Envoy answered 503 to every request until NATS ran again.
+    let health = format!("{}/healthz", stack.control_plane_url());
+    let run = baseline(&http, &stack).await;
+    stack.freeze(Component::Nats).expect("SIGSTOP nats-server");
+    eventually_ok(
+        "the control plane hears NATS is not answering",
+        Duration::from_secs(3),
+        || async {
+            let text = get_text(&http, &health).await?;
+            text.contains("not_answering").then_some(()).ok_or(text)
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    stack
+        .signal(Component::Nats, Signal::Cont)
+        .expect("SIGCONT nats-server");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let report = run.finish().await;
+    rows.push(report.row(
+        "NATS frozen (SIGSTOP) 6 s",
+        "workers kept while it was silent",
+    ));
+    report.assert_none_failed("frozen NATS", 20);
 
     // 4. KV events lost for 2 s (decode-0 and decode-1's process): a gap.
     let cp_metrics = format!("{}/metrics", stack.control_plane_url());

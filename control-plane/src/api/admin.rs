@@ -353,11 +353,10 @@ pub async fn metrics(state: ApiState) -> Response {
             .inc_by(stats.misses.saturating_sub(seen.misses));
         *seen = stats;
     }
-    let connected = matches!(
-        state.nats.connection_state(),
-        async_nats::connection::State::Connected
-    );
-    state.metrics.nats_connected.set(i64::from(connected));
+    state
+        .metrics
+        .nats_connected
+        .set(i64::from(nats_state(&state) == "connected"));
     let mut text = String::new();
     if let Err(e) = prometheus_client::encoding::text::encode(&mut text, &state.registry) {
         return error_reply(StatusCode::INTERNAL_SERVER_ERROR, "metrics", e.to_string());
@@ -373,10 +372,20 @@ pub async fn metrics(state: ApiState) -> Response {
 /// `GET /healthz`: 200 whenever HTTP serves; NATS state is informational (routing keeps
 /// working on the last known state while NATS is away).
 pub async fn health(state: ApiState) -> Response {
-    let nats = match state.nats.connection_state() {
+    let nats = nats_state(&state);
+    warp::reply::json(&serde_json::json!({ "status": "ok", "nats": nats })).into_response()
+}
+
+/// The NATS connection as `/healthz` names it: `connecting`, `disconnected`, `connected`, or
+/// `not_answering` when the connection is up but the server echoes nothing back (stopped or
+/// wedged; `switchyard_bus::echo`), which async-nats alone takes minutes to notice.
+fn nats_state(state: &ApiState) -> &'static str {
+    match state.nats.connection_state() {
+        async_nats::connection::State::Connected if state.readiness.is_nats_silent() => {
+            "not_answering"
+        }
         async_nats::connection::State::Connected => "connected",
         async_nats::connection::State::Pending => "connecting",
         async_nats::connection::State::Disconnected => "disconnected",
-    };
-    warp::reply::json(&serde_json::json!({ "status": "ok", "nats": nats })).into_response()
+    }
 }

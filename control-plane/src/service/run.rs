@@ -93,8 +93,9 @@ pub async fn run(
 
 pub use crate::models::DEFAULT_MAX_MODEL_LEN;
 
-/// Tells the router owner whenever the NATS connection comes or goes, so it never expires a
-/// worker for heartbeats that could not arrive.
+/// Tells the router owner whenever NATS can be heard or not (connected and echoing,
+/// `switchyard_bus::watch_connection`), so it never expires a worker for heartbeats that could
+/// not arrive.
 async fn forward_reachability(
     nats: async_nats::Client,
     service: crate::service::ServiceHandle,
@@ -105,6 +106,7 @@ async fn forward_reachability(
     loop {
         let reachable = *connected.borrow_and_update();
         readiness.nats_connected(reachable, tokio::time::Instant::now());
+        readiness.nats_silent(!reachable && switchyard_bus::is_connected(&nats));
         let Ok(resyncs) = service.heartbeats_reachable(reachable).await else {
             break;
         };
