@@ -86,15 +86,19 @@ pub struct Config {
     pub control_plane_authority: String,
     /// Timeout of one route call in milliseconds, for an empty body; on expiry the request
     /// fails open.
+    #[serde(deserialize_with = "whole_number")]
     pub route_timeout_ms: u64,
     /// Extra route call budget per MiB of request body, in milliseconds (0: none); the total
     /// is capped at `MAX_ROUTE_TIMEOUT_MS`.
+    #[serde(deserialize_with = "whole_number")]
     pub route_timeout_ms_per_mib: u64,
     /// Envoy cluster of the prefill workers (the prefill leg of `disagg` verdicts).
     pub prefill_cluster: String,
     /// Timeout of one prefill-leg attempt in milliseconds.
+    #[serde(deserialize_with = "whole_number")]
     pub prefill_timeout_ms: u64,
     /// Retries of a prefill leg answered 502/503/504 (0..=5).
+    #[serde(deserialize_with = "whole_number")]
     pub prefill_retries: u32,
     /// Whether the bootstrap defines a prefill cluster per model
     /// (`<prefill_cluster>__<model>`, as the control plane's EDS serves them): retries then
@@ -102,16 +106,21 @@ pub struct Config {
     /// model's prefill workers.
     pub prefill_model_clusters: bool,
     /// Largest request body in bytes; larger ones get 413 from the filter.
+    #[serde(deserialize_with = "whole_number")]
     pub max_body_bytes: u64,
     /// Whether to report first-token/done to the control plane (`POST /v1/lifecycle`).
     pub lifecycle_reports: bool,
     /// Lifecycle flush period in milliseconds (the VM's tick period).
+    #[serde(deserialize_with = "whole_number")]
     pub lifecycle_flush_ms: u64,
     /// Most lifecycle events queued per VM; more are dropped and counted.
+    #[serde(deserialize_with = "whole_number")]
     pub lifecycle_queue_max: usize,
     /// Most events per lifecycle POST.
+    #[serde(deserialize_with = "whole_number")]
     pub lifecycle_batch_max: usize,
     /// Timeout of one lifecycle POST in milliseconds.
+    #[serde(deserialize_with = "whole_number")]
     pub lifecycle_timeout_ms: u64,
     /// Who tokenizes prompts: `control_plane` (default) or `filter`.
     pub tokenize: TokenizeMode,
@@ -149,8 +158,14 @@ impl Config {
             Some(bytes) if !bytes.iter().all(u8::is_ascii_whitespace) => bytes,
             _ => return Ok(Config::default()),
         };
+        // The path names the key a type error is about: serde_json alone gives a column of
+        // JSON that Istio or a launcher generated, not the key the user wrote.
         let config: Config =
-            serde_json::from_slice(raw).map_err(|e| ConfigError::InvalidJson(e.to_string()))?;
+            serde_path_to_error::deserialize(&mut serde_json::Deserializer::from_slice(raw))
+                .map_err(|e| match e.path().to_string() {
+                    path if path == "." => ConfigError::InvalidJson(e.inner().to_string()),
+                    path => ConfigError::InvalidJson(format!("`{path}`: {}", e.inner())),
+                })?;
         config.validate()?;
         Ok(config)
     }
@@ -255,6 +270,28 @@ impl Config {
                 .min(MAX_ROUTE_TIMEOUT_MS),
         )
     }
+}
+
+/// An integer key's value, also when written as a whole float (`200.0`): a WasmPlugin's
+/// `pluginConfig` is a protobuf Struct, whose numbers are doubles, and Istio may hand them on
+/// so. A fraction, a negative number or one beyond the key's type is refused.
+fn whole_number<'de, D, T>(deserializer: D) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: TryFrom<u64>,
+{
+    use serde::de::Error;
+    let number = serde_json::Number::deserialize(deserializer)?;
+    // 2^53: above it a double no longer holds every whole number.
+    let whole = number.as_u64().or_else(|| {
+        number
+            .as_f64()
+            .filter(|f| f.fract() == 0.0 && (0.0..=9_007_199_254_740_992.0).contains(f))
+            .map(|f| f as u64)
+    });
+    let value = whole
+        .ok_or_else(|| D::Error::custom(format!("must be a whole number >= 0, got {number}")))?;
+    T::try_from(value).map_err(|_| D::Error::custom(format!("{value} is too large")))
 }
 
 /// Why a configuration was rejected.
@@ -370,6 +407,30 @@ mod tests {
             Err(ConfigError::InvalidJson(_))
         ));
         assert!(Config::parse(Some(br#"{"route_timeout_ms":-1}"#)).is_err());
+        // A whole float is a whole number (Istio's WasmPlugin passes numbers as doubles); a
+        // type error names its key.
+        let doubles = Config::parse(Some(br#"{"route_timeout_ms":200.0,"prefill_retries":2.0}"#));
+        assert_eq!(
+            doubles.map(|c| (c.route_timeout_ms, c.prefill_retries)),
+            Ok((200, 2))
+        );
+        for (bad, named) in [
+            (
+                &br#"{"route_timeout_ms":200.5}"#[..],
+                "`route_timeout_ms`: must be a whole number",
+            ),
+            (
+                br#"{"prefill_retries":5000000000}"#,
+                "`prefill_retries`: 5000000000 is too large",
+            ),
+            (
+                br#"{"lifecycle_reports":"yes"}"#,
+                "`lifecycle_reports`: invalid type",
+            ),
+        ] {
+            let err = Config::parse(Some(bad)).unwrap_err().to_string();
+            assert!(err.contains(named), "{err}");
+        }
         for bad in [
             &br#"{"prefill_retries":6}"#[..],
             br#"{"prefill_timeout_ms":0}"#,

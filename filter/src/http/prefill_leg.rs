@@ -249,8 +249,10 @@ impl SwitchyardRequest {
         ) {
             Ok(token) => Some(token),
             Err(status) => {
+                // Every disaggregated request falls back to local prefill while this lasts:
+                // worth a line each, saying what to check.
                 warn!(
-                    "#{} {} prefill dispatch to {cluster} refused: {status:?}",
+                    "#{} {} prefill dispatch to cluster {cluster:?} refused: {status:?} (is it one of Envoy's clusters? prefill_cluster names it, with `__<model>` per model under prefill_model_clusters); prefilling on the decode worker",
                     self.context_id, self.request_id
                 );
                 None
