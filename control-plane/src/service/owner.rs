@@ -285,6 +285,17 @@ impl Owner {
             }
             self.metrics.workers_expired.inc_by(expired.len() as u64);
             self.update_worker_gauges();
+            // The last decode worker gone: every request now fails open to an Envoy cluster
+            // that may have no host left, and clients get 503s. Said once per such loss.
+            let left = self.router().workers();
+            if !left.iter().any(|w| w.info.role.serves_decode()) {
+                tracing::warn!(
+                    expired = expired.len(),
+                    "no live decode worker left: requests fail open, and Envoy answers 503 \
+                     while its decode cluster has no host; check the workers and how they \
+                     reach the control plane (heartbeats over NATS, the pool file's health polls)"
+                );
+            }
         }
         self.fold_stalls();
         // The router's block counters are cumulative; fold in what changed since last tick.
