@@ -378,7 +378,9 @@ impl Default for Metrics {
             admin_refusals: Family::default(),
             replica_updates: Family::default(),
             // 100 µs .. ~3 s.
-            replica_sync_lag_seconds: Histogram::new(exponential_buckets(0.000_1, 2.0, 15)),
+            // The lag is whole milliseconds (the update's send time is): the first bucket
+            // holds the zeros, the next ones 1, 2, 4 ms and on to 4 s.
+            replica_sync_lag_seconds: Histogram::new(exponential_buckets(0.000_5, 2.0, 14)),
             config_version: Gauge::default(),
             ready: Gauge::default(),
         }
@@ -487,7 +489,7 @@ impl Metrics {
         );
         r.add(
             "workers_rejected",
-            "Heartbeats refused, by reason (invalid, unsigned, bad_signature, stale, declared, address_in_use, id_in_use)",
+            "Heartbeats refused, by reason (invalid, unsigned, bad_signature, stale, declared, address_in_use, id_in_use, engine_mismatch)",
             self.workers_rejected.clone(),
         );
         r.add(
