@@ -194,3 +194,58 @@ fn every_shipped_gateway_routes_the_prefill_pool_header_first() {
     );
     assert!(route.contains("host: vllm-prefill."), "{route}");
 }
+
+/// Every shipped gateway config keeps a dead worker from costing more than what it was serving
+/// and answers "no worker" as JSON: connection failures (and only those, so no generation runs
+/// twice) retried, a worker ejected at its first refused connection in both pools, and Envoy's
+/// own 503s rendered as OpenAI errors. The Istio sample once had none of it (`retries:
+/// attempts: 0`, no outlier detection, plain-text 503s).
+#[test]
+fn every_shipped_gateway_retries_connection_failures_ejects_dead_workers_and_answers_json() {
+    let root = workspace_root();
+    let read = |path: &str| std::fs::read_to_string(root.join(path)).expect(path);
+    let count = |text: &str, needle: &str| text.matches(needle).count();
+    for path in ["envoy/envoy.yaml", "envoy/bootstrap.template.yaml"] {
+        let yaml = read(path);
+        assert_eq!(
+            count(&yaml, "retry_on: connect-failure,reset-before-request"),
+            1,
+            "{path}"
+        );
+        assert_eq!(
+            count(&yaml, "consecutive_local_origin_failure: 1"),
+            2,
+            "{path}: decode and prefill clusters"
+        );
+        assert!(yaml.contains("local_reply_config:"), "{path}");
+    }
+    let routes = read("envoy/istio/gateway-routes.yaml");
+    assert_eq!(
+        count(&routes, "retryOn: connect-failure,reset-before-request"),
+        2,
+        "both Istio routes"
+    );
+    assert!(!routes.contains("attempts: 0"), "{routes}");
+    assert_eq!(
+        count(&routes, "consecutiveLocalOriginFailures: 1"),
+        2,
+        "both Istio DestinationRules"
+    );
+    let patches = read("envoy/istio/envoyfilter-override-host.yaml");
+    let reply = |text: String| {
+        let at = text
+            .find("response_flag_filter")
+            .expect("a local reply mapper");
+        let lines: Vec<String> = text[at..]
+            .lines()
+            .take(11)
+            .map(|l| l.trim().to_owned())
+            .collect();
+        lines
+    };
+    assert_eq!(
+        reply(patches),
+        reply(read("envoy/envoy.yaml")),
+        "the Istio gateway's local replies are the standalone gateway's"
+    );
+}
