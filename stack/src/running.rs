@@ -205,8 +205,16 @@ impl StackBuilder {
         }
         for &(name, port) in &given {
             if let Err(e) = std::net::TcpListener::bind(("127.0.0.1", port)) {
+                // The commonest holder is an earlier stack: one whose launcher was killed
+                // with SIGKILL leaves its processes running.
+                let hint = if e.kind() == std::io::ErrorKind::AddrInUse {
+                    " (in use: by another stack? a stack whose launcher was killed with SIGKILL \
+                     leaves its processes running; its run directory's `pids` file lists them)"
+                } else {
+                    ""
+                };
                 return Err(StackError::InvalidSetting(format!(
-                    "the {name} port {port} cannot be bound on 127.0.0.1: {e}"
+                    "the {name} port {port} cannot be bound on 127.0.0.1: {e}{hint}"
                 )));
             }
         }
@@ -1118,6 +1126,7 @@ mod tests {
             busy.contains(&format!("admin port {port} cannot be bound")),
             "{busy}"
         );
+        assert!(busy.contains("`pids` file"), "{busy}");
         assert!(!run_dir.exists(), "a run directory was made");
         // The stack's own filter settings pass.
         crate::envoy::check_filter_config(200, BUFFER_LIMIT_BYTES, &serde_json::Map::new())
