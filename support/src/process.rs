@@ -303,16 +303,22 @@ pub fn process_state(pid: u32) -> Option<char> {
     stat.rsplit_once(')')?.1.trim_start().chars().next()
 }
 
-/// The last few lines of a log, for error messages.
+/// The last few lines of a log, for error messages: whole lines only (the last
+/// [`LOG_TAIL_BYTES`] cut one in the middle), unless the log is one long line.
 fn log_tail(path: &Path) -> String {
     let Ok(mut file) = File::open(path) else {
         return String::from("(no log)");
     };
     let len = file.metadata().map(|m| m.len()).unwrap_or(0);
-    let _ = file.seek(SeekFrom::Start(len.saturating_sub(LOG_TAIL_BYTES)));
+    let start = len.saturating_sub(LOG_TAIL_BYTES);
+    let _ = file.seek(SeekFrom::Start(start));
     let mut bytes = Vec::new();
     let _ = file.read_to_end(&mut bytes);
-    String::from_utf8_lossy(&bytes).into_owned()
+    let text = String::from_utf8_lossy(&bytes);
+    match text.split_once('\n') {
+        Some((_cut, whole)) if start > 0 && !whole.trim().is_empty() => whole.to_owned(),
+        _ => text.into_owned(),
+    }
 }
 
 #[cfg(test)]
@@ -334,6 +340,21 @@ mod tests {
             .to_string();
         assert!(message.contains("boom-marker"), "{message}");
         assert!(message.contains('3'), "{message}");
+    }
+
+    #[test]
+    fn a_long_logs_tail_starts_at_a_whole_line() {
+        let dir = TempDir::new("process-tail").expect("scratch dir");
+        let log = dir.path().join("long.log");
+        let line = "x".repeat(100);
+        let text: String = (0..100).map(|i| format!("{i:03} {line}\n")).collect();
+        std::fs::write(&log, &text).unwrap();
+        let tail = log_tail(&log);
+        assert!(tail.ends_with(&format!("099 {line}\n")), "{tail}");
+        assert!(
+            tail.lines().all(|l| l.len() == 104),
+            "a line cut in the middle: {tail}"
+        );
     }
 
     #[test]
