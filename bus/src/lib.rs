@@ -30,6 +30,9 @@ use tokio::task::JoinHandle;
 pub const MAX_RECONNECT_DELAY: Duration = Duration::from_secs(1);
 /// How often [`watch_connection`] looks at the client's state.
 pub const CONNECTION_POLL: Duration = Duration::from_millis(100);
+/// How long a connection may stay up without any echo back before [`watch_connection`] says
+/// that it cannot tell a silent server (see [`echo`]).
+const UNPROVEN_ECHO_WARNING: Duration = Duration::from_secs(5);
 
 /// How to reach NATS: the URL and the credentials, as flags with environment fallbacks.
 #[derive(Debug, Clone, Default, PartialEq, Eq, clap::Args)]
@@ -430,6 +433,12 @@ pub fn watch_connection(client: async_nats::Client) -> (watch::Receiver<bool>, J
             }
         };
         let mut probe = echo::EchoProbe::default();
+        // Since when the connection has been up without an echo back, and whether that was
+        // said (once per connection).
+        let mut unproven_since: Option<tokio::time::Instant> = None;
+        let mut unproven_said = false;
+        // Whether the last state was connected but silent (its end is worth a line).
+        let mut was_silent = false;
         let mut tick = tokio::time::interval(CONNECTION_POLL);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -441,19 +450,37 @@ pub fn watch_connection(client: async_nats::Client) -> (watch::Receiver<bool>, J
             };
             tokio::select! {
                 message = echoed => {
-                    if let Some(n) = message.and_then(|m| std::str::from_utf8(&m.payload).ok()?.parse().ok()) {
-                        probe.echoed(n);
+                    match message {
+                        Some(m) => {
+                            if let Some(n) = std::str::from_utf8(&m.payload).ok().and_then(|t| t.parse().ok()) {
+                                probe.echoed(n);
+                            }
+                        }
+                        // The subscription ended (the client is closing): judge by the
+                        // connection state alone from here.
+                        None => echoes = None,
                     }
                     continue;
                 }
                 _ = tick.tick() => {}
             }
             let connected = is_connected(&client);
+            let at = tokio::time::Instant::now();
             let (send, answering) = if echoes.is_some() {
-                probe.tick(tokio::time::Instant::now(), connected)
+                probe.tick(at, connected)
             } else {
                 (None, connected)
             };
+            if !connected || probe.proven() || echoes.is_none() {
+                unproven_since = None;
+                unproven_said &= connected;
+            } else {
+                let since = *unproven_since.get_or_insert(at);
+                if !unproven_said && at.saturating_duration_since(since) >= UNPROVEN_ECHO_WARNING {
+                    tracing::warn!(%subject, "no echo through NATS has come back: are this client's own _INBOX subjects allowed? A NATS server that stops answering goes unnoticed until its pings fail");
+                    unproven_said = true;
+                }
+            }
             if let Some(n) = send {
                 // Bounded: a server that reads nothing lets the client's queue fill.
                 let publish = client.publish(subject.clone(), n.to_string().into());
@@ -463,10 +490,13 @@ pub fn watch_connection(client: async_nats::Client) -> (watch::Receiver<bool>, J
             if tx.send_if_modified(|seen| std::mem::replace(seen, now) != now) {
                 if connected && !answering {
                     tracing::warn!("NATS connected but not answering (no echo within {:?}): no worker expires while it is silent", echo::ECHO_TIMEOUT);
+                } else if now && was_silent {
+                    tracing::info!("NATS answering again");
                 } else {
                     tracing::debug!(reachable = now, "NATS reachability changed");
                 }
             }
+            was_silent = connected && !answering;
             if tx.is_closed() {
                 break;
             }
