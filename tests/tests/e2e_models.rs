@@ -414,12 +414,9 @@ async fn a_routed_request_whose_worker_died_is_never_served_by_another_models_wo
         .await
         .expect("alpha, no worker");
         assert_gateway_error(&answer, 503);
+        // Envoy's cluster may still hold the dead host (EDS not refreshed yet: `URX,UF`) or
+        // none (`UH`): a JSON error either way, checked above.
         if answer.header(ROUTE_HEADER) == "fail-open;reason=no_workers" {
-            assert!(
-                answer.body().contains("no healthy upstream"),
-                "{}",
-                answer.body()
-            );
             break;
         }
         assert!(
