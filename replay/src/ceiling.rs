@@ -2,10 +2,10 @@
 //! deployment, of any size and under any routing policy, can reach on it in virtual time.
 //!
 //! Goodput is requests within the SLOs per second of the run's window (first send to the last
-//! successful completion, or the last send if later). In a closed loop the window is set by the sessions' chains of turns, so a
-//! deployment that served every turn faster would both finish sooner and send the next turns
-//! sooner. The bound serves every request alone on an idle worker with a perfect prefix
-//! cache and counts every request as good:
+//! successful completion, or the last send if later). In a closed loop the window is set by
+//! the sessions' chains of turns, so a deployment that served every turn faster would both
+//! finish sooner and send the next turns sooner. The bound serves every request alone on an
+//! idle worker with a perfect prefix cache and counts every servable request as good:
 //!
 //! - **first token** ≥ one prefill iteration of the tokens no other request's prompt holds
 //!   (nothing can have cached them), with everything else counted as cached; a prompt with

@@ -154,8 +154,9 @@ pub struct ReplayRun {
     pub end_ms: f64,
 }
 
-/// The router config a comparison's runs share, from `--conditional-disagg-config` (JSON text,
-/// or `None` for the defaults) and the objectives the runs are scored against: `slo_cost`
+/// The router config a comparison's runs share, as JSON (for a control plane's flag) and parsed,
+/// from `--conditional-disagg-config` (JSON text, or `None` for the defaults) and the
+/// objectives the runs are scored against: `slo_cost`
 /// decides against those same objectives unless the config names its own (`slo_itl_ms`,
 /// `slo_ttft_ms`). `switchyard-replay` and `switchyard-compare` (its real runs and their
 /// virtual cross-check) both take their config from here, so they decide alike.
@@ -163,10 +164,10 @@ pub struct ReplayRun {
 /// # Errors
 /// A message naming the flag for text that is not a JSON object, a `serving_mode` (each run's
 /// mode comes from `--modes`; one here would win unseen), or a field the router refuses.
-pub fn comparison_router_json(
+pub fn comparison_router(
     text: Option<&str>,
     slo: switchyard_loadgen::report::Slo,
-) -> Result<serde_json::Value, String> {
+) -> Result<(serde_json::Value, RouterConfig), String> {
     let flag = "--conditional-disagg-config";
     let mut json = match text {
         Some(text) => serde_json::from_str::<serde_json::Value>(text)
@@ -186,6 +187,6 @@ pub fn comparison_router_json(
             fields.entry(field).or_insert(ms.into());
         }
     }
-    RouterConfig::from_json(&json).map_err(|e| format!("{flag}: {e}"))?;
-    Ok(json)
+    let config = RouterConfig::from_json(&json).map_err(|e| format!("{flag}: {e}"))?;
+    Ok((json, config))
 }

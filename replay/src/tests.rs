@@ -280,26 +280,26 @@ fn a_month_of_idle_time_is_skipped_and_changes_nothing() {
 /// objectives while being scored against --slo-itl-ms.
 #[test]
 fn a_comparisons_router_config_takes_the_runs_objectives_unless_it_names_its_own() {
-    use crate::spec::comparison_router_json;
+    use crate::spec::comparison_router;
     use switchyard_loadgen::report::Slo;
     let slo = Slo {
         ttft_ms: Some(500.0),
         itl_ms: Some(12.0),
     };
-    let filled = comparison_router_json(Some(r#"{"policy":"slo_cost"}"#), slo).unwrap();
+    let (filled, router) = comparison_router(Some(r#"{"policy":"slo_cost"}"#), slo).unwrap();
     assert_eq!(filled["slo_itl_ms"], 12.0);
     assert_eq!(filled["slo_ttft_ms"], 500.0);
-    let own =
-        comparison_router_json(Some(r#"{"policy":"slo_cost","slo_itl_ms":30}"#), slo).unwrap();
+    let (own, _) =
+        comparison_router(Some(r#"{"policy":"slo_cost","slo_itl_ms":30}"#), slo).unwrap();
     assert_eq!(
         (own["slo_itl_ms"].as_f64(), own["slo_ttft_ms"].as_f64()),
         (Some(30.0), Some(500.0))
     );
-    let router = RouterConfig::from_json(&filled).unwrap();
+    assert_eq!(router, RouterConfig::from_json(&filled).unwrap());
     assert_eq!(router.conditional.slo_itl_ms, 12.0);
     // Without objectives nothing is added.
     assert_eq!(
-        comparison_router_json(None, Slo::default()).unwrap(),
+        comparison_router(None, Slo::default()).unwrap().0,
         serde_json::json!({})
     );
     for (text, named) in [
@@ -311,7 +311,7 @@ fn a_comparisons_router_config_takes_the_runs_objectives_unless_it_names_its_own
             "eff_isl_ratio_threshold",
         ),
     ] {
-        let err = comparison_router_json(Some(text), slo).unwrap_err();
+        let err = comparison_router(Some(text), slo).unwrap_err();
         assert!(
             err.contains(named) && err.contains("--conditional-disagg-config"),
             "{text}: {err}"

@@ -285,8 +285,8 @@ impl Owner {
             }
             self.metrics.workers_expired.inc_by(expired.len() as u64);
             self.update_worker_gauges();
-            // The last decode worker gone: every request now fails open to an Envoy cluster
-            // that may have no host left, and clients get 503s. Said once per such loss.
+            // No decode worker left: every request now fails open to an Envoy cluster that may
+            // have no host left, and clients get 503s. Said at each expiry while none is left.
             let left = self.router().workers();
             if !left.iter().any(|w| w.info.role.serves_decode()) {
                 tracing::warn!(

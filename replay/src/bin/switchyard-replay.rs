@@ -215,7 +215,7 @@ fn plan(cli: &Cli) -> Result<Plan> {
         .map_err(anyhow::Error::msg)?;
     // slo_cost decides against the objectives the runs are scored against, unless the config
     // names its own.
-    let router_json = switchyard_replay::spec::comparison_router_json(
+    let (_, router) = switchyard_replay::spec::comparison_router(
         cli.conditional_disagg_config.as_deref(),
         Slo {
             ttft_ms: cli.slo_ttft_ms,
@@ -223,7 +223,6 @@ fn plan(cli: &Cli) -> Result<Plan> {
         },
     )
     .map_err(anyhow::Error::msg)?;
-    let router = RouterConfig::from_json(&router_json).context("--conditional-disagg-config")?;
     if cli.sweep {
         // The sweep runs conditional serving: it needs a prefill and a decode worker.
         worker_split(ServingMode::Conditional, cli.workers, comparison.prefill)

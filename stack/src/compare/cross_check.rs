@@ -23,7 +23,7 @@ use switchyard_loadgen::compare::{run_comparison, HarnessError, RunResult};
 use switchyard_loadgen::record::RequestRecord;
 use switchyard_loadgen::report::{parse_route, RunReport};
 use switchyard_replay::{GatewayModel, StackSpec, VirtualBackend, VirtualDetail};
-use switchyard_router::config::{RouterConfig, ServingMode};
+use switchyard_router::config::ServingMode;
 
 use super::real_backend::RealDetail;
 use super::workload::PreparedWorkload;
@@ -97,8 +97,7 @@ pub async fn virtual_runs(
     real: &[RunResult<RealDetail>],
     gateway: GatewayModel,
 ) -> Result<Vec<RunResult<VirtualDetail>>, CompareError> {
-    let router = RouterConfig::from_json(&config.router_json()?)
-        .map_err(|e| CompareError::InvalidSetting(format!("--conditional-disagg-config: {e}")))?;
+    let (_, router) = config.router()?;
     let source = prepared.prompt_source();
     // The split mode's stack; `VirtualBackend::spec` sets each run's mode and split.
     let mut base = StackSpec::new(ServingMode::Conditional, config.workers, 1);

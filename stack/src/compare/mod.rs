@@ -164,7 +164,7 @@ impl CompareConfig {
                 "--max-requests must be at least 1".into(),
             ));
         }
-        self.router_json()?;
+        self.router()?;
         if self.workers > MAX_LOCAL_WORKERS {
             return Err(CompareError::InvalidSetting(format!(
                 "--workers must be at most {MAX_LOCAL_WORKERS}, got {}: every worker of a local stack is a simulated engine on this machine, with its own port and Envoy endpoint (larger deployments: switchyard-replay, in virtual time)",
@@ -177,13 +177,16 @@ impl CompareConfig {
     /// The router config every run uses, the real runs' control plane and the virtual
     /// cross-check alike: `conditional_disagg_config` with `slo_cost`'s objectives taken from
     /// [`CompareConfig::slo`] unless it names its own, as `switchyard-replay` takes them
-    /// ([`switchyard_replay::spec::comparison_router_json`]). Before, the real runs decided
-    /// against `slo_cost`'s default objectives while being scored against `slo`.
+    /// ([`switchyard_replay::spec::comparison_router`]): as JSON for the control plane, and
+    /// parsed. Before, the real runs decided against `slo_cost`'s default objectives while
+    /// being scored against `slo`.
     ///
     /// # Errors
     /// [`CompareError::InvalidSetting`] for a config the router refuses.
-    pub fn router_json(&self) -> Result<serde_json::Value, CompareError> {
-        switchyard_replay::spec::comparison_router_json(
+    pub fn router(
+        &self,
+    ) -> Result<(serde_json::Value, switchyard_router::config::RouterConfig), CompareError> {
+        switchyard_replay::spec::comparison_router(
             self.conditional_disagg_config.as_deref(),
             self.slo,
         )

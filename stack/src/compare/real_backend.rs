@@ -64,7 +64,7 @@ impl Backend for RealBackend<'_> {
             split.prefill,
             split.decode
         );
-        let router_json = config.router_json()?;
+        let (router_json, _) = config.router()?;
         let builder = StackBuilder::new()
             .agg_workers(split.agg)
             .prefill_workers(split.prefill)
