@@ -35,7 +35,7 @@ use switchyard_e2e::{
 };
 use switchyard_protocol::route::ROUTE_HEADER;
 use switchyard_protocol::worker::Engine;
-use switchyard_stack::envoy::{healthy_hosts, PREFILL_CLUSTER};
+use switchyard_stack::envoy::{healthy_hosts, model_cluster, PREFILL_CLUSTER};
 use switchyard_stack::{
     Artifacts, Component, Profile, ServingMode, Stack, StackBuilder, SIMULATED_MODEL,
 };
@@ -327,12 +327,17 @@ async fn a_vllm_model_and_a_trtllm_model_each_run_their_own_handoff() {
     )
     .await;
     let clusters = format!("{}/clusters", stack.admin_url());
+    // Each model's prefill legs go to its own prefill cluster from the first attempt: a
+    // request sent before EDS filled it fell back to local prefill (a flake in CI).
     eventually(
-        "Envoy's prefill cluster holds both engines' workers",
+        "Envoy's prefill clusters hold both engines' workers",
         WAIT,
         || async {
             let page = get_text(&http, &clusters).await.unwrap_or_default();
             healthy_hosts(&page, PREFILL_CLUSTER).len() == 2
+                && [VLLM_MODEL, TRTLLM_MODEL]
+                    .iter()
+                    .all(|m| healthy_hosts(&page, &model_cluster(PREFILL_CLUSTER, m)).len() == 1)
         },
     )
     .await;
