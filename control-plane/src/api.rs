@@ -37,6 +37,7 @@ use warp::reply::Response;
 use warp::{Filter, Reply};
 
 use switchyard_protocol::route::ApiError;
+use switchyard_support::http_server;
 
 use crate::metrics::Metrics;
 use crate::models::Models;
@@ -163,7 +164,7 @@ pub fn route_api(
         "not_the_gateway",
         "this is the Switchyard control plane's route API, which the gateway's filter calls: send chat and completion requests to the gateway (Envoy's listener)",
     ));
-    route
+    let answered = route
         .or(lifecycle)
         .unify()
         .or(inference)
@@ -177,8 +178,32 @@ pub fn route_api(
         .or(observability(state))
         .unify()
         .recover(counted)
-        .unify()
+        .unify();
+    http_server::with_allow(ROUTE_ENDPOINTS, answered)
 }
+
+/// The route listener's endpoints and their methods, for a 405's `Allow` header.
+pub const ROUTE_ENDPOINTS: http_server::Endpoints = &[
+    ("/v1/route", "POST"),
+    ("/v1/lifecycle", "POST"),
+    ("/v3/discovery:endpoints", "POST"),
+    ("/v1/tokenizer", "GET"),
+    ("/metrics", "GET"),
+    ("/healthz", "GET, HEAD"),
+    ("/readyz", "GET, HEAD"),
+];
+
+/// The admin listener's endpoints and their methods, for a 405's `Allow` header.
+pub const ADMIN_ENDPOINTS: http_server::Endpoints = &[
+    ("/v1/workers", "GET"),
+    ("/v1/config", "GET, PUT"),
+    ("/v1/status", "GET"),
+    ("/", "GET"),
+    ("/whatif/*", "GET"),
+    ("/metrics", "GET"),
+    ("/healthz", "GET, HEAD"),
+    ("/readyz", "GET, HEAD"),
+];
 
 /// The admin listener's endpoints (for operators): the runtime config, the worker list and the
 /// status behind the admin token; the status page, its what-if module, metrics and health
@@ -220,7 +245,7 @@ pub fn admin_api(
         .and(warp::get())
         .and(with_state(state.clone()))
         .then(whatif::file);
-    workers
+    let answered = workers
         .or(get_config)
         .unify()
         .or(put_config)
@@ -234,7 +259,8 @@ pub fn admin_api(
         .or(observability(state))
         .unify()
         .recover(counted)
-        .unify()
+        .unify();
+    http_server::with_allow(ADMIN_ENDPOINTS, answered)
 }
 
 /// `/metrics` and `/healthz`, on both listeners: Prometheus scrapes and liveness probes reach

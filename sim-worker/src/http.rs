@@ -20,11 +20,23 @@ use super::handoff::{parse_hold_id, PullRequest, PullResponse};
 use super::legs::parse_room_hold_id;
 use switchyard_engine::HeldKv;
 use switchyard_protocol::hash::SequenceHash;
+use switchyard_support::http_server;
 
 /// Header naming the worker that served a response.
 pub const WORKER_HEADER: &str = "x-switchyard-worker";
 /// Largest request body accepted (long agentic prompts run to megabytes).
 pub const MAX_BODY_BYTES: u64 = 64 << 20;
+
+/// Every endpoint of a worker and its methods, for a 405's `Allow` header.
+pub const ENDPOINTS: http_server::Endpoints = &[
+    ("/v1/chat/completions", "POST"),
+    ("/v1/completions", "POST"),
+    ("/v1/models", "GET"),
+    ("/health", "GET"),
+    ("/metrics", "GET"),
+    ("/switchyard/kv/pull", "POST"),
+    ("/switchyard/kv/release", "POST"),
+];
 
 /// Every route of one worker.
 pub fn routes(
@@ -88,7 +100,8 @@ pub fn routes(
         .then(release_reply);
     let worker_id = ctx.id.0.clone();
     let recover_ctx = ctx;
-    chat.or(completions)
+    let answered = chat
+        .or(completions)
         .unify()
         .or(models)
         .unify()
@@ -101,7 +114,8 @@ pub fn routes(
         .or(release)
         .unify()
         .recover(move |rejection| recover(recover_ctx.clone(), rejection))
-        .unify()
+        .unify();
+    http_server::with_allow(ENDPOINTS, answered)
         .with(warp::reply::with::header(WORKER_HEADER, worker_id))
 }
 

@@ -85,3 +85,60 @@ fn is_per_connection(e: &std::io::Error) -> bool {
         ConnectionRefused | ConnectionAborted | ConnectionReset
     )
 }
+
+/// The methods each endpoint of a service answers, as `(path, "GET, HEAD")`, for the `Allow`
+/// header a 405 must carry (RFC 9110, section 15.5.6). A path ending in `/*` stands for every
+/// path under it.
+pub type Endpoints = &'static [(&'static str, &'static str)];
+
+/// The methods `endpoints` lists for `path`, if it lists the path.
+pub fn allowed_methods(endpoints: Endpoints, path: &str) -> Option<&'static str> {
+    endpoints.iter().find_map(|&(pattern, methods)| {
+        let matches = match pattern.strip_suffix('*') {
+            Some(prefix) => path.len() > prefix.len() && path.starts_with(prefix),
+            None => path == pattern,
+        };
+        matches.then_some(methods)
+    })
+}
+
+/// `routes` with an `Allow` header on each 405 they answer, from `endpoints`. warp's
+/// method-mismatch rejection does not carry the path, so the header is added once the answer
+/// is made, where the path is still at hand.
+pub fn with_allow<F>(
+    endpoints: Endpoints,
+    routes: F,
+) -> impl Filter<Extract = (Response,), Error = Infallible> + Clone + Send + Sync + 'static
+where
+    F: Filter<Extract = (Response,), Error = Infallible> + Clone + Send + Sync + 'static,
+{
+    warp::path::full()
+        .and(routes)
+        .map(move |path: warp::path::FullPath, mut reply: Response| {
+            if reply.status() == warp::http::StatusCode::METHOD_NOT_ALLOWED {
+                if let Some(methods) = allowed_methods(endpoints, path.as_str()) {
+                    reply.headers_mut().insert(
+                        warp::http::header::ALLOW,
+                        warp::http::HeaderValue::from_static(methods),
+                    );
+                }
+            }
+            reply
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ENDPOINTS: Endpoints = &[("/v1/route", "POST"), ("/files/*", "GET, HEAD")];
+
+    #[test]
+    fn an_endpoint_is_found_by_its_path_or_the_prefix_it_falls_under() {
+        assert_eq!(allowed_methods(ENDPOINTS, "/v1/route"), Some("POST"));
+        assert_eq!(allowed_methods(ENDPOINTS, "/v1/route/x"), None);
+        assert_eq!(allowed_methods(ENDPOINTS, "/files/a.js"), Some("GET, HEAD"));
+        assert_eq!(allowed_methods(ENDPOINTS, "/files/"), None);
+        assert_eq!(allowed_methods(ENDPOINTS, "/nope"), None);
+    }
+}

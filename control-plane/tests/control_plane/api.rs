@@ -457,6 +457,47 @@ async fn a_config_change_on_a_stale_version_is_refused_with_412() {
     svc.stop().await;
 }
 
+/// Every endpoint of both listeners answers a method it does not serve with 405 and an
+/// `Allow` header naming exactly the methods it does serve (RFC 9110 requires the header), and
+/// serves every method it names: the table behind the header cannot drift from the routes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_method_is_told_which_methods_the_endpoint_serves() {
+    use switchyard_control_plane::api::{ADMIN_ENDPOINTS, ROUTE_ENDPOINTS};
+    let (_server, svc, _) = service_with_nats(Settings::for_tests()).await;
+    let http = reqwest::Client::new();
+    let methods = ["GET", "HEAD", "POST", "PUT", "DELETE", "PATCH"];
+    for (base, endpoints) in [
+        (&svc.base, ROUTE_ENDPOINTS),
+        (&svc.admin_base, ADMIN_ENDPOINTS),
+    ] {
+        for &(pattern, allowed) in endpoints {
+            let path = pattern.replace('*', "page.js");
+            let listed: Vec<&str> = allowed.split(", ").collect();
+            for method in methods {
+                let resp = http
+                    .request(method.parse().unwrap(), format!("{base}{path}"))
+                    .header("authorization", format!("Bearer {TEST_ADMIN_TOKEN}"))
+                    .body("{}")
+                    .send()
+                    .await
+                    .unwrap();
+                let status = resp.status().as_u16();
+                if listed.contains(&method) {
+                    assert_ne!(status, 405, "{method} {base}{path} is listed as served");
+                } else {
+                    assert_eq!(status, 405, "{method} {base}{path} is not listed");
+                    assert_eq!(
+                        resp.headers().get("allow").map(|v| v.to_str().unwrap()),
+                        Some(allowed),
+                        "{method} {base}{path}"
+                    );
+                }
+            }
+        }
+    }
+    svc.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_admin_api_needs_its_token_and_has_its_own_listener() {
     let (_server, svc, _) = service_with_nats(Settings::for_tests()).await;

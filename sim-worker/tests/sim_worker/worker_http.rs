@@ -330,6 +330,37 @@ async fn malformed_requests_get_openai_errors_and_are_counted() {
     );
 }
 
+/// Every endpoint answers a method it does not serve with 405 and an `Allow` header naming
+/// exactly the methods it serves, and serves every method it names.
+#[tokio::test]
+async fn a_wrong_method_is_told_which_methods_the_endpoint_serves() {
+    let tok = tokenizer();
+    let w = start(config(WorkerRole::Decode, "decode-allow"), &tok, None).await;
+    let client = reqwest::Client::new();
+    for &(path, allowed) in switchyard_sim_worker::http::ENDPOINTS {
+        let listed: Vec<&str> = allowed.split(", ").collect();
+        for method in ["GET", "HEAD", "POST", "PUT", "DELETE"] {
+            let resp = client
+                .request(method.parse().unwrap(), format!("{}{path}", base_url(&w)))
+                .body("{}")
+                .send()
+                .await
+                .unwrap();
+            let status = resp.status().as_u16();
+            if listed.contains(&method) {
+                assert_ne!(status, 405, "{method} {path} is listed as served");
+            } else {
+                assert_eq!(status, 405, "{method} {path} is not listed");
+                assert_eq!(
+                    resp.headers().get("allow").map(|v| v.to_str().unwrap()),
+                    Some(allowed),
+                    "{method} {path}"
+                );
+            }
+        }
+    }
+}
+
 #[tokio::test]
 async fn models_health_and_metrics_describe_the_worker() {
     let tok = tokenizer();
