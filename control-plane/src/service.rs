@@ -185,6 +185,27 @@ pub enum RoutePrompt {
 }
 
 impl RoutePrompt {
+    /// The same prompt matched against no cache: a request with a `cache_salt` has its
+    /// blocks keyed by the salt in the engine, so no block the index knows is one it can
+    /// reuse (and its own salted blocks are not indexed).
+    #[must_use]
+    pub fn uncached(self) -> Self {
+        let (isl, block_size) = match self {
+            RoutePrompt::Tokens(tokens) => (
+                u32::try_from(tokens.len()).unwrap_or(u32::MAX),
+                BlockSize::ONE,
+            ),
+            RoutePrompt::Hashed {
+                isl, block_size, ..
+            } => (isl, block_size),
+        };
+        RoutePrompt::Hashed {
+            isl,
+            block_size,
+            hashes: Vec::new(),
+        }
+    }
+
     /// The router's view of it.
     pub fn as_prompt(&self) -> Prompt<'_> {
         match self {

@@ -46,14 +46,18 @@ pub enum BodyFallback {
     InvalidRequest,
     /// The tokenizer or the template failed on it.
     TokenizerError,
+    /// The request asks the engine to cut its prompt (`truncate_prompt_tokens`): the cut
+    /// depends on the model's context, which the control plane knows.
+    Truncated,
 }
 
 impl BodyFallback {
     /// Every reason, in stat order.
-    pub const ALL: [BodyFallback; 3] = [
+    pub const ALL: [BodyFallback; 4] = [
         BodyFallback::NotLoaded,
         BodyFallback::InvalidRequest,
         BodyFallback::TokenizerError,
+        BodyFallback::Truncated,
     ];
 
     /// Stat key.
@@ -62,6 +66,7 @@ impl BodyFallback {
             BodyFallback::NotLoaded => "not_loaded",
             BodyFallback::InvalidRequest => "invalid_request",
             BodyFallback::TokenizerError => "tokenizer_error",
+            BodyFallback::Truncated => "truncated",
         }
     }
 }
@@ -125,6 +130,12 @@ impl LoadedTokenizer {
         let Some(object) = body.as_object() else {
             return Err(BodyFallback::InvalidRequest);
         };
+        if object
+            .get("truncate_prompt_tokens")
+            .is_some_and(|v| !v.is_null())
+        {
+            return Err(BodyFallback::Truncated);
+        }
         let tokens = self
             .tokenizer
             .tokenize_request(api, body)

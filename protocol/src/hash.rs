@@ -58,6 +58,9 @@ impl BlockSize {
     /// Largest accepted block size; real engines use 16-256.
     pub const MAX: u32 = 1 << 16;
 
+    /// One token per block: the block size of a prompt that carries no hashes at all.
+    pub const ONE: BlockSize = BlockSize(1);
+
     /// Validates a block size.
     ///
     /// # Errors

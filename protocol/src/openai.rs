@@ -9,11 +9,13 @@
 //!
 //! The rules are vLLM 0.32's (checked against a real vLLM 0.32 on this project's test
 //! machines, `docs/vllm.md`): its request models are pydantic models in lax mode, so an
-//! integer field also takes a float without a fractional part (`1e3`) and a decimal string
-//! (`"5"`), and a boolean field also takes `0`/`1` and the strings pydantic reads as
-//! booleans (`"yes"`, `"off"`, ...). Then: `max_tokens` (or chat's `max_completion_tokens`,
-//! which wins) at least 1 and at most the model's context; `n` at least 1; `stream_options`
-//! only with `stream: true`; a prompt that is not empty and shorter than the model's context.
+//! integer field also takes a float without a fractional part (`1e3`), a decimal string
+//! (`"5"`) and a boolean, and a boolean field also takes `0`/`1` and the strings pydantic
+//! reads as booleans (`"yes"`, `"off"`, ...). Then: `max_tokens` (or chat's
+//! `max_completion_tokens`, which wins) at least 1 and at most the model's context; `n` at
+//! least 1; `stream_options` only with `stream: true`; `truncate_prompt_tokens` from -1 up
+//! to the context ([`Truncation`]); a prompt, once cut as that asks, that is not empty and
+//! shorter than the model's context.
 
 use serde_json::{json, Map, Value};
 
@@ -42,6 +44,50 @@ pub struct GenerationParams {
     pub max_tokens: Option<u32>,
     /// Choices to generate (`n`).
     pub n: u32,
+    /// The prompt's tokens the engine keeps, when the request asks to cut it.
+    pub truncation: Option<Truncation>,
+    /// The request names a `cache_salt`: the engine mixes it into its prefix-cache keys, so
+    /// the prompt shares no cached block with a prompt without that salt.
+    pub salted: bool,
+}
+
+/// Which end of a prompt an engine cuts when the request asks it to keep fewer tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TruncationSide {
+    /// Keep the last tokens (vLLM's default for generative models).
+    Left,
+    /// Keep the first tokens.
+    Right,
+}
+
+/// vLLM's `truncate_prompt_tokens` (with `truncation_side`): the engine serves only `keep`
+/// of the prompt's tokens, so the cache it looks up and fills holds those alone. Routing on
+/// the whole prompt would match blocks the engine never sees (a left cut shifts every block)
+/// and refuse a long prompt the engine would cut and serve.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Truncation {
+    /// Tokens kept at most (`-1` already resolved against the context).
+    pub keep: u32,
+    /// The end kept.
+    pub side: TruncationSide,
+}
+
+impl Truncation {
+    /// The part of a prompt of `len` tokens that the engine keeps.
+    pub fn kept(self, len: usize) -> std::ops::Range<usize> {
+        let keep = (self.keep as usize).min(len);
+        match self.side {
+            TruncationSide::Left => len - keep..len,
+            TruncationSide::Right => 0..keep,
+        }
+    }
+
+    /// Cuts `tokens` to what the engine keeps.
+    pub fn apply(self, tokens: &mut Vec<u32>) {
+        let kept = self.kept(tokens.len());
+        tokens.truncate(kept.end);
+        tokens.drain(..kept.start);
+    }
 }
 
 /// Which OpenAI error a refused request gets.
@@ -194,12 +240,96 @@ pub fn generation_params(
         ApiKind::Chat => check_tool_choice(body)?,
         ApiKind::Completions => check_no_suffix(body)?,
     }
+    let truncation = truncation(body, max_tokens, max_model_len)?;
+    let salted = cache_salt(body)?;
     Ok(GenerationParams {
         stream,
         include_usage,
         max_tokens,
         n,
+        truncation,
+        salted,
     })
+}
+
+/// Longest `cache_salt` vLLM 0.32 takes, in characters.
+const MAX_CACHE_SALT_CHARS: usize = 128;
+
+/// `cache_salt` as vLLM 0.32 checks it: absent or `null`, or a string of 1 to 128 characters
+/// without `@`, `/`, `\` or NUL. Whether one is set.
+fn cache_salt(body: &Map<String, Value>) -> Result<bool, InvalidRequest> {
+    let salt = match body.get("cache_salt") {
+        None | Some(Value::Null) => return Ok(false),
+        Some(Value::String(salt)) if !salt.is_empty() => salt,
+        Some(other) => {
+            return Err(InvalidRequest::bad(
+                "cache_salt",
+                format!(
+                    "cache_salt must be a non-empty string if provided, got {}",
+                    short(other)
+                ),
+            ))
+        }
+    };
+    if salt.chars().count() > MAX_CACHE_SALT_CHARS || salt.contains(['@', '/', '\\', '\0']) {
+        return Err(InvalidRequest::bad(
+            "cache_salt",
+            "cache_salt must be at most 128 characters and must not contain '@', '/', '\\' or NUL",
+        ));
+    }
+    Ok(true)
+}
+
+/// `truncate_prompt_tokens` and `truncation_side` as vLLM 0.32 reads them: a lax integer
+/// from -1 up to the context (-1 keeps the context less one token for the output, or the
+/// whole context when the request sets no `max_tokens`), the side `"left"` (the default) or
+/// `"right"`; `null` is absent. 0 keeps nothing: the empty prompt is then refused as empty.
+fn truncation(
+    body: &Map<String, Value>,
+    max_tokens: Option<u32>,
+    max_model_len: u32,
+) -> Result<Option<Truncation>, InvalidRequest> {
+    let side = match body.get("truncation_side") {
+        None | Some(Value::Null) => TruncationSide::Left,
+        Some(Value::String(s)) if s == "left" => TruncationSide::Left,
+        Some(Value::String(s)) if s == "right" => TruncationSide::Right,
+        Some(other) => {
+            return Err(InvalidRequest::bad(
+                "truncation_side",
+                format!(
+                    "truncation_side must be 'left' or 'right', got {}",
+                    short(other)
+                ),
+            ))
+        }
+    };
+    let Some(requested) = lax_int(body, "truncate_prompt_tokens")? else {
+        return Ok(None);
+    };
+    let keep = match requested {
+        -1 if max_tokens.is_some() => max_model_len.saturating_sub(1),
+        -1 => max_model_len,
+        n if n < -1 => {
+            return Err(InvalidRequest::bad(
+                "truncate_prompt_tokens",
+                format!(
+                    "truncate_prompt_tokens must be at least -1, got {}",
+                    as_sent(body, "truncate_prompt_tokens")
+                ),
+            ))
+        }
+        n if n > i128::from(max_model_len) => {
+            return Err(InvalidRequest::bad(
+                "truncate_prompt_tokens",
+                format!(
+                    "truncate_prompt_tokens={} cannot be greater than the model's context of {max_model_len} tokens; request a smaller truncation size",
+                    as_sent(body, "truncate_prompt_tokens")
+                ),
+            ))
+        }
+        n => n as u32,
+    };
+    Ok(Some(Truncation { keep, side }))
 }
 
 /// `tools` and `tool_choice` as vLLM's chat request model checks them: `tools` not empty;
@@ -348,7 +478,20 @@ fn lax_int(body: &Map<String, Value>, field: &str) -> Result<Option<i128>, Inval
         None | Some(Value::Null) => return Ok(None),
         Some(v) => v,
     };
-    let parsed = match value {
+    lax_int_value(value).map(Some).ok_or_else(|| {
+        InvalidRequest::bad(
+            field,
+            format!("{field} must be an integer, got {}", short(value)),
+        )
+    })
+}
+
+/// An integer as pydantic's lax mode reads it: a JSON integer, a float without a fractional
+/// part, a string holding a decimal integer (surrounding whitespace allowed), or a boolean
+/// (`true` is 1: vLLM 0.32 serves `"max_tokens": true` as one token); `None` for anything
+/// else. Every integer field of vLLM's request models reads this way, token ids included.
+pub fn lax_int_value(value: &Value) -> Option<i128> {
+    match value {
         Value::Number(n) => match (n.as_i64(), n.as_u64(), n.as_f64()) {
             (Some(i), _, _) => Some(i128::from(i)),
             (None, Some(u), _) => Some(i128::from(u)),
@@ -359,14 +502,9 @@ fn lax_int(body: &Map<String, Value>, field: &str) -> Result<Option<i128>, Inval
             _ => None,
         },
         Value::String(s) => s.trim().parse::<i128>().ok(),
+        Value::Bool(b) => Some(i128::from(*b)),
         _ => None,
-    };
-    parsed.map(Some).ok_or_else(|| {
-        InvalidRequest::bad(
-            field,
-            format!("{field} must be an integer, got {}", short(value)),
-        )
-    })
+    }
 }
 
 /// A boolean value as pydantic's lax mode reads it: a JSON boolean, `0`/`1`, or a string
@@ -470,7 +608,9 @@ mod tests {
                 stream: false,
                 include_usage: false,
                 max_tokens: None,
-                n: 1
+                n: 1,
+                truncation: None,
+                salted: false,
             })
         );
     }
@@ -483,6 +623,108 @@ mod tests {
         assert_eq!((p.max_tokens, p.stream), (Some(1000), false));
         let p = chat(json!({"stream": true, "stream_options": {"include_usage": "on"}})).unwrap();
         assert!(p.include_usage);
+        // A boolean is an integer to pydantic: vLLM 0.32 serves `max_tokens: true` (one
+        // token) and `n: true`, and refuses `false` as 0.
+        let p = chat(json!({"max_tokens": true, "n": true})).unwrap();
+        assert_eq!((p.max_tokens, p.n), (Some(1), 1));
+        assert_eq!(lax_int_value(&json!(" 11")), Some(11));
+        assert_eq!(lax_int_value(&json!("1e1")), None);
+        assert_eq!(lax_int_value(&json!(11.5)), None);
+    }
+
+    /// vLLM 0.32's answers (`tests/fixtures/vllm032_chat.json`'s `truncated` section holds
+    /// the token ids): the last tokens unless `truncation_side` says right, -1 the context
+    /// less the one token the output needs (the whole context without `max_tokens`).
+    #[test]
+    fn truncation_is_read_as_vllm_reads_it() {
+        let cut = |body: Value| chat(body).unwrap().truncation;
+        let left = |keep| {
+            Some(Truncation {
+                keep,
+                side: TruncationSide::Left,
+            })
+        };
+        assert_eq!(cut(json!({"truncate_prompt_tokens": 5})), left(5));
+        assert_eq!(cut(json!({"truncate_prompt_tokens": "7"})), left(7));
+        assert_eq!(cut(json!({"truncate_prompt_tokens": 5.0})), left(5));
+        assert_eq!(cut(json!({"truncate_prompt_tokens": true})), left(1));
+        assert_eq!(cut(json!({"truncate_prompt_tokens": 0})), left(0));
+        assert_eq!(
+            cut(json!({"truncate_prompt_tokens": CONTEXT})),
+            left(CONTEXT)
+        );
+        assert_eq!(
+            cut(json!({"truncate_prompt_tokens": -1, "max_tokens": 1})),
+            left(CONTEXT - 1)
+        );
+        assert_eq!(cut(json!({"truncate_prompt_tokens": -1})), left(CONTEXT));
+        assert_eq!(
+            cut(json!({"truncate_prompt_tokens": 5, "truncation_side": "right"})),
+            Some(Truncation {
+                keep: 5,
+                side: TruncationSide::Right
+            })
+        );
+        assert_eq!(cut(json!({"truncate_prompt_tokens": null})), None);
+        assert_eq!(cut(json!({"truncation_side": "left"})), None);
+        for (body, field) in [
+            (
+                json!({"truncate_prompt_tokens": CONTEXT + 1}),
+                "truncate_prompt_tokens",
+            ),
+            (
+                json!({"truncate_prompt_tokens": -2}),
+                "truncate_prompt_tokens",
+            ),
+            (
+                json!({"truncate_prompt_tokens": "x"}),
+                "truncate_prompt_tokens",
+            ),
+            (
+                json!({"truncate_prompt_tokens": 5, "truncation_side": "middle"}),
+                "truncation_side",
+            ),
+            (json!({"truncation_side": 1}), "truncation_side"),
+        ] {
+            let err = chat(body.clone()).expect_err(&body.to_string());
+            assert_eq!(err.param.as_deref(), Some(field), "{body}: {err}");
+        }
+    }
+
+    /// vLLM 0.32's `validate_cache_salt`.
+    #[test]
+    fn a_cache_salt_is_a_short_plain_string() {
+        assert!(!chat(json!({})).unwrap().salted);
+        assert!(!chat(json!({"cache_salt": null})).unwrap().salted);
+        assert!(chat(json!({"cache_salt": "tenant-b-9f2c"})).unwrap().salted);
+        assert!(chat(json!({"cache_salt": "é".repeat(128)})).unwrap().salted);
+        for bad in [
+            json!(""),
+            json!(5),
+            json!(["a"]),
+            json!("a@b"),
+            json!("a/b"),
+            json!("a\\b"),
+            json!("a\u{0}b"),
+            json!("x".repeat(129)),
+        ] {
+            let err = chat(json!({ "cache_salt": bad })).expect_err(&bad.to_string());
+            assert_eq!(err.param.as_deref(), Some("cache_salt"), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_truncation_keeps_the_end_it_names() {
+        let tokens: Vec<u32> = (1..=7).collect();
+        let cut = |keep, side| {
+            let mut t = tokens.clone();
+            Truncation { keep, side }.apply(&mut t);
+            t
+        };
+        assert_eq!(cut(3, TruncationSide::Left), vec![5, 6, 7]);
+        assert_eq!(cut(3, TruncationSide::Right), vec![1, 2, 3]);
+        assert_eq!(cut(100, TruncationSide::Left), tokens);
+        assert!(cut(0, TruncationSide::Left).is_empty());
     }
 
     #[test]
@@ -493,7 +735,7 @@ mod tests {
             (json!({"max_tokens": 1e12}), "max_tokens"),
             (json!({"max_tokens": 2.5}), "max_tokens"),
             (json!({"max_tokens": "x"}), "max_tokens"),
-            (json!({"max_tokens": true}), "max_tokens"),
+            (json!({"max_tokens": false}), "max_tokens"),
             (
                 json!({"max_completion_tokens": 0, "max_tokens": 5}),
                 "max_completion_tokens",

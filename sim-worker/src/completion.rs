@@ -99,7 +99,10 @@ pub async fn serve(
         _ => None,
     };
     let mut req = parse_request(api, body, ctx.max_model_len)?;
-    let tokens = tokenize(&ctx, api, &req.body).await?;
+    let mut tokens = tokenize(&ctx, api, &req.body).await?;
+    if let Some(truncation) = req.truncation {
+        truncation.apply(&mut tokens);
+    }
     check_prompt_length(tokens.len(), ctx.max_model_len).map_err(ApiError::from)?;
     req.max_tokens = clamp_max_tokens(req.max_tokens, tokens.len(), ctx.max_model_len);
     match api {

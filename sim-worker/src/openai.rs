@@ -9,7 +9,7 @@
 
 use serde_json::{json, Map, Value};
 use switchyard_protocol::handoff::{DISAGGREGATED_PARAMS, KV_TRANSFER_PARAMS};
-use switchyard_protocol::openai::{generation_params, prompt_count};
+use switchyard_protocol::openai::{generation_params, prompt_count, Truncation};
 use switchyard_protocol::route::ApiKind;
 
 use super::error::ApiError;
@@ -46,6 +46,8 @@ pub struct ParsedRequest {
     pub include_usage: bool,
     /// Tokens to generate.
     pub max_tokens: u32,
+    /// The prompt's tokens the engine keeps (`truncate_prompt_tokens`), as vLLM cuts them.
+    pub truncation: Option<Truncation>,
 }
 
 /// Token counts of a finished request (OpenAI `usage`).
@@ -116,6 +118,7 @@ pub fn parse_request(
         stream: params.stream,
         include_usage: params.include_usage,
         max_tokens: params.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS),
+        truncation: params.truncation,
         body,
     })
 }

@@ -309,4 +309,45 @@ async fn the_filter_tokenizes_once_loaded_and_routes_as_the_control_plane_would(
             "{bad}"
         );
     }
+
+    // (e) A request that asks the engine to cut its prompt goes as the body (`-1` resolves
+    // against the model's context, which the control plane knows) and is routed on the
+    // tokens the engine keeps: the last 100 of the ~3,000, which the worker serves.
+    let mut cut = first_turn("E");
+    cut["truncate_prompt_tokens"] = json!(100);
+    let before = stats(&http, &admin).await;
+    let response = post_observed(
+        &http,
+        &url,
+        &cut,
+        &[(REQUEST_ID_HEADER, "e2e-tokenize-cut")],
+        REQUEST_TIMEOUT,
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_routed(&response, "a cut prompt");
+    let answer: Value = serde_json::from_str(&response.body()).expect("a JSON answer");
+    assert_eq!(answer["usage"]["prompt_tokens"], 100, "{answer}");
+    let after = stats(&http, &admin).await;
+    let delta = |name| stat(&after, name) - stat(&before, name);
+    assert_eq!(
+        (
+            delta("route_input.body.truncated"),
+            delta("route_input.hashes_total")
+        ),
+        (1, 0)
+    );
+    let status = admin_get_json(&http, &stack, "/v1/status")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let decision = status["decisions"]["recent"]
+        .as_array()
+        .and_then(|recent| {
+            recent
+                .iter()
+                .find(|d| d["request_id"] == "e2e-tokenize-cut")
+        })
+        .cloned()
+        .unwrap_or_else(|| panic!("the cut request's decision in {status}"));
+    assert_eq!(decision["isl"], 100, "{decision}");
 }

@@ -23,7 +23,8 @@ use warp::Reply;
 
 use switchyard_protocol::json_values::parse_bounded;
 use switchyard_protocol::openai::{
-    check_prompt_length, generation_params, prompt_count, InvalidRequest, CLIENT_STEERING_KEYS,
+    check_prompt_length, generation_params, prompt_count, InvalidRequest, Truncation,
+    CLIENT_STEERING_KEYS,
 };
 use switchyard_protocol::route::RouteMode;
 use switchyard_protocol::route::{
@@ -290,13 +291,14 @@ impl From<TokenizeFailure> for RouteFailure {
 }
 
 /// Checks every prompt of a completions batch after the first (checked as the routed prompt)
-/// against the model's context, as the engine does before serving any of them: one empty or
-/// too long prompt refuses the whole request. Off the runtime threads, like any long
+/// against the model's context, as the engine does before serving any of them, once cut as
+/// the request asks: one empty or too long prompt refuses the whole request. Off the runtime threads, like any long
 /// tokenization (a batch is rare and may be large).
 async fn check_batch_lengths(
     state: &ApiState,
     model: &ServedModel,
     batch: serde_json::Value,
+    truncation: Option<Truncation>,
     body_bytes: usize,
 ) -> Result<(), RouteFailure> {
     let tokenizer = Arc::clone(&model.tokenizer);
@@ -306,6 +308,7 @@ async fn check_batch_lengths(
     .await?
     .map_err(RouteFailure::from)?;
     for (j, tokens) in (1..).zip(lengths) {
+        let tokens = truncation.map_or(tokens, |t| t.kept(tokens).len());
         check_prompt_length(tokens, model.max_model_len).map_err(|error| RouteFailure::Client {
             reason: if tokens == 0 {
                 RejectReason::InvalidRequest
@@ -319,6 +322,36 @@ async fn check_batch_lengths(
         })?;
     }
     Ok(())
+}
+
+/// A hashed prompt cut as the engine will cut it. The filter sends the body instead when a
+/// request asks for a cut (only the control plane knows the context `-1` resolves against),
+/// so this serves older filters: a cut that keeps the first tokens keeps their blocks; one
+/// that keeps the last shifts every block, and the prompt is routed as uncached.
+fn truncated_hashes(hashed: HashedPrompt, truncation: Option<Truncation>) -> RoutePrompt {
+    let HashedPrompt {
+        isl,
+        block_size,
+        mut hashes,
+        ..
+    } = hashed;
+    let Some(kept) = truncation.map(|t| t.kept(isl as usize)) else {
+        return RoutePrompt::Hashed {
+            isl,
+            block_size,
+            hashes,
+        };
+    };
+    if kept.start == 0 {
+        hashes.truncate(kept.end / block_size.get() as usize);
+    } else {
+        hashes.clear();
+    }
+    RoutePrompt::Hashed {
+        isl: kept.len() as u32,
+        block_size,
+        hashes,
+    }
 }
 
 async fn decide<S, B>(
@@ -377,16 +410,21 @@ where
     // A batch is routed by its first prompt, but the engine serves (or refuses) each one.
     let batch = (prompts > 1 && hashed.is_none()).then(|| json.clone());
     let prompt = match hashed {
-        None => RoutePrompt::Tokens(
-            tokenize(state, &model, api, json, bytes.len())
+        None => {
+            let mut tokens = tokenize(state, &model, api, json, bytes.len())
                 .await
-                .map_err(fail)?,
-        ),
-        Some(h) => RoutePrompt::Hashed {
-            isl: h.isl,
-            block_size: h.block_size,
-            hashes: h.hashes,
-        },
+                .map_err(fail)?;
+            if let Some(truncation) = params.truncation {
+                truncation.apply(&mut tokens);
+            }
+            RoutePrompt::Tokens(tokens)
+        }
+        Some(h) => truncated_hashes(h, params.truncation),
+    };
+    let prompt = if params.salted {
+        prompt.uncached()
+    } else {
+        prompt
     };
     let isl = prompt.as_prompt().isl() as usize;
     check_prompt_length(isl, model.max_model_len).map_err(|error| {
@@ -401,7 +439,7 @@ where
         })
     })?;
     if let Some(batch) = batch {
-        check_batch_lengths(state, &model, batch, bytes.len())
+        check_batch_lengths(state, &model, batch, params.truncation, bytes.len())
             .await
             .map_err(fail)?;
     }

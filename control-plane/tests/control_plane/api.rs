@@ -824,6 +824,80 @@ async fn run_refuses_to_start_on_bad_config_or_a_missing_tokenizer() {
     assert!(err.to_string().contains("policy"), "{err}");
 }
 
+/// `truncate_prompt_tokens` cuts the prompt as vLLM 0.32 cuts it (`vllm032_chat.json`'s
+/// `truncated` cases): a prompt beyond the context is served once cut, and is routed on the
+/// tokens the engine keeps, not refused or matched on tokens the engine never sees.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prompt_cut_by_truncate_prompt_tokens_is_routed_on_what_the_engine_keeps() {
+    let mut settings = Settings::for_tests();
+    settings.max_model_len = Some(64);
+    let (_server, svc, nats) = service_with_nats(settings).await;
+    register_worker(&svc, &nats, "decode-0", WorkerRole::Decode, 9001).await;
+    let long_chat = |extra: serde_json::Value| {
+        let mut body =
+            json!({"messages": [{"role": "user", "content": "many words here ".repeat(40)}]});
+        body.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        body.to_string()
+    };
+    let ids: Vec<u32> = (1..=100).collect();
+    for (api, body, isl) in [
+        // -1: the context less the token the output needs.
+        (
+            "chat",
+            long_chat(json!({"truncate_prompt_tokens": -1, "max_tokens": 1})),
+            63,
+        ),
+        (
+            "chat",
+            long_chat(json!({"truncate_prompt_tokens": 20, "truncation_side": "right"})),
+            20,
+        ),
+        (
+            "completions",
+            json!({"prompt": ids, "truncate_prompt_tokens": "10"}).to_string(),
+            10,
+        ),
+        // Every prompt of a batch is held to the context once cut.
+        (
+            "completions",
+            json!({"prompt": [ids, ids], "truncate_prompt_tokens": 10}).to_string(),
+            10,
+        ),
+    ] {
+        let routed = route(&svc.base, api, None, body.clone()).await;
+        assert_eq!(routed.status(), 200, "{body}");
+        let verdict: Verdict = routed.json().await.unwrap();
+        assert_eq!(verdict.isl, isl, "{body}");
+    }
+    for (body, param) in [
+        // -1 without max_tokens keeps the whole context: nothing is left to generate.
+        (
+            long_chat(json!({"truncate_prompt_tokens": -1})),
+            "input_tokens",
+        ),
+        (
+            long_chat(json!({"truncate_prompt_tokens": 65})),
+            "truncate_prompt_tokens",
+        ),
+        (
+            long_chat(json!({"truncate_prompt_tokens": 0})),
+            "input_tokens",
+        ),
+        (
+            long_chat(json!({"truncate_prompt_tokens": 5, "truncation_side": "middle"})),
+            "truncation_side",
+        ),
+    ] {
+        let refused = route(&svc.base, "chat", None, body.clone()).await;
+        assert_eq!(refused.status(), 400, "{body}");
+        let answer: serde_json::Value = refused.json().await.unwrap();
+        assert_eq!(answer["error"]["param"], param, "{body}: {answer}");
+    }
+    svc.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prompts_beyond_the_context_are_refused_before_routing() {
     let mut settings = Settings::for_tests();

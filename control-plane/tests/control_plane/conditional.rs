@@ -190,6 +190,33 @@ async fn second_turn_goes_home_and_bypasses_cold_prompts_disaggregate_busy_decod
     );
     assert!(v2.prefill.is_none());
 
+    // The same turn with a `cache_salt`: the engine keys its blocks by the salt, so turn 1's
+    // blocks are no hit for it, and a bypass would prefill the whole prompt on the decode
+    // worker. Its load is given back at once.
+    let mut salted = second_turn();
+    salted["cache_salt"] = json!("tenant-b-4f1c");
+    let v_salted = route_json(&svc.base, "turn-2-salted", &salted).await;
+    assert_eq!(v_salted.cached_tokens, 0, "{v_salted:?}");
+    assert_eq!(v_salted.mode, RouteMode::Disagg, "{v_salted:?}");
+    let gone = LifecycleBatch {
+        v: 1,
+        events: vec![LifecycleEvent::Done {
+            request_id: "turn-2-salted".into(),
+            prompt_tokens: None,
+            completion_tokens: None,
+            ok: false,
+            failed_open: false,
+            route_call: None,
+        }],
+    };
+    let resp = http
+        .post(format!("{}/v1/lifecycle", svc.base))
+        .json(&gone)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+
     // A cold long prompt elsewhere: disaggregated, whatever worker decodes it.
     let cold = json!({"model": "qwen3", "messages": [
         {"role": "user", "content": prose("unrelated", 3_000)}

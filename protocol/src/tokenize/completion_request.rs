@@ -10,6 +10,7 @@ use serde_json::Value as Json;
 
 use super::chat_request::bool_field;
 use super::error::TokenizeError;
+use crate::openai::lax_int_value;
 
 /// What a completions prompt asks to tokenize.
 #[derive(Debug, PartialEq, Eq)]
@@ -69,18 +70,23 @@ pub(crate) fn completion_prompts(
         }
     };
     match &items[0] {
-        Json::String(_) => items
-            .iter()
-            .enumerate()
-            .map(|(j, item)| match item {
-                Json::String(s) => Ok(text(s)),
-                _ => Err(TokenizeError::invalid(
-                    format!("prompt[{j}]"),
-                    "must be a string like prompt[0]",
-                )),
-            })
-            .collect(),
-        Json::Number(_) => Ok(vec![CompletionPrompt::Tokens(token_ids(
+        Json::String(_) => match items.iter().position(|item| !item.is_string()) {
+            None => Ok(items.iter().filter_map(Json::as_str).map(text).collect()),
+            // Not all strings: pydantic's union then reads a token-id list, whose ids may be
+            // decimal strings (`["11", 22]`).
+            Some(_) if items.iter().all(|item| lax_int_value(item).is_some()) => {
+                Ok(vec![CompletionPrompt::Tokens(token_ids(
+                    items,
+                    "prompt",
+                    max_token_id,
+                )?)])
+            }
+            Some(j) => Err(TokenizeError::invalid(
+                format!("prompt[{j}]"),
+                "must be a string like prompt[0]",
+            )),
+        },
+        Json::Number(_) | Json::Bool(_) => Ok(vec![CompletionPrompt::Tokens(token_ids(
             items,
             "prompt",
             max_token_id,
@@ -112,8 +118,8 @@ fn token_ids(items: &[Json], field: &str, max_token_id: u32) -> Result<Vec<u32>,
         .iter()
         .enumerate()
         .map(|(j, id)| {
-            let id = id
-                .as_u64()
+            // Read as vLLM's lax integers: `11.0`, `"11"` and `true` are ids too.
+            let id = lax_int_value(id)
                 .and_then(|id| u32::try_from(id).ok())
                 .ok_or_else(|| {
                     TokenizeError::invalid(
@@ -181,6 +187,34 @@ mod tests {
                 CompletionPrompt::Tokens(vec![])
             ],
             "an empty later prompt is left for the length check"
+        );
+    }
+
+    /// vLLM 0.32 reads token ids as pydantic's lax integers (recorded: `[11.0, 22.0, 33]`,
+    /// `["11", 22, 33]`, `[true, 22, 33]`, `[[11.0, 22], [33]]` served with those ids), while a
+    /// list of strings only is a batch of texts.
+    #[test]
+    fn token_ids_are_read_as_lax_integers() {
+        let tokens = |prompt: Json| match prepare_completion(&json!({ "prompt": prompt }), MAX_ID) {
+            Ok(CompletionPrompt::Tokens(ids)) => Ok(ids),
+            Ok(text) => panic!("read as text: {text:?}"),
+            Err(e) => Err(e),
+        };
+        assert_eq!(tokens(json!([11.0, 22.0, 33])).unwrap(), vec![11, 22, 33]);
+        assert_eq!(tokens(json!(["11", 22, 33])).unwrap(), vec![11, 22, 33]);
+        assert_eq!(tokens(json!([" 11", 22])).unwrap(), vec![11, 22]);
+        assert_eq!(tokens(json!([true, 22, 33])).unwrap(), vec![1, 22, 33]);
+        assert_eq!(tokens(json!([[11.0, 22], [33]])).unwrap(), vec![11, 22]);
+        for refused in [json!([11.5, 22]), json!(["1e1", 22]), json!(["11", 1000])] {
+            assert!(tokens(refused.clone()).is_err(), "{refused}");
+        }
+        let strings = json!({"prompt": ["11", "22"]});
+        assert_eq!(
+            prepare_completion(&strings, MAX_ID).unwrap(),
+            CompletionPrompt::Text {
+                text: "11",
+                add_special_tokens: true
+            }
         );
     }
 

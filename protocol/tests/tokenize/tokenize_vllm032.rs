@@ -299,3 +299,84 @@ fn recorded_completions_match_vllm() {
         );
     }
 }
+
+/// The prompts a case sends: a completions batch (of texts or of token-id lists) as its
+/// prompts one by one (each is served as a request of its own), anything else whole.
+fn prompts_of(api: ApiKind, body: &Value) -> Vec<Value> {
+    let one = |prompt: Value| {
+        let mut one = body.clone();
+        one["prompt"] = prompt;
+        one
+    };
+    match (api, body["prompt"].as_array()) {
+        (ApiKind::Completions, Some(items)) if items.iter().all(Value::is_string) => {
+            items.iter().map(|text| one(text.clone())).collect()
+        }
+        // A batch of one id list: alone, `["33"]` would be a text.
+        (ApiKind::Completions, Some(items)) if items.iter().all(Value::is_array) => {
+            items.iter().map(|ids| one(json!([ids]))).collect()
+        }
+        _ => vec![body.clone()],
+    }
+}
+
+/// `truncate_prompt_tokens` (and lax token ids): every case vLLM served is served here with
+/// the ids it kept, the prompt tokenized whole and then cut as `generation_params` reads the
+/// request; every case it refused is refused, by the request check or the prompt length.
+#[test]
+fn truncated_prompts_keep_the_tokens_vllm_keeps() {
+    use switchyard_protocol::openai::{check_prompt_length, generation_params};
+    // The recording server's --max-model-len.
+    const CONTEXT: u32 = 16384;
+    let truncated = cases("truncated");
+    assert!(truncated.len() >= 20, "fixture lost cases");
+    for case in truncated {
+        let name = case["name"].as_str().unwrap();
+        let api = match case["api"].as_str().unwrap() {
+            "chat" => ApiKind::Chat,
+            _ => ApiKind::Completions,
+        };
+        let mut body = case["body"].clone();
+        if let Some(long) = case.get("long_user_message") {
+            let text = long["text"].as_str().unwrap();
+            let times = long["times"].as_u64().unwrap() as usize;
+            body["messages"] = json!([{"role": "user", "content": text.repeat(times)}]);
+        }
+        if let Some(max_tokens) = case.get("max_tokens") {
+            body["max_tokens"] = max_tokens.clone();
+        }
+        let served =
+            generation_params(api, body.as_object().unwrap(), CONTEXT).and_then(|params| {
+                prompts_of(api, &body)
+                    .iter()
+                    .map(|prompt| {
+                        let mut ids = qwen()
+                            .tokenize_request(api, prompt)
+                            .unwrap_or_else(|e| panic!("{name}: {e}"));
+                        if let Some(truncation) = params.truncation {
+                            truncation.apply(&mut ids);
+                        }
+                        check_prompt_length(ids.len(), CONTEXT).map(|()| ids)
+                    })
+                    .collect::<Result<Vec<_>, _>>()
+            });
+        if case.get("status").is_some() {
+            assert!(served.is_err(), "{name}: vLLM refused it, here {served:?}");
+            continue;
+        }
+        let served = served.unwrap_or_else(|e| panic!("{name}: vLLM served it, here {e}"));
+        if let Some(want) = case.get("ids") {
+            let want: Vec<Vec<u32>> = serde_json::from_value(want.clone()).unwrap();
+            assert_eq!(served, want, "{name}");
+        } else {
+            let lens: Vec<usize> = serde_json::from_value(case["ids_len"].clone()).unwrap();
+            let heads: Vec<Vec<u32>> = serde_json::from_value(case["ids_head"].clone()).unwrap();
+            let tails: Vec<Vec<u32>> = serde_json::from_value(case["ids_tail"].clone()).unwrap();
+            for (j, ids) in served.iter().enumerate() {
+                assert_eq!(ids.len(), lens[j], "{name}");
+                assert_eq!(ids[..16], heads[j][..], "{name}");
+                assert_eq!(ids[ids.len() - 16..], tails[j][..], "{name}");
+            }
+        }
+    }
+}
