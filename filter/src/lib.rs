@@ -24,13 +24,15 @@
 //! - [`tokenize`]: `"tokenize": "filter"` mode: the per-VM tokenizers and a body turned into
 //!   block hashes for the route call.
 //! - `root` / `http`: the proxy-wasm contexts (the only code that makes hostcalls), and
-//!   `shared`, the per-VM state both use (`root` → `http` → `shared`, never back).
+//!   `shared`, the per-VM state both use (`root` → `http` → `shared`, never back);
+//!   `headers`, the header reads both make, which cannot panic on a value's bytes.
 //!
 //! Everything but `root`, `http` and `shared` is plain Rust, so native `cargo test` covers it.
 #![deny(missing_docs)]
 
 pub mod body;
 pub mod config;
+mod headers;
 mod http;
 pub mod lifecycle;
 pub mod metrics;

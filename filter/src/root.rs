@@ -15,6 +15,7 @@ use switchyard_protocol::route::{DESTINATION_HEADER, MODEL_HEADER};
 use switchyard_protocol::route_input::TOKENIZER_PATH;
 
 use crate::config::{Config, TokenizeMode};
+use crate::headers::{CallHeaders, StreamHeaders};
 use crate::http::SwitchyardRequest;
 use crate::lifecycle::{self, Answer, LifecycleQueue};
 use crate::metrics::{self, StatIds};
@@ -308,7 +309,7 @@ impl Context for SwitchyardRoot {
             let Some(shared) = self.shared.clone() else {
                 return;
             };
-            let status = self.get_http_call_response_header(":status");
+            let status = self.call_response_header(":status");
             let result = if status.as_deref() == Some("200") {
                 // Parsing the bundle and building the tokenizer blocks this worker thread
                 // once per VM and model (docs/filter-overhead.md has how long).
@@ -344,7 +345,7 @@ impl Context for SwitchyardRoot {
             return;
         };
         let count = events.len();
-        let status = self.get_http_call_response_header(":status");
+        let status = self.call_response_header(":status");
         match lifecycle::answer(status.as_deref()) {
             Answer::Taken => {
                 increment(shared.stats.reports_sent_total, count as i64);
@@ -451,8 +452,8 @@ impl Context for Unconfigured {}
 
 impl HttpContext for Unconfigured {
     fn on_http_request_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
-        let headers = self.get_http_request_headers();
-        for name in headers_to_strip(headers.iter().map(|(name, _)| name.as_str())) {
+        let names = self.request_header_names();
+        for name in headers_to_strip(names.iter().map(String::as_str)) {
             self.set_http_request_header(&name, None);
         }
         Action::Continue

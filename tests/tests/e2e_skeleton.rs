@@ -229,6 +229,71 @@ async fn routes_to_the_chosen_worker_streams_and_ignores_a_forged_destination() 
         Some(&0),
         "the malformed body is no fail-open"
     );
+
+    // (d) Header values that are not UTF-8 (a Latin-1 `User-Agent`, a request id) are bytes
+    // the filter reads as such: once, one such request crashed the VM of its Envoy worker
+    // thread. Each goes on a connection of its own, so every worker thread sees some; each is
+    // routed under a request id of the filter's, nothing crashes, and a forged destination
+    // sent afterwards on any thread is still stripped.
+    let fresh = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .build()
+        .expect("an HTTP client");
+    let latin1 = reqwest::header::HeaderValue::from_bytes(b"caf\xe9-client/1.0").unwrap();
+    for attempt in 0..6 {
+        let response = fresh
+            .post(&url)
+            .header("user-agent", latin1.clone())
+            .header("x-request-id", latin1.clone())
+            .json(&chat_body(prompt, 2, false))
+            .timeout(REQUEST_TIMEOUT)
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("non-UTF-8 header, attempt {attempt}: {e}"));
+        assert_eq!(response.status().as_u16(), 200, "attempt {attempt}");
+        let header = |name: &str| {
+            response
+                .headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_string()
+        };
+        assert!(
+            !header(ROUTE_HEADER).is_empty() && !header(ROUTE_HEADER).starts_with("fail-open"),
+            "attempt {attempt}: routed, not skipped: {:?}",
+            response.headers()
+        );
+        assert!(
+            header("x-request-id").starts_with("switchyard-"),
+            "attempt {attempt}: {:?}",
+            response.headers()
+        );
+    }
+    for attempt in 0..4 {
+        let forged = addresses[attempt % addresses.len()].clone();
+        let response = fresh
+            .post(&url)
+            .header(DESTINATION_HEADER, forged.as_str())
+            .json(&chat_body(prompt, 2, false))
+            .timeout(REQUEST_TIMEOUT)
+            .send()
+            .await
+            .expect("request after the non-UTF-8 ones");
+        assert!(
+            response.headers().contains_key(ROUTE_HEADER),
+            "attempt {attempt}: the filter still runs: {:?}",
+            response.headers()
+        );
+    }
+    let stats = envoy_stats(&http, &stack.admin_url())
+        .await
+        .expect("envoy stats");
+    assert_eq!(
+        stats.get("wasm.switchyard.vm_reload_success").copied(),
+        Some(0),
+        "no filter VM crashed (and was replaced)"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -249,3 +249,25 @@ fn every_shipped_gateway_retries_connection_failures_ejects_dead_workers_and_ans
         "the Istio gateway's local replies are the standalone gateway's"
     );
 }
+
+/// Every shipped gateway config replaces a crashed filter VM instead of skipping the filter:
+/// skipped (`FAIL_OPEN`), every later request on that Envoy worker thread passed with its
+/// routing headers and steering keys unstripped, so a client could pick its worker and make a
+/// decode worker pull KV from a host it named.
+#[test]
+fn every_shipped_gateway_reloads_a_crashed_filter_instead_of_skipping_it() {
+    let root = workspace_root();
+    let read = |path: &str| std::fs::read_to_string(root.join(path)).expect(path);
+    for path in [
+        "envoy/envoy.yaml",
+        "envoy/bootstrap.template.yaml",
+        "envoy/istio/envoyfilter-switchyard.yaml",
+    ] {
+        let yaml = read(path);
+        assert!(yaml.contains("failure_policy: FAIL_RELOAD"), "{path}");
+        assert!(yaml.contains("reload_config:"), "{path}");
+        assert!(!yaml.contains("FAIL_OPEN"), "{path}");
+    }
+    let plugin = read("envoy/istio/wasmplugin.yaml");
+    assert!(plugin.contains("failStrategy: FAIL_RELOAD"), "{plugin}");
+}

@@ -39,6 +39,7 @@ use switchyard_protocol::handoff::Handoff;
 use switchyard_protocol::route::{ApiKind, REJECT_HEADER, REQUEST_ID_HEADER, ROUTE_HEADER};
 
 use crate::body::{self, RequestDoc};
+use crate::headers::{CallHeaders, StreamHeaders};
 use crate::lifecycle::Tail;
 use crate::outcome::{Rejection, Served};
 use crate::request::{canonical_path, choose_request_id, headers_to_strip, routable_api};
@@ -150,7 +151,7 @@ impl SwitchyardRequest {
     /// Keeps the client's `x-request-id` if it is usable, else replaces it with one of ours:
     /// the workers (both legs) and the control plane must see the same, usable id.
     fn settle_request_id(&mut self) {
-        let existing = self.get_http_request_header(REQUEST_ID_HEADER);
+        let existing = self.request_header(REQUEST_ID_HEADER);
         let (request_id, generated) =
             choose_request_id(existing.as_deref(), self.context_id, self.now_nanos());
         if generated {
@@ -323,7 +324,7 @@ impl Context for SwitchyardRequest {
         body_size: usize,
         _trailers: usize,
     ) {
-        let status = self.get_http_call_response_header(":status");
+        let status = self.call_response_header(":status");
         if let Some(prefill) = self
             .concurrent_prefill
             .take_if(|prefill| prefill.token == token_id)
@@ -339,7 +340,7 @@ impl Context for SwitchyardRequest {
                 doc,
                 screened,
             } if token == token_id => {
-                let reject = self.get_http_call_response_header(REJECT_HEADER);
+                let reject = self.call_response_header(REJECT_HEADER);
                 let outcome = classify_route_response(status.as_deref(), reject.as_deref(), &body);
                 self.apply_verdict(outcome, doc, screened, &body);
             }
@@ -353,8 +354,8 @@ impl Context for SwitchyardRequest {
 
 impl HttpContext for SwitchyardRequest {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
-        let headers = self.get_http_request_headers();
-        let strip = headers_to_strip(headers.iter().map(|(name, _)| name.as_str()));
+        let names = self.request_header_names();
+        let strip = headers_to_strip(names.iter().map(String::as_str));
         for name in &strip {
             self.set_http_request_header(name, None);
             increment(self.shared.stats.stripped_headers_total, 1);
@@ -362,8 +363,8 @@ impl HttpContext for SwitchyardRequest {
         if end_of_stream {
             // No body: nothing to screen. A routed API request without one is refused, as the
             // engine would refuse it (not failed open: nothing is wrong with the routing).
-            let method = self.get_http_request_header(":method");
-            let path = self.get_http_request_header(":path");
+            let method = self.request_header(":method");
+            let path = self.request_header(":path");
             if routable_api(method.as_deref(), path.as_deref()).is_some() {
                 self.settle_request_id();
                 self.reject_body(body::InvalidBody::Empty);
@@ -371,10 +372,10 @@ impl HttpContext for SwitchyardRequest {
             }
             return Action::Continue;
         }
-        let method = self.get_http_request_header(":method");
-        let path = self.get_http_request_header(":path").unwrap_or_default();
+        let method = self.request_header(":method");
+        let path = self.request_header(":path").unwrap_or_default();
         let routable = routable_api(method.as_deref(), Some(&path));
-        let content_length = self.get_http_request_header("content-length");
+        let content_length = self.request_header("content-length");
         self.had_content_length = content_length.is_some();
         if let Some(size) = content_length.and_then(|v| v.trim().parse::<u64>().ok()) {
             // Refuse before buffering a byte of it, with the request id every other answer
@@ -399,16 +400,14 @@ impl HttpContext for SwitchyardRequest {
             self.set_http_request_header(":path", Some(&canonical));
         }
         self.settle_request_id();
-        if body::is_encoded(self.get_http_request_header("content-encoding").as_deref()) {
+        if body::is_encoded(self.request_header("content-encoding").as_deref()) {
             // Compressed, the prompt cannot be read, and the engine would refuse it too; said
             // before the client uploads (and Envoy buffers) a byte of it.
             self.reject_body(body::InvalidBody::Encoded);
             return Action::Pause;
         }
         self.path = canonical;
-        self.authority = self
-            .get_http_request_header(":authority")
-            .unwrap_or_default();
+        self.authority = self.request_header(":authority").unwrap_or_default();
         self.phase = Phase::Buffering(api);
         // Hold the headers until the verdict: the router must not pick a host yet.
         Action::Pause

@@ -27,6 +27,7 @@ use switchyard_protocol::route::{RouteMode, DESTINATION_HEADER, REQUEST_ID_HEADE
 
 use super::{ConcurrentPrefill, Phase, PrefillLeg, SwitchyardRequest};
 use crate::body::{self, DecodeBody, RequestDoc};
+use crate::headers::StreamHeaders;
 use crate::outcome::{FallbackReason, Served};
 use crate::prefill::{classify_prefill_answer, prefill_leg_cluster, PrefillFailure, PrefillStep};
 use crate::request::prefill_leg_headers;
@@ -219,7 +220,7 @@ impl SwitchyardRequest {
         };
         // The client's credentials go on the leg as on the decode leg: a prefill pool behind
         // the same authentication (vLLM's `--api-key`) refused every leg without them.
-        let client = self.get_http_request_headers();
+        let client = self.request_headers();
         let mut headers = vec![
             (":method", "POST"),
             (":path", self.path.as_str()),

@@ -12,6 +12,7 @@ use super::{
     Phase, SwitchyardRequest, DESTINATION_RESPONSE_HEADER, PREFILL_RESPONSE_HEADER,
     UPSTREAM_RESPONSE_HEADER,
 };
+use crate::headers::StreamHeaders;
 use crate::lifecycle::{is_first_token, usage_from_tail, TAIL_BYTES};
 use crate::outcome::Served;
 use crate::shared::{increment, Release};
@@ -76,9 +77,7 @@ impl SwitchyardRequest {
     /// Sets `x-switchyard-route`, `x-switchyard-destination`, `x-switchyard-prefill`; gives
     /// up the prefill worker's hold if the decode worker refused the handoff.
     pub(super) fn on_response_headers(&mut self, end_of_stream: bool) {
-        self.response.status = self
-            .get_http_response_header(":status")
-            .and_then(|s| s.parse().ok());
+        self.response.status = self.response_header(":status").and_then(|s| s.parse().ok());
         if end_of_stream {
             self.response.complete = true;
         }
