@@ -118,6 +118,7 @@ pub enum Screened {
 #[derive(Deserialize)]
 struct Probe {
     kv_transfer_params: Option<IgnoredAny>,
+    ec_transfer_params: Option<IgnoredAny>,
     disaggregated_params: Option<IgnoredAny>,
     bootstrap_host: Option<IgnoredAny>,
     bootstrap_port: Option<IgnoredAny>,
@@ -128,6 +129,7 @@ struct Probe {
 impl Probe {
     fn any(&self) -> bool {
         self.kv_transfer_params.is_some()
+            || self.ec_transfer_params.is_some()
             || self.disaggregated_params.is_some()
             || self.bootstrap_host.is_some()
             || self.bootstrap_port.is_some()
@@ -137,7 +139,7 @@ impl Probe {
 }
 
 // The probe must know every steering key.
-const _: () = assert!(CLIENT_STEERING_KEYS.len() == 6);
+const _: () = assert!(CLIENT_STEERING_KEYS.len() == 7);
 
 /// Screens a body (see the module docs).
 pub fn screen(body: &[u8]) -> Screened {
@@ -424,8 +426,9 @@ mod tests {
 
     #[test]
     fn every_steering_key_is_stripped_however_it_is_spelled() {
-        let cases: [&[u8]; 5] = [
+        let cases: [&[u8]; 6] = [
             br#"{"kv_transfer_params":{"remote_host":"evil"},"prompt":"p"}"#,
+            br#"{"prompt":"p","ec_transfer_params":{"ec_items":[{"transfer_id":"x"}]}}"#,
             br#"{"prompt":"p","kv\u005ftransfer_params":{"remote_host":"evil"}}"#,
             br#"{"prompt":"p","kv_transfer_params":null,"kv_transfer_params":{"remote_port":1}}"#,
             br#"{"prompt":"p","bootstrap_host":"evil","bootstrap_port":1,"bootstrap_room":7}"#,

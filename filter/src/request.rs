@@ -2,7 +2,7 @@
 //! the request id shared by the route call and the upstream request.
 
 pub use switchyard_protocol::route::{is_usable_request_id, MAX_REQUEST_ID_LEN};
-use switchyard_protocol::route::{ApiKind, DESTINATION_HEADER};
+use switchyard_protocol::route::{ApiKind, BYPASS_HEADER, DESTINATION_HEADER};
 
 /// Prefix of every Switchyard header. Clients must not be able to forge them: they steer
 /// routing (`x-switchyard-api`) or would be mistaken for the gateway's own annotations.
@@ -83,11 +83,13 @@ fn percent_decode(s: &str) -> Option<String> {
 }
 
 /// Whether a client request header must be removed before anything else sees it: the
-/// override-host destination (else any client could pick any upstream, an SSRF-like hole) and
-/// every `x-switchyard-*` header. Header names from Envoy are lower-case already; compare
-/// case-insensitively anyway.
+/// override-host destination (else any client could pick any upstream, an SSRF-like hole),
+/// every `x-switchyard-*` header, and `x-bypass-remote-prefill`, which the filter sets on a
+/// handoff's decode leg (engines in Dynamo's style read it). Header names from Envoy are
+/// lower-case already; compare case-insensitively anyway.
 pub fn is_client_routing_header(name: &str) -> bool {
     name.eq_ignore_ascii_case(DESTINATION_HEADER)
+        || name.eq_ignore_ascii_case(BYPASS_HEADER)
         || name
             .get(..SWITCHYARD_HEADER_PREFIX.len())
             .is_some_and(|p| p.eq_ignore_ascii_case(SWITCHYARD_HEADER_PREFIX))
@@ -267,13 +269,15 @@ mod tests {
             "x-request-id",
             "x-switchyar",
             "content-type",
+            "X-Bypass-Remote-Prefill",
         ];
         assert_eq!(
             headers_to_strip(headers),
             vec![
                 "x-gateway-destination-endpoint",
                 "x-switchyard-api",
-                "x-switchyard-route"
+                "x-switchyard-route",
+                "x-bypass-remote-prefill",
             ]
         );
     }

@@ -65,13 +65,15 @@ proptest! {
     }
 
     #[test]
-    fn stripping_removes_every_routing_header_and_nothing_else(names in proptest::collection::vec("(x-switchyard-|X-Switchyard-|x-gateway-destination-endpoint|X-Gateway-Destination-Endpoint|x-|)[a-zA-Z-]{0,10}", 0..16)) {
+    fn stripping_removes_every_routing_header_and_nothing_else(names in proptest::collection::vec("(x-switchyard-|X-Switchyard-|x-gateway-destination-endpoint|X-Gateway-Destination-Endpoint|x-bypass-remote-prefill|X-Bypass-Remote-Prefill|x-|)[a-zA-Z-]{0,10}", 0..16)) {
         let stripped = headers_to_strip(names.iter().map(String::as_str));
         for name in &names {
             let removed = stripped.iter().any(|s| s.eq_ignore_ascii_case(name));
             // The rule, written out independently of the filter's own predicate.
             let lower = name.to_ascii_lowercase();
-            let routing = lower.starts_with("x-switchyard-") || lower == "x-gateway-destination-endpoint";
+            let routing = lower.starts_with("x-switchyard-")
+                || lower == "x-gateway-destination-endpoint"
+                || lower == "x-bypass-remote-prefill";
             prop_assert_eq!(removed, routing, "{}", name);
         }
         // Each name at most once, lower-case.

@@ -21,11 +21,13 @@ use serde_json::{json, Map, Value};
 
 use crate::route::ApiKind;
 
-/// Request-body keys that make a worker reach out to another host (vLLM's NIXL handoff,
-/// TensorRT-LLM's disaggregated parameters, SGLang's bootstrap server). Only the gateway may
-/// set them: the filter removes them from every client body it passes.
-pub const CLIENT_STEERING_KEYS: [&str; 6] = [
+/// Request-body keys that make a worker reach out to another host (vLLM's NIXL handoff and
+/// its encoder-cache connector's `ec_transfer_params`, TensorRT-LLM's disaggregated
+/// parameters, SGLang's bootstrap server). Only the gateway may set them: the filter removes
+/// them from every client body it passes (the gateway sets no `ec_transfer_params` itself).
+pub const CLIENT_STEERING_KEYS: [&str; 7] = [
     "kv_transfer_params",
+    "ec_transfer_params",
     "disaggregated_params",
     "bootstrap_host",
     "bootstrap_port",
