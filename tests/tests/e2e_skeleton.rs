@@ -73,6 +73,16 @@ async fn routes_to_the_chosen_worker_streams_and_ignores_a_forged_destination() 
     let workers = all_workers(&stack, &http).await;
     let url = format!("{}/v1/chat/completions", stack.gateway_url());
     let prompt = "Explain in a few sentences why a KV cache makes multi-turn chat cheaper.";
+    // (e) Started first, as it waits out the gateway's 10 s header timeout: a client that
+    // never finishes its headers gets an OpenAI-style 408, not a plain-text one after 5 min.
+    let gateway = stack
+        .gateway_url()
+        .trim_start_matches("http://")
+        .to_string();
+    let stalled = tokio::spawn(raw_exchange(
+        gateway.clone(),
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: appli".to_vec(),
+    ));
 
     // (a) The request lands on the worker the control plane named, and streams. The client's
     // request id reaches the worker (the simulated worker names its completion after it).
@@ -294,6 +304,46 @@ async fn routes_to_the_chosen_worker_streams_and_ignores_a_forged_destination() 
         Some(0),
         "no filter VM crashed (and was replaced)"
     );
+
+    // (f) An HTTP/1.0 request without a Host header (no default host: a bare 400) is served.
+    let body = chat_body(prompt, 2, false).to_string();
+    let http10 = raw_exchange(
+        gateway,
+        format!(
+            "POST /v1/chat/completions HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .into_bytes(),
+    )
+    .await;
+    assert!(http10.starts_with("HTTP/1.0 200"), "{http10}");
+    assert!(http10.contains("x-switchyard-route:"), "{http10}");
+
+    let stalled = stalled.await.expect("the stalled client's task");
+    assert!(stalled.starts_with("HTTP/1.1 408"), "{stalled}");
+    assert!(
+        stalled.contains("content-type: application/json")
+            && stalled.contains("RequestTimeoutError"),
+        "{stalled}"
+    );
+}
+
+/// Sends `request` on a connection of its own and returns all the gateway answers before it
+/// closes the connection (bounded to 30 s).
+async fn raw_exchange(address: String, request: Vec<u8>) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let exchange = async {
+        let mut stream = tokio::net::TcpStream::connect(&address).await?;
+        stream.write_all(&request).await?;
+        let mut answer = Vec::new();
+        stream.read_to_end(&mut answer).await?;
+        Ok::<_, std::io::Error>(String::from_utf8_lossy(&answer).into_owned())
+    };
+    match tokio::time::timeout(Duration::from_secs(30), exchange).await {
+        Ok(Ok(answer)) => answer,
+        Ok(Err(e)) => format!("connection failed: {e}"),
+        Err(_) => "no answer within 30 s".into(),
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -271,3 +271,26 @@ fn every_shipped_gateway_reloads_a_crashed_filter_instead_of_skipping_it() {
     let plugin = read("envoy/istio/wasmplugin.yaml");
     assert!(plugin.contains("failStrategy: FAIL_RELOAD"), "{plugin}");
 }
+
+/// Every shipped gateway config lets a generation run as long as it takes (a non-streamed
+/// answer sends nothing until it ends: Envoy's 5-minute stream idle timeout cut such answers
+/// with a plain-text 504) and bounds receiving a request instead, with JSON 408s.
+#[test]
+fn every_shipped_gateway_lets_generations_run_and_bounds_receiving_a_request() {
+    let root = workspace_root();
+    for path in [
+        "envoy/envoy.yaml",
+        "envoy/bootstrap.template.yaml",
+        "envoy/istio/envoyfilter-override-host.yaml",
+    ] {
+        let yaml = std::fs::read_to_string(root.join(path)).expect(path);
+        for setting in [
+            "stream_idle_timeout: 0s",
+            "request_timeout: 300s",
+            "request_headers_timeout: 10s",
+            "default_value: 408",
+        ] {
+            assert!(yaml.contains(setting), "{path}: {setting}");
+        }
+    }
+}
