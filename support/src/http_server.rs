@@ -127,9 +127,82 @@ where
         })
 }
 
+/// One request a test sends to check a service's `Allow` headers: `method` on `path`, and
+/// what the answer must be.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MethodProbe {
+    /// A path of the endpoint (a `/*` pattern filled in).
+    pub path: String,
+    /// The method sent.
+    pub method: &'static str,
+    /// `None` when the endpoint serves `method`; else the `Allow` its 405 must carry.
+    pub refused_with_allow: Option<&'static str>,
+}
+
+impl MethodProbe {
+    /// Checks an answer's status and `Allow` header against the probe.
+    ///
+    /// # Errors
+    /// What is wrong, naming the method and path.
+    pub fn check(&self, status: u16, allow: Option<&str>) -> Result<(), String> {
+        let (method, path) = (self.method, &self.path);
+        match self.refused_with_allow {
+            None if status == 405 => Err(format!("{method} {path} is listed as served: 405")),
+            None => Ok(()),
+            Some(_) if status != 405 => Err(format!("{method} {path} is not listed: {status}")),
+            Some(expected) if allow != Some(expected) => Err(format!(
+                "{method} {path}: Allow {allow:?}, expected {expected:?}"
+            )),
+            Some(_) => Ok(()),
+        }
+    }
+}
+
+/// The requests that check every endpoint of `endpoints` with each of GET, HEAD, POST, PUT,
+/// DELETE and PATCH: a service must serve the methods its table lists and refuse the others
+/// with an `Allow` naming exactly those, so the table cannot drift from its routes.
+pub fn method_probes(endpoints: Endpoints) -> Vec<MethodProbe> {
+    const METHODS: [&str; 6] = ["GET", "HEAD", "POST", "PUT", "DELETE", "PATCH"];
+    endpoints
+        .iter()
+        .flat_map(|&(pattern, allowed)| {
+            let path = match pattern.strip_suffix('*') {
+                Some(prefix) => format!("{prefix}probe"),
+                None => pattern.to_string(),
+            };
+            METHODS.into_iter().map(move |method| MethodProbe {
+                path: path.clone(),
+                method,
+                refused_with_allow: (!allowed.split(", ").any(|m| m == method)).then_some(allowed),
+            })
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn probes_cover_every_method_and_check_the_allow_header() {
+        let probes = method_probes(ENDPOINTS);
+        assert_eq!(probes.len(), 12);
+        let post = &probes[2];
+        assert_eq!((post.path.as_str(), post.method), ("/v1/route", "POST"));
+        assert_eq!(post.refused_with_allow, None);
+        assert!(post.check(200, None).is_ok());
+        assert!(post.check(405, Some("POST")).is_err());
+        let get = &probes[0];
+        assert_eq!(get.refused_with_allow, Some("POST"));
+        assert!(get.check(405, Some("POST")).is_ok());
+        assert!(get.check(405, None).is_err());
+        assert!(get.check(404, Some("POST")).is_err());
+        assert_eq!(probes[6].path, "/files/probe");
+        assert_eq!(
+            probes[7].refused_with_allow, None,
+            "HEAD is listed for files"
+        );
+    }
 
     const ENDPOINTS: Endpoints = &[("/v1/route", "POST"), ("/files/*", "GET, HEAD")];
 

@@ -43,6 +43,18 @@ fn first_turn(conversation: &str) -> Value {
     })
 }
 
+/// The control plane's record of its decision for `request_id`, from its status page.
+async fn recent_decision(http: &reqwest::Client, stack: &Stack, request_id: &str) -> Value {
+    let status = admin_get_json(http, stack, "/v1/status")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    status["decisions"]["recent"]
+        .as_array()
+        .and_then(|recent| recent.iter().find(|d| d["request_id"] == request_id))
+        .cloned()
+        .unwrap_or_else(|| panic!("{request_id}'s decision in {status}"))
+}
+
 /// The next turn of `first`: its messages, the answer, a new question.
 fn next_turn(first: &Value) -> Value {
     let mut next = first.clone();
@@ -194,18 +206,7 @@ async fn the_filter_tokenizes_once_loaded_and_routes_as_the_control_plane_would(
         "the next turn must go to the worker holding its prefix"
     );
     // The filter's hashes matched the first turn's blocks (at the workers' block size).
-    let status = admin_get_json(&http, &stack, "/v1/status")
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let decision = status["decisions"]["recent"]
-        .as_array()
-        .and_then(|recent| {
-            recent
-                .iter()
-                .find(|d| d["request_id"] == "e2e-tokenize-turn-2")
-        })
-        .cloned()
-        .unwrap_or_else(|| panic!("turn 2's decision in {status}"));
+    let decision = recent_decision(&http, &stack, "e2e-tokenize-turn-2").await;
     assert!(
         decision["cached_tokens"].as_u64() > Some(3_000),
         "turn 2 found turn 1's prefix: {decision}"
@@ -337,17 +338,6 @@ async fn the_filter_tokenizes_once_loaded_and_routes_as_the_control_plane_would(
         ),
         (1, 0)
     );
-    let status = admin_get_json(&http, &stack, "/v1/status")
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let decision = status["decisions"]["recent"]
-        .as_array()
-        .and_then(|recent| {
-            recent
-                .iter()
-                .find(|d| d["request_id"] == "e2e-tokenize-cut")
-        })
-        .cloned()
-        .unwrap_or_else(|| panic!("the cut request's decision in {status}"));
+    let decision = recent_decision(&http, &stack, "e2e-tokenize-cut").await;
     assert_eq!(decision["isl"], 100, "{decision}");
 }
