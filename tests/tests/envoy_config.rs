@@ -293,4 +293,12 @@ fn every_shipped_gateway_lets_generations_run_and_bounds_receiving_a_request() {
             assert!(yaml.contains(setting), "{path}: {setting}");
         }
     }
+    // The standalone configs bound client connections too (Istio sets its own).
+    for path in ["envoy/envoy.yaml", "envoy/bootstrap.template.yaml"] {
+        let yaml = std::fs::read_to_string(root.join(path)).expect(path);
+        assert!(
+            yaml.contains("max_active_downstream_connections:"),
+            "{path}"
+        );
+    }
 }
