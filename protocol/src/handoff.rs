@@ -229,6 +229,10 @@ impl Handoff {
                 if map.contains_key("max_completion_tokens") {
                     map.insert("max_completion_tokens".to_string(), Value::from(1));
                 }
+                // vLLM refuses `min_tokens` above `max_tokens`: a client's `min_tokens: 10`
+                // made every prefill leg a 400, and the request fell back to local prefill.
+                // The leg's one token is thrown away; the decode leg keeps the client's.
+                map.shift_remove("min_tokens");
                 map.insert(KV_TRANSFER_PARAMS.to_string(), vllm_prefill_request());
             }
             Handoff::TrtllmDisagg => {
@@ -413,6 +417,16 @@ mod tests {
         assert!(!Handoff::VllmNixl
             .prefill_body(&object(json!({})), None)
             .contains_key("max_completion_tokens"));
+        // vLLM refuses min_tokens > max_tokens: the leg drops it, the decode leg keeps it.
+        let client = object(json!({"max_tokens": 64, "min_tokens": 10}));
+        assert!(!Handoff::VllmNixl
+            .prefill_body(&client, None)
+            .contains_key("min_tokens"));
+        let answer = br#"{"kv_transfer_params":{"remote_request_id":"h"}}"#;
+        match Handoff::VllmNixl.decode_leg(&client, answer) {
+            DecodeLeg::Handoff { body, .. } => assert_eq!(body["min_tokens"], 10),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

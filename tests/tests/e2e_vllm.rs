@@ -208,17 +208,21 @@ async fn a_real_vllm_prefill_decode_pair_behind_switchyard() {
     let gateway = format!("{}/v1/chat/completions", stack.gateway_url());
     let control_plane = stack.control_plane_url();
 
-    // 1. A cold long prompt: prefill engine, then NIXL, then decode.
+    // 1. A cold long prompt: prefill engine, then NIXL, then decode. With `min_tokens`,
+    // which vLLM refuses above the prefill leg's one token unless the leg drops it (every
+    // such request fell back to local prefill).
     let first = json!([{"role": "user", "content": cold_prompt("lighthouses")}]);
+    let mut first_body = chat(&first, 16);
+    first_body["min_tokens"] = json!(2);
     let alone = post(
         &http,
         &format!("http://{}/v1/chat/completions", prefill.address()),
-        &chat(&first, 16),
+        &first_body,
     )
     .await;
     let local_before = source_tokens(&http, &decode.address(), "local_compute").await;
     let pulled_before = source_tokens(&http, &decode.address(), "external_kv_transfer").await;
-    let turn1 = post(&http, &gateway, &chat(&first, 16)).await;
+    let turn1 = post(&http, &gateway, &first_body).await;
     assert!(
         turn1.header(ROUTE_HEADER).starts_with("disagg"),
         "a cold {}-token prompt disaggregates: {:?}",
