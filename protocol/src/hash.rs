@@ -36,6 +36,17 @@ impl Default for HashSeed {
     }
 }
 
+impl HashSeed {
+    /// The seed of a prompt with a cache salt (vLLM's `cache_salt`): the engine mixes the
+    /// salt into its block keys, so a salted prompt shares no block with the same tokens
+    /// under another salt or none. Only the simulated workers hash with it; the router
+    /// routes a salted prompt as uncached.
+    #[must_use]
+    pub fn salted(self, salt: &str) -> HashSeed {
+        HashSeed(xxh3_64_with_seed(salt.as_bytes(), self.0))
+    }
+}
+
 /// A validated KV block size in tokens (vLLM's default is 16, our simulated workers use 64).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(try_from = "u32", into = "u32")]

@@ -123,16 +123,15 @@ pub async fn serve(
         plan = plan.as_str(),
         "request accepted"
     );
+    let prompt = ctx.engine_prompt(tokens, req.cache_salt.as_deref());
     let prefix_hash = match plan {
-        Plan::PrefillForRemote { .. } => ctx.prefix_hash(&tokens),
+        Plan::PrefillForRemote { .. } => ctx.prefix_hash(&prompt),
         _ => None,
     };
     let engine_req = match &plan {
-        Plan::Local => EngineRequest::local(id, Prompt::Tokens(tokens), req.max_tokens),
-        Plan::PrefillForRemote { .. } => {
-            EngineRequest::prefill_for_remote_decode(id, Prompt::Tokens(tokens))
-        }
-        Plan::Remote(source) => remote_decode_request(&ctx, &req, source, id, tokens).await?,
+        Plan::Local => EngineRequest::local(id, prompt, req.max_tokens),
+        Plan::PrefillForRemote { .. } => EngineRequest::prefill_for_remote_decode(id, prompt),
+        Plan::Remote(source) => remote_decode_request(&ctx, &req, source, id, prompt).await?,
     };
     let events = submit(&ctx, engine_req).await?;
     let guard = AbortGuard::new(ctx.engine.clone(), id);
@@ -219,16 +218,16 @@ async fn remote_decode_request(
     req: &ParsedRequest,
     source: &KvSource,
     id: u64,
-    tokens: Vec<u32>,
+    prompt: Prompt,
 ) -> Result<EngineRequest, ApiError> {
-    let prompt_tokens = tokens.len() as u64;
+    let prompt_tokens = u64::from(prompt.len());
     let pulled = match source {
         KvSource::Hold(Ok(target)) => handoff::pull(&ctx.http, target, &ctx.id.0).await,
         KvSource::Hold(Err(failure)) => Err(*failure),
         KvSource::Room(target) => handoff::pull_room(&ctx.http, target, &ctx.id.0).await,
     };
     let pulled = pulled.and_then(|held| {
-        let same_prefix = held.prefix_hash == ctx.prefix_hash(&tokens);
+        let same_prefix = held.prefix_hash == ctx.prefix_hash(&prompt);
         if u64::from(held.prompt_tokens) == prompt_tokens && same_prefix {
             Ok(held)
         } else {
@@ -245,18 +244,14 @@ async fn remote_decode_request(
             )));
         }
         tracing::warn!(worker = %ctx.id, reason = failure.as_str(), "KV pull failed; prefilling locally");
-        return Ok(EngineRequest::local(
-            id,
-            Prompt::Tokens(tokens),
-            req.max_tokens,
-        ));
+        return Ok(EngineRequest::local(id, prompt, req.max_tokens));
     }
     let transfer = ctx.engine_config.transfer;
     let cached = match transfer.mode {
         switchyard_engine::TransferMode::WholePrompt => 0,
         switchyard_engine::TransferMode::MissingSuffix => ctx
             .engine
-            .cached_prefix_tokens(Prompt::Tokens(tokens.clone()))
+            .cached_prefix_tokens(prompt.clone())
             .await
             .unwrap_or(0),
     };
@@ -270,7 +265,7 @@ async fn remote_decode_request(
         .fetch_add((ms * 1e3) as u64, Ordering::Relaxed);
     Ok(EngineRequest::decode_with_remote_kv(
         id,
-        Prompt::Tokens(tokens),
+        prompt,
         req.max_tokens,
     ))
 }

@@ -10,6 +10,7 @@ use switchyard_protocol::tokenize::ModelTokenizer;
 use switchyard_protocol::worker::{Engine, WorkerHeartbeat, WorkerId, WorkerInfo, WorkerRole};
 
 use switchyard_engine::EngineConfig;
+use switchyard_engine::Prompt;
 
 use super::fault::{Faults, KvOutage};
 use super::handoff::HoldRegistry;
@@ -123,12 +124,31 @@ impl WorkerContext {
         self.next_request.fetch_add(1, Ordering::Relaxed)
     }
 
-    /// Sequence hash of the last full block of `tokens` under this worker's block size and
+    /// The engine's prompt for `tokens`: the tokens themselves, or with a `cache_salt` the
+    /// blocks' hashes under the salt's own seed, so the prefix cache shares none of them
+    /// with another salt's or an unsalted prompt's, as vLLM keys salted blocks apart. (A
+    /// prompt given by hashes is not announced on vLLM's wire, where vLLM marks salted
+    /// blocks with `extra_keys` and the control plane skips them alike.)
+    pub fn engine_prompt(&self, tokens: Vec<u32>, cache_salt: Option<&str>) -> Prompt {
+        match (cache_salt, self.engine_config.block_size()) {
+            (Some(salt), Ok(block_size)) => Prompt::Hashed {
+                tokens: u32::try_from(tokens.len()).unwrap_or(u32::MAX),
+                block_hashes: sequence_hashes(
+                    &tokens,
+                    block_size,
+                    self.engine_config.hash_seed.salted(salt),
+                ),
+            },
+            _ => Prompt::Tokens(tokens),
+        }
+    }
+
+    /// Sequence hash of the last full block of `prompt` under this worker's block size and
     /// seed: it names the whole prefix.
-    pub fn prefix_hash(&self, tokens: &[u32]) -> Option<SequenceHash> {
+    pub fn prefix_hash(&self, prompt: &Prompt) -> Option<SequenceHash> {
         let block_size = self.engine_config.block_size().ok()?;
-        let full = block_size.full_blocks(tokens.len()) * block_size.get() as usize;
-        sequence_hashes(&tokens[..full], block_size, self.engine_config.hash_seed)
+        prompt
+            .block_hashes(block_size, self.engine_config.hash_seed)
             .last()
             .copied()
     }

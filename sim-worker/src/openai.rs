@@ -48,6 +48,8 @@ pub struct ParsedRequest {
     pub max_tokens: u32,
     /// The prompt's tokens the engine keeps (`truncate_prompt_tokens`), as vLLM cuts them.
     pub truncation: Option<Truncation>,
+    /// `cache_salt` (checked): the prompt's blocks are keyed by it.
+    pub cache_salt: Option<String>,
 }
 
 /// Token counts of a finished request (OpenAI `usage`).
@@ -119,6 +121,10 @@ pub fn parse_request(
         include_usage: params.include_usage,
         max_tokens: params.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS),
         truncation: params.truncation,
+        cache_salt: obj
+            .get("cache_salt")
+            .and_then(Value::as_str)
+            .map(str::to_owned),
         body,
     })
 }

@@ -477,3 +477,49 @@ async fn missing_suffix_mode_transfers_only_what_the_decode_worker_lacks() {
         640.0
     );
 }
+
+/// A `cache_salt` keys a prompt's blocks apart, as vLLM does: the same tokens hit the cache
+/// only under the same salt, and a salted prompt's KV hands over to a decode worker that
+/// asks with that salt.
+#[tokio::test]
+async fn a_cache_salt_keys_the_prompts_blocks_apart() {
+    let tok = tokenizer();
+    let client = reqwest::Client::new();
+    let worker = start(config(WorkerRole::Decode, "decode-salt"), &tok, None).await;
+    let ids: Vec<u32> = (0..640).map(|i| 700 + i * 5).collect();
+    let cached = |body: serde_json::Value| {
+        let (client, worker) = (&client, &worker);
+        async move {
+            let v = post_for_json(client, worker, COMPLETIONS, &body).await;
+            v["usage"]["prompt_tokens_details"]["cached_tokens"].clone()
+        }
+    };
+    let plain = json!({"prompt": ids, "max_tokens": 1});
+    let salted = |salt: &str| json!({"prompt": ids, "max_tokens": 1, "cache_salt": salt});
+    assert_eq!(cached(plain.clone()).await, 0);
+    assert_eq!(
+        cached(plain).await,
+        576,
+        "unsalted: the full blocks but the last"
+    );
+    assert_eq!(
+        cached(salted("tenant-a")).await,
+        0,
+        "no hit on unsalted blocks"
+    );
+    assert_eq!(
+        cached(salted("tenant-a")).await,
+        576,
+        "a hit under its own salt"
+    );
+    assert_eq!(cached(salted("tenant-b")).await, 0, "none under another");
+
+    // A salted handoff: the decode worker finds the prefill worker's KV under the salt.
+    let prefill = start(config(WorkerRole::Prefill, "prefill-salt"), &tok, None).await;
+    let leg = json!({"prompt": ids, "cache_salt": "tenant-c"});
+    let params = run_prefill_leg(&client, &prefill, COMPLETIONS, &leg).await;
+    let decode_req = json!({"prompt": ids, "max_tokens": 2, "cache_salt": "tenant-c", "kv_transfer_params": params});
+    let v = post_for_json(&client, &worker, COMPLETIONS, &decode_req).await;
+    assert_eq!(v["usage"]["prompt_tokens_details"]["cached_tokens"], 640);
+    assert_eq!(worker.metrics().pull_failures(PullFailure::Mismatch), 0);
+}
