@@ -292,8 +292,8 @@ impl From<TokenizeFailure> for RouteFailure {
 
 /// Checks every prompt of a completions batch after the first (checked as the routed prompt)
 /// against the model's context, as the engine does before serving any of them, once cut as
-/// the request asks: one empty or too long prompt refuses the whole request. Off the runtime threads, like any long
-/// tokenization (a batch is rare and may be large).
+/// the request asks: one empty or too long prompt refuses the whole request. Off the runtime
+/// threads, like any long tokenization (a batch is rare and may be large).
 async fn check_batch_lengths(
     state: &ApiState,
     model: &ServedModel,
