@@ -32,7 +32,8 @@ pub struct AgenticConfig {
     pub think_ms: (u64, u64),
     /// Shared system prompt and tool definitions, tokens (the same for every agent).
     pub system_tokens: u32,
-    /// Session-specific context at the first turn (task, files), tokens, log-uniform.
+    /// Session-specific context at the first turn (task, files), tokens, log-uniform; cut to
+    /// what `max_isl` leaves after the system prompt.
     pub initial_context_tokens: (u32, u32),
     /// New input per turn (tool results, user message), tokens.
     pub new_tokens_per_turn: (u32, u32),
@@ -390,7 +391,11 @@ pub fn generate_agentic(config: &AgenticConfig, seed: u64) -> Result<Workload, A
             let u: f64 = g.rng.random();
             start_s += -(1.0 - u).ln() / config.session_rate_per_s;
         }
-        let context = g.log_uniform(config.initial_context_tokens);
+        // Every session runs: its first context is cut to what `max_isl` leaves after the
+        // system prompt (`validate` made sure that is at least the range's minimum). Drawn
+        // whole, a session whose first prompt passed `max_isl` was dropped without a word.
+        let room = config.max_isl.saturating_sub(config.system_tokens);
+        let context = g.log_uniform(config.initial_context_tokens).min(room);
         let prompt = PromptSpec {
             segments: vec![g.system_segment(), g.segment(context)],
         };

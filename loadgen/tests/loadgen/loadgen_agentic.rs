@@ -214,3 +214,26 @@ fn empty_silent_and_unbounded_configs_are_refused_naming_the_field() {
     };
     assert!(generate_agentic(&none, 0).is_ok());
 }
+
+/// A `max_isl` below some sessions' drawn first prompt cuts their first context to fit:
+/// every session asked for runs, and no prompt passes `max_isl`. Such sessions were dropped
+/// without a word (4 sessions asked for, 1 planned; or none at all, and the run failed).
+#[test]
+fn a_low_max_isl_cuts_first_contexts_and_drops_no_session() {
+    for max_isl in [14_100, 20_000] {
+        let config = AgenticConfig {
+            sessions: 10,
+            turns: 3,
+            max_isl,
+            ..AgenticConfig::default()
+        };
+        let workload = generate_agentic(&config, 7).expect("a workload");
+        let sessions: std::collections::BTreeSet<u64> =
+            workload.requests.iter().map(|r| r.session).collect();
+        assert_eq!(sessions.len(), 10, "max_isl {max_isl}");
+        assert!(workload
+            .requests
+            .iter()
+            .all(|r| r.prompt.tokens() <= u64::from(max_isl)));
+    }
+}
