@@ -225,7 +225,7 @@ mod tests {
             fail_open_total: 1,
             fail_open: (10..17).collect(),
             routed: vec![20, 21, 22],
-            fallback: vec![30, 31],
+            fallback: vec![30, 31, 32],
             route_calls_total: 2,
             stripped_headers_total: 3,
             ..StatIds::default()
@@ -272,6 +272,7 @@ mod tests {
     fn fallbacks_count_their_reason() {
         assert_eq!(ids().for_fallback(FallbackReason::PrefillFailed), 30);
         assert_eq!(ids().for_fallback(FallbackReason::NoPrefillWorker), 31);
+        assert_eq!(ids().for_fallback(FallbackReason::PrefillRefused), 32);
         assert_eq!(
             StatIds::default().for_fallback(FallbackReason::PrefillFailed),
             0

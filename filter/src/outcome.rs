@@ -17,22 +17,36 @@ use crate::verdict::{FailOpenReason, RouteOutcome};
 /// Why a `disagg` verdict was served by local prefill on the decode worker.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum FallbackReason {
-    /// The prefill leg failed: unreachable, timed out, a non-200 answer (after the bounded
+    /// The prefill leg failed: unreachable, timed out, a 5xx answer (after the bounded
     /// retries of 502/503/504), or its dispatch was refused.
     PrefillFailed,
     /// The verdict said `disagg` but named no usable prefill worker address.
     NoPrefillWorker,
+    /// The prefill engine refused the leg (a 4xx): most often a request the engine refuses
+    /// whatever the gateway does (a sampling parameter out of range: the decode worker then
+    /// answers the client the same 400), else a gateway whose engine settings do not match
+    /// the servers'. Not a prefill worker's failure, so counted apart from those.
+    PrefillRefused,
 }
 
 impl FallbackReason {
+    /// Every reason, in stat order.
+    pub const ALL: [FallbackReason; 3] = [
+        FallbackReason::PrefillFailed,
+        FallbackReason::NoPrefillWorker,
+        FallbackReason::PrefillRefused,
+    ];
+
     /// Every stat key, in a fixed order.
-    pub const STAT_KEYS: [&'static str; 2] = ["prefill_failed", "no_prefill_worker"];
+    pub const STAT_KEYS: [&'static str; 3] =
+        ["prefill_failed", "no_prefill_worker", "prefill_refused"];
 
     /// The stat key and header reason.
     pub fn as_str(self) -> &'static str {
         match self {
             FallbackReason::PrefillFailed => Self::STAT_KEYS[0],
             FallbackReason::NoPrefillWorker => Self::STAT_KEYS[1],
+            FallbackReason::PrefillRefused => Self::STAT_KEYS[2],
         }
     }
 }

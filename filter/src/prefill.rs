@@ -15,6 +15,8 @@ use std::borrow::Cow;
 
 use switchyard_protocol::route::{is_header_safe_model, model_cluster};
 
+use crate::outcome::FallbackReason;
+
 /// What to do after a prefill-leg answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PrefillStep {
@@ -64,6 +66,18 @@ pub fn classify_prefill_answer(
     }
 }
 
+impl PrefillFailure {
+    /// How a request whose prefill leg failed so is served: a 4xx is the engine refusing the
+    /// leg (most often the request itself, which the decode worker then refuses too), not a
+    /// prefill worker's failure.
+    pub fn fallback_reason(self) -> FallbackReason {
+        match self {
+            PrefillFailure::Status(400..=499) => FallbackReason::PrefillRefused,
+            _ => FallbackReason::PrefillFailed,
+        }
+    }
+}
+
 /// The cluster a prefill attempt goes to. With `per_model` (the gateway defines a prefill
 /// cluster per model, `<prefill_cluster>__<model>`, as the control plane's EDS serves them)
 /// and a `model` that can name one, that model's cluster: an attempt then never lands on
@@ -84,6 +98,25 @@ pub fn prefill_leg_cluster<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_engine_refusing_the_leg_is_not_a_prefill_failure() {
+        for code in [400, 404, 422, 499] {
+            assert_eq!(
+                PrefillFailure::Status(code).fallback_reason(),
+                FallbackReason::PrefillRefused,
+                "{code}"
+            );
+        }
+        for failure in [
+            PrefillFailure::Status(500),
+            PrefillFailure::Status(503),
+            PrefillFailure::Status(302),
+            PrefillFailure::NoStatus,
+        ] {
+            assert_eq!(failure.fallback_reason(), FallbackReason::PrefillFailed);
+        }
+    }
 
     #[test]
     fn a_failure_reads_in_words_for_the_client() {

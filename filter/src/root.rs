@@ -251,13 +251,10 @@ fn define_stats() -> StatIds {
             .iter()
             .map(|m| define_counter(&metrics::routed_stat_name(*m)))
             .collect(),
-        fallback: [
-            FallbackReason::PrefillFailed,
-            FallbackReason::NoPrefillWorker,
-        ]
-        .iter()
-        .map(|r| define_counter(&metrics::fallback_stat_name(*r)))
-        .collect(),
+        fallback: FallbackReason::ALL
+            .iter()
+            .map(|r| define_counter(&metrics::fallback_stat_name(*r)))
+            .collect(),
         route_calls_total: define_counter(metrics::ROUTE_CALLS_TOTAL),
         stripped_headers_total: define_counter(metrics::STRIPPED_HEADERS_TOTAL),
         rejected_total: define_counter(metrics::REJECTED_TOTAL),

@@ -198,6 +198,10 @@ pub fn generation_params(
             ))
         }
     };
+    // Completions' `n` is a plain integer in vLLM (`null` refused); chat's may be null.
+    if api == ApiKind::Completions && body.get("n").is_some_and(Value::is_null) {
+        return Err(InvalidRequest::bad("n", "n must be an integer, got null"));
+    }
     let n = match lax_int(body, "n")? {
         None => 1,
         Some(n) if n >= 1 => u32::try_from(n).unwrap_or(u32::MAX),
@@ -242,7 +246,9 @@ pub fn generation_params(
         ApiKind::Chat => check_tool_choice(body)?,
         ApiKind::Completions => check_no_suffix(body)?,
     }
-    let truncation = truncation(body, max_tokens, max_model_len)?;
+    // vLLM's completions default `max_tokens` to 16; chat leaves it unset.
+    let output_asked = max_tokens.is_some() || api == ApiKind::Completions;
+    let truncation = truncation(body, output_asked, max_model_len)?;
     let salted = cache_salt(body)?;
     Ok(GenerationParams {
         stream,
@@ -284,11 +290,12 @@ fn cache_salt(body: &Map<String, Value>) -> Result<bool, InvalidRequest> {
 
 /// `truncate_prompt_tokens` and `truncation_side` as vLLM 0.32 reads them: a lax integer
 /// from -1 up to the context (-1 keeps the context less one token for the output, or the
-/// whole context when the request sets no `max_tokens`), the side `"left"` (the default) or
-/// `"right"`; `null` is absent. 0 keeps nothing: the empty prompt is then refused as empty.
+/// whole context when the request asks for no output length, `output_asked` false: a chat
+/// request without `max_tokens`), the side `"left"` (the default) or `"right"`; `null` is
+/// absent. 0 keeps nothing: the empty prompt is then refused as empty.
 fn truncation(
     body: &Map<String, Value>,
-    max_tokens: Option<u32>,
+    output_asked: bool,
     max_model_len: u32,
 ) -> Result<Option<Truncation>, InvalidRequest> {
     let side = match body.get("truncation_side") {
@@ -309,7 +316,7 @@ fn truncation(
         return Ok(None);
     };
     let keep = match requested {
-        -1 if max_tokens.is_some() => max_model_len.saturating_sub(1),
+        -1 if output_asked => max_model_len.saturating_sub(1),
         -1 => max_model_len,
         n if n < -1 => {
             return Err(InvalidRequest::bad(
@@ -503,24 +510,51 @@ pub fn lax_int_value(value: &Value) -> Option<i128> {
             }
             _ => None,
         },
-        Value::String(s) => s.trim().parse::<i128>().ok(),
+        Value::String(s) => lax_int_str(s),
         Value::Bool(b) => Some(i128::from(*b)),
         _ => None,
     }
 }
 
-/// A boolean value as pydantic's lax mode reads it: a JSON boolean, `0`/`1`, or a string
-/// such as `"yes"`/`"off"`; `None` for anything else. Every boolean field of vLLM's request
+/// A string as pydantic's lax mode reads an integer from it: surrounding whitespace, a sign,
+/// digits with single underscores between them (`"1_000"`, as Python's `int()`), and a
+/// fractional part of zeros only (`"2.0"`; `"2."` and `"2.5"` are no integers).
+fn lax_int_str(s: &str) -> Option<i128> {
+    let s = s.trim();
+    let whole = match s.split_once('.') {
+        Some((whole, zeros)) if !zeros.is_empty() && zeros.bytes().all(|b| b == b'0') => whole,
+        Some(_) => return None,
+        None => s,
+    };
+    let digits = whole.strip_prefix(['+', '-']).unwrap_or(whole);
+    let underscores_between_digits = digits
+        .split('_')
+        .all(|group| !group.is_empty() && group.bytes().all(|b| b.is_ascii_digit()));
+    if !underscores_between_digits {
+        return None;
+    }
+    whole.replace('_', "").parse::<i128>().ok()
+}
+
+/// A boolean value as pydantic's lax mode reads it: a JSON boolean, `0`/`1` (`0.0`/`1.0`), or
+/// a string such as `"yes"`/`"off"`; `None` for anything else. Every boolean field of vLLM's request
 /// models reads this way (`stream`, `add_special_tokens`, `add_generation_prompt`, ...).
 pub fn lax_bool_value(value: &Value) -> Option<bool> {
     match value {
         Value::Bool(b) => Some(*b),
-        Value::Number(n) => match n.as_u64() {
-            Some(0) => Some(false),
-            Some(1) => Some(true),
-            _ => None,
-        },
-        Value::String(s) => match s.trim().to_ascii_lowercase().as_str() {
+        // `0.0`, `-0.0` and `1.0` too: vLLM 0.32 serves `"stream": 0.0`.
+        Value::Number(n) => {
+            let f = n.as_f64()?;
+            if f == 0.0 {
+                Some(false)
+            } else if f == 1.0 {
+                Some(true)
+            } else {
+                None
+            }
+        }
+        // Not trimmed: vLLM 0.32 refuses `" yes "`.
+        Value::String(s) => match s.to_ascii_lowercase().as_str() {
             "1" | "on" | "t" | "true" | "y" | "yes" => Some(true),
             "0" | "off" | "f" | "false" | "n" | "no" => Some(false),
             _ => None,
@@ -632,6 +666,37 @@ mod tests {
         assert_eq!(lax_int_value(&json!(" 11")), Some(11));
         assert_eq!(lax_int_value(&json!("1e1")), None);
         assert_eq!(lax_int_value(&json!(11.5)), None);
+        // Strings as a real vLLM 0.32 read them (a differential run against it): served ...
+        for (text, read) in [
+            ("2.0", 2),
+            ("2.00", 2),
+            (" 2.0 ", 2),
+            ("2.0\n", 2),
+            ("1_0", 10),
+            ("0_2", 2),
+            ("+2", 2),
+            ("02", 2),
+            ("-1.0", -1),
+        ] {
+            assert_eq!(lax_int_value(&json!(text)), Some(read), "{text:?}");
+        }
+        // ... and refused.
+        for text in [
+            "2.", "2.5", "2e0", "0x2", "\u{662}", "_1", "1_", "1__0", ".0", "", "-",
+        ] {
+            assert_eq!(lax_int_value(&json!(text)), None, "{text:?}");
+        }
+        // Completions' `n` may not be null; chat's may.
+        assert_eq!(chat(json!({"n": null})).unwrap().n, 1);
+        let err = params(ApiKind::Completions, json!({"n": null})).unwrap_err();
+        assert_eq!(err.param.as_deref(), Some("n"));
+        // Booleans: floats 0 and 1 are booleans, a padded string is not.
+        assert_eq!(lax_bool_value(&json!(0.0)), Some(false));
+        assert_eq!(lax_bool_value(&json!(-0.0)), Some(false));
+        assert_eq!(lax_bool_value(&json!(1.0)), Some(true));
+        assert_eq!(lax_bool_value(&json!(2.0)), None);
+        assert_eq!(lax_bool_value(&json!(" yes ")), None);
+        assert_eq!(lax_bool_value(&json!("YES")), Some(true));
     }
 
     /// vLLM 0.32's answers (`tests/fixtures/vllm032_chat.json`'s `truncated` section holds
@@ -660,6 +725,13 @@ mod tests {
             left(CONTEXT - 1)
         );
         assert_eq!(cut(json!({"truncate_prompt_tokens": -1})), left(CONTEXT));
+        // Completions default `max_tokens` to 16, so -1 keeps room for it there.
+        assert_eq!(
+            params(ApiKind::Completions, json!({"truncate_prompt_tokens": -1}))
+                .unwrap()
+                .truncation,
+            left(CONTEXT - 1)
+        );
         assert_eq!(
             cut(json!({"truncate_prompt_tokens": 5, "truncation_side": "right"})),
             Some(Truncation {

@@ -247,6 +247,26 @@ async fn a_real_vllm_prefill_decode_pair_behind_switchyard() {
         "greedy output equals one engine's"
     );
 
+    // 1b. A cold request the engine refuses for a sampling parameter the gateway leaves to
+    // it: the prefill engine refuses the leg, the decode engine the request, and the client
+    // gets vLLM's 400, counted as a refused leg, not as a prefill worker's failure.
+    let mut refused = chat(
+        &json!([{"role": "user", "content": cold_prompt("canals")}]),
+        4,
+    );
+    refused["temperature"] = json!(3.0);
+    let answer = post_observed(&http, &gateway, &refused, &[], REQUEST_TIMEOUT)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(answer.status, 400, "{}", answer.body());
+    assert_eq!(
+        answer.header(ROUTE_HEADER),
+        "fallback;reason=prefill_refused",
+        "{:?}",
+        answer.headers
+    );
+    assert!(answer.body().contains("temperature"), "{}", answer.body());
+
     // 2. The next turn: few new tokens, so it bypasses to the engine holding the prefix.
     let mut second = first.as_array().cloned().unwrap_or_default();
     second.push(json!({"role": "assistant", "content": answer}));

@@ -243,8 +243,9 @@ async fn sglang_verdicts_name_the_engine_and_the_prefill_workers_bootstrap_port(
     assert_eq!(verdict["prefill"]["bootstrap_port"], 8998, "{verdict}");
     // Healthy workers whose KV event endpoints nobody binds are said and counted, once each:
     // they are routed without their caches (as when engine and pool file both connect).
+    // About 7 s on an idle machine (the subscriptions' connect attempts); more under load.
     eventually(
-        Duration::from_secs(10),
+        Duration::from_secs(30),
         "both unreachable publishers counted",
         || async {
             let unreachable = "switchyard_declared_worker_events_total{reason=\"kv_unreachable\"}";

@@ -281,17 +281,8 @@ impl SwitchyardRequest {
             }
             PrefillStep::Failed(failure) => {
                 self.record_prefill_latency(leg.started_ms);
-                if let PrefillFailure::Status(code @ 400..=499) = failure {
-                    // The engine refused the leg itself, not an outage: the gateway speaks
-                    // another protocol than the workers (an engine or a pool-file setting
-                    // such as trtllm_disagg_request_id that does not match the servers).
-                    // Worth a line each, as a misconfiguration is.
-                    warn!(
-                        "#{} {} prefill worker {} refused the prefill leg ({code}): check that its engine and the pool file's settings for the model match the servers; falling back to local prefill",
-                        self.context_id, self.request_id, leg.prefill
-                    );
-                }
-                self.fall_back(leg.decode, leg.prefill, &format!("{failure:?}"));
+                let reason = failure.fallback_reason();
+                self.fall_back_for(reason, leg.decode, leg.prefill, &format!("{failure:?}"));
             }
             PrefillStep::Answered => {
                 self.record_prefill_latency(leg.started_ms);
@@ -333,13 +324,34 @@ impl SwitchyardRequest {
 
     /// Serves the request with local prefill on the decode worker, body unchanged.
     fn fall_back(&mut self, decode: String, prefill: String, why: &str) {
-        increment(self.shared.stats.prefill_failures_total, 1);
-        debug!(
-            "#{} {} prefill leg on {prefill} failed: {why}",
-            self.context_id, self.request_id
-        );
+        self.fall_back_for(FallbackReason::PrefillFailed, decode, prefill, why);
+    }
+
+    fn fall_back_for(
+        &mut self,
+        reason: FallbackReason,
+        decode: String,
+        prefill: String,
+        why: &str,
+    ) {
+        if reason == FallbackReason::PrefillRefused {
+            // Usually the client's request (the decode worker answers it the same 400), so a
+            // line each would let clients flood the log; every one is counted
+            // (`fallback.prefill_refused`), and a gateway whose engine settings do not match
+            // the servers' shows as that counter following `routed.disagg`.
+            debug!(
+                "#{} {} prefill worker {prefill} refused the prefill leg ({why}): the request itself, or engine settings that do not match the servers'; local prefill",
+                self.context_id, self.request_id
+            );
+        } else {
+            increment(self.shared.stats.prefill_failures_total, 1);
+            debug!(
+                "#{} {} prefill leg on {prefill} failed: {why}",
+                self.context_id, self.request_id
+            );
+        }
         let served = Served::Fallback {
-            reason: FallbackReason::PrefillFailed,
+            reason,
             destination: decode,
         };
         self.forward(served, Some(prefill), None);

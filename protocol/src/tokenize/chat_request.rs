@@ -231,13 +231,14 @@ fn reasoning_effort(body: &Map<String, Json>) -> Result<Option<&str>, TokenizeEr
 }
 
 /// A boolean field read as vLLM's pydantic models read it (`crate::openai::lax_bool_value`).
+/// Its fields are plain `bool`s there, so `null` is refused as any other non-boolean.
 pub(crate) fn bool_field(
     body: &Map<String, Json>,
     field: &str,
     default: bool,
 ) -> Result<bool, TokenizeError> {
     match body.get(field) {
-        None | Some(Json::Null) => Ok(default),
+        None => Ok(default),
         Some(value) => crate::openai::lax_bool_value(value).ok_or_else(|| {
             TokenizeError::invalid(
                 field,

@@ -250,6 +250,16 @@ mod tests {
         );
     }
 
+    /// vLLM 0.32's `add_special_tokens` is a plain `bool`: `null` and a padded string are
+    /// refused (a differential run against a real vLLM).
+    #[test]
+    fn add_special_tokens_refuses_what_vllm_refuses() {
+        for given in [json!(null), json!(" yes "), json!(2), json!([true])] {
+            let body = json!({"prompt": "x", "add_special_tokens": given});
+            assert!(prepare_completion(&body, MAX_ID).is_err(), "{given}");
+        }
+    }
+
     #[test]
     fn add_special_tokens_is_read_as_vllms_lax_booleans() {
         for (given, read) in [
@@ -257,6 +267,8 @@ mod tests {
             (json!(0), false),
             (json!("off"), false),
             (json!("TRUE"), true),
+            (json!(1.0), true),
+            (json!(-0.0), false),
         ] {
             let body = json!({"prompt": "x", "add_special_tokens": given});
             assert_eq!(
