@@ -255,17 +255,17 @@ async fn a_real_vllm_prefill_decode_pair_behind_switchyard() {
         4,
     );
     refused["temperature"] = json!(3.0);
-    let answer = post_observed(&http, &gateway, &refused, &[], REQUEST_TIMEOUT)
+    let refusal = post_observed(&http, &gateway, &refused, &[], REQUEST_TIMEOUT)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(answer.status, 400, "{}", answer.body());
+    assert_eq!(refusal.status, 400, "{}", refusal.body());
     assert_eq!(
-        answer.header(ROUTE_HEADER),
+        refusal.header(ROUTE_HEADER),
         "fallback;reason=prefill_refused",
         "{:?}",
-        answer.headers
+        refusal.headers
     );
-    assert!(answer.body().contains("temperature"), "{}", answer.body());
+    assert!(refusal.body().contains("temperature"), "{}", refusal.body());
 
     // 2. The next turn: few new tokens, so it bypasses to the engine holding the prefix.
     let mut second = first.as_array().cloned().unwrap_or_default();
