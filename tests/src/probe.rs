@@ -262,8 +262,12 @@ pub async fn raw_pipelined_posts(
 }
 
 /// Writes `request` on a new connection to `authority` and reads the answer until the
-/// gateway closes it, within `timeout`.
-async fn raw_exchange(
+/// gateway closes it, within `timeout`; the answer's head and body (`path` names the request
+/// in errors).
+///
+/// # Errors
+/// No connection, no answer in time, or an answer without a response head.
+pub async fn raw_exchange(
     authority: &str,
     path: &str,
     request: &[u8],

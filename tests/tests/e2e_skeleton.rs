@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use switchyard_e2e::probe::known_workers;
+use switchyard_e2e::probe::{self, known_workers};
 use switchyard_e2e::{
     chat_body, client, envoy_stats, post_observed, post_raw_observed, start_stack, Component,
     Observed, Signal, DESTINATION_RESPONSE_HEADER, WORKER_HEADER,
@@ -328,21 +328,13 @@ async fn routes_to_the_chosen_worker_streams_and_ignores_a_forged_destination() 
     );
 }
 
-/// Sends `request` on a connection of its own and returns all the gateway answers before it
-/// closes the connection (bounded to 30 s).
+/// The gateway's whole answer to `request`, sent on a connection of its own (bounded to
+/// 30 s), or what went wrong.
 async fn raw_exchange(address: String, request: Vec<u8>) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let exchange = async {
-        let mut stream = tokio::net::TcpStream::connect(&address).await?;
-        stream.write_all(&request).await?;
-        let mut answer = Vec::new();
-        stream.read_to_end(&mut answer).await?;
-        Ok::<_, std::io::Error>(String::from_utf8_lossy(&answer).into_owned())
-    };
-    match tokio::time::timeout(Duration::from_secs(30), exchange).await {
-        Ok(Ok(answer)) => answer,
-        Ok(Err(e)) => format!("connection failed: {e}"),
-        Err(_) => "no answer within 30 s".into(),
+    let timeout = Duration::from_secs(30);
+    match probe::raw_exchange(&address, "/v1/chat/completions", &request, timeout).await {
+        Ok((head, body)) => format!("{head}\r\n\r\n{body}"),
+        Err(e) => e,
     }
 }
 
