@@ -6,7 +6,7 @@
 //! and length (the KV match and the policy), and the fields it validates as the engine would
 //! (`model`, `max_tokens`, `n`, `stream`, ...: [`crate::openai::generation_params`]). So the
 //! compact input is the block hashes, the ISL, the block size they were hashed at, and the
-//! body's JSON object **without its prompt keys** ([`PROMPT_KEYS`]). The control plane runs
+//! body's JSON object **without its prompt keys** ([`PROMPT_KEYS`]), but for the tools' names. The control plane runs
 //! the same validation on those fields as on a whole body, so there is one validation code
 //! path; a body the filter cannot tokenize (a client error, or no tokenizer yet) goes as a
 //! body, and the control plane answers it exactly as before.
@@ -34,8 +34,9 @@ pub const ROUTE_INPUT_HASHES: &str = "hashes";
 /// Content type of an encoded [`HashedPrompt`].
 pub const HASHED_PROMPT_CONTENT_TYPE: &str = "application/x-switchyard-hashed-prompt";
 /// The body keys that carry the prompt: the filter leaves them out of
-/// [`HashedPrompt::fields`]. Nothing the control plane validates reads them (it reads
-/// `model` and the generation fields); chat templates do, and the filter has rendered them.
+/// [`HashedPrompt::fields`], all but `tools`' names, which a chat's `tool_choice` is checked
+/// against. Nothing else the control plane validates reads them (it reads `model` and the
+/// generation fields); chat templates do, and the filter has rendered them.
 pub const PROMPT_KEYS: [&str; 4] = ["messages", "prompt", "tools", "documents"];
 
 /// Path of the tokenizer bundle on the control plane (`GET`; the model in
@@ -195,14 +196,48 @@ fn len_u32(len: usize) -> u32 {
 }
 
 /// The body object without [`PROMPT_KEYS`], serialised (key order kept): the fields of a
-/// [`HashedPrompt`].
+/// [`HashedPrompt`]. One prompt key stays in a reduced form: `tools`, as each tool's `type`
+/// and `function.name` only, because the chat validation checks `tool_choice` against the
+/// tools it chooses from (their schemas and descriptions are in the hashes).
 pub fn non_prompt_fields(body: &serde_json::Map<String, serde_json::Value>) -> Vec<u8> {
     let rest: serde_json::Map<String, serde_json::Value> = body
         .iter()
-        .filter(|(k, _)| !PROMPT_KEYS.contains(&k.as_str()))
-        .map(|(k, v)| (k.clone(), v.clone()))
+        .filter_map(|(k, v)| match k.as_str() {
+            "tools" => Some((k.clone(), tool_names(v))),
+            k if PROMPT_KEYS.contains(&k) => None,
+            _ => Some((k.clone(), v.clone())),
+        })
         .collect();
     serde_json::to_vec(&rest).unwrap_or_else(|_| b"{}".to_vec())
+}
+
+/// `tools` as far as validation reads it: each tool's `type` and `function.name`. Anything
+/// not shaped as a list of tool objects is kept as it is, so that it is refused as the body
+/// would be.
+fn tool_names(tools: &serde_json::Value) -> serde_json::Value {
+    use serde_json::{Map, Value};
+    let Value::Array(tools) = tools else {
+        return tools.clone();
+    };
+    let reduced = tools.iter().map(|tool| {
+        let Value::Object(tool) = tool else {
+            return tool.clone();
+        };
+        let mut kept = Map::new();
+        if let Some(kind) = tool.get("type") {
+            kept.insert("type".to_owned(), kind.clone());
+        }
+        if let Some(Value::Object(function)) = tool.get("function") {
+            let name: Map<String, Value> = function
+                .get("name")
+                .map(|name| ("name".to_owned(), name.clone()))
+                .into_iter()
+                .collect();
+            kept.insert("function".to_owned(), Value::Object(name));
+        }
+        Value::Object(kept)
+    });
+    Value::Array(reduced.collect())
 }
 
 #[cfg(test)]
@@ -290,11 +325,76 @@ mod tests {
     #[test]
     fn fields_leave_out_the_prompt_and_keep_key_order() {
         let body: serde_json::Value = serde_json::from_str(
-            r#"{"stream":true,"messages":[{"role":"user","content":"hi"}],"model":"m","tools":[],"n":2}"#,
+            r#"{"stream":true,"messages":[{"role":"user","content":"hi"}],"model":"m","documents":[],"n":2}"#,
         )
         .unwrap();
         let fields = non_prompt_fields(body.as_object().unwrap());
         assert_eq!(fields, br#"{"stream":true,"model":"m","n":2}"#);
+    }
+
+    /// The control plane validates a hashed prompt's fields as it validates the body: a
+    /// chat's `tool_choice` is checked against the tools, so their names must survive.
+    #[test]
+    fn fields_validate_as_the_body_does() {
+        use crate::openai::generation_params;
+        use crate::route::ApiKind;
+        let tools = serde_json::json!([
+            {"type": "function", "function": {"name": "get_weather", "description": "Weather",
+             "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}},
+            {"type": "function", "function": {"name": "search"}}
+        ]);
+        let mut bodies = Vec::new();
+        for tools in [None, Some(tools), Some(serde_json::json!([])), Some(serde_json::json!("x"))] {
+            for choice in [
+                None,
+                Some(serde_json::json!("none")),
+                Some(serde_json::json!("auto")),
+                Some(serde_json::json!("required")),
+                Some(serde_json::json!({"type": "function", "function": {"name": "search"}})),
+                Some(serde_json::json!({"type": "function", "function": {"name": "other"}})),
+                Some(serde_json::json!({"type": "function"})),
+            ] {
+                let mut body = serde_json::json!({
+                    "model": "m", "max_tokens": 4,
+                    "messages": [{"role": "user", "content": "weather in Paris?"}]
+                });
+                if let Some(tools) = &tools {
+                    body["tools"] = tools.clone();
+                }
+                if let Some(choice) = choice {
+                    body["tool_choice"] = choice;
+                }
+                bodies.push(body);
+            }
+        }
+        let mut accepted = 0;
+        for body in bodies {
+            let body = body.as_object().unwrap();
+            let fields: serde_json::Value =
+                serde_json::from_slice(&non_prompt_fields(body)).unwrap();
+            let from_body = generation_params(ApiKind::Chat, body, 4096);
+            let from_fields = generation_params(ApiKind::Chat, fields.as_object().unwrap(), 4096);
+            assert_eq!(
+                from_body.as_ref().map_err(|e| e.param.clone()),
+                from_fields.as_ref().map_err(|e| e.param.clone()),
+                "{body:?}"
+            );
+            accepted += usize::from(from_body.is_ok());
+        }
+        assert!(accepted >= 4, "the cases include accepted tool choices");
+    }
+
+    #[test]
+    fn fields_keep_only_the_tool_names() {
+        let body: serde_json::Value = serde_json::from_str(
+            r#"{"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}],"model":"m"}"#,
+        )
+        .unwrap();
+        let fields = non_prompt_fields(body.as_object().unwrap());
+        assert_eq!(
+            fields,
+            br#"{"tools":[{"type":"function","function":{"name":"f"}}],"model":"m"}"#
+        );
     }
 
     proptest::proptest! {

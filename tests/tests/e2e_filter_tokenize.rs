@@ -282,7 +282,13 @@ async fn the_filter_tokenizes_once_loaded_and_routes_as_the_control_plane_would(
     bad_max_tokens["max_tokens"] = json!(0);
     let mut bad_content = first_turn("D");
     bad_content["messages"][0]["content"] = json!(42);
-    for (bad, hashed_call) in [(bad_max_tokens, true), (bad_content, false)] {
+    let mut bad_tool_choice = with_tools(first_turn("D2"));
+    bad_tool_choice["tool_choice"] = json!({"type": "function", "function": {"name": "other"}});
+    for (bad, hashed_call) in [
+        (bad_max_tokens, true),
+        (bad_content, false),
+        (bad_tool_choice, true),
+    ] {
         let before = stats(&http, &admin).await;
         let response = post(&http, &url, &bad).await;
         let (status, reject, answer) = route_call(
@@ -340,4 +346,37 @@ async fn the_filter_tokenizes_once_loaded_and_routes_as_the_control_plane_would(
     );
     let decision = recent_decision(&http, &stack, "e2e-tokenize-cut").await;
     assert_eq!(decision["isl"], 100, "{decision}");
+
+    // (f) Agentic requests: a `tool_choice` is checked against the tools it names, whose
+    // names the hashed prompt's fields keep, so each of these is routed on its hashes.
+    for (i, choice) in [
+        json!("auto"),
+        json!("required"),
+        json!({"type": "function", "function": {"name": "lookup"}}),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut body = with_tools(first_turn(&format!("F{i}")));
+        body["tool_choice"] = choice;
+        let before = stats(&http, &admin).await;
+        assert_routed(&post(&http, &url, &body).await, &body["tool_choice"].to_string());
+        let after = stats(&http, &admin).await;
+        assert_eq!(
+            stat(&after, "route_input.hashes_total") - stat(&before, "route_input.hashes_total"),
+            1,
+            "{}",
+            body["tool_choice"]
+        );
+    }
+}
+
+/// `body` offering one tool.
+fn with_tools(mut body: Value) -> Value {
+    body["tools"] = json!([{"type": "function", "function": {
+        "name": "lookup",
+        "description": "Looks a word up",
+        "parameters": {"type": "object", "properties": {"word": {"type": "string"}}}
+    }}]);
+    body
 }
