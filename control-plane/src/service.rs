@@ -182,6 +182,12 @@ pub enum RoutePrompt {
         /// Sequence hashes of the full blocks.
         hashes: Vec<SequenceHash>,
     },
+    /// A prompt of `isl` tokens the engine computes whole (prompt logprobs):
+    /// [`Prompt::Recomputed`].
+    Recomputed {
+        /// Prompt tokens.
+        isl: u32,
+    },
 }
 
 impl RoutePrompt {
@@ -198,6 +204,7 @@ impl RoutePrompt {
             RoutePrompt::Hashed {
                 isl, block_size, ..
             } => (isl, block_size),
+            recomputed @ RoutePrompt::Recomputed { .. } => return recomputed,
         };
         RoutePrompt::Hashed {
             isl,
@@ -219,7 +226,16 @@ impl RoutePrompt {
                 block_size: *block_size,
                 hashes,
             },
+            RoutePrompt::Recomputed { isl } => Prompt::Recomputed { isl: *isl },
         }
+    }
+
+    /// The same prompt as the engine computes it for a request asking prompt logprobs: whole,
+    /// whatever any worker caches.
+    #[must_use]
+    pub fn recomputed(self) -> Self {
+        let isl = self.as_prompt().isl();
+        RoutePrompt::Recomputed { isl }
     }
 }
 

@@ -212,6 +212,7 @@ impl Engine {
             hashes,
             &req.kv,
             req.hold_for_remote_decode,
+            req.reads_prefix_cache,
             arrival_ms,
         );
         let slot = self.insert_slot(seq);

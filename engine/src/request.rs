@@ -70,6 +70,10 @@ pub struct EngineRequest {
     /// then keep the prompt's blocks pinned until [`super::Engine::release_held`] or the
     /// lease expires, so the decode worker can pull them.
     pub hold_for_remote_decode: bool,
+    /// Whether the prompt may start from cached KV (prefix-cache hits, or KV a prefill worker
+    /// handed over). `false` for a request asking prompt logprobs: vLLM then reads no cached
+    /// prefix and computes the whole prompt, since a cached prefix's logprobs were never kept.
+    pub reads_prefix_cache: bool,
 }
 
 impl EngineRequest {
@@ -81,6 +85,16 @@ impl EngineRequest {
             max_tokens,
             kv: KvSource::Local,
             hold_for_remote_decode: false,
+            reads_prefix_cache: true,
+        }
+    }
+
+    /// The same request computing its whole prompt, whatever is cached (prompt logprobs).
+    #[must_use]
+    pub fn recomputing(self) -> Self {
+        EngineRequest {
+            reads_prefix_cache: false,
+            ..self
         }
     }
 
@@ -92,6 +106,7 @@ impl EngineRequest {
             max_tokens: 1,
             kv: KvSource::Local,
             hold_for_remote_decode: true,
+            reads_prefix_cache: true,
         }
     }
 
@@ -103,6 +118,7 @@ impl EngineRequest {
             max_tokens,
             kv: KvSource::Remote,
             hold_for_remote_decode: false,
+            reads_prefix_cache: true,
         }
     }
 }

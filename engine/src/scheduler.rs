@@ -118,7 +118,11 @@ impl Engine {
             let Some(rank) = rank else { break };
             let num_tokens = seq.num_tokens();
             // At least one token is always computed to sample from (vLLM caps hits likewise).
-            let max_hit = ((num_tokens - 1) / bs) as usize;
+            let max_hit = if seq.reads_cache {
+                ((num_tokens - 1) / bs) as usize
+            } else {
+                0
+            };
             let hit = self
                 .kv
                 .match_prefix(&seq.hashes[..max_hit.min(seq.hashes.len())]);

@@ -39,6 +39,8 @@ pub(super) struct Seq {
     pub(super) remote_pending: bool,
     pub(super) remote_tokens: u32,
     pub(super) hold: bool,
+    /// Whether prefix-cache hits count ([`crate::EngineRequest::reads_prefix_cache`]).
+    pub(super) reads_cache: bool,
     pub(super) arrival_ms: f64,
     pub(super) rank: u32,
     pub(super) phase: Phase,
@@ -54,6 +56,7 @@ impl Seq {
         hashes: Vec<SequenceHash>,
         kv: &KvSource,
         hold: bool,
+        reads_cache: bool,
         arrival_ms: f64,
     ) -> Self {
         Seq {
@@ -66,7 +69,10 @@ impl Seq {
             output: 0,
             registered: 0,
             cached_tokens: None,
-            remote_pending: matches!(kv, KvSource::Remote),
+            // KV handed over is not read either by a request that reads no cache (vLLM loads
+            // nothing for it and computes the prompt).
+            remote_pending: matches!(kv, KvSource::Remote) && reads_cache,
+            reads_cache,
             remote_tokens: 0,
             hold,
             arrival_ms,

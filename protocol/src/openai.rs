@@ -51,6 +51,9 @@ pub struct GenerationParams {
     /// The request names a `cache_salt`: the engine mixes it into its prefix-cache keys, so
     /// the prompt shares no cached block with a prompt without that salt.
     pub salted: bool,
+    /// The request asks for prompt logprobs ([`asks_prompt_logprobs`]): vLLM then reads no
+    /// cached prefix and computes the whole prompt, so no cache helps it.
+    pub prompt_logprobs: bool,
 }
 
 /// Which end of a prompt an engine cuts when the request asks it to keep fewer tokens.
@@ -250,6 +253,7 @@ pub fn generation_params(
     let output_asked = max_tokens.is_some() || api == ApiKind::Completions;
     let truncation = truncation(body, output_asked, max_model_len)?;
     let salted = cache_salt(body)?;
+    let prompt_logprobs = asks_prompt_logprobs(api, body)?;
     Ok(GenerationParams {
         stream,
         include_usage,
@@ -257,6 +261,25 @@ pub fn generation_params(
         n,
         truncation,
         salted,
+        prompt_logprobs,
+    })
+}
+
+/// Whether a request asks for its prompt's logprobs, as vLLM 0.32 reads it: `prompt_logprobs`
+/// set, or `echo` with chat's `top_logprobs` (which defaults to 0) or completions' `logprobs`.
+/// vLLM skips reading its prefix cache for such a request: the logprobs of a cached prefix
+/// are not computed, so it computes the whole prompt.
+fn asks_prompt_logprobs(api: ApiKind, body: &Map<String, Value>) -> Result<bool, InvalidRequest> {
+    let set = |field: &str| body.get(field).is_some_and(|v| !v.is_null());
+    if set("prompt_logprobs") {
+        return Ok(true);
+    }
+    if !lax_bool(body, "echo")?.unwrap_or(false) {
+        return Ok(false);
+    }
+    Ok(match api {
+        ApiKind::Chat => !body.get("top_logprobs").is_some_and(Value::is_null),
+        ApiKind::Completions => set("logprobs"),
     })
 }
 
@@ -647,6 +670,7 @@ mod tests {
                 n: 1,
                 truncation: None,
                 salted: false,
+                prompt_logprobs: false,
             })
         );
     }
@@ -929,6 +953,40 @@ mod tests {
         }
         // Completions bodies have no tools: the fields are not theirs to check.
         assert!(params(ApiKind::Completions, json!({"tool_choice": "required"})).is_ok());
+    }
+
+    #[test]
+    fn prompt_logprobs_are_asked_as_vllm_reads_them() {
+        let asks = |api, body: Value| params(api, body).unwrap().prompt_logprobs;
+        for api in [ApiKind::Chat, ApiKind::Completions] {
+            assert!(!asks(api, json!({})));
+            assert!(asks(api, json!({"prompt_logprobs": 0})));
+            assert!(asks(api, json!({"prompt_logprobs": -1})));
+            assert!(!asks(api, json!({"prompt_logprobs": null})));
+            assert!(!asks(api, json!({"echo": false, "logprobs": 1})));
+        }
+        // Chat's echo takes `top_logprobs` (default 0) as the prompt's.
+        assert!(asks(ApiKind::Chat, json!({"echo": true})));
+        assert!(asks(
+            ApiKind::Chat,
+            json!({"echo": "yes", "top_logprobs": 2})
+        ));
+        assert!(!asks(
+            ApiKind::Chat,
+            json!({"echo": true, "top_logprobs": null})
+        ));
+        // Completions' echo takes `logprobs` (default none).
+        assert!(!asks(ApiKind::Completions, json!({"echo": true})));
+        assert!(asks(
+            ApiKind::Completions,
+            json!({"echo": true, "logprobs": 0})
+        ));
+        assert!(!asks(
+            ApiKind::Completions,
+            json!({"echo": true, "logprobs": null})
+        ));
+        let err = chat(json!({"echo": "maybe"})).unwrap_err();
+        assert_eq!(err.param.as_deref(), Some("echo"));
     }
 
     #[test]

@@ -237,6 +237,9 @@ pub enum Reason {
     BypassSloCostRescue,
     /// Bypassed: the client asked for several choices (`n > 1`), which handoffs cannot carry.
     BypassMultipleChoices,
+    /// Bypassed: the client asked for prompt logprobs, for which vLLM reads no cached prefix
+    /// (neither its own nor one handed over), so a prefill worker's work would be done twice.
+    BypassPromptLogprobs,
     /// Disaggregated: `eff_isl >= eff_isl_threshold`.
     DisaggEffIslAboveThreshold,
     /// Disaggregated: `eff_isl / isl >= eff_isl_ratio_threshold`.
@@ -268,12 +271,13 @@ pub enum Reason {
 
 impl Reason {
     /// Every reason a verdict can carry, in a fixed order.
-    pub const ALL: [Reason; 16] = [
+    pub const ALL: [Reason; 17] = [
         Reason::BypassIslBounding,
         Reason::BypassPrefillBusy,
         Reason::BypassSloCost,
         Reason::BypassSloCostRescue,
         Reason::BypassMultipleChoices,
+        Reason::BypassPromptLogprobs,
         Reason::DisaggEffIslAboveThreshold,
         Reason::DisaggEffIslRatioAboveThreshold,
         Reason::DisaggPrefillNotBusy,
@@ -295,6 +299,7 @@ impl Reason {
             Reason::BypassSloCost => "bypass:slo_cost",
             Reason::BypassSloCostRescue => "bypass:slo_cost_rescue",
             Reason::BypassMultipleChoices => "bypass:multiple_choices",
+            Reason::BypassPromptLogprobs => "bypass:prompt_logprobs",
             Reason::DisaggEffIslAboveThreshold => "disagg:eff_isl_above_threshold",
             Reason::DisaggEffIslRatioAboveThreshold => "disagg:eff_isl_ratio_above_threshold",
             Reason::DisaggPrefillNotBusy => "disagg:prefill_not_busy",

@@ -344,7 +344,12 @@ mod tests {
             {"type": "function", "function": {"name": "search"}}
         ]);
         let mut bodies = Vec::new();
-        for tools in [None, Some(tools), Some(serde_json::json!([])), Some(serde_json::json!("x"))] {
+        for tools in [
+            None,
+            Some(tools),
+            Some(serde_json::json!([])),
+            Some(serde_json::json!("x")),
+        ] {
             for choice in [
                 None,
                 Some(serde_json::json!("none")),

@@ -42,6 +42,13 @@ pub enum Prompt<'a> {
         /// Sequence hashes of the full blocks.
         hashes: &'a [SequenceHash],
     },
+    /// A prompt of `isl` tokens the engine computes whole whatever it caches: vLLM reads no
+    /// cached prefix for a request asking prompt logprobs, neither its own nor one a prefill
+    /// worker hands over. No cache helps it, and it is never disaggregated.
+    Recomputed {
+        /// Prompt tokens.
+        isl: u32,
+    },
 }
 
 impl Prompt<'_> {
@@ -49,7 +56,7 @@ impl Prompt<'_> {
     pub fn isl(&self) -> u32 {
         match self {
             Prompt::Tokens(tokens) => u32::try_from(tokens.len()).unwrap_or(u32::MAX),
-            Prompt::Hashed { isl, .. } => *isl,
+            Prompt::Hashed { isl, .. } | Prompt::Recomputed { isl } => *isl,
         }
     }
 
@@ -66,7 +73,7 @@ impl Prompt<'_> {
                 hashes,
                 ..
             } if *made_at == block_size => Chain::from(*hashes),
-            Prompt::Hashed { .. } => Chain::from([]),
+            Prompt::Hashed { .. } | Prompt::Recomputed { .. } => Chain::from([]),
         }
     }
 }
@@ -299,6 +306,9 @@ impl Router {
             (ServingMode::Agg, _) => (RouteMode::Agg, Reason::AggServingMode, None),
             (_, None) => (RouteMode::Agg, Reason::AggNoPrefillWorkers, None),
             (_, Some(_)) if choices > 1 => (RouteMode::Bypass, Reason::BypassMultipleChoices, None),
+            (_, Some(_)) if matches!(prompt, Prompt::Recomputed { .. }) => {
+                (RouteMode::Bypass, Reason::BypassPromptLogprobs, None)
+            }
             (ServingMode::Disagg, Some(p)) => (RouteMode::Disagg, Reason::DisaggAlways, Some(p)),
             (ServingMode::Conditional, Some(p)) => {
                 let policy_call = call.insert(PolicyCall {

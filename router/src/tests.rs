@@ -1166,6 +1166,44 @@ fn several_choices_are_never_disaggregated() {
 }
 
 #[test]
+fn a_prompt_the_engine_recomputes_matches_no_cache_and_is_never_disaggregated() {
+    let mut r = pool();
+    let tokens = prompt(8, 8_000);
+    r.apply_kv_batch(&stored("decode-0", 1, &tokens)).unwrap();
+    // Asked plainly, the prompt is found cached.
+    let plain = r.route("plain", &tokens, 1).unwrap();
+    assert_eq!(
+        (plain.decode.worker_id.0.as_str(), plain.cached_tokens),
+        ("decode-0", 8_000)
+    );
+    r.apply_lifecycle(&done("plain"), 2);
+    let recomputed = Prompt::Recomputed { isl: 8_000 };
+    for (i, mode) in [ServingMode::Conditional, ServingMode::Disagg]
+        .into_iter()
+        .enumerate()
+    {
+        let mut cfg = r.config().clone();
+        cfg.serving_mode = mode;
+        r.set_config(cfg).unwrap();
+        let id = format!("logprobs-{i}");
+        let v = r.route_traced(&id, recomputed, 1, None, 3).unwrap().verdict;
+        assert_eq!(
+            (v.mode, v.reason, v.cached_tokens, v.eff_isl, v.isl),
+            (
+                RouteMode::Bypass,
+                Reason::BypassPromptLogprobs,
+                0,
+                8_000,
+                8_000
+            ),
+            "{mode:?}"
+        );
+        assert!(v.prefill.is_none());
+        r.apply_lifecycle(&done(&id), 4);
+    }
+}
+
+#[test]
 fn a_model_is_served_by_its_own_workers_only() {
     let mut r = Router::with_config(RouterConfig::default(), 7);
     let of = |id: &str, role, model: &str| WorkerInfo {

@@ -133,6 +133,11 @@ pub async fn serve(
         Plan::PrefillForRemote { .. } => EngineRequest::prefill_for_remote_decode(id, prompt),
         Plan::Remote(source) => remote_decode_request(&ctx, &req, source, id, prompt).await?,
     };
+    let engine_req = if req.prompt_logprobs {
+        engine_req.recomputing()
+    } else {
+        engine_req
+    };
     let events = submit(&ctx, engine_req).await?;
     let guard = AbortGuard::new(ctx.engine.clone(), id);
     let meta = ResponseMeta {

@@ -50,6 +50,9 @@ pub struct ParsedRequest {
     pub truncation: Option<Truncation>,
     /// `cache_salt` (checked): the prompt's blocks are keyed by it.
     pub cache_salt: Option<String>,
+    /// The request asks prompt logprobs: as in vLLM, it reads no cached KV and computes its
+    /// whole prompt (the logprobs themselves are not simulated).
+    pub prompt_logprobs: bool,
 }
 
 /// Token counts of a finished request (OpenAI `usage`).
@@ -125,6 +128,7 @@ pub fn parse_request(
             .get("cache_salt")
             .and_then(Value::as_str)
             .map(str::to_owned),
+        prompt_logprobs: params.prompt_logprobs,
         body,
     })
 }

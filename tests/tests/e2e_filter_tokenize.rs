@@ -360,7 +360,10 @@ async fn the_filter_tokenizes_once_loaded_and_routes_as_the_control_plane_would(
         let mut body = with_tools(first_turn(&format!("F{i}")));
         body["tool_choice"] = choice;
         let before = stats(&http, &admin).await;
-        assert_routed(&post(&http, &url, &body).await, &body["tool_choice"].to_string());
+        assert_routed(
+            &post(&http, &url, &body).await,
+            &body["tool_choice"].to_string(),
+        );
         let after = stats(&http, &admin).await;
         assert_eq!(
             stat(&after, "route_input.hashes_total") - stat(&before, "route_input.hashes_total"),

@@ -308,6 +308,21 @@ async fn a_real_vllm_prefill_decode_pair_behind_switchyard() {
         usage(&direct)
     );
 
+    // 3b. The same prompt asking for its logprobs: vLLM reads no cached prefix for it, so
+    // the verdict counts none and keeps it off the prefill engine, and vLLM computes it all.
+    let mut with_logprobs = third.clone();
+    with_logprobs["prompt_logprobs"] = json!(0);
+    let estimate = verdict(&http, &control_plane, &with_logprobs).await;
+    assert_eq!(
+        (&estimate["cached_tokens"], &estimate["reason"]),
+        (&json!(0), &json!("bypass:prompt_logprobs")),
+        "{estimate}"
+    );
+    let through = post(&http, &gateway, &with_logprobs).await;
+    assert_eq!(through.header(PREFILL_HEADER), "", "no prefill leg");
+    assert_eq!(cached_tokens(&through), 0, "usage: {}", usage(&through));
+    assert_eq!(usage(&through)["prompt_tokens"].as_u64(), Some(isl));
+
     // 5. A restarted control plane rebuilds the index from vLLM's replay (before 4, which
     // takes the prefill engine away).
     let before = indexed_blocks(&http, &stack, "decode-0").await;

@@ -421,7 +421,9 @@ where
         }
         Some(h) => truncated_hashes(h, params.truncation),
     };
-    let prompt = if params.salted {
+    let prompt = if params.prompt_logprobs {
+        prompt.recomputed()
+    } else if params.salted {
         prompt.uncached()
     } else {
         prompt

@@ -198,16 +198,37 @@ async fn second_turn_goes_home_and_bypasses_cold_prompts_disaggregate_busy_decod
     let v_salted = route_json(&svc.base, "turn-2-salted", &salted).await;
     assert_eq!(v_salted.cached_tokens, 0, "{v_salted:?}");
     assert_eq!(v_salted.mode, RouteMode::Disagg, "{v_salted:?}");
+    // The same turn asking for prompt logprobs (chat's `echo`, or `prompt_logprobs`): vLLM
+    // reads no cached prefix for it, nor one handed over, so it matches no cache and stays
+    // on a decode worker that computes it whole.
+    let mut echoed = second_turn();
+    echoed["echo"] = json!(true);
+    let mut logprobs = second_turn();
+    logprobs["prompt_logprobs"] = json!(0);
+    let mut recomputed = Vec::new();
+    for (id, body) in [("turn-2-echo", echoed), ("turn-2-logprobs", logprobs)] {
+        let v = route_json(&svc.base, id, &body).await;
+        assert_eq!(
+            (v.mode, v.reason, v.cached_tokens, v.eff_isl),
+            (RouteMode::Bypass, Reason::BypassPromptLogprobs, 0, v2.isl),
+            "{v:?}"
+        );
+        recomputed.push(id);
+    }
     let gone = LifecycleBatch {
         v: 1,
-        events: vec![LifecycleEvent::Done {
-            request_id: "turn-2-salted".into(),
-            prompt_tokens: None,
-            completion_tokens: None,
-            ok: false,
-            failed_open: false,
-            route_call: None,
-        }],
+        events: ["turn-2-salted"]
+            .into_iter()
+            .chain(recomputed)
+            .map(|id| LifecycleEvent::Done {
+                request_id: id.into(),
+                prompt_tokens: None,
+                completion_tokens: None,
+                ok: false,
+                failed_open: false,
+                route_call: None,
+            })
+            .collect(),
     };
     let resp = http
         .post(format!("{}/v1/lifecycle", svc.base))

@@ -395,6 +395,7 @@ fn a_block_computed_twice_at_once_outlives_its_registered_twin_and_chains_on() {
             max_tokens: 1,
             kv: KvSource::Local,
             hold_for_remote_decode: false,
+            reads_prefix_cache: true,
         };
         engine.submit(request, 0.0).unwrap();
     }
@@ -410,5 +411,55 @@ fn a_block_computed_twice_at_once_outlives_its_registered_twin_and_chains_on() {
             .filter(|o| matches!(o, EngineOutput::Finished { .. }))
             .count(),
         2
+    );
+}
+
+#[test]
+fn a_request_that_reads_no_cache_computes_its_whole_prompt() {
+    let first_token = |out: &[EngineOutput], id: u64| {
+        out.iter()
+            .find_map(|o| match o {
+                EngineOutput::FirstToken {
+                    id: i,
+                    at_ms,
+                    cached_tokens,
+                    ..
+                } if *i == id => Some((*at_ms, *cached_tokens)),
+                _ => None,
+            })
+            .expect("a first token")
+    };
+    let mut e = agg();
+    let prompt = tokens(4, 8_192);
+    e.submit(
+        EngineRequest::local(1, Prompt::Tokens(prompt.clone()), 1),
+        0.0,
+    )
+    .unwrap();
+    let (cold_at, _) = first_token(&run_to_idle(&mut e), 1);
+    e.submit(
+        EngineRequest::local(2, Prompt::Tokens(prompt.clone()), 1),
+        1_000.0,
+    )
+    .unwrap();
+    let (warm_at, warm_cached) = first_token(&run_to_idle(&mut e), 2);
+    assert!(warm_cached >= 8_000, "{warm_cached}");
+    let recomputing = EngineRequest::local(3, Prompt::Tokens(prompt.clone()), 1).recomputing();
+    e.submit(recomputing, 2_000.0).unwrap();
+    let (recomputed_at, recomputed_cached) = first_token(&run_to_idle(&mut e), 3);
+    assert_eq!(recomputed_cached, 0);
+    // As long as the cold prefill, far longer than the cached one.
+    assert!(
+        (recomputed_at - 2_000.0 - cold_at).abs() < 1e-6,
+        "{recomputed_at} vs {cold_at}"
+    );
+    assert!(warm_at - 1_000.0 < cold_at / 4.0);
+    // KV handed over is not read either: the prompt is computed here.
+    let remote = EngineRequest::decode_with_remote_kv(4, Prompt::Tokens(tokens(5, 8_192)), 1);
+    e.submit(remote.recomputing(), 3_000.0).unwrap();
+    let (remote_at, _) = first_token(&run_to_idle(&mut e), 4);
+    assert!(
+        (remote_at - 3_000.0 - cold_at).abs() < 1e-6,
+        "{remote_at} vs {cold_at}"
     );
 }

@@ -21,6 +21,8 @@ struct Spec {
     max_tokens: u32,
     remote: bool,
     hold: bool,
+    /// Asks prompt logprobs: reads no cached KV.
+    recompute: bool,
     /// Abort this long after arrival, if set.
     abort_after_ms: Option<f64>,
 }
@@ -34,10 +36,11 @@ fn spec() -> impl Strategy<Value = Spec> {
         1..120u32,
         prop::bool::weighted(0.2),
         prop::bool::weighted(0.2),
+        prop::bool::weighted(0.1),
         prop::option::weighted(0.15, 0.0..500.0f64),
     )
         .prop_map(
-            |(arrival_ms, prefix, prefix_len, suffix_len, max_tokens, remote, hold, abort)| Spec {
+            |(
                 arrival_ms,
                 prefix,
                 prefix_len,
@@ -45,6 +48,17 @@ fn spec() -> impl Strategy<Value = Spec> {
                 max_tokens,
                 remote,
                 hold,
+                recompute,
+                abort,
+            )| Spec {
+                arrival_ms,
+                prefix,
+                prefix_len,
+                suffix_len,
+                max_tokens,
+                remote,
+                hold,
+                recompute,
                 abort_after_ms: abort,
             },
         )
@@ -152,6 +166,7 @@ proptest! {
                     max_tokens: s.max_tokens,
                     kv: if s.remote { KvSource::Remote } else { KvSource::Local },
                     hold_for_remote_decode: s.hold,
+                    reads_prefix_cache: !s.recompute,
                 };
                 if engine.submit(req, at).is_ok() {
                     accepted.insert(id);

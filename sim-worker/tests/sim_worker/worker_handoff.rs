@@ -513,6 +513,19 @@ async fn a_cache_salt_keys_the_prompts_blocks_apart() {
         "a hit under its own salt"
     );
     assert_eq!(cached(salted("tenant-b")).await, 0, "none under another");
+    // Prompt logprobs, asked outright or through `echo` with `logprobs`: as in vLLM, no
+    // cached prefix is read (the prompt is computed whole), though one is there.
+    for asks in [
+        json!({"prompt": ids, "max_tokens": 1, "prompt_logprobs": 0}),
+        json!({"prompt": ids, "max_tokens": 1, "echo": true, "logprobs": 1}),
+    ] {
+        assert_eq!(cached(asks.clone()).await, 0, "{asks}");
+    }
+    assert_eq!(
+        cached(json!({"prompt": ids, "max_tokens": 1, "echo": true})).await,
+        576,
+        "echo alone asks no prompt logprobs of completions"
+    );
 
     // A salted handoff: the decode worker finds the prefill worker's KV under the salt.
     let prefill = start(config(WorkerRole::Prefill, "prefill-salt"), &tok, None).await;
