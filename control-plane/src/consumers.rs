@@ -186,19 +186,16 @@ fn another_workers(worker: &WorkerId) -> String {
     format!("message names worker {worker} on another worker's subject")
 }
 
-/// Decodes a message, rejecting newer protocol versions than this build understands.
+/// Decodes a message, rejecting protocol versions this build does not read.
 pub(crate) fn decode<T: serde::de::DeserializeOwned>(
     payload: &[u8],
     version: impl Fn(&T) -> u32,
 ) -> Result<T, String> {
     let msg: T = switchyard_protocol::from_json_object(payload).map_err(|e| e.to_string())?;
-    let v = version(&msg);
-    if v > PROTOCOL_VERSION {
-        return Err(format!(
-            "protocol version {v} is newer than supported {PROTOCOL_VERSION}"
-        ));
+    match switchyard_protocol::unsupported_version(version(&msg)) {
+        Some(why) => Err(why),
+        None => Ok(msg),
     }
-    Ok(msg)
 }
 
 impl Consumer {

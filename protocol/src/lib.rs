@@ -86,6 +86,20 @@ pub fn from_json_object<T: serde::de::DeserializeOwned>(
 /// rejects messages from a newer major version it cannot understand.
 pub const PROTOCOL_VERSION: u32 = 1;
 
+/// Why a message's `v` is not one this build reads (versions start at 1 and go up to
+/// [`PROTOCOL_VERSION`]); `None` when it is.
+pub fn unsupported_version(v: u32) -> Option<String> {
+    match v {
+        0 => Some(format!(
+            "v: 0 is not a version; they start at 1 (this build reads 1 to {PROTOCOL_VERSION})"
+        )),
+        v if v > PROTOCOL_VERSION => Some(format!(
+            "v: {v} is newer than this build reads ({PROTOCOL_VERSION})"
+        )),
+        _ => None,
+    }
+}
+
 /// Default for serde: messages without `v` are version 1.
 fn default_version() -> u32 {
     PROTOCOL_VERSION
@@ -93,7 +107,17 @@ fn default_version() -> u32 {
 
 #[cfg(test)]
 mod tests {
-    use super::{from_json_object, without_bom};
+    use super::{from_json_object, unsupported_version, without_bom, PROTOCOL_VERSION};
+
+    #[test]
+    fn versions_run_from_one_to_this_builds() {
+        assert_eq!(unsupported_version(1), None);
+        assert_eq!(unsupported_version(PROTOCOL_VERSION), None);
+        assert!(unsupported_version(0).unwrap().contains("not a version"));
+        assert!(unsupported_version(PROTOCOL_VERSION + 1)
+            .unwrap()
+            .contains("newer"));
+    }
 
     #[test]
     fn a_leading_byte_order_mark_is_dropped_and_nothing_else() {

@@ -6,7 +6,6 @@ use warp::Reply;
 
 use switchyard_protocol::lifecycle::LifecycleBatch;
 use switchyard_protocol::route::{is_usable_request_id, MAX_REQUEST_ID_LEN};
-use switchyard_protocol::PROTOCOL_VERSION;
 
 use super::auth::{authorize, Refusal};
 use super::{error_reply, read_body, ApiState, MAX_SMALL_BODY_BYTES};
@@ -72,13 +71,9 @@ where
         Ok(b) => b,
         Err(reply) => return reply,
     };
-    if batch.v > PROTOCOL_VERSION {
+    if let Some(why) = switchyard_protocol::unsupported_version(batch.v) {
         state.metrics.bad_request("unsupported_version");
-        return error_reply(
-            StatusCode::BAD_REQUEST,
-            "unsupported_version",
-            format!("v: {} is newer than supported {PROTOCOL_VERSION}", batch.v),
-        );
+        return error_reply(StatusCode::BAD_REQUEST, "unsupported_version", why);
     }
     // Ids the route API would refuse can match no verdict, and a remembered failed-open id
     // holds its text for a minute: a long one is memory anyone could fill.

@@ -663,17 +663,18 @@ async fn lifecycle_health_and_metrics_endpoints_answer_and_refuse_bad_input() {
         2
     );
 
-    let resp = http
-        .post(&url)
-        .json(&json!({"v": 9, "events": []}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 400);
-    assert_eq!(
-        resp.json::<ApiError>().await.unwrap().code,
-        "unsupported_version"
-    );
+    for (v, words) in [(9, "newer than this build reads (1)"), (0, "not a version")] {
+        let resp = http
+            .post(&url)
+            .json(&json!({"v": v, "events": [{"event": "first_token", "request_id": "r-3"}]}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 400, "v {v}");
+        let err: ApiError = resp.json().await.unwrap();
+        assert_eq!(err.code, "unsupported_version");
+        assert!(err.message.contains(words), "{err:?}");
+    }
     let resp = http
         .post(&url)
         .json(&json!({"events": [{"event": "teleported"}]}))
