@@ -206,6 +206,15 @@ impl PoolWatcher {
         for id in &changes.removed {
             tracing::info!(worker = %id, "declared worker removed from the pool file");
         }
+        let serves = |pools: &Pools, model: &str| pools.workers.values().any(|w| w.model == model);
+        for model in &next.models {
+            if serves(&self.current, model) && !serves(&next, model) {
+                tracing::warn!(
+                    model = %model,
+                    "the pool file declares no workers for this model any more: only workers registering over NATS serve it now, and without any its requests are refused no_workers"
+                );
+            }
+        }
         self.current = next;
     }
 

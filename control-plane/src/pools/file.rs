@@ -678,6 +678,12 @@ fn check_range(field: &str, value: u64, min: u64, max: u64) -> Result<(), Invali
 
 /// `host:port` with a non-empty host and a port in 1..=65535.
 fn check_host_port(text: &str) -> Result<(), String> {
+    if text.contains('@') {
+        return Err(format!(
+            "{} carries credentials: the pool file takes none in addresses (give host:port only)",
+            shown(text)
+        ));
+    }
     let Some((host, port)) = text.rsplit_once(':') else {
         return Err(format!("{text:?} is not host:port"));
     };
@@ -691,10 +697,28 @@ fn check_host_port(text: &str) -> Result<(), String> {
     }
 }
 
+/// `text` quoted for an error message, without any credentials before an `@` (the message
+/// goes to logs).
+fn shown(text: &str) -> String {
+    match text.rsplit_once('@') {
+        Some((before, after)) => {
+            let scheme = before.split_once("://").map_or("", |(s, _)| s);
+            let scheme = if scheme.is_empty() {
+                String::new()
+            } else {
+                format!("{scheme}://")
+            };
+            format!("{:?}", format!("{scheme}…@{after}"))
+        }
+        None => format!("{text:?}"),
+    }
+}
+
 fn check_zmq_endpoint(text: &str) -> Result<(), String> {
     let Some(rest) = text.strip_prefix("tcp://") else {
         return Err(format!(
-            "{text:?}: a ZMQ TCP endpoint, tcp://host:port (the engine's host for kv_events and kv_replay, this control plane's for kv_events_listen)"
+            "{}: a ZMQ TCP endpoint, tcp://host:port (the engine's host for kv_events and kv_replay, this control plane's for kv_events_listen)",
+            shown(text)
         ));
     };
     if rest.starts_with('*') {
@@ -707,7 +731,7 @@ fn check_zmq_endpoint(text: &str) -> Result<(), String> {
 
 fn check_http_url(text: &str) -> Result<(), String> {
     let Some(rest) = text.strip_prefix("http://") else {
-        return Err(format!("{text:?}: an http:// URL"));
+        return Err(format!("{}: an http:// URL", shown(text)));
     };
     let authority = rest.split('/').next().unwrap_or_default();
     check_host_port(authority)
@@ -783,6 +807,25 @@ models:
         let pools = parse("models:\n  - name: m\n    block_size: 16\n    workers:\n").unwrap();
         assert!(pools.workers.is_empty());
         assert_eq!(pools.models, vec!["m".to_string()]);
+    }
+
+    #[test]
+    fn credentials_in_an_address_are_refused_and_not_echoed() {
+        for (from, to) in [
+            ("http://127.0.0.1:9000", "http://user:s3cret@127.0.0.1:9000"),
+            (
+                "http://127.0.0.1:9000",
+                "https://user:s3cret@127.0.0.1:9000",
+            ),
+            ("tcp://127.0.0.1:5557", "tcp://user:s3cret@127.0.0.1:5557"),
+            ("tcp://127.0.0.1:5557", "user:s3cret@127.0.0.1:5557"),
+        ] {
+            let e = error(&GOOD.replace(from, to));
+            assert!(e.contains("127.0.0.1"), "{e}");
+            assert!(!e.contains("s3cret"), "{e}");
+        }
+        let e = error(&GOOD.replace("http://127.0.0.1:9000", "http://user:s3cret@127.0.0.1:9000"));
+        assert!(e.contains("credentials"), "{e}");
     }
 
     #[test]
