@@ -51,6 +51,10 @@ pub enum InvalidBody {
     /// No body at all: a chat or completion request is a JSON object (the engine answers 400
     /// too).
     Empty,
+    /// A `content-type` other than `application/json`, or none: vLLM refuses such a request
+    /// before reading its body
+    /// ([`is_json_content_type`](switchyard_protocol::openai::is_json_content_type)).
+    NotJsonContentType,
 }
 
 impl InvalidBody {
@@ -62,6 +66,7 @@ impl InvalidBody {
             InvalidBody::Encoded => "encoded",
             InvalidBody::TooComplex => "too_complex",
             InvalidBody::Empty => "empty_body",
+            InvalidBody::NotJsonContentType => "not_json_content_type",
         }
     }
 
@@ -71,7 +76,8 @@ impl InvalidBody {
             InvalidBody::NotJson
             | InvalidBody::NotAnObject
             | InvalidBody::TooComplex
-            | InvalidBody::Empty => 400,
+            | InvalidBody::Empty
+            | InvalidBody::NotJsonContentType => 400,
             InvalidBody::Encoded => 415,
         }
     }
@@ -358,6 +364,9 @@ pub fn invalid_body_error(invalid: InvalidBody) -> Vec<u8> {
         }
         InvalidBody::Encoded => {
             "the request body is content-encoded (content-encoding header): the gateway reads the prompt to route it, so send the body uncompressed, or decompress it in the gateway before the Switchyard filter"
+        }
+        InvalidBody::NotJsonContentType => {
+            "Unsupported Media Type: only 'application/json' is allowed: send the request with content-type: application/json"
         }
     };
     error_body(invalid.status(), "BadRequestError", message.to_string())

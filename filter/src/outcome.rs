@@ -102,7 +102,7 @@ pub enum Rejection {
 
 impl Rejection {
     /// Every label, in a fixed order (the root context defines one counter each).
-    pub const STAT_KEYS: [&'static str; 9] = [
+    pub const STAT_KEYS: [&'static str; 10] = [
         "invalid_request",
         "prompt_too_long",
         "unknown_model",
@@ -111,6 +111,7 @@ impl Rejection {
         "encoded",
         "too_complex",
         "empty_body",
+        "not_json_content_type",
         "too_large",
     ];
 
@@ -245,6 +246,7 @@ mod tests {
             Rejection::Body(InvalidBody::Encoded),
             Rejection::Body(InvalidBody::TooComplex),
             Rejection::Body(InvalidBody::Empty),
+            Rejection::Body(InvalidBody::NotJsonContentType),
             Rejection::TooLarge,
         ]);
         let keys: Vec<&str> = all.iter().map(|r| r.as_str()).collect();

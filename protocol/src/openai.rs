@@ -21,6 +21,26 @@ use serde_json::{json, Map, Value};
 
 use crate::route::ApiKind;
 
+/// Whether a request's `content-type` says JSON as vLLM 0.32 requires of its OpenAI
+/// endpoints: the media type (the value lowercased, cut at its first `;`, not trimmed) is
+/// exactly `application/json`. No header at all is not JSON: vLLM refuses such a request
+/// with a 400 before reading its body.
+pub fn is_json_content_type(content_type: Option<&[u8]>) -> bool {
+    content_type.is_some_and(|value| {
+        let media_type = value.split(|b| *b == b';').next().unwrap_or_default();
+        media_type.eq_ignore_ascii_case(b"application/json")
+    })
+}
+
+/// The error message for a request [`is_json_content_type`] refuses.
+pub fn not_json_content_type_error(content_type: Option<&[u8]>) -> String {
+    let sent = match content_type {
+        None => "no content-type".to_owned(),
+        Some(value) => format!("content-type {:?}", String::from_utf8_lossy(value)),
+    };
+    format!("Unsupported Media Type: only 'application/json' is allowed (the request has {sent})")
+}
+
 /// Request-body keys that make a worker reach out to another host (vLLM's NIXL handoff and
 /// its encoder-cache connector's `ec_transfer_params`, TensorRT-LLM's disaggregated
 /// parameters, SGLang's bootstrap server). Only the gateway may set them: the filter removes
@@ -953,6 +973,30 @@ mod tests {
         }
         // Completions bodies have no tools: the fields are not theirs to check.
         assert!(params(ApiKind::Completions, json!({"tool_choice": "required"})).is_ok());
+    }
+
+    #[test]
+    fn only_a_json_media_type_is_json() {
+        for ok in [
+            &b"application/json"[..],
+            b"Application/JSON",
+            b"application/json; charset=utf-8",
+            b"application/json;",
+        ] {
+            assert!(is_json_content_type(Some(ok)), "{ok:?}");
+        }
+        for not in [
+            &b"application/x-www-form-urlencoded"[..],
+            b"text/plain",
+            b"application/vnd.api+json",
+            b"application/json ; charset=utf-8",
+            b" application/json",
+            b"",
+        ] {
+            assert!(!is_json_content_type(Some(not)), "{not:?}");
+        }
+        assert!(!is_json_content_type(None));
+        assert!(not_json_content_type_error(Some(b"text/plain")).contains("\"text/plain\""));
     }
 
     #[test]

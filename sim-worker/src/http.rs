@@ -8,6 +8,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use futures::StreamExt;
 use serde_json::json;
+use switchyard_protocol::openai::{is_json_content_type, not_json_content_type_error};
 use switchyard_protocol::route::{ApiKind, REQUEST_ID_HEADER};
 use warp::http::StatusCode;
 use warp::reply::Response;
@@ -46,7 +47,7 @@ pub fn routes(
         let ctx = ctx.clone();
         warp::any().map(move || ctx.clone())
     };
-    let body = limited_body(MAX_BODY_BYTES);
+    let body = json_body(MAX_BODY_BYTES);
     let chat = warp::path!("v1" / "chat" / "completions")
         .and(warp::post())
         .and(with_ctx.clone())
@@ -256,6 +257,26 @@ async fn release_reply(ctx: Arc<WorkerContext>, body: Result<Bytes, ApiError>) -
         }
         Err(e) => error_reply(&ctx, &e.into_api_error()),
     }
+}
+
+/// The body of a request to an OpenAI endpoint: refused unread, as vLLM refuses it, when its
+/// `content-type` is not `application/json`; else [`limited_body`].
+fn json_body(
+    limit: u64,
+) -> impl Filter<Extract = (Result<Bytes, ApiError>,), Error = Rejection> + Clone {
+    warp::header::headers_cloned().and(limited_body(limit)).map(
+        |headers: warp::http::HeaderMap, body| {
+            let content_type = headers.get("content-type").map(|v| v.as_bytes());
+            if is_json_content_type(content_type) {
+                body
+            } else {
+                Err(ApiError::bad_request(
+                    not_json_content_type_error(content_type),
+                    None,
+                ))
+            }
+        },
+    )
 }
 
 /// The request body, up to `limit` bytes. Unlike warp's `content_length_limit`, chunked bodies

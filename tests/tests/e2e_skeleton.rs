@@ -240,6 +240,50 @@ async fn routes_to_the_chosen_worker_streams_and_ignores_a_forged_destination() 
         "the malformed body is no fail-open"
     );
 
+    // A good body sent as a form (`curl -d`'s content-type), as text, or with no content-type:
+    // vLLM refuses each unread, and so does the gateway, on its headers.
+    let good = chat_body(prompt, 2, false).to_string();
+    for content_type in [
+        Some("application/x-www-form-urlencoded"),
+        Some("text/plain"),
+        None,
+    ] {
+        let mut request = http.post(&url).body(good.clone()).timeout(REQUEST_TIMEOUT);
+        if let Some(content_type) = content_type {
+            request = request.header("content-type", content_type);
+        }
+        let response = request
+            .send()
+            .await
+            .expect("a request without JSON's content-type");
+        assert_eq!(response.status(), 400, "{content_type:?}");
+        let headers = response.headers().clone();
+        assert_eq!(
+            headers.get(ROUTE_HEADER).and_then(|v| v.to_str().ok()),
+            Some("rejected;reason=not_json_content_type")
+        );
+        assert!(headers.get(WORKER_HEADER).is_none(), "no worker saw it");
+        let text = response.text().await.unwrap_or_default();
+        assert!(text.contains("only 'application/json'"), "{text}");
+    }
+    // Its parameters are its own: a charset is fine.
+    let served = http
+        .post(&url)
+        .header("content-type", "Application/JSON; charset=utf-8")
+        .body(good)
+        .timeout(REQUEST_TIMEOUT)
+        .send()
+        .await
+        .expect("a JSON request");
+    assert_eq!(served.status(), 200);
+    let stats = envoy_stats(&http, &stack.admin_url())
+        .await
+        .expect("envoy stats");
+    assert_eq!(
+        stats.get("wasmcustom.switchyard.rejected.not_json_content_type"),
+        Some(&3)
+    );
+
     // (d) Header values that are not UTF-8 (a Latin-1 `User-Agent`, a request id) are bytes
     // the filter reads as such: once, one such request crashed the VM of its Envoy worker
     // thread. Each goes on a connection of its own, so every worker thread sees some; each is

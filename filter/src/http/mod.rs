@@ -36,6 +36,7 @@ use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action, BufferType};
 use switchyard_protocol::handoff::Handoff;
+use switchyard_protocol::openai::is_json_content_type;
 use switchyard_protocol::route::{ApiKind, REJECT_HEADER, REQUEST_ID_HEADER, ROUTE_HEADER};
 
 use crate::body::{self, RequestDoc};
@@ -400,6 +401,13 @@ impl HttpContext for SwitchyardRequest {
             self.set_http_request_header(":path", Some(&canonical));
         }
         self.settle_request_id();
+        let content_type = self.get_http_request_header_bytes("content-type");
+        if !is_json_content_type(content_type.as_deref()) {
+            // vLLM refuses it before reading the body; so does the gateway, before a prefill
+            // leg (which the filter sends as JSON) could hold KV for a refused decode leg.
+            self.reject_body(body::InvalidBody::NotJsonContentType);
+            return Action::Pause;
+        }
         if body::is_encoded(self.request_header("content-encoding").as_deref()) {
             // Compressed, the prompt cannot be read, and the engine would refuse it too; said
             // before the client uploads (and Envoy buffers) a byte of it.

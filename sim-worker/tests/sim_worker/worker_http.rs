@@ -517,6 +517,36 @@ async fn chunked_bodies_are_accepted_and_oversized_ones_refused() {
     assert_eq!(v["error"]["code"], 413);
 }
 
+/// vLLM's OpenAI endpoints take `application/json` bodies only (any case, with parameters).
+#[tokio::test]
+async fn bodies_without_jsons_content_type_are_refused_as_vllm_refuses_them() {
+    let tok = tokenizer();
+    let w = start(config(WorkerRole::Agg, "agg-content-type"), &tok, None).await;
+    let client = reqwest::Client::new();
+    let body = serde_json::to_vec(&json!({"prompt": "typed hello", "max_tokens": 1})).unwrap();
+    for (content_type, status) in [
+        (Some("application/x-www-form-urlencoded"), 400),
+        (Some("text/plain"), 400),
+        (Some("application/vnd.api+json"), 400),
+        (None, 400),
+        (Some("APPLICATION/JSON; charset=utf-8"), 200),
+    ] {
+        let mut request = client
+            .post(format!("{}/v1/completions", base_url(&w)))
+            .body(body.clone());
+        if let Some(content_type) = content_type {
+            request = request.header("content-type", content_type);
+        }
+        let resp = request.send().await.unwrap();
+        assert_eq!(resp.status(), status, "{content_type:?}");
+        if status == 400 {
+            let v: Value = resp.json().await.unwrap();
+            let message = v["error"]["message"].as_str().unwrap_or_default();
+            assert!(message.contains("only 'application/json'"), "{v}");
+        }
+    }
+}
+
 #[tokio::test]
 async fn concurrent_streams_all_complete_with_their_own_token_counts() {
     let tok = tokenizer();
