@@ -247,6 +247,13 @@ pub fn generation_params(
             continue;
         };
         if max_tokens.is_none() {
+            // Completions' `echo` with `max_tokens` 0 answers the prompt alone (scoring its
+            // tokens with `logprobs`): vLLM runs it as one token whose text it leaves out.
+            if value == 0 && api == ApiKind::Completions && lax_bool(body, "echo")?.unwrap_or(false)
+            {
+                max_tokens = Some(1);
+                continue;
+            }
             if value < 1 {
                 return Err(InvalidRequest::bad(
                     name,
@@ -489,12 +496,13 @@ pub fn prompt_count(api: ApiKind, body: &Map<String, Value>) -> u32 {
 /// one of `max_model_len` tokens or more; a larger `max_tokens` it clamps to what is left).
 ///
 /// # Errors
-/// [`InvalidRequest`] (400, param `input_tokens`) when it cannot.
+/// [`InvalidRequest`] (400) when it cannot: param `prompt` for an empty prompt (as vLLM names
+/// it), `input_tokens` for a long one.
 pub fn check_prompt_length(prompt_tokens: usize, max_model_len: u32) -> Result<(), InvalidRequest> {
     if prompt_tokens == 0 {
         return Err(InvalidRequest::bad(
-            "input_tokens",
-            "the prompt is empty: it has no tokens to generate from",
+            "prompt",
+            "the prompt is empty: give at least one token to generate from",
         ));
     }
     if prompt_tokens >= max_model_len as usize {
@@ -1000,6 +1008,28 @@ mod tests {
     }
 
     #[test]
+    fn completions_echo_may_generate_nothing() {
+        let p = params(ApiKind::Completions, json!({"echo": true, "max_tokens": 0})).unwrap();
+        assert_eq!(p.max_tokens, Some(1), "vLLM runs it as one token");
+        assert!(params(
+            ApiKind::Completions,
+            json!({"echo": "true", "max_tokens": false})
+        )
+        .is_ok());
+        for refused in [
+            (ApiKind::Completions, json!({"max_tokens": 0})),
+            (
+                ApiKind::Completions,
+                json!({"echo": false, "max_tokens": 0}),
+            ),
+            (ApiKind::Chat, json!({"echo": true, "max_tokens": 0})),
+        ] {
+            let err = params(refused.0, refused.1.clone()).unwrap_err();
+            assert_eq!(err.param.as_deref(), Some("max_tokens"), "{}", refused.1);
+        }
+    }
+
+    #[test]
     fn prompt_logprobs_are_asked_as_vllm_reads_them() {
         let asks = |api, body: Value| params(api, body).unwrap().prompt_logprobs;
         for api in [ApiKind::Chat, ApiKind::Completions] {
@@ -1072,6 +1102,7 @@ mod tests {
         assert!(err.message.contains("4097"), "{err}");
         let err = check_prompt_length(0, CONTEXT).unwrap_err();
         assert!(err.message.contains("empty"), "{err}");
+        assert_eq!(err.param.as_deref(), Some("prompt"), "as vLLM names it");
     }
 
     #[test]

@@ -874,10 +874,7 @@ async fn a_prompt_cut_by_truncate_prompt_tokens_is_routed_on_what_the_engine_kee
             long_chat(json!({"truncate_prompt_tokens": 65})),
             "truncate_prompt_tokens",
         ),
-        (
-            long_chat(json!({"truncate_prompt_tokens": 0})),
-            "input_tokens",
-        ),
+        (long_chat(json!({"truncate_prompt_tokens": 0})), "prompt"),
         (
             long_chat(json!({"truncate_prompt_tokens": 5, "truncation_side": "middle"})),
             "truncation_side",
