@@ -330,8 +330,12 @@ impl Pools {
     pub fn parse(text: &str, file: &Path) -> Result<Pools, PoolFileError> {
         let raw: RawPoolFile = serde_saphyr::from_str(text).map_err(|e| PoolFileError::Syntax {
             file: file.to_owned(),
-            // The parser's text starts "error: ", which "pool file X: " already says.
-            message: e.to_string().trim_start_matches("error: ").to_owned(),
+            // The parser's text starts "error: ", which "pool file X: " already says, and
+            // its advice on duplicate keys names a parser option the file cannot set.
+            message: e.to_string().trim_start_matches("error: ").replace(
+                ", set DuplicateKeyPolicy in Options if acceptable",
+                " (each key may appear once per mapping)",
+            ),
         })?;
         validate(raw).map_err(|(field, message)| PoolFileError::Invalid {
             file: file.to_owned(),
@@ -826,6 +830,16 @@ models:
         }
         let e = error(&GOOD.replace("http://127.0.0.1:9000", "http://user:s3cret@127.0.0.1:9000"));
         assert!(e.contains("credentials"), "{e}");
+    }
+
+    #[test]
+    fn a_duplicate_key_is_named_without_parser_advice() {
+        let e = error(&GOOD.replace(
+            "    block_size: 16\n",
+            "    block_size: 16\n    block_size: 32\n",
+        ));
+        assert!(e.contains("duplicate") && e.contains("block_size"), "{e}");
+        assert!(!e.contains("DuplicateKeyPolicy"), "{e}");
     }
 
     #[test]
