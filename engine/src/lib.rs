@@ -155,7 +155,7 @@ impl Engine {
     /// A typed [`EngineError`] for a duplicate id, an empty prompt, `max_tokens` 0, a hash
     /// count that does not match the prompt length, a request that can never fit in the KV
     /// cache, or a non-finite time. The engine is unchanged on error.
-    pub fn submit(&mut self, req: EngineRequest, now_ms: f64) -> Result<(), EngineError> {
+    pub fn submit(&mut self, mut req: EngineRequest, now_ms: f64) -> Result<(), EngineError> {
         if !now_ms.is_finite() {
             return Err(EngineError::InvalidTime(now_ms));
         }
@@ -197,7 +197,7 @@ impl Engine {
                 capacity_tokens,
             });
         }
-        let hashes = match req.prompt {
+        let hashes = match std::mem::replace(&mut req.prompt, Prompt::Tokens(Vec::new())) {
             Prompt::Tokens(t) => {
                 switchyard_protocol::hash::sequence_hashes(&t, self.block_size, self.cfg.hash_seed)
             }
@@ -205,16 +205,7 @@ impl Engine {
         };
         let arrival_ms = now_ms.max(self.last_arrival_ms);
         self.last_arrival_ms = arrival_ms;
-        let seq = Seq::new(
-            id,
-            tokens,
-            max_tokens,
-            hashes,
-            &req.kv,
-            req.hold_for_remote_decode,
-            req.reads_prefix_cache,
-            arrival_ms,
-        );
+        let seq = Seq::new(&req, tokens, max_tokens, hashes, arrival_ms);
         let slot = self.insert_slot(seq);
         self.by_id.insert(id, slot);
         self.waiting.push_back(slot);

@@ -3,7 +3,7 @@
 
 use switchyard_protocol::hash::{LocalBlockHash, SequenceHash};
 
-use super::request::KvSource;
+use super::request::{EngineRequest, KvSource};
 
 /// Where a request is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,18 +49,17 @@ pub(super) struct Seq {
 }
 
 impl Seq {
+    /// A waiting sequence for `req`, whose prompt is `prompt_len` tokens hashed as `hashes`
+    /// (the caller took the prompt out of `req` to hash it).
     pub(super) fn new(
-        id: u64,
+        req: &EngineRequest,
         prompt_len: u32,
         max_tokens: u32,
         hashes: Vec<SequenceHash>,
-        kv: &KvSource,
-        hold: bool,
-        reads_cache: bool,
         arrival_ms: f64,
     ) -> Self {
         Seq {
-            id,
+            id: req.id,
             prompt_len,
             max_tokens,
             hashes,
@@ -71,10 +70,10 @@ impl Seq {
             cached_tokens: None,
             // KV handed over is not read either by a request that reads no cache (vLLM loads
             // nothing for it and computes the prompt).
-            remote_pending: matches!(kv, KvSource::Remote) && reads_cache,
-            reads_cache,
+            remote_pending: matches!(req.kv, KvSource::Remote) && req.reads_prefix_cache,
+            reads_cache: req.reads_prefix_cache,
             remote_tokens: 0,
-            hold,
+            hold: req.hold_for_remote_decode,
             arrival_ms,
             rank: 0,
             phase: Phase::Waiting,
