@@ -265,13 +265,16 @@ pub enum Reason {
     /// capacity, or the decode-busy guard's fraction of it), so the chosen prefill worker
     /// keeps it and decodes it itself, as a plain aggregated request.
     AggDecodePoolFull,
+    /// Aggregated: disagg or conditional mode, but no decode worker is live at all (the pool
+    /// is down), so a prefill worker serves the request whole rather than no one.
+    AggNoDecodeWorkers,
     /// A reason this build does not know (from a newer control plane): read, never written.
     Unknown,
 }
 
 impl Reason {
     /// Every reason a verdict can carry, in a fixed order.
-    pub const ALL: [Reason; 17] = [
+    pub const ALL: [Reason; 18] = [
         Reason::BypassIslBounding,
         Reason::BypassPrefillBusy,
         Reason::BypassSloCost,
@@ -289,6 +292,7 @@ impl Reason {
         Reason::AggServingMode,
         Reason::AggNoPrefillWorkers,
         Reason::AggDecodePoolFull,
+        Reason::AggNoDecodeWorkers,
     ];
 
     /// The wire name and metric label.
@@ -311,6 +315,7 @@ impl Reason {
             Reason::AggServingMode => "agg:serving_mode",
             Reason::AggNoPrefillWorkers => "agg:no_prefill_workers",
             Reason::AggDecodePoolFull => "agg:decode_pool_full",
+            Reason::AggNoDecodeWorkers => "agg:no_decode_workers",
             Reason::Unknown => "unknown",
         }
     }

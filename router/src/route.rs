@@ -241,8 +241,14 @@ impl Router {
                 decode.push(c);
             }
         }
-        if decode.is_empty() {
-            return Err(RouteError::NoDecodeWorkers);
+        // No decode worker live at all (the pool is down, or not up yet): a prefill worker
+        // serves the request whole, as when every decode worker is full, rather than no one.
+        let no_decode_pool = decode.is_empty();
+        if no_decode_pool {
+            if !self.config.prefill_continues_decode || prefill.is_empty() {
+                return Err(RouteError::NoDecodeWorkers);
+            }
+            decode = std::mem::take(&mut prefill);
         }
         for (i, (_, hashes)) in by_size.iter().enumerate() {
             self.index.find_matches(hashes, &mut self.scores);
@@ -367,6 +373,7 @@ impl Router {
                 call = None;
                 (pw, RouteMode::Agg, Reason::AggDecodePoolFull, None)
             }
+            None if no_decode_pool => (d, RouteMode::Agg, Reason::AggNoDecodeWorkers, None),
             None => (d, route_mode, reason, p),
         };
         let cached = cached_tokens(d, isl);
@@ -392,7 +399,7 @@ impl Router {
             cached_tokens: cached,
             eff_isl,
             reason,
-            decode_on_prefill: keeper.is_some(),
+            decode_on_prefill: keeper.is_some() || no_decode_pool,
             engine: d.engine,
             // The router never sees the body; the control plane's API sets it.
             steering_free: false,

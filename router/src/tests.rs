@@ -531,6 +531,11 @@ fn serving_modes_and_fallbacks() {
 #[test]
 fn no_decode_workers_is_an_error_and_expired_workers_are_not_routed_to() {
     let mut r = router_with(&[("prefill-0", WorkerRole::Prefill)]);
+    // The prefill worker serving such requests whole is
+    // `with_no_decode_worker_live_a_prefill_worker_serves_the_request_whole`.
+    let mut cfg = r.config().clone();
+    cfg.prefill_continues_decode = false;
+    r.set_config(cfg).unwrap();
     assert_eq!(
         r.route("a", &prompt(1, 100), 0),
         Err(RouteError::NoDecodeWorkers)
@@ -1201,6 +1206,43 @@ fn a_prompt_the_engine_recomputes_matches_no_cache_and_is_never_disaggregated() 
         assert!(v.prefill.is_none());
         r.apply_lifecycle(&done(&id), 4);
     }
+}
+
+#[test]
+fn with_no_decode_worker_live_a_prefill_worker_serves_the_request_whole() {
+    let mut r = router_with(&[("prefill-0", WorkerRole::Prefill)]);
+    let tokens = prompt(9, 3_000);
+    for mode in [ServingMode::Conditional, ServingMode::Disagg] {
+        let mut cfg = r.config().clone();
+        cfg.serving_mode = mode;
+        r.set_config(cfg).unwrap();
+        let v = r
+            .route_traced("alone", &tokens, 1, None, 1)
+            .unwrap()
+            .verdict;
+        assert_eq!(
+            (v.mode, v.reason, v.decode.worker_id.0.as_str()),
+            (RouteMode::Agg, Reason::AggNoDecodeWorkers, "prefill-0"),
+            "{mode:?}"
+        );
+        assert!(
+            v.decode_on_prefill,
+            "the filter sends it to the prefill cluster"
+        );
+        assert!(v.prefill.is_none());
+        r.apply_lifecycle(&done("alone"), 2);
+    }
+    // Not when the prefill worker is not to decode, nor in agg serving mode.
+    let mut cfg = r.config().clone();
+    cfg.serving_mode = ServingMode::Conditional;
+    cfg.prefill_continues_decode = false;
+    r.set_config(cfg).unwrap();
+    assert_eq!(r.route("off", &tokens, 3), Err(RouteError::NoDecodeWorkers));
+    let mut cfg = r.config().clone();
+    cfg.serving_mode = ServingMode::Agg;
+    cfg.prefill_continues_decode = true;
+    r.set_config(cfg).unwrap();
+    assert_eq!(r.route("agg", &tokens, 4), Err(RouteError::NoDecodeWorkers));
 }
 
 #[test]

@@ -30,12 +30,13 @@ use switchyard_e2e::{
     client, envoy_stats, post_observed, DESTINATION_RESPONSE_HEADER, WORKER_HEADER,
 };
 use switchyard_protocol::route::ROUTE_HEADER;
+use switchyard_stack::Component;
 
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cold_prompts_disaggregate_and_next_turns_bypass_to_the_same_worker() {
-    let stack = disagg_stack(&[]).await;
+    let mut stack = disagg_stack(&[]).await;
     let http = client();
     let workers = known_workers(&stack, &http)
         .await
@@ -266,4 +267,37 @@ async fn cold_prompts_disaggregate_and_next_turns_bypass_to_the_same_worker() {
         .unwrap_or_else(|e| panic!("{e}"));
     let stats = envoy_stats(&http, &stack.admin_url()).await.expect("stats");
     assert_eq!(stat(&stats, "routed.agg"), 1);
+
+    // (5) No decode worker at all (the pool is down): the prefill pool serves requests whole
+    // rather than no one. Until the control plane has seen the workers go, a request fails
+    // open to the emptied decode cluster; once it has, each is served.
+    stack.stop_component(Component::Workers);
+    let messages =
+        json!([{"role": "user", "content": "A question while the decode pool is down."}]);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let response = loop {
+        let response = post_observed(
+            &http,
+            &url,
+            &chat(messages.clone(), 4),
+            &[],
+            REQUEST_TIMEOUT,
+        )
+        .await
+        .expect("request without a decode pool");
+        if response.header(ROUTE_HEADER) == "agg" || tokio::time::Instant::now() > deadline {
+            break response;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    assert_eq!(response.status, 200, "{}", response.body());
+    assert_eq!(
+        response.header(ROUTE_HEADER),
+        "agg",
+        "{:?}",
+        response.headers
+    );
+    let worker = response.header(WORKER_HEADER).to_string();
+    assert!(worker.starts_with("prefill-"), "served by {worker}");
+    assert_streamed(&response);
 }
