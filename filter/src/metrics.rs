@@ -257,10 +257,10 @@ mod tests {
     fn rejections_count_the_total_and_their_reason() {
         let ids = StatIds {
             rejected_total: 40,
-            rejected: (41..50).collect(),
+            rejected: (41..51).collect(),
             ..StatIds::default()
         };
-        assert_eq!(ids.for_rejection(Rejection::TooLarge), vec![40, 49]);
+        assert_eq!(ids.for_rejection(Rejection::TooLarge), vec![40, 50]);
         let outcome = RouteOutcome::Rejected {
             status: 400,
             reason: switchyard_protocol::route::RejectReason::PromptTooLong,

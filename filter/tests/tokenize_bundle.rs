@@ -1,6 +1,6 @@
 //! A tokenizer loaded from the control plane's bundle (as a VM loads it) gives the hashed
 //! prompt the control plane's own tokenizer gives: same ISL, same block hashes, and the body's
-//! fields without its prompt. Needs the Qwen3 files (`scripts/setup.sh`, or
+//! fields without its prompt (but for the tools' names). Needs the Qwen3 files (`scripts/setup.sh`, or
 //! `SWITCHYARD_MODEL_DIR`).
 
 use serde_json::json;
@@ -50,7 +50,7 @@ fn a_bundle_tokenizer_hashes_as_the_control_plane_tokenizes() {
     );
     assert_eq!(
         hashed.fields,
-        br#"{"model":"qwen3","max_tokens":8,"stream":true}"#
+        br#"{"model":"qwen3","tools":[{"type":"function","function":{"name":"f"}}],"max_tokens":8,"stream":true}"#
     );
     assert_eq!(HashedPrompt::decode(&hashed.encode()), Ok(hashed));
 
