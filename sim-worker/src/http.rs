@@ -259,8 +259,9 @@ async fn release_reply(ctx: Arc<WorkerContext>, body: Result<Bytes, ApiError>) -
     }
 }
 
-/// The body of a request to an OpenAI endpoint: refused unread, as vLLM refuses it, when its
-/// `content-type` is not `application/json`; else [`limited_body`].
+/// The body of a request to an OpenAI endpoint ([`limited_body`]), refused when its
+/// `content-type` is not `application/json`, as vLLM refuses it (vLLM before reading the
+/// body; the simulated worker reads it first, which changes no answer).
 fn json_body(
     limit: u64,
 ) -> impl Filter<Extract = (Result<Bytes, ApiError>,), Error = Rejection> + Clone {
