@@ -128,7 +128,14 @@ impl StackBuilder {
         // Below the kernel's ephemeral range: Envoy binds its listener seconds after the pick
         // (it compiles the filter first), and a port in that range could meanwhile become the
         // source port of an outgoing connection ("Address already in use").
-        let ports = switchyard_support::free_listen_ports(6 + worker_count + 2 * extra_replicas);
+        let needed = 6 + worker_count + 2 * extra_replicas;
+        // A free pick never lands on a port given explicitly (those are free until bound).
+        let given: Vec<u16> = self.given_ports()?.iter().map(|(_, port)| *port).collect();
+        let ports: Vec<u16> = switchyard_support::free_listen_ports(needed + given.len())
+            .into_iter()
+            .filter(|port| !given.contains(port))
+            .take(needed)
+            .collect();
         let nats_port = self.nats_port.unwrap_or(ports[0]);
         let cp_port = self.control_plane_port.unwrap_or(ports[1]);
         let listen_port = self.listen_port.unwrap_or(ports[2]);
@@ -136,8 +143,11 @@ impl StackBuilder {
         let plain_listen_port = self
             .plain_listen_port
             .map(|p| if p == 0 { ports[4] } else { p });
-        let cp_admin_port = ports[5];
-        let workers = self.workers(&ports[6..6 + worker_count]);
+        let cp_admin_port = self.control_plane_admin_port.unwrap_or(ports[5]);
+        let workers = match self.first_worker_port {
+            Some(first) => self.workers(&self.given_worker_ports(first)?),
+            None => self.workers(&ports[6..6 + worker_count]),
+        };
         let replica_ports = ports[6 + worker_count..]
             .chunks(2)
             .map(|pair| (pair[0], pair[1]))
@@ -185,26 +195,16 @@ impl StackBuilder {
     /// NATS, the control plane and the workers are up, and failed then with the reason deep
     /// in its log.
     fn check_given_ports(&self) -> Result<(), StackError> {
-        let given = [
-            ("listen", self.listen_port),
-            ("admin", self.admin_port),
-            ("control plane", self.control_plane_port),
-            ("nats", self.nats_port),
-            ("plain listen", self.plain_listen_port.filter(|&p| p != 0)),
-        ];
-        let given: Vec<(&str, u16)> = given
-            .into_iter()
-            .filter_map(|(name, port)| Some((name, port?)))
-            .collect();
-        for (i, &(name, port)) in given.iter().enumerate() {
-            if let Some((other, _)) = given[..i].iter().find(|(_, p)| *p == port) {
+        let given = self.given_ports()?;
+        for (i, (name, port)) in given.iter().enumerate() {
+            if let Some((other, _)) = given[..i].iter().find(|(_, p)| p == port) {
                 return Err(StackError::InvalidSetting(format!(
                     "the {other} and {name} ports are both {port}"
                 )));
             }
         }
-        for &(name, port) in &given {
-            if let Err(e) = std::net::TcpListener::bind(("127.0.0.1", port)) {
+        for (name, port) in &given {
+            if let Err(e) = std::net::TcpListener::bind(("127.0.0.1", *port)) {
                 // The commonest holder is an earlier stack: one whose launcher was killed
                 // with SIGKILL leaves its processes running.
                 let hint = if e.kind() == std::io::ErrorKind::AddrInUse {
@@ -219,6 +219,51 @@ impl StackBuilder {
             }
         }
         Ok(())
+    }
+
+    /// Every port given explicitly, named as the errors name it.
+    fn given_ports(&self) -> Result<Vec<(String, u16)>, StackError> {
+        let fixed = [
+            ("listen", self.listen_port),
+            ("admin", self.admin_port),
+            ("control plane", self.control_plane_port),
+            ("control plane admin", self.control_plane_admin_port),
+            ("nats", self.nats_port),
+            ("plain listen", self.plain_listen_port.filter(|&p| p != 0)),
+        ];
+        let mut given: Vec<(String, u16)> = fixed
+            .into_iter()
+            .filter_map(|(name, port)| Some((name.to_string(), port?)))
+            .collect();
+        if let Some(first) = self.first_worker_port {
+            let ports = self.given_worker_ports(first)?;
+            for (worker, port) in self.workers(&ports).into_iter().zip(ports) {
+                given.push((format!("worker {}", worker.id.0), port));
+            }
+        }
+        Ok(given)
+    }
+
+    /// The simulated workers' ports counted up from `first`.
+    fn given_worker_ports(&self, first: u16) -> Result<Vec<u16>, StackError> {
+        let count = self.decode + self.prefill + self.agg;
+        if first == 0 {
+            return Err(StackError::InvalidSetting(
+                "the first worker port is 0: give a port to count up from".into(),
+            ));
+        }
+        (0..count)
+            .map(|i| {
+                u16::try_from(i)
+                    .ok()
+                    .and_then(|i| first.checked_add(i))
+                    .ok_or_else(|| {
+                        StackError::InvalidSetting(format!(
+                            "{count} workers from port {first} run past port 65535"
+                        ))
+                    })
+            })
+            .collect()
     }
 }
 

@@ -81,6 +81,9 @@ pub struct StackBuilder {
     pub(crate) listen_port: Option<u16>,
     pub(crate) admin_port: Option<u16>,
     pub(crate) control_plane_port: Option<u16>,
+    pub(crate) control_plane_admin_port: Option<u16>,
+    /// The first simulated worker's port; the others follow it in order.
+    pub(crate) first_worker_port: Option<u16>,
     pub(crate) nats_port: Option<u16>,
     pub(crate) profile: Profile,
     pub(crate) artifacts: Option<Artifacts>,
@@ -114,6 +117,8 @@ impl Default for StackBuilder {
             listen_port: None,
             admin_port: None,
             control_plane_port: None,
+            control_plane_admin_port: None,
+            first_worker_port: None,
             nats_port: None,
             profile: Profile::Debug,
             artifacts: None,
@@ -169,6 +174,11 @@ impl StackBuilder {
         admin_port: u16 => admin_port);
     setter!(/// The control plane's port.
         control_plane_port: u16 => control_plane_port);
+    setter!(/// The control plane's admin port.
+        control_plane_admin_port: u16 => control_plane_admin_port);
+    setter!(/// The first simulated worker's port: the workers take consecutive ports from it,
+        /// decode workers first, then prefill, then aggregated.
+        first_worker_port: u16 => first_worker_port);
     setter!(/// nats-server's port.
         nats_port: u16 => nats_port);
     setter!(/// Which `target/` profile's binaries to run.

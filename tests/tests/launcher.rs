@@ -53,7 +53,8 @@ struct Started {
     listed: Vec<(u32, String)>,
 }
 
-/// Starts `switchyard-local --decode 1` and reads its banner, within a bounded time.
+/// Starts `switchyard-local --decode 1`, with the control plane's admin port and the worker's
+/// port given, and reads its banner, within a bounded time.
 async fn start_launcher() -> Started {
     let binary = target_dir(&|k| std::env::var(k).ok()).join("debug/switchyard-local");
     assert!(
@@ -61,8 +62,12 @@ async fn start_launcher() -> Started {
         "{} missing; run first:\n  {BUILD_COMMAND}",
         binary.display()
     );
+    let ports = switchyard_support::free_listen_ports(2);
+    let (admin_port, worker_port) = (ports[0], ports[1]);
     let child = Command::new(&binary)
         .args(["--decode", "1"])
+        .args(["--control-plane-admin-port", &admin_port.to_string()])
+        .args(["--worker-ports-from", &worker_port.to_string()])
         .env("RUST_LOG", "warn")
         // The workers at the modelled speed, whatever the environment asks: the drain test
         // needs a stream that is still running when the stop comes.
@@ -95,8 +100,11 @@ async fn start_launcher() -> Started {
     // Read the banner: the run directory and the gateway URL.
     let mut run_dir: Option<PathBuf> = None;
     let mut gateway: Option<String> = None;
+    let mut banner_lines = String::new();
     let banner = async {
         while let Ok(Some(line)) = lines.next_line().await {
+            banner_lines.push_str(&line);
+            banner_lines.push('\n');
             if let Some(rest) = line.split("logs in ").nth(1) {
                 run_dir = Some(PathBuf::from(rest.trim_end_matches(").")));
             }
@@ -111,6 +119,23 @@ async fn start_launcher() -> Started {
         .expect("banner within 90 s");
     let gateway = gateway.expect("the launcher printed where to send requests");
     let run_dir = run_dir.expect("the launcher printed its run directory");
+    // The ports given are the ones used, and the banner says so.
+    let worker_line = format!("decode   127.0.0.1:{worker_port}");
+    let admin_line = format!("admin API      http://127.0.0.1:{admin_port} ");
+    assert!(
+        banner_lines.contains(&worker_line) && banner_lines.contains(&admin_line),
+        "{banner_lines}"
+    );
+    for url in [
+        format!("http://127.0.0.1:{admin_port}/healthz"),
+        format!("http://127.0.0.1:{worker_port}/health"),
+    ] {
+        let status = client().get(&url).send().await.map(|r| r.status());
+        assert!(
+            status.as_ref().is_ok_and(|s| s.is_success()),
+            "{url}: {status:?}"
+        );
+    }
     let listed: Vec<(u32, String)> = std::fs::read_to_string(run_dir.join("pids"))
         .expect("pids file")
         .lines()
@@ -411,6 +436,19 @@ fn switchyard_local_refuses_unusable_settings_with_exit_64() {
         (
             &["--conditional-disagg-config", r#"{"policy":"nope"}"#],
             "--conditional-disagg-config",
+        ),
+        // Workers' ports counted past the last port, or onto a port given to another part.
+        (
+            &["--decode", "2", "--worker-ports-from", "65535"],
+            "2 workers from port 65535 run past port 65535",
+        ),
+        (
+            &["--port", "41999", "--worker-ports-from", "41998", "--decode", "2"],
+            "the listen and worker decode-1 ports are both 41999",
+        ),
+        (
+            &["--control-plane-admin-port", "41999", "--nats-port", "41999"],
+            "the control plane admin and nats ports are both 41999",
         ),
     ] {
         let started = tokio::time::Instant::now();

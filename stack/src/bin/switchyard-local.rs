@@ -43,6 +43,13 @@ struct Args {
     /// Control plane port (default: a free one).
     #[arg(long)]
     control_plane_port: Option<u16>,
+    /// Control plane admin port (default: a free one).
+    #[arg(long)]
+    control_plane_admin_port: Option<u16>,
+    /// The first simulated worker's port; the workers take consecutive ports from it,
+    /// decode workers first, then prefill, then aggregated (default: free ones).
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
+    worker_ports_from: Option<u16>,
     /// nats-server port (default: a free one).
     #[arg(long)]
     nats_port: Option<u16>,
@@ -177,6 +184,12 @@ async fn run(args: Args) -> anyhow::Result<()> {
     }
     if let Some(v) = args.control_plane_port {
         builder = builder.control_plane_port(v);
+    }
+    if let Some(v) = args.control_plane_admin_port {
+        builder = builder.control_plane_admin_port(v);
+    }
+    if let Some(v) = args.worker_ports_from {
+        builder = builder.first_worker_port(v);
     }
     if let Some(v) = args.nats_port {
         builder = builder.nats_port(v);
