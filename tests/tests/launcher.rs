@@ -443,11 +443,23 @@ fn switchyard_local_refuses_unusable_settings_with_exit_64() {
             "2 workers from port 65535 run past port 65535",
         ),
         (
-            &["--port", "41999", "--worker-ports-from", "41998", "--decode", "2"],
+            &[
+                "--port",
+                "41999",
+                "--worker-ports-from",
+                "41998",
+                "--decode",
+                "2",
+            ],
             "the listen and worker decode-1 ports are both 41999",
         ),
         (
-            &["--control-plane-admin-port", "41999", "--nats-port", "41999"],
+            &[
+                "--control-plane-admin-port",
+                "41999",
+                "--nats-port",
+                "41999",
+            ],
             "the control plane admin and nats ports are both 41999",
         ),
     ] {
