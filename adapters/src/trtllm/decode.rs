@@ -256,7 +256,14 @@ fn block(value: &Value, limits: &Limits) -> Result<TrtllmBlock, EventError> {
         limits.max_tokens_per_block,
     )?;
     let mut token_ids = Vec::with_capacity(tokens.len());
-    let mut has_extra_ids = false;
+    // Newer engines key a block by its multimodal items and its request's salt too; a text
+    // block sends `"mm_keys": []` and `"cache_salt": null`.
+    let mm_keys =
+        optional(fields, "mm_keys").map(|v| list(v, "mm_keys", limits.max_tokens_per_block));
+    let mut hashed_with_extra_keys = match mm_keys.transpose()? {
+        Some(keys) => !keys.is_empty(),
+        None => false,
+    } || optional(fields, "cache_salt").is_some();
     for token in tokens {
         let Value::Object(token) = token else {
             return Err(EventError::Field {
@@ -281,13 +288,13 @@ fn block(value: &Value, limits: &Limits) -> Result<TrtllmBlock, EventError> {
                         field: "token_extra_id",
                         expected: "an integer",
                     })?;
-            has_extra_ids |= extra != 0;
+            hashed_with_extra_keys |= extra != 0;
         }
     }
     Ok(TrtllmBlock {
         block_hash,
         token_ids,
-        has_extra_ids,
+        hashed_with_extra_keys,
     })
 }
 
@@ -339,7 +346,7 @@ mod tests {
                 blocks: vec![TrtllmBlock {
                     block_hash: u64::MAX,
                     token_ids: vec![1, 2],
-                    has_extra_ids: false,
+                    hashed_with_extra_keys: false,
                 }],
             }
         );
@@ -366,6 +373,38 @@ mod tests {
         assert_eq!(events[4].window_size, None);
     }
 
+    /// TensorRT-LLM's serializer now writes `mm_keys` and `cache_salt` on every stored block
+    /// (`[]` and `null` for a text block without a salt, as its own tests assert).
+    #[test]
+    fn multimodal_keys_and_cache_salts_are_noted() {
+        let stored = |extra: &str| {
+            let json = format!(
+                r#"[{{"event_id": 1, "data": {{"type": "stored", "parent_hash": null, "blocks": [
+                   {{"block_hash": 6, "tokens": [{{"token_id": 3, "token_extra_id": 0}}]{extra}}}]}}}}]"#
+            );
+            match decode(&json).remove(0) {
+                Ok(TrtllmEvent {
+                    data: TrtllmData::Stored { blocks, .. },
+                    ..
+                }) => Ok(blocks[0].hashed_with_extra_keys),
+                Ok(other) => panic!("{other:?}"),
+                Err(bad) => Err(bad.error.to_string()),
+            }
+        };
+        assert_eq!(stored(""), Ok(false));
+        assert_eq!(stored(r#", "mm_keys": [], "cache_salt": null"#), Ok(false));
+        assert_eq!(
+            stored(r#", "mm_keys": [], "cache_salt": "tenant-a""#),
+            Ok(true)
+        );
+        let image = r#"{"type": "mm_key", "hash": "0102", "start_offset": 0}"#;
+        assert_eq!(
+            stored(&format!(r#", "mm_keys": [{image}], "cache_salt": null"#)),
+            Ok(true)
+        );
+        assert!(stored(r#", "mm_keys": 7"#).unwrap_err().contains("mm_keys"));
+    }
+
     #[test]
     fn extra_token_ids_are_noted() {
         let json = r#"[{"event_id": 9, "data": {"type": "stored", "parent_hash": 5, "blocks": [
@@ -381,7 +420,7 @@ mod tests {
             panic!("stored")
         };
         assert_eq!(*parent_hash, Some(5));
-        assert!(blocks[0].has_extra_ids);
+        assert!(blocks[0].hashed_with_extra_keys);
     }
 
     #[test]

@@ -55,7 +55,8 @@ pub struct TrtllmBlock {
     pub block_hash: u64,
     /// Its token ids; fewer than the block size for the last, partly filled block.
     pub token_ids: Vec<u32>,
-    /// Some token carries a nonzero `token_extra_id` (multimodal input): the engine hashed
-    /// more than the token ids, so equal token ids do not mean equal KV.
-    pub has_extra_ids: bool,
+    /// The engine hashed more than the token ids, so equal token ids do not mean equal KV:
+    /// a token carries a nonzero `token_extra_id` or the block lists `mm_keys` (multimodal
+    /// input), or the block has a `cache_salt` (a tenant's cache kept apart).
+    pub hashed_with_extra_keys: bool,
 }

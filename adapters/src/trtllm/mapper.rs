@@ -16,8 +16,9 @@
 //! - `updated` (a block's priority or cache level changed; it is still cached) and unknown
 //!   types → nothing.
 //!
-//! Blocks whose tokens carry extra ids (multimodal inputs) are marked as hashed with more than
-//! their token ids, so the mapper keeps them out of the index. LoRA adapters are not in
+//! Blocks whose tokens carry extra ids or that list `mm_keys` (multimodal inputs), and blocks
+//! with a `cache_salt`, are marked as hashed with more than their token ids, so the mapper
+//! keeps them out of the index. LoRA adapters are not in
 //! TensorRT-LLM's events yet (its serializer leaves `lora_id` out): blocks computed with one
 //! look like plain blocks.
 
@@ -96,7 +97,7 @@ fn stored(
         lora_id: None,
         medium: None,
         group_idx: None,
-        hashed_with_extra_keys: whole.iter().any(|b| b.has_extra_ids),
+        hashed_with_extra_keys: whole.iter().any(|b| b.hashed_with_extra_keys),
     });
     Ok(Converted {
         event,
@@ -112,7 +113,7 @@ mod tests {
         TrtllmBlock {
             block_hash: hash,
             token_ids: tokens.collect(),
-            has_extra_ids: false,
+            hashed_with_extra_keys: false,
         }
     }
 
