@@ -280,6 +280,7 @@ pub fn generation_params(
     let output_asked = max_tokens.is_some() || api == ApiKind::Completions;
     let truncation = truncation(body, output_asked, max_model_len)?;
     let salted = cache_salt(body)?;
+    check_kv_cache_report_mode(body)?;
     let prompt_logprobs = asks_prompt_logprobs(api, body)?;
     Ok(GenerationParams {
         stream,
@@ -472,6 +473,28 @@ fn check_no_suffix(body: &Map<String, Value>) -> Result<(), InvalidRequest> {
             "suffix",
             "suffix (fill-in-the-middle) is not supported: the gateway cannot render FIM prompts",
         )),
+    }
+}
+
+/// Refuses `vllm_xargs.kv_cache_report_mode` `"full"`. With it, vLLM 0.32 announces the
+/// blocks a request found cached as `BlockStored` events of their own, with no new block
+/// behind them and so no later `BlockRemoved`; on the wire they look like a second copy of
+/// each block (vLLM does cache copies: two requests computing one prefix in a step), so the
+/// router's index would keep those blocks after the engine evicted them, and route on cache
+/// that is gone. vLLM reads only the exact string `"full"`; anything else is its default.
+fn check_kv_cache_report_mode(body: &Map<String, Value>) -> Result<(), InvalidRequest> {
+    let Some(Value::Object(xargs)) = body.get("vllm_xargs") else {
+        return Ok(());
+    };
+    match xargs.get("kv_cache_report_mode") {
+        Some(Value::String(mode)) if mode == "full" => Err(InvalidRequest::bad(
+            "vllm_xargs",
+            "vllm_xargs.kv_cache_report_mode \"full\" is not served behind this gateway: \
+             vLLM would announce cache hits as new blocks, which the router cannot tell from \
+             stored copies, so its view of the cache would keep blocks the engine evicted; \
+             leave it unset (the router already learns every block vLLM stores)",
+        )),
+        _ => Ok(()),
     }
 }
 
@@ -814,6 +837,28 @@ mod tests {
         ] {
             let err = chat(body.clone()).expect_err(&body.to_string());
             assert_eq!(err.param.as_deref(), Some(field), "{body}: {err}");
+        }
+    }
+
+    #[test]
+    fn a_full_kv_cache_report_is_refused() {
+        for api in [ApiKind::Chat, ApiKind::Completions] {
+            let err = params(api, json!({"vllm_xargs": {"kv_cache_report_mode": "full"}}))
+                .expect_err("full");
+            assert_eq!(err.param.as_deref(), Some("vllm_xargs"));
+            assert!(
+                err.message.contains("kv_cache_report_mode"),
+                "{}",
+                err.message
+            );
+            for fine in [
+                json!({"vllm_xargs": {"kv_cache_report_mode": "incremental"}}),
+                json!({"vllm_xargs": {"kv_cache_report_mode": "FULL"}}),
+                json!({"vllm_xargs": {"session_id": "s-1"}}),
+                json!({"vllm_xargs": null}),
+            ] {
+                assert!(params(api, fine.clone()).is_ok(), "{fine}");
+            }
         }
     }
 

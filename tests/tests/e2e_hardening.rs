@@ -290,6 +290,11 @@ async fn attacks_and_bad_input_are_refused_and_cost_nothing() {
             "stream_options",
         ),
         (json!({"n": 0}), "n"),
+        // vLLM would serve it, but its reuse reports would leave evicted blocks in the index.
+        (
+            json!({"vllm_xargs": {"kv_cache_report_mode": "full"}}),
+            "vllm_xargs",
+        ),
     ] {
         let response = post_observed(
             &http,

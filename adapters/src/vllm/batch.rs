@@ -40,7 +40,7 @@ pub enum VllmEvent {
         lora_id: Option<i64>,
         /// Where the blocks live (`"GPU"`, `"CPU"` for offloaded copies, ...), when sent.
         medium: Option<String>,
-        /// The KV cache group (hybrid models have several), when sent; vLLM omits 0.
+        /// The KV cache group (hybrid models have several), when sent (vLLM 0.32 sends 0 too).
         group_idx: Option<i64>,
         /// True when some block's `extra_keys` is not nil: vLLM mixed more than the token ids
         /// into its hash (multimodal input hashes, a LoRA name, a cache salt, prompt
@@ -53,7 +53,7 @@ pub enum VllmEvent {
         block_hashes: Vec<u64>,
         /// Where they lived, when sent.
         medium: Option<String>,
-        /// The KV cache group, when sent; vLLM omits 0.
+        /// The KV cache group, when sent (vLLM 0.32 sends 0 too).
         group_idx: Option<i64>,
     },
     /// Every cached block was dropped (for example after `POST /reset_prefix_cache`).
