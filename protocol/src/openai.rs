@@ -254,22 +254,12 @@ pub fn generation_params(
                 max_tokens = Some(1);
                 continue;
             }
-            if value < 1 {
-                return Err(InvalidRequest::bad(
-                    name,
-                    format!("{name} must be at least 1, got {}", as_sent(body, name)),
-                ));
-            }
-            if value > i128::from(max_model_len) {
-                return Err(InvalidRequest::bad(
-                    name,
-                    format!(
-                        "{name}={} cannot be greater than the model's context of {max_model_len} tokens; request fewer output tokens",
-                        as_sent(body, name)
-                    ),
-                ));
-            }
-            max_tokens = Some(value as u32);
+            max_tokens = Some(check_max_tokens(
+                name,
+                value,
+                &as_sent(body, name),
+                max_model_len,
+            )?);
         }
     }
     match api {
@@ -512,6 +502,36 @@ pub fn prompt_count(api: ApiKind, body: &Map<String, Value>) -> u32 {
         }
         _ => 1,
     }
+}
+
+/// `max_tokens` (or `max_completion_tokens`, as `name` says) of `value`, shown as `sent`, as
+/// vLLM 0.32 checks it: at least 1, and not above the model's context.
+///
+/// # Errors
+/// [`InvalidRequest`] (400, param `name`) when it is out of that range.
+pub fn check_max_tokens(
+    name: &str,
+    value: i128,
+    sent: &str,
+    max_model_len: u32,
+) -> Result<u32, InvalidRequest> {
+    if value < 1 {
+        return Err(InvalidRequest::bad(
+            name,
+            format!("{name} must be at least 1, got {sent}"),
+        ));
+    }
+    u32::try_from(value)
+        .ok()
+        .filter(|&tokens| tokens <= max_model_len)
+        .ok_or_else(|| {
+            InvalidRequest::bad(
+                name,
+                format!(
+                    "{name}={sent} cannot be greater than the model's context of {max_model_len} tokens; request fewer output tokens"
+                ),
+            )
+        })
 }
 
 /// Checks that a prompt of `prompt_tokens` can be served: not empty, and leaving room in the

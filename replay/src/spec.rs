@@ -34,6 +34,11 @@ pub struct StackSpec {
     /// CPU time between a client's send and the request reaching its first engine (the
     /// real stack's tokenizations); [`GatewayModel::FREE`] by default.
     pub gateway: GatewayModel,
+    /// The model's context length, as the real control plane and workers enforce it: a
+    /// prompt that leaves no room for a generated token is refused (400), and a request's
+    /// output is cut to what the context leaves (default: the simulated model's, as the
+    /// local stack's).
+    pub max_model_len: u32,
     /// Send times measured on a real run, virtual ms by request id, replacing the planned
     /// arrival (× `arrival_scale`) of every request without dependencies; a missing or
     /// non-finite entry keeps the planned one. The cross-check sets it so both sides see the
@@ -57,6 +62,7 @@ impl StackSpec {
             arrival_scale: ArrivalScale::PLANNED,
             load_interval_ms: switchyard_engine::DEFAULT_LOAD_INTERVAL_MS,
             gateway: GatewayModel::FREE,
+            max_model_len: switchyard_engine::DEFAULT_MAX_MODEL_LEN,
             sent_ms: None,
         }
     }
@@ -120,6 +126,10 @@ pub struct ReplayCounters {
     pub failed_open: u64,
     /// Engine refusals (at arrival or after a transfer).
     pub rejected: u64,
+    /// Requests refused 400 for an output larger than the model's context or a prompt that
+    /// leaves no room in it, as the control plane (or, for a request that failed open, the
+    /// worker) refuses them.
+    pub refused_for_context: u64,
     /// Recompute preemptions across engines.
     pub preemptions: u64,
     /// KV transfers started and tokens they moved.

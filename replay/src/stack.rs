@@ -31,12 +31,15 @@
 use std::collections::HashMap;
 
 use switchyard_engine::queue::EventQueue;
-use switchyard_filter::outcome::Served;
+use switchyard_filter::outcome::{Rejection, Served};
 use switchyard_filter::verdict::FailOpenReason;
 use switchyard_protocol::hash::{BlockSize, HashSeed};
 use switchyard_protocol::kv::KvEventBatch;
 use switchyard_protocol::lifecycle::LifecycleEvent;
-use switchyard_protocol::route::RouteMode;
+use switchyard_protocol::openai::{
+    check_max_tokens, check_prompt_length, clamp_max_tokens, InvalidRequest,
+};
+use switchyard_protocol::route::{RejectReason, RouteMode};
 use switchyard_protocol::worker::{WorkerId, WorkerInfo, DEFAULT_HEARTBEAT_INTERVAL_MS};
 use switchyard_router::core::{Resync, TICK_MS};
 use switchyard_router::{ControlCore, Router};
@@ -519,7 +522,9 @@ impl<'a> VirtualStack<'a> {
                 None => self.gateway.cancel(id),
             },
             GatewayEvent::FailedOpen { id, sent_ms } => {
-                if let Some(arrival) = self.fail_open(id, sent_ms) {
+                // A refused one still costs its worker tokenization (the worker reads the
+                // prompt before it refuses it), so its job stays.
+                if let Some(arrival) = self.fail_open(id, sent_ms, at_ms) {
                     self.pending.insert(id, arrival);
                 }
             }
@@ -550,7 +555,7 @@ impl<'a> VirtualStack<'a> {
     /// Request `id`'s route call timed out: as the filter fails open, Envoy's least-request
     /// fallback sends it without a verdict to the decode (or agg) worker with the fewest
     /// open requests (ties: the first), which prefills it locally. The router never sees it.
-    fn fail_open(&mut self, id: usize, sent_ms: f64) -> Option<Arrival> {
+    fn fail_open(&mut self, id: usize, sent_ms: f64, at_ms: f64) -> Option<Arrival> {
         let engine = self
             .fail_open_targets
             .iter()
@@ -559,14 +564,22 @@ impl<'a> VirtualStack<'a> {
         self.counters.failed_open += 1;
         let planned = &self.workload.requests[id];
         let tokens = self.source.token_ids(planned);
-        let prompt = hashed_prompt(&tokens, self.block_size, self.hash_seed);
-        let req = EngineRequest::local(id as u64, prompt, planned.osl);
         let record = RequestRecord {
             // The label the filter gives a request whose route call timed out.
             route: Some(Served::FailOpen(FailOpenReason::Timeout).route_header_value()),
             worker: Some(self.cluster.name(engine).to_string()),
             ..self.planned_record(id, sent_ms)
         };
+        // The worker checks the context as the control plane would have.
+        let max_tokens = match context_allows(tokens.len(), planned.osl, self.spec.max_model_len) {
+            Ok(max_tokens) => max_tokens,
+            Err((_, error)) => {
+                self.refuse(record, error, at_ms);
+                return None;
+            }
+        };
+        let prompt = hashed_prompt(&tokens, self.block_size, self.hash_seed);
+        let req = EngineRequest::local(id as u64, prompt, max_tokens);
         self.tracker.on_sent(engine, record, None);
         Some(Arrival::Direct { engine, req })
     }
@@ -578,6 +591,18 @@ impl<'a> VirtualStack<'a> {
         let record = self.planned_record(id, sent_ms);
         let planned = &self.workload.requests[id];
         let tokens = self.source.token_ids(planned);
+        let max_tokens = match context_allows(tokens.len(), planned.osl, self.spec.max_model_len) {
+            Ok(max_tokens) => max_tokens,
+            Err((reason, error)) => {
+                let route = Served::Rejected(Rejection::ControlPlane(reason));
+                let record = RequestRecord {
+                    route: Some(route.route_header_value()),
+                    ..record
+                };
+                self.refuse(record, error, at_ms);
+                return None;
+            }
+        };
         let verdict = match self
             .control
             .route(&request_id(id), &tokens, 1, router_ms(at_ms))
@@ -585,9 +610,12 @@ impl<'a> VirtualStack<'a> {
             Ok(v) => v,
             Err(e) => {
                 self.counters.route_errors += 1;
-                let ready =
-                    self.tracker
-                        .fail_unsent(self.workload, record, format!("route: {e}"), at_ms);
+                let ready = self.tracker.fail_unsent(
+                    self.workload,
+                    record,
+                    (503, format!("route: {e}")),
+                    at_ms,
+                );
                 self.push_ready(ready);
                 return None;
             }
@@ -599,13 +627,13 @@ impl<'a> VirtualStack<'a> {
             let error = format!("route: unknown worker {}", verdict.decode.worker_id);
             let ready = self
                 .tracker
-                .fail_unsent(self.workload, record, error, at_ms);
+                .fail_unsent(self.workload, record, (503, error), at_ms);
             self.push_ready(ready);
             return None;
         };
         let prompt = hashed_prompt(&tokens, self.block_size, self.hash_seed);
         drop(tokens);
-        let req = EngineRequest::local(id as u64, prompt, planned.osl);
+        let req = EngineRequest::local(id as u64, prompt, max_tokens);
         let arrival = match (verdict.mode, prefill) {
             (RouteMode::Disagg, Some(prefill)) => Arrival::Disaggregated {
                 prefill,
@@ -630,6 +658,45 @@ impl<'a> VirtualStack<'a> {
         self.tracker.on_sent(decode, record, Some(note));
         Some(arrival)
     }
+}
+
+impl VirtualStack<'_> {
+    /// Closes a request refused 400 before any engine took it (`record` as the client sees
+    /// it).
+    fn refuse(&mut self, record: RequestRecord, error: InvalidRequest, at_ms: f64) {
+        self.counters.refused_for_context += 1;
+        let ready = self
+            .tracker
+            .fail_unsent(self.workload, record, (400, error.message), at_ms);
+        self.push_ready(ready);
+    }
+}
+
+/// The output a request of `prompt_tokens` asking for `osl` tokens gets within the model's
+/// context, as the real control plane and workers allow it: an output larger than the
+/// context, or a prompt that leaves no room for a token, is refused (with the reason the
+/// control plane gives); a larger output than what the prompt leaves is cut to it.
+fn context_allows(
+    prompt_tokens: usize,
+    osl: u32,
+    max_model_len: u32,
+) -> Result<u32, (RejectReason, InvalidRequest)> {
+    check_max_tokens(
+        "max_tokens",
+        i128::from(osl),
+        &osl.to_string(),
+        max_model_len,
+    )
+    .map_err(|e| (RejectReason::InvalidRequest, e))?;
+    check_prompt_length(prompt_tokens, max_model_len).map_err(|e| {
+        let reason = if prompt_tokens == 0 {
+            RejectReason::InvalidRequest
+        } else {
+            RejectReason::PromptTooLong
+        };
+        (reason, e)
+    })?;
+    Ok(clamp_max_tokens(osl, prompt_tokens, max_model_len))
 }
 
 /// The request id the router and lifecycle reports use (the filter's `x-request-id`).

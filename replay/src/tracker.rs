@@ -237,11 +237,11 @@ impl Tracker {
         &mut self,
         workload: &Workload,
         mut record: RequestRecord,
-        error: String,
+        (status, error): (u16, String),
         at_ms: f64,
     ) -> Vec<(usize, f64)> {
         record.error = Some(error);
-        record.status = Some(503);
+        record.status = Some(status);
         self.close(workload, record, at_ms)
     }
 

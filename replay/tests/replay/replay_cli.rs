@@ -303,7 +303,8 @@ fn a_replay_where_nothing_succeeded_exits_1() {
     let dir = TempDir(std::env::temp_dir().join(format!("sy-replay-none-{}", std::process::id())));
     std::fs::create_dir_all(&dir.0).unwrap();
     let trace = dir.0.join("t.jsonl");
-    // More output than any worker's KV cache holds: every request is refused.
+    // More output than the model's context holds: every request is refused (400), as the
+    // real control plane refuses it.
     std::fs::write(
         &trace,
         r#"{"timestamp": 0, "input_length": 3, "output_length": 100000000, "hash_ids": [0]}"#,
@@ -329,7 +330,8 @@ fn a_replay_where_nothing_succeeded_exits_1() {
     );
 }
 
-/// A request no worker can hold fails at every point: the plan says so (it read "0 failed",
+/// A request no worker can serve (its output is larger than the model's context) fails at
+/// every point: the plan says so (it read "0 failed",
 /// and its ceiling counted the request), and a plan in which nothing succeeded exits 1 as the
 /// replay does (it exited 0 advising looser objectives).
 #[test]

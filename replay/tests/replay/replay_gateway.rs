@@ -168,3 +168,65 @@ fn a_route_call_slower_than_the_timeout_fails_open_to_a_local_prefill() {
     assert_eq!(patient.counters.failed_open, 0);
     assert_eq!(patient.counters.transfers, 3);
 }
+
+/// The model's context is enforced as on the real stack: a prompt that leaves no room for a
+/// generated token is refused 400 by the control plane (or, when its route call timed out, by
+/// the worker it failed open to), and an output longer than the context leaves is cut.
+#[test]
+fn prompts_beyond_the_context_are_refused_and_long_outputs_cut() {
+    let workload = burst();
+    let source = PromptSource::synthetic(workload.content_seed);
+    let prompt_tokens: Vec<u64> = workload
+        .requests
+        .iter()
+        .map(|r| source.prompt_tokens(r))
+        .collect();
+    // Room for the 6k prompt and 4 output tokens of the 10 asked; none for the 12k prompt.
+    let max_model_len = u32::try_from(prompt_tokens[1]).unwrap() + 4;
+    let mut spec = StackSpec::new(ServingMode::Disagg, 2, 1);
+    spec.max_model_len = max_model_len;
+    let run = run_mode(&workload, &source, spec).unwrap();
+    let refused = &run.records[0];
+    assert_eq!(refused.status, Some(400), "{refused:?}");
+    assert_eq!(
+        refused.route.as_deref(),
+        Some("rejected;reason=prompt_too_long")
+    );
+    assert!(
+        refused
+            .error
+            .as_deref()
+            .is_some_and(|e| e.contains(&format!("maximum context length is {max_model_len}"))),
+        "{refused:?}"
+    );
+    assert_eq!(run.counters.refused_for_context, 1);
+    assert_eq!(run.records[1].status, Some(200));
+    assert_eq!(
+        run.records[1].completion_tokens,
+        Some(4),
+        "cut to the context"
+    );
+    assert_eq!(run.records[2].completion_tokens, Some(10));
+    // The router never saw the refused one.
+    assert_eq!(
+        run.notes.iter().map(|n| n.id).collect::<Vec<_>>(),
+        vec![1, 2]
+    );
+
+    // Failed open, the worker refuses it alike, under the fail-open label.
+    let mut spec = StackSpec::new(ServingMode::Disagg, 3, 1);
+    spec.gateway = GatewayModel {
+        route_threads: 2,
+        route_timeout_ms: Some(100.0),
+        ..shared(0.01, 2.0)
+    };
+    spec.max_model_len = max_model_len;
+    let run = run_mode(&workload, &source, spec).unwrap();
+    let refused = &run.records[0];
+    assert_eq!(refused.status, Some(400), "{refused:?}");
+    assert_eq!(refused.route.as_deref(), Some("fail-open;reason=timeout"));
+    assert_eq!(
+        (run.counters.failed_open, run.counters.refused_for_context),
+        (1, 1)
+    );
+}
