@@ -93,8 +93,13 @@ pub struct Workload {
 
 impl Workload {
     /// Offered load: requests ÷ the arrival span scaled by `arrival`, requests/s; `None`
-    /// when everything arrives at once.
+    /// when everything arrives at once, or when requests wait for earlier ones (closed loop:
+    /// a turn is sent only after the turns it follows complete, so the rate is the served
+    /// system's, not the workload's, and planned arrivals only order the requests).
     pub fn offered_rps(&self, arrival: ArrivalScale) -> Option<f64> {
+        if self.requests.iter().any(|r| !r.after.is_empty()) {
+            return None;
+        }
         let first = self.requests.first()?.arrival_ms;
         let last = self.requests.iter().map(|r| r.arrival_ms).max()?;
         let span_ms = arrival.scale_ms(last.saturating_sub(first) as f64);
@@ -228,7 +233,7 @@ mod tests {
             requests: vec![
                 at(0, 1_000, vec![]),
                 at(1, 2_000, vec![]),
-                at(2, 3_000, vec![1]),
+                at(2, 3_000, vec![]),
             ],
         };
         let scale = |x: f64| ArrivalScale::new(x).unwrap();
@@ -239,5 +244,9 @@ mod tests {
         cut.truncate(2);
         assert_eq!(cut.requests.len(), 2);
         assert_eq!(cut.offered_rps(scale(1.0)), Some(2.0));
+        // Closed loop: a turn that waits for another is sent when the system lets it.
+        let mut closed = w.clone();
+        closed.requests[2].after = vec![1];
+        assert_eq!(closed.offered_rps(scale(1.0)), None);
     }
 }

@@ -38,12 +38,15 @@ pub fn run_markdown(r: &RunReport) -> String {
     let _ = writeln!(out, "# Load test: {}\n", m.label);
     let _ = writeln!(
         out,
-        "- workload `{}`, seed {}, arrival scale {}, {} planned requests, offered {} req/s",
+        "- workload `{}`, seed {}, arrival scale {}, {} planned requests, offered {}",
         m.workload,
         m.seed,
         m.arrival_scale,
         m.planned_requests,
-        num(m.offered_rps, 2)
+        m.offered_rps.map_or_else(
+            || "load – (closed loop, or all at once)".to_string(),
+            |rps| format!("{rps:.2} req/s")
+        )
     );
     if m.malformed_trace_lines > 0 {
         let _ = writeln!(
