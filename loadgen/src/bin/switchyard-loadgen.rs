@@ -276,6 +276,10 @@ fn load_workload(args: &LoadgenWorkload) -> Result<(Workload, usize)> {
     if let Some(n) = args.max_requests {
         workload.truncate(n);
     }
+    // A real run waits out the span: say so before the wait, not after a silent hour.
+    if let Some(warning) = workload.span_warning() {
+        switchyard_support::errln!("{warning}");
+    }
     if let Some(path) = &args.write_trace {
         let rows = write_session_trace(path, &workload, w.block_tokens)
             .map_err(|e| usage(e.to_string()))?;

@@ -72,6 +72,25 @@ async fn malformed_and_missing_traces_fail_clearly() {
         text(&plan.stdout)
     );
 
+    // A session whose next turn waits 31 years (a delay in the wrong unit): said before
+    // anything waits, as replay and the planner say it.
+    let decades = dir.file(
+        "decades.jsonl",
+        concat!(
+            r#"{"session_id": "a", "timestamp": 0, "input_length": 100, "output_length": 2, "hash_ids": [0]}"#,
+            "\n",
+            r#"{"session_id": "a", "delay": 1000000000000, "input_length": 600, "output_length": 2, "hash_ids": [0, 1]}"#,
+            "\n"
+        ),
+    );
+    let span = loadgen(&["plan", "--trace", decades.to_str().unwrap()]).await;
+    assert!(span.status.success(), "{}", text(&span.stderr));
+    assert!(
+        text(&span.stderr).contains("planned arrivals span 11574.1 days"),
+        "{}",
+        text(&span.stderr)
+    );
+
     let strict = loadgen(&["plan", "--trace", trace, "--strict"]).await;
     assert!(!strict.status.success());
     assert!(text(&strict.stderr).contains("--strict"));

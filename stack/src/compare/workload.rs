@@ -88,6 +88,9 @@ pub fn prepare(
     if let Some(n) = max_requests {
         workload.truncate(n);
     }
+    if let Some(warning) = workload.span_warning() {
+        tracing::warn!("{warning}");
+    }
     let tokenizer = ModelTokenizer::from_dir(model_dir).map_err(|e| {
         CompareError::Tokenizer(format!(
             "cannot load the tokenizer from {} (run scripts/setup.sh): {e}",
