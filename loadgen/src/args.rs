@@ -17,8 +17,8 @@ pub struct WorkloadArgs {
     /// session rows {session_id, timestamp | delay, parent_session_id?, ...} (closed loop).
     #[arg(long, conflicts_with = "agentic")]
     pub trace: Option<PathBuf>,
-    /// Read the trace as this form instead of detecting it (a `session_id` in one of the
-    /// first 100 rows makes it a session trace).
+    /// Read the trace as this form instead of detecting it (a `session_id` in any row makes
+    /// it a session trace).
     #[arg(long, value_enum, conflicts_with = "agentic")]
     pub trace_form: Option<TraceForm>,
     /// Tokens per trace hash id.

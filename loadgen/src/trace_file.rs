@@ -1,7 +1,7 @@
 //! A trace file of either form, read into a workload: Mooncake rows (open loop, each at its
 //! timestamp, [`crate::trace`]) or session rows (closed loop, [`crate::sessions`]). The form
-//! is given, or detected from the first 100 rows that are JSON objects: a `session_id` field
-//! in any of them makes the file a session trace.
+//! is given, or detected: a `session_id` field in any row that is a JSON object makes the
+//! file a session trace.
 
 use std::fmt;
 use std::path::Path;
@@ -45,21 +45,23 @@ pub struct LoadedTrace {
     pub malformed: Vec<MalformedLine>,
 }
 
-/// Rows [`detect_form`] looks at.
-const DETECTION_ROWS: usize = 100;
-
-/// The form of `text`: [`TraceForm::Sessions`] if one of its first [`DETECTION_ROWS`]
-/// JSON-object rows has a `session_id` field, else [`TraceForm::Mooncake`] (also when no row
-/// parses: the Mooncake reader then reports every line). Not the first row alone: a session
-/// trace whose first row lost its `session_id` was read as a Mooncake trace, every other row
-/// refused for its missing `timestamp`.
+/// The form of `text`: [`TraceForm::Sessions`] if any of its JSON-object rows has a
+/// `session_id` field, else [`TraceForm::Mooncake`] (also when no row parses: the Mooncake
+/// reader then reports every line). Not the first row alone: a session trace whose first row
+/// lost its `session_id` was read as a Mooncake trace, every other row refused for its missing
+/// `timestamp`. Not the first 100 rows either: session rows after them were read as Mooncake
+/// rows, a first turn silently as an open-loop request.
 pub fn detect_form(text: &str) -> TraceForm {
     let sessions = text
         .lines()
+        // Only a line naming the field can have it: a long Mooncake trace is not parsed twice.
+        .filter(|line| line.contains("session_id"))
         .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
-        .filter_map(|value| value.as_object().map(|row| row.contains_key("session_id")))
-        .take(DETECTION_ROWS)
-        .any(|has_session| has_session);
+        .any(|value| {
+            value
+                .as_object()
+                .is_some_and(|row| row.contains_key("session_id"))
+        });
     if sessions {
         TraceForm::Sessions
     } else {
@@ -207,6 +209,24 @@ mod tests {
             (loaded.workload.requests.len(), loaded.malformed.len()),
             (1, 0)
         );
+    }
+
+    #[test]
+    fn a_session_row_anywhere_makes_a_session_trace() {
+        let mooncake =
+            r#"{"timestamp": 0, "input_length": 3, "output_length": 1, "hash_ids": [0]}"#;
+        let session = r#"{"session_id": "a", "timestamp": 0, "input_length": 3, "output_length": 1, "hash_ids": [0]}"#;
+        let late = format!("{}{session}\n", format!("{mooncake}\n").repeat(150));
+        assert_eq!(detect_form(&late), TraceForm::Sessions);
+        // Then the Mooncake rows are the ones reported, not the session row taken silently.
+        let loaded = load_trace_text(&late, None, 512, 0).unwrap();
+        assert_eq!(
+            (loaded.workload.requests.len(), loaded.malformed.len()),
+            (1, 150)
+        );
+        // A value that merely mentions the name is no session row.
+        let mentions = r#"{"timestamp": 0, "input_length": 3, "output_length": 1, "hash_ids": [0], "note": "session_id"}"#;
+        assert_eq!(detect_form(mentions), TraceForm::Mooncake);
     }
 
     #[test]
