@@ -364,7 +364,7 @@ async fn attacks_and_bad_input_are_refused_and_cost_nothing() {
         0,
         "client errors are not fail-opens"
     );
-    assert_eq!(stat(&stats, "rejected.invalid_request"), 7);
+    assert_eq!(stat(&stats, "rejected.invalid_request"), 8);
     assert_eq!(stat(&stats, "rejected.prompt_too_long"), 1);
 
     // (5) Four turns of one conversation, each sent the moment the previous one answered: the
