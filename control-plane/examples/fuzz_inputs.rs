@@ -430,6 +430,7 @@ const CONFIG_KEYS: &[&str] = &[
     "kv_prediction_ms",
     "report_grace_ms",
     "stale_in_flight_ms",
+    "handoff_timeout_ms",
 ];
 
 fn config_patch() -> Target {

@@ -135,6 +135,9 @@ impl<'a> VirtualStack<'a> {
         if spec.gateway.is_free() {
             router_config.load.report_grace_ms = 0;
         }
+        // Virtual prefill legs never time out and no lifecycle report is lost: a decode leg
+        // still awaiting its handoff is still in a prefill queue, however long.
+        router_config.load.handoff_timeout_ms = 0;
         router_config.validate()?;
         let control = ControlCore::new(
             Router::with_config(router_config, spec.seed),

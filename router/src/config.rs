@@ -102,6 +102,16 @@ pub struct LoadConfig {
     /// (`crate::load`); 0 turns that off. Default 30 000 ms: far past a `done`'s trip, so a
     /// report that crossed one is never taken for a loss.
     pub stale_in_flight_ms: u64,
+    /// The decode leg of a disaggregated request is taken to have reached its decode worker
+    /// this long after it was routed, even without its `first_token` report: by then the
+    /// filter has handed it over or fallen back to a local prefill there (the prefill leg
+    /// gives up after the filter's `prefill_timeout_ms` for each of `1 + prefill_retries`
+    /// tries). From then on its worker's reports can show it lost (`stale_in_flight_ms`);
+    /// before, a disaggregated request whose lifecycle reports were lost stayed counted for
+    /// `request_timeout_ms`. 0: never (a virtual run, whose prefill legs never time out and
+    /// whose reports are never lost). Default 150 000 ms: the filter's defaults (60 s, one
+    /// retry) and a margin; raise it with them.
+    pub handoff_timeout_ms: u64,
 }
 
 impl Default for LoadConfig {
@@ -112,6 +122,7 @@ impl Default for LoadConfig {
             kv_prediction_ms: 30_000,
             report_grace_ms: 0,
             stale_in_flight_ms: 30_000,
+            handoff_timeout_ms: 150_000,
         }
     }
 }

@@ -37,7 +37,10 @@
 //! outage a replica's share of them; counted in flight, they steered turns away and made
 //! `slo_cost` see streams that had ended, for ten minutes.) Requests the report cannot include
 //! yet are not counted against it, and a `done` that comes after its request was released is
-//! ignored, as for any unknown id.
+//! ignored, as for any unknown id. A disaggregated request's decode leg is not counted
+//! against its worker's reports before its first token, however long its prefill queue, but
+//! only until `handoff_timeout_ms`: the filter's prefill leg gives up before then, so the
+//! request is at its decode worker, and one whose reports were all lost is released too.
 //!
 //! **Late route calls**: a route call can wait in a stopped control plane's socket past the
 //! filter's timeout; the filter fails the request open and reports it done with
@@ -196,6 +199,20 @@ impl WorkerState {
     fn handed_over(&mut self, key: LegKey) {
         if let Some(a) = self.active.iter_mut().find(|a| a.key == key) {
             a.awaits_handoff = false;
+        }
+    }
+
+    /// Decode legs routed `timeout_ms` or longer ago (0: never) are taken to have reached
+    /// this worker: the filter's prefill leg has given up by then, and the request came here
+    /// either way (handed over, or prefilled locally on fallback).
+    fn end_overdue_handoffs(&mut self, now_ms: u64, timeout_ms: u64) {
+        if timeout_ms == 0 {
+            return;
+        }
+        for a in self.active.iter_mut().filter(|a| a.awaits_handoff) {
+            if now_ms.saturating_sub(a.routed_ms) >= timeout_ms {
+                a.awaits_handoff = false;
+            }
         }
     }
 
@@ -627,6 +644,7 @@ impl LoadTracker {
         let Some(w) = self.worker_mut(slot) else {
             return;
         };
+        w.end_overdue_handoffs(now_ms, cfg.handoff_timeout_ms);
         w.rebase(report, now_ms, cfg.report_grace_ms);
         let stale = w.surplus_to_release(report, now_ms, cfg);
         if stale > 0 {

@@ -41,6 +41,7 @@ const TIMEOUTS: LoadConfig = LoadConfig {
     kv_prediction_ms: 0,
     report_grace_ms: 0,
     stale_in_flight_ms: 0,
+    handoff_timeout_ms: 0,
 };
 
 fn tracker() -> LoadTracker {
@@ -522,6 +523,40 @@ fn a_disaggregated_request_overdue_in_a_prefill_queue_is_no_surplus_on_its_decod
     t.on_first_token("queued");
     t.on_report(D, &report(0, 4, 4000), 61_000, &cfg);
     assert_eq!(t.load(D).decoding, 1);
+}
+
+/// Lost lifecycle reports of a disaggregated request (a NATS outage, a gateway restart): past
+/// the handoff timeout its decode leg is at its worker, so the worker's reports release it
+/// like any other lost request, not only the ten-minute request timeout.
+#[test]
+fn a_disaggregated_request_whose_reports_were_lost_is_released_after_the_handoff_timeout() {
+    let cfg = LoadConfig {
+        prefill_timeout_ms: 60_000,
+        request_timeout_ms: 600_000,
+        stale_in_flight_ms: 30_000,
+        handoff_timeout_ms: 150_000,
+        ..TIMEOUTS
+    };
+    let mut t = tracker();
+    t.on_route("lost", disagg(0..4, 9_000), 0);
+    t.expire(60_000, &cfg);
+    let mut at = 1_000;
+    while at < 150_000 {
+        t.on_report(D, &report(0, 0, 4000), at, &cfg);
+        at += 10_000;
+    }
+    assert_eq!(t.load(D).in_flight, 1, "may still be in a prefill queue");
+    while at <= 181_000 {
+        t.on_report(D, &report(0, 0, 4000), at, &cfg);
+        at += 10_000;
+    }
+    assert_eq!(
+        t.load(D).in_flight,
+        0,
+        "released 30 s past the handoff timeout"
+    );
+    assert_eq!(t.load(D).active_blocks, 0);
+    assert_eq!(t.stale_released(), 1);
 }
 
 #[test]
