@@ -65,7 +65,12 @@ mod closed_labels {
         "engine_mismatch",
     ];
     /// `kv_batches_rejected_total{reason}`: `KvEventError`'s variants.
-    pub const KV_REJECTIONS: &[&str] = &["unknown_worker", "block_size_mismatch", "stale"];
+    pub const KV_REJECTIONS: &[&str] = &[
+        "unknown_worker",
+        "block_size_mismatch",
+        "other_instance",
+        "stale",
+    ];
     /// `bad_messages_total{kind}`: the NATS message families.
     pub const BAD_MESSAGE_KINDS: &[&str] = &[
         "heartbeat",
@@ -274,6 +279,9 @@ pub struct Metrics {
     /// Requests released from the in-flight counts because their workers' reports stopped
     /// showing them (their `done` was lost).
     pub stale_in_flight_released: Counter,
+    /// Load reports ignored because another process than the registered one sent them under
+    /// its worker id.
+    pub load_reports_ignored: Counter,
     /// Resync requests published to workers, by reason (`new_worker`, `restarted`, `gap`).
     pub resync_requests: Family<ReasonLabels, Counter>,
     /// Resync requests suppressed by the per-worker rate limit.
@@ -363,6 +371,7 @@ impl Default for Metrics {
             lifecycle_events: Family::default(),
             late_route_calls: Counter::default(),
             stale_in_flight_released: Counter::default(),
+            load_reports_ignored: Counter::default(),
             resync_requests: Family::default(),
             resync_suppressed: Counter::default(),
             bad_messages: Family::default(),
@@ -581,6 +590,11 @@ impl Metrics {
             "stale_in_flight_released",
             "Requests released from the in-flight counts because every report of their worker for load.stale_in_flight_ms showed fewer requests (their done report was lost)",
             self.stale_in_flight_released.clone(),
+        );
+        r.add(
+            "load_reports_ignored",
+            "Load reports ignored because another process than the registered one sent them under its worker id",
+            self.load_reports_ignored.clone(),
         );
         r.add(
             "resync_requests",
@@ -956,6 +970,11 @@ mod tests {
                 got: 16,
                 registered: 32,
             },
+            KvEventError::OtherInstance {
+                worker: worker.clone(),
+                got: 2,
+                registered: 1,
+            },
             KvEventError::Stale {
                 worker,
                 seq: 1,
@@ -967,6 +986,7 @@ mod tests {
             match error {
                 KvEventError::UnknownWorker(_)
                 | KvEventError::BlockSizeMismatch { .. }
+                | KvEventError::OtherInstance { .. }
                 | KvEventError::Stale { .. } => {}
             }
             assert!(closed_labels::KV_REJECTIONS.contains(&variant_label(error).as_str()));

@@ -159,11 +159,12 @@ impl LoadSnapshot {
         self.kv_used_blocks as f64 / self.kv_total_blocks as f64
     }
 
-    /// The wire load report for `worker_id`.
-    pub fn to_load_report(&self, worker_id: WorkerId) -> LoadReport {
+    /// The wire load report of process `instance_id` of worker `worker_id`.
+    pub fn to_load_report(&self, worker_id: WorkerId, instance_id: u64) -> LoadReport {
         LoadReport {
             v: switchyard_protocol::PROTOCOL_VERSION,
             worker_id,
+            instance_id: Some(instance_id),
             running: self.running,
             waiting: self.waiting,
             kv_used_blocks: self.kv_used_blocks,

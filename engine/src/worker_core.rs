@@ -100,7 +100,7 @@ impl WorkerCore {
     pub fn load_report(&self) -> LoadReport {
         self.engine
             .load()
-            .to_load_report(self.info.worker_id.clone())
+            .to_load_report(self.info.worker_id.clone(), self.info.instance_id)
     }
 
     /// The heartbeat the worker publishes every `interval_ms` (unsigned; see [`heartbeat`]).

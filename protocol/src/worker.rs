@@ -286,6 +286,12 @@ pub struct LoadReport {
     pub v: u32,
     /// Which worker.
     pub worker_id: WorkerId,
+    /// The process that sampled it (its heartbeat's `instance_id`): a report of another
+    /// process than the registered one under this id (a second process given a taken id) is
+    /// ignored. Absent from workers that predate it, and from reports the control plane makes
+    /// itself from a declared worker's metrics.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance_id: Option<u64>,
     /// Requests being computed (prefill or decode).
     pub running: u32,
     /// Requests queued, not yet scheduled.
@@ -415,6 +421,7 @@ mod tests {
         LoadReport {
             v: 1,
             worker_id: WorkerId("decode-0".into()),
+            instance_id: None,
             running: 1,
             waiting: 0,
             kv_used_blocks: used,

@@ -4,9 +4,11 @@
 //! - unknown worker → [`KvEventError::UnknownWorker`]; a `stored` event whose block size
 //!   differs from the registration → [`KvEventError::BlockSizeMismatch`]; a sequence number
 //!   at or below the last applied one → [`KvEventError::Stale`]. Nothing is applied then.
-//! - a batch from another process instance than the registered one → nothing applied,
-//!   [`KvApplyOutcome::NeedsResync`] (the heartbeat announcing a restart may not have
-//!   arrived yet; the resync dump will carry the truth).
+//! - a batch from another process instance than the registered one →
+//!   [`KvEventError::OtherInstance`], nothing applied and no resync: a restarted worker's
+//!   heartbeat, when it comes, re-registers it and asks for its dump; a second process under
+//!   a taken id (refused `id_in_use`) must not clear the registered one's blocks, nor, through
+//!   the id's resync subject, make it dump its cache for every batch.
 //! - a resync batch starting with `cleared` rebuilds the worker's state whatever its
 //!   sequence number → `Applied`.
 //! - otherwise the batch is applied; if its number is not the next one (or it is the first
@@ -30,7 +32,11 @@ impl Router {
             return Err(KvEventError::UnknownWorker(batch.worker_id.clone()));
         };
         if batch.instance_id != worker.info.instance_id {
-            return Ok(KvApplyOutcome::NeedsResync);
+            return Err(KvEventError::OtherInstance {
+                worker: batch.worker_id.clone(),
+                got: batch.instance_id,
+                registered: worker.info.instance_id,
+            });
         }
         for event in &batch.events {
             if let KvEvent::Stored { block_size, .. } = event {

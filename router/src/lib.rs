@@ -155,6 +155,20 @@ pub enum KvEventError {
         /// Block size the worker registered.
         registered: u32,
     },
+    /// A batch of another process than the registered one under this worker id: a second
+    /// process given a taken id (its heartbeats are refused, `id_in_use`), or a restarted
+    /// worker whose heartbeat has not arrived yet (that heartbeat re-registers it and asks
+    /// for its whole cache). Not applied and no resync asked: the resync subject is the id's,
+    /// so the registered process would dump its cache for every such batch.
+    #[error("KV events from {worker} instance {got}, registered instance {registered}")]
+    OtherInstance {
+        /// Which worker id.
+        worker: WorkerId,
+        /// The batch's instance.
+        got: u64,
+        /// The registered instance.
+        registered: u64,
+    },
     /// A batch older than what was already applied (duplicate or reordered).
     #[error("stale KV batch {seq} from {worker} (already at {applied})")]
     Stale {
@@ -311,12 +325,24 @@ impl Router {
     }
 
     /// Folds a worker's own load report, arriving at `now_ms`, into its predicted load (it
-    /// becomes the new baseline). Reports from unknown workers are ignored.
-    pub fn apply_load_report(&mut self, report: &LoadReport, now_ms: u64) {
-        if let Some(w) = self.workers.get(&report.worker_id) {
-            self.load
-                .on_report(w.slot, report, now_ms, &self.config.load);
+    /// becomes the new baseline).
+    ///
+    /// Returns `false` when the report was ignored: its worker is unknown, or it comes from
+    /// another process than the registered one (a second process under a taken id, whose
+    /// load would steer traffic as if it were the registered worker's).
+    pub fn apply_load_report(&mut self, report: &LoadReport, now_ms: u64) -> bool {
+        let Some(w) = self.workers.get(&report.worker_id) else {
+            return false;
+        };
+        if report
+            .instance_id
+            .is_some_and(|instance| instance != w.info.instance_id)
+        {
+            return false;
         }
+        self.load
+            .on_report(w.slot, report, now_ms, &self.config.load);
+        true
     }
 
     /// Counts all of `slot`'s blocks as removed: the index is about to drop them.

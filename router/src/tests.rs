@@ -242,6 +242,7 @@ fn a_busy_decode_worker_gets_no_bypass() {
     let report = LoadReport {
         v: 1,
         worker_id: WorkerId("decode-0".into()),
+        instance_id: None,
         running: 40,
         waiting: 0,
         kv_used_blocks: 7_950,
@@ -249,7 +250,28 @@ fn a_busy_decode_worker_gets_no_bypass() {
         queued_prefill_tokens: Some(0),
         kv_waiting_blocks: 0,
     };
-    r.apply_load_report(&report, 0);
+    // A second process under the worker's id (refused at its heartbeat) reports it busy:
+    // ignored, it is not the registered worker's load.
+    let other_process = LoadReport {
+        instance_id: Some(2),
+        ..report.clone()
+    };
+    assert!(!r.apply_load_report(&other_process, 0));
+    assert_eq!(
+        r.route("c", &turn2, 3).unwrap().reason,
+        Reason::BypassIslBounding
+    );
+    r.apply_lifecycle(&done("c"), 3);
+    // The registered process's own report counts, as does one that names no process.
+    for instance_id in [Some(1), None] {
+        assert!(r.apply_load_report(
+            &LoadReport {
+                instance_id,
+                ..report.clone()
+            },
+            0
+        ));
+    }
     let v = r.route("b", &turn2, 4).unwrap();
     assert_eq!(v.mode, RouteMode::Disagg);
     assert_eq!(v.reason, Reason::DisaggDecodeBusy);
@@ -260,6 +282,7 @@ fn kv_report(worker: &str, used: u64, total: u64) -> LoadReport {
     LoadReport {
         v: 1,
         worker_id: WorkerId(worker.into()),
+        instance_id: None,
         running: 40,
         waiting: 0,
         kv_used_blocks: used,
@@ -707,10 +730,17 @@ fn kv_batch_ordering_rules() {
         r.apply_kv_batch(&stored("decode-1", 40, &t)),
         Ok(KvApplyOutcome::NeedsResync)
     );
-    // Another instance's batch: not applied.
+    // Another instance's batch: not applied, and no resync of the registered one.
     let mut other = stored("decode-1", 41, &prompt(3, 64));
     other.instance_id = 2;
-    assert_eq!(r.apply_kv_batch(&other), Ok(KvApplyOutcome::NeedsResync));
+    assert!(matches!(
+        r.apply_kv_batch(&other),
+        Err(KvEventError::OtherInstance {
+            got: 2,
+            registered: 1,
+            ..
+        })
+    ));
     assert_eq!(
         r.worker_stats()
             .iter()

@@ -100,7 +100,10 @@ async fn load_reports(ctx: Arc<WorkerContext>, client: async_nats::Client, inter
     loop {
         ticker.tick().await;
         if connected(&client) {
-            let report = ctx.engine.load().to_load_report(ctx.id.clone());
+            let report = ctx
+                .engine
+                .load()
+                .to_load_report(ctx.id.clone(), ctx.instance_id);
             publish_json(&ctx, &client, subjects::load(&ctx.id), &report).await;
         }
     }

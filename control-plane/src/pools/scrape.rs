@@ -68,6 +68,7 @@ impl EngineLoad {
         LoadReport {
             v: 1,
             worker_id: worker_id.clone(),
+            instance_id: None,
             running: self.running,
             waiting: self.waiting,
             kv_used_blocks: (self.kv_usage * capacity_blocks as f64).round() as u64,

@@ -130,7 +130,15 @@ impl Owner {
                 }
                 let _ = reply.send(outcome);
             }
-            Command::Load { report } => self.core.load(&report, now_ms),
+            Command::Load { report } => {
+                // An unknown worker's report is ordinary (it comes before the heartbeat);
+                // one of another process under a registered id is counted.
+                let known = self.core.router().knows(&report.worker_id);
+                if !self.core.load(&report, now_ms) && known {
+                    self.metrics.load_reports_ignored.inc();
+                    tracing::debug!(worker = %report.worker_id, instance = ?report.instance_id, "load report of another process than the registered one ignored");
+                }
+            }
             Command::Lifecycle { batch } => {
                 for event in &batch.events {
                     self.core.lifecycle(event, now_ms);

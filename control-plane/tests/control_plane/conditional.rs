@@ -258,6 +258,7 @@ async fn second_turn_goes_home_and_bypasses_cold_prompts_disaggregate_busy_decod
         let report = LoadReport {
             v: 1,
             worker_id: w.worker_id.clone(),
+            instance_id: None,
             running: 40,
             waiting: 0,
             kv_used_blocks: 9_500,

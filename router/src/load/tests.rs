@@ -55,6 +55,7 @@ fn report(queued: u64, used: u64, total: u64) -> LoadReport {
     LoadReport {
         v: 1,
         worker_id: WorkerId("d".into()),
+        instance_id: None,
         running: 0,
         waiting: 0,
         kv_used_blocks: used,
