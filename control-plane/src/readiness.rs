@@ -16,7 +16,10 @@
 //! a restart) under live traffic.
 //!
 //! Readiness is latched: once ready, a replica stays ready (a NATS outage later makes every
-//! replica's view equally stale; taking them all out of Envoy's rotation would help no one).
+//! replica's view equally stale; taking them all out of Envoy's rotation would help no one),
+//! until it is told to stop: then it answers not ready (`stopping`) while it still serves for
+//! `--shutdown-delay-ms`, so Envoy's health check moves route calls to the other replicas
+//! before this one stops accepting them (they failed open in between).
 
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -56,6 +59,8 @@ pub enum NotReady {
         /// How many.
         pending: usize,
     },
+    /// Nothing: the replica is shutting down and will stop accepting route calls.
+    Stopping,
 }
 
 impl NotReady {
@@ -68,6 +73,7 @@ impl NotReady {
                 format!("the workers' heartbeats ({remaining_ms} ms more)")
             }
             NotReady::KvDumps { pending } => format!("{pending} new workers' KV dumps"),
+            NotReady::Stopping => "nothing: shutting down".into(),
         }
     }
 }
@@ -99,6 +105,8 @@ pub fn decide(facts: &Facts) -> Result<(), NotReady> {
 #[derive(Debug, Default)]
 struct State {
     ready: bool,
+    /// Told to stop (see the module docs): not ready again, ever.
+    stopping: bool,
     nats_connected_at: Option<Instant>,
     /// Connected, but the server echoes nothing back (`switchyard_bus::echo`).
     nats_silent: bool,
@@ -145,6 +153,17 @@ impl Readiness {
     /// Whether readiness was reached before.
     pub fn latched(&self) -> bool {
         self.state().ready
+    }
+
+    /// The replica is shutting down: `/readyz` says not ready from now on (route calls
+    /// and EDS are still served).
+    pub fn stopping(&self) {
+        self.state().stopping = true;
+    }
+
+    /// Whether [`Readiness::stopping`] was called.
+    pub fn is_stopping(&self) -> bool {
+        self.state().stopping
     }
 
     /// Decides on `facts`, latching a success.
@@ -231,6 +250,16 @@ mod tests {
         assert_eq!(readiness.check(&facts), Ok(()));
         facts.nats_connected_for_ms = None;
         assert_eq!(readiness.check(&facts), Ok(()), "latched");
+    }
+
+    #[test]
+    fn a_stopping_replica_says_so_once_told() {
+        let readiness = Readiness::default();
+        assert!(!readiness.is_stopping());
+        readiness.stopping();
+        assert!(readiness.is_stopping());
+        let json = serde_json::to_value(NotReady::Stopping).unwrap();
+        assert_eq!(json, serde_json::json!({"waiting_for": "stopping"}));
     }
 
     #[test]

@@ -159,6 +159,15 @@ pub struct Settings {
     #[arg(long, env = "SWITCHYARD_SHUTDOWN_GRACE_SECS", default_value_t = 10)]
     pub shutdown_grace_secs: u64,
 
+    /// Milliseconds between SIGTERM / Ctrl-C and no longer accepting requests, during which
+    /// `/readyz` says `stopping` and everything is still served: Envoy's health check
+    /// (every 0.5 s in the shipped configs) moves route calls to the other replicas first,
+    /// where they failed open before. Default: 1000 with `--replica-id`, else 0 (a lone
+    /// control plane has no one to hand over to).
+    #[arg(long, env = "SWITCHYARD_SHUTDOWN_DELAY_MS",
+          value_parser = clap::value_parser!(u64).range(0..=60_000))]
+    pub shutdown_delay_ms: Option<u64>,
+
     /// Seed of the router's tie-breaking randomness (same seed and inputs, same verdicts).
     #[arg(long, env = "SWITCHYARD_SEED", default_value_t = 0)]
     pub seed: u64,
@@ -244,6 +253,12 @@ impl Settings {
     /// Grace period for draining HTTP requests at shutdown.
     pub fn shutdown_grace(&self) -> Duration {
         Duration::from_secs(self.shutdown_grace_secs)
+    }
+
+    /// How long a shutdown serves on as not ready (see `--shutdown-delay-ms`).
+    pub fn shutdown_delay(&self) -> Duration {
+        let default_ms = if self.replica_id.is_some() { 1_000 } else { 0 };
+        Duration::from_millis(self.shutdown_delay_ms.unwrap_or(default_ms))
     }
 
     /// `--model-dir`, or the workspace's tokenizer directory that `scripts/setup.sh` fills.

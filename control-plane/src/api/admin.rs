@@ -263,7 +263,14 @@ async fn readiness(state: &ApiState) -> Result<(), Option<crate::readiness::NotR
 /// `GET /readyz`: 200 once this replica may be given route calls, else 503 naming what it
 /// still waits for (see [`crate::readiness`]).
 pub async fn ready(state: ApiState) -> Response {
-    match readiness(&state).await {
+    // A replica shutting down still serves route calls while Envoy's health check moves
+    // them elsewhere (see `crate::readiness`).
+    let now = if state.readiness.is_stopping() {
+        Err(Some(crate::readiness::NotReady::Stopping))
+    } else {
+        readiness(&state).await
+    };
+    match now {
         // The gauge is set by `watch_readiness`, which sees the latch within 100 ms.
         Ok(()) => warp::reply::json(&serde_json::json!({ "ready": true })).into_response(),
         Err(None) => unavailable(&state),

@@ -284,7 +284,7 @@ pub async fn run_with_tokenizer(
         admin_token,
         recent: Arc::new(Mutex::new(crate::status::RecentDecisions::default())),
         started: tokio::time::Instant::now(),
-        readiness,
+        readiness: readiness.clone(),
         needs_nats,
         ready_after_ms: settings.ready_after_ms,
         replica_id: settings.replica_id.clone(),
@@ -325,6 +325,17 @@ pub async fn run_with_tokenizer(
     tokio::select! {
         () = &mut server => tracing::warn!("HTTP servers stopped by themselves"),
         () = shutdown => {
+            let delay = settings.shutdown_delay();
+            if !delay.is_zero() {
+                // Not ready first, still serving, so Envoy moves route calls elsewhere
+                // before this replica stops taking them (see `crate::readiness`).
+                readiness.stopping();
+                tracing::info!(delay_ms = delay.as_millis() as u64, "shutting down: not ready, still serving");
+                tokio::select! {
+                    () = tokio::time::sleep(delay) => {}
+                    () = &mut server => tracing::warn!("HTTP servers stopped by themselves"),
+                }
+            }
             tracing::info!(grace_secs = settings.shutdown_grace_secs, "shutting down: draining HTTP requests");
             let _ = stop_tx.send(true);
             if tokio::time::timeout(settings.shutdown_grace(), &mut server).await.is_err() {

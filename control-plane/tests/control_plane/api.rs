@@ -780,6 +780,41 @@ async fn shutdown_lets_an_in_flight_route_request_finish() {
     );
 }
 
+/// A stopping replica first says it is not ready and serves on for `--shutdown-delay-ms`, so
+/// Envoy's health check takes it out of rotation before it stops accepting route calls (a
+/// rolling restart failed a few requests open when it stopped at once).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_says_not_ready_and_serves_on_for_the_delay() {
+    let mut settings = Settings::for_tests();
+    settings.shutdown_delay_ms = Some(1_500);
+    let (_server, svc, nats) = service_with_nats(settings).await;
+    register_worker(&svc, &nats, "decode-0", WorkerRole::Decode, 9001).await;
+    eventually(Duration::from_secs(5), "ready", || async {
+        svc.get_json("/readyz").await["ready"] == true
+    })
+    .await;
+    let (base, admin_base) = (svc.base.clone(), svc.admin_base.clone());
+    let stopping = tokio::spawn(svc.stop());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let ready = reqwest::get(format!("{admin_base}/readyz")).await.unwrap();
+    assert_eq!(ready.status(), 503);
+    let body: serde_json::Value = ready.json().await.unwrap();
+    assert_eq!(body, json!({"ready": false, "waiting_for": "stopping"}));
+    let served = route(
+        &base,
+        "chat",
+        Some("during-the-delay"),
+        chat("still served"),
+    )
+    .await;
+    assert_eq!(served.status(), 200, "route calls are still served");
+    stopping.await.unwrap();
+    assert!(
+        reqwest::get(format!("{base}/healthz")).await.is_err(),
+        "no longer listening"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_refuses_to_start_on_bad_config_or_a_missing_tokenizer() {
     use switchyard_control_plane::service::{run, RunError};
