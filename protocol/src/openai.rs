@@ -270,7 +270,6 @@ pub fn generation_params(
     let output_asked = max_tokens.is_some() || api == ApiKind::Completions;
     let truncation = truncation(body, output_asked, max_model_len)?;
     let salted = cache_salt(body)?;
-    check_kv_cache_report_mode(body)?;
     let prompt_logprobs = asks_prompt_logprobs(api, body)?;
     Ok(GenerationParams {
         stream,
@@ -466,13 +465,14 @@ fn check_no_suffix(body: &Map<String, Value>) -> Result<(), InvalidRequest> {
     }
 }
 
-/// Refuses `vllm_xargs.kv_cache_report_mode` `"full"`. With it, vLLM 0.32 announces the
+/// Refuses `vllm_xargs.kv_cache_report_mode` `"full"`: the gateway's own refusal, not
+/// vLLM's (vLLM serves it, and so does the simulated worker). With it, vLLM 0.32 announces the
 /// blocks a request found cached as `BlockStored` events of their own, with no new block
 /// behind them and so no later `BlockRemoved`; on the wire they look like a second copy of
 /// each block (vLLM does cache copies: two requests computing one prefix in a step), so the
 /// router's index would keep those blocks after the engine evicted them, and route on cache
 /// that is gone. vLLM reads only the exact string `"full"`; anything else is its default.
-fn check_kv_cache_report_mode(body: &Map<String, Value>) -> Result<(), InvalidRequest> {
+pub fn check_kv_cache_report_mode(body: &Map<String, Value>) -> Result<(), InvalidRequest> {
     let Some(Value::Object(xargs)) = body.get("vllm_xargs") else {
         return Ok(());
     };
@@ -862,27 +862,28 @@ mod tests {
 
     #[test]
     fn a_full_kv_cache_report_is_refused() {
-        for api in [ApiKind::Chat, ApiKind::Completions] {
-            let err = params(api, json!({"vllm_xargs": {"kv_cache_report_mode": "full"}}))
-                .expect_err("full");
-            assert_eq!(err.param.as_deref(), Some("vllm_xargs"));
-            assert!(
-                err.message.contains("kv_cache_report_mode"),
-                "{}",
-                err.message
-            );
-            for fine in [
-                json!({"vllm_xargs": {"kv_cache_report_mode": "incremental"}}),
-                json!({"vllm_xargs": {"kv_cache_report_mode": "FULL"}}),
-                json!({"vllm_xargs": {"session_id": "s-1"}}),
-                json!({"vllm_xargs": null}),
-            ] {
-                assert!(params(api, fine.clone()).is_ok(), "{fine}");
-            }
+        let check = |body: Value| check_kv_cache_report_mode(body.as_object().expect("object"));
+        let full = json!({"vllm_xargs": {"kv_cache_report_mode": "full"}});
+        let err = check(full.clone()).expect_err("full");
+        assert_eq!(err.param.as_deref(), Some("vllm_xargs"));
+        assert!(
+            err.message.contains("kv_cache_report_mode"),
+            "{}",
+            err.message
+        );
+        // vLLM serves it: the engine's own checks (the simulated worker's) pass it.
+        assert!(params(ApiKind::Chat, full).is_ok());
+        for fine in [
+            json!({"vllm_xargs": {"kv_cache_report_mode": "incremental"}}),
+            json!({"vllm_xargs": {"kv_cache_report_mode": "FULL"}}),
+            json!({"vllm_xargs": {"session_id": "s-1"}}),
+            json!({"vllm_xargs": null}),
+            json!({}),
+        ] {
+            assert!(check(fine.clone()).is_ok(), "{fine}");
         }
     }
 
-    /// vLLM 0.32's `validate_cache_salt`.
     #[test]
     fn a_cache_salt_is_a_short_plain_string() {
         assert!(!chat(json!({})).unwrap().salted);

@@ -23,8 +23,8 @@ use warp::Reply;
 
 use switchyard_protocol::json_values::parse_bounded;
 use switchyard_protocol::openai::{
-    check_prompt_length, generation_params, prompt_count, InvalidRequest, Truncation,
-    CLIENT_STEERING_KEYS,
+    check_kv_cache_report_mode, check_prompt_length, generation_params, prompt_count,
+    InvalidRequest, Truncation, CLIENT_STEERING_KEYS,
 };
 use switchyard_protocol::route::RouteMode;
 use switchyard_protocol::route::{
@@ -397,13 +397,16 @@ where
             }
         })
     })?;
-    // Before tokenizing: a request the engine would refuse costs nothing more.
-    let params = generation_params(api, object, model.max_model_len).map_err(|error| {
-        fail(RouteFailure::Client {
-            reason: RejectReason::InvalidRequest,
-            error,
-        })
-    })?;
+    // Before tokenizing: a request the engine would refuse costs nothing more, nor one the
+    // gateway refuses itself.
+    let params = generation_params(api, object, model.max_model_len)
+        .and_then(|params| check_kv_cache_report_mode(object).map(|()| params))
+        .map_err(|error| {
+            fail(RouteFailure::Client {
+                reason: RejectReason::InvalidRequest,
+                error,
+            })
+        })?;
     // Every sequence the request generates: `n` for each prompt of a completions batch.
     let prompts = prompt_count(api, object);
     let choices = params.n.saturating_mul(prompts);

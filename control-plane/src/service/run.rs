@@ -274,7 +274,7 @@ pub async fn run_with_tokenizer(
         service,
         models,
         tokenize_lanes: TokenizeLanes::new(permits),
-        metrics,
+        metrics: metrics.clone(),
         registry: Arc::new(registry),
         nats,
         max_route_body_bytes: settings.max_route_body_bytes,
@@ -326,20 +326,28 @@ pub async fn run_with_tokenizer(
         () = &mut server => tracing::warn!("HTTP servers stopped by themselves"),
         () = shutdown => {
             let delay = settings.shutdown_delay();
+            let mut served_on = true;
             if !delay.is_zero() {
                 // Not ready first, still serving, so Envoy moves route calls elsewhere
                 // before this replica stops taking them (see `crate::readiness`).
                 readiness.stopping();
+                metrics.ready.set(0);
                 tracing::info!(delay_ms = delay.as_millis() as u64, "shutting down: not ready, still serving");
                 tokio::select! {
                     () = tokio::time::sleep(delay) => {}
-                    () = &mut server => tracing::warn!("HTTP servers stopped by themselves"),
+                    () = &mut server => {
+                        tracing::warn!("HTTP servers stopped by themselves");
+                        served_on = false;
+                    }
                 }
             }
-            tracing::info!(grace_secs = settings.shutdown_grace_secs, "shutting down: draining HTTP requests");
-            let _ = stop_tx.send(true);
-            if tokio::time::timeout(settings.shutdown_grace(), &mut server).await.is_err() {
-                tracing::warn!("grace period over; dropping unfinished requests");
+            // A finished server is not polled again (that would panic).
+            if served_on {
+                tracing::info!(grace_secs = settings.shutdown_grace_secs, "shutting down: draining HTTP requests");
+                let _ = stop_tx.send(true);
+                if tokio::time::timeout(settings.shutdown_grace(), &mut server).await.is_err() {
+                    tracing::warn!("grace period over; dropping unfinished requests");
+                }
             }
         }
     }

@@ -800,6 +800,16 @@ async fn shutdown_says_not_ready_and_serves_on_for_the_delay() {
     assert_eq!(ready.status(), 503);
     let body: serde_json::Value = ready.json().await.unwrap();
     assert_eq!(body, json!({"ready": false, "waiting_for": "stopping"}));
+    let metrics = reqwest::get(format!("{admin_base}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.lines().any(|l| l == "switchyard_ready 0"),
+        "the gauge says it too"
+    );
     let served = route(
         &base,
         "chat",
