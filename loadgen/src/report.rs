@@ -85,7 +85,7 @@ pub struct RunMeta {
     #[serde(default)]
     pub malformed_trace_lines: usize,
     /// Offered load: planned requests ÷ scaled planned arrival span, requests/s (`None` when
-    /// all arrive at once).
+    /// all arrive at once, or in closed loop: see `Workload::offered_rps`).
     pub offered_rps: Option<f64>,
     /// Speed-up of the simulated workers over the modelled hardware (their `--speed-up`);
     /// every measured time is multiplied by it so the report is in modelled time. 1: the

@@ -116,6 +116,17 @@ impl RejectReason {
         RejectReason::UnknownModel,
     ];
 
+    /// Why a prompt of `prompt_tokens` that the context check refused
+    /// (`crate::openai::check_prompt_length`) is refused: an empty prompt is a malformed
+    /// request, not a long one.
+    pub fn of_refused_prompt(prompt_tokens: usize) -> RejectReason {
+        if prompt_tokens == 0 {
+            RejectReason::InvalidRequest
+        } else {
+            RejectReason::PromptTooLong
+        }
+    }
+
     /// Wire name: the [`REJECT_HEADER`] value and a metric label.
     pub fn as_str(self) -> &'static str {
         match self {

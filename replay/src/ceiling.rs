@@ -15,9 +15,11 @@
 //!   coefficients are all positive);
 //! - **sends** as the tracker makes them: a request without dependencies at its scaled
 //!   arrival, one with dependencies its scaled think time after the last of them completes;
-//! - a request whose prompt and output exceed a worker's KV capacity fails in every run: it
-//!   is not counted, and it "completes" at its send (no run can serve it, and its dependents
-//!   may go on at once).
+//! - a request whose prompt and output exceed a worker's KV capacity fails in every run, and
+//!   so does one the model's context refuses (an output above it, or a prompt that leaves no
+//!   room for a token): it is not counted, and it "completes" at its send (no run can serve
+//!   it, and its dependents may go on at once); an output longer than the context leaves is
+//!   cut as the runs cut it.
 //!
 //! Each bound is at most what the engine model charges, so by induction over the
 //! dependencies every request completes no earlier here than in any run, the window is no
@@ -33,6 +35,7 @@ use serde::Serialize;
 use switchyard_engine::PerfModel;
 use switchyard_loadgen::{ArrivalScale, Workload};
 
+use crate::stack::context_allows;
 use crate::tracker::send_time;
 
 /// The bound for one workload at one arrival scale.
@@ -44,12 +47,12 @@ pub struct GoodputCeiling {
     pub requests_per_s: f64,
 }
 
-/// The ceiling of `workload` on workers of `perf` holding `kv_capacity_tokens` each at `scale`
-/// (see the module doc).
+/// The ceiling of `workload` on workers of `perf` holding `kv_capacity_tokens` each, for a
+/// model of `max_model_len` tokens' context, at `scale` (see the module doc).
 pub fn goodput_ceiling(
     workload: &Workload,
     perf: &PerfModel,
-    kv_capacity_tokens: u64,
+    (kv_capacity_tokens, max_model_len): (u64, u32),
     scale: ArrivalScale,
 ) -> GoodputCeiling {
     let requests = &workload.requests;
@@ -67,11 +70,13 @@ pub fn goodput_ceiling(
             .filter_map(|&d| done_ms.get(d).copied())
             .fold(f64::NEG_INFINITY, f64::max);
         let sent = send_time(r, scale, deps_done);
-        let done = if r.isl() + u64::from(r.osl) > kv_capacity_tokens {
-            sent
-        } else {
-            servable += 1;
-            sent + service_floor_ms(perf, r.isl(), uncacheable[index], r.osl)
+        let isl = usize::try_from(r.isl()).unwrap_or(usize::MAX);
+        let done = match context_allows(isl, r.osl, max_model_len) {
+            Ok(osl) if r.isl() + u64::from(osl) <= kv_capacity_tokens => {
+                servable += 1;
+                sent + service_floor_ms(perf, r.isl(), uncacheable[index], osl)
+            }
+            _ => sent,
         };
         done_ms[index] = done;
         first_send = first_send.min(sent);
@@ -210,14 +215,24 @@ mod tests {
             request(0, 0, vec![], 0, &[1]),
             request(1, 0, vec![0], 500, &[1, 2]),
         ]);
-        let c = goodput_ceiling(&workload, &perf, u64::MAX, ArrivalScale::PLANNED);
+        let c = goodput_ceiling(
+            &workload,
+            &perf,
+            (u64::MAX, u32::MAX),
+            ArrivalScale::PLANNED,
+        );
         let first = service_floor_ms(&perf, 1_000, 0, 100);
         let second = service_floor_ms(&perf, 2_000, 1_000, 100);
         let window_ms = first + 500.0 + second;
         assert!((c.window_s * 1000.0 - window_ms).abs() < 1e-6);
         assert!((c.requests_per_s - 2.0 / (window_ms / 1000.0)).abs() < 1e-9);
         // Half the think time: a shorter window.
-        let faster = goodput_ceiling(&workload, &perf, u64::MAX, ArrivalScale::new(0.5).unwrap());
+        let faster = goodput_ceiling(
+            &workload,
+            &perf,
+            (u64::MAX, u32::MAX),
+            ArrivalScale::new(0.5).unwrap(),
+        );
         assert!((faster.window_s * 1000.0 - (window_ms - 250.0)).abs() < 1e-6);
     }
 
@@ -244,7 +259,12 @@ mod tests {
             request(0, 0, vec![], 0, &[1]),
             request(1, 10_000, vec![], 0, &[2]),
         ]);
-        let c = goodput_ceiling(&workload, &perf, u64::MAX, ArrivalScale::PLANNED);
+        let c = goodput_ceiling(
+            &workload,
+            &perf,
+            (u64::MAX, u32::MAX),
+            ArrivalScale::PLANNED,
+        );
         let last = 10_000.0 + service_floor_ms(&perf, 1_000, 1_000, 100);
         assert!((c.window_s * 1000.0 - last).abs() < 1e-6);
     }
@@ -258,9 +278,26 @@ mod tests {
         too_large.prompt.segments[0].tokens = 9_000;
         let workload = workload(vec![request(0, 0, vec![], 0, &[1]), too_large]);
         // Request 0 needs 1,100 tokens of KV, request 1 16,100: capacity 10,000.
-        let c = goodput_ceiling(&workload, &perf, 10_000, ArrivalScale::PLANNED);
+        let c = goodput_ceiling(&workload, &perf, (10_000, u32::MAX), ArrivalScale::PLANNED);
         let served = service_floor_ms(&perf, 1_000, 1_000, 100);
         let window_ms = served.max(5_000.0);
+        assert!((c.window_s * 1000.0 - window_ms).abs() < 1e-6, "{c:?}");
+        assert!((c.requests_per_s - 1.0 / (window_ms / 1000.0)).abs() < 1e-9);
+    }
+
+    /// The model's context holds as in the runs: a prompt beyond it is refused (not counted,
+    /// not waited for), and an output longer than the context leaves is cut.
+    #[test]
+    fn the_context_refuses_and_cuts_as_the_runs_do() {
+        let perf = PerfModel::default();
+        let mut too_long = request(1, 100, vec![], 0, &[2; 8]);
+        too_long.prompt.segments[0].tokens = 9_000;
+        let workload = workload(vec![request(0, 0, vec![], 0, &[1]), too_long]);
+        // Request 0: 1,000 prompt tokens and 100 asked, of which a 1,050-token context
+        // leaves 50; request 1's prompt is past it, and sent before request 0 ends.
+        let c = goodput_ceiling(&workload, &perf, (u64::MAX, 1_050), ArrivalScale::PLANNED);
+        let window_ms = service_floor_ms(&perf, 1_000, 1_000, 50);
+        assert!(window_ms > 100.0 && window_ms < service_floor_ms(&perf, 1_000, 1_000, 100));
         assert!((c.window_s * 1000.0 - window_ms).abs() < 1e-6, "{c:?}");
         assert!((c.requests_per_s - 1.0 / (window_ms / 1000.0)).abs() < 1e-9);
     }

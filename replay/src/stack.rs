@@ -98,7 +98,7 @@ pub struct VirtualStack<'a> {
     route_cache: SeenText,
     /// Requests routed (or failed open) and still in their first worker's tokenization: what
     /// enters the engines when it ends.
-    pending: HashMap<usize, Arrival>,
+    pending: HashMap<usize, Pending>,
     /// Engines a request that fails open can go to (Envoy's decode cluster: decode or agg).
     fail_open_targets: Vec<EngineIdx>,
 }
@@ -520,22 +520,20 @@ impl<'a> VirtualStack<'a> {
         match event {
             GatewayEvent::Routed { id, sent_ms } => match self.route(id, sent_ms, at_ms) {
                 Some(arrival) => {
-                    self.pending.insert(id, arrival);
+                    self.pending.insert(id, Pending::Arrive(arrival));
                 }
                 None => self.gateway.cancel(id),
             },
             GatewayEvent::FailedOpen { id, sent_ms } => {
-                // A refused one still costs its worker tokenization (the worker reads the
-                // prompt before it refuses it), so its job stays.
-                if let Some(arrival) = self.fail_open(id, sent_ms, at_ms) {
-                    self.pending.insert(id, arrival);
+                if let Some(pending) = self.fail_open(id, sent_ms) {
+                    self.pending.insert(id, pending);
                 }
             }
-            GatewayEvent::Ready { id, .. } => {
-                if let Some(arrival) = self.pending.remove(&id) {
-                    self.cluster.schedule(at_ms, arrival);
-                }
-            }
+            GatewayEvent::Ready { id, .. } => match self.pending.remove(&id) {
+                Some(Pending::Arrive(arrival)) => self.cluster.schedule(at_ms, arrival),
+                Some(Pending::Refuse(record, error)) => self.refuse(*record, error, at_ms),
+                None => {}
+            },
         }
     }
 
@@ -558,7 +556,7 @@ impl<'a> VirtualStack<'a> {
     /// Request `id`'s route call timed out: as the filter fails open, Envoy's least-request
     /// fallback sends it without a verdict to the decode (or agg) worker with the fewest
     /// open requests (ties: the first), which prefills it locally. The router never sees it.
-    fn fail_open(&mut self, id: usize, sent_ms: f64, at_ms: f64) -> Option<Arrival> {
+    fn fail_open(&mut self, id: usize, sent_ms: f64) -> Option<Pending> {
         let engine = self
             .fail_open_targets
             .iter()
@@ -573,18 +571,16 @@ impl<'a> VirtualStack<'a> {
             worker: Some(self.cluster.name(engine).to_string()),
             ..self.planned_record(id, sent_ms)
         };
-        // The worker checks the context as the control plane would have.
+        // The worker checks the context as the control plane would have, once it has read
+        // and tokenized the prompt: the refusal comes when the request would have arrived.
         let max_tokens = match context_allows(tokens.len(), planned.osl, self.spec.max_model_len) {
             Ok(max_tokens) => max_tokens,
-            Err((_, error)) => {
-                self.refuse(record, error, at_ms);
-                return None;
-            }
+            Err((_, error)) => return Some(Pending::Refuse(Box::new(record), error)),
         };
         let prompt = hashed_prompt(&tokens, self.block_size, self.hash_seed);
         let req = EngineRequest::local(id as u64, prompt, max_tokens);
         self.tracker.on_sent(engine, record, None);
-        Some(Arrival::Direct { engine, req })
+        Some(Pending::Arrive(Arrival::Direct { engine, req }))
     }
 
     /// Routes request `id` (sent by the client at `sent_ms`) at `at_ms` and returns how it
@@ -663,6 +659,14 @@ impl<'a> VirtualStack<'a> {
     }
 }
 
+/// What happens to a request once the gateway has it ready for its first engine.
+enum Pending {
+    /// It enters the engines.
+    Arrive(Arrival),
+    /// The worker it failed open to refuses it (400), as the client sees it.
+    Refuse(Box<RequestRecord>, InvalidRequest),
+}
+
 impl VirtualStack<'_> {
     /// Closes a request refused 400 before any engine took it (`record` as the client sees
     /// it).
@@ -679,7 +683,7 @@ impl VirtualStack<'_> {
 /// context, as the real control plane and workers allow it: an output larger than the
 /// context, or a prompt that leaves no room for a token, is refused (with the reason the
 /// control plane gives); a larger output than what the prompt leaves is cut to it.
-fn context_allows(
+pub(crate) fn context_allows(
     prompt_tokens: usize,
     osl: u32,
     max_model_len: u32,
@@ -691,14 +695,8 @@ fn context_allows(
         max_model_len,
     )
     .map_err(|e| (RejectReason::InvalidRequest, e))?;
-    check_prompt_length(prompt_tokens, max_model_len).map_err(|e| {
-        let reason = if prompt_tokens == 0 {
-            RejectReason::InvalidRequest
-        } else {
-            RejectReason::PromptTooLong
-        };
-        (reason, e)
-    })?;
+    check_prompt_length(prompt_tokens, max_model_len)
+        .map_err(|e| (RejectReason::of_refused_prompt(prompt_tokens), e))?;
     Ok(clamp_max_tokens(osl, prompt_tokens, max_model_len))
 }
 

@@ -300,8 +300,8 @@ impl ControlCore {
             | WorkerChange::EngineMismatch => None,
         };
         // A registration wipes what the index knew of the worker, so its dump is always asked
-        // for, never rate-limited: a resync asked of this instance just before (for batches
-        // that outran its first heartbeat) had its dump refused as an unknown instance's.
+        // for, never rate-limited: a resync asked just before (for a gap of the instance it
+        // replaces, say) must not hold back the dump that rebuilds it.
         let resync = reason.map(|reason| {
             self.resyncs
                 .insert(worker.worker_id.clone(), (worker.instance_id, now_ms));
@@ -578,6 +578,10 @@ mod tests {
     fn a_restart_whose_batches_outrun_its_heartbeat_still_gets_its_dump() {
         let mut core = ControlCore::new(Router::new(), 3);
         core.heartbeat(&hb("a", 1), 0);
+        // The old process's last batches had a gap: a resync was asked just before.
+        core.kv_batch(&batch("a", 1, 1), 4_000);
+        let gap = core.kv_batch(&batch("a", 1, 3), 4_900);
+        assert_eq!(gap.resync, sent(ResyncReason::Gap, "a"));
         // The new process serves at once; its first batch comes before its heartbeat: not
         // applied, and no resync (the id's subject would reach the registered process too).
         let early = core.kv_batch(&batch("a", 2, 1), 5_000);
@@ -587,7 +591,7 @@ mod tests {
         ));
         assert_eq!(early.resync, None);
         // Then it registers. The registration wipes the index, so this resync must go,
-        // however soon after.
+        // however soon after the last (the rate limit would hold it back).
         assert_eq!(
             core.heartbeat(&hb("a", 2), 5_300).resync,
             sent(ResyncReason::Restarted, "a")

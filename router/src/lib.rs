@@ -109,8 +109,8 @@ pub const MAX_WORKERS: usize = crate::index::MAX_SLOT as usize + 1;
 pub enum KvApplyOutcome {
     /// Applied in order.
     Applied,
-    /// A gap in sequence numbers (or an unknown worker/instance): the batch was applied as far
-    /// as is safe, and the caller should send a resync request to this worker.
+    /// A gap in sequence numbers (or the first batch seen, mid-stream): the batch was applied
+    /// as far as is safe, and the caller should send a resync request to this worker.
     NeedsResync,
     /// The worker's blocks in the index passed what its cache can hold
     /// ([`held_blocks_limit`]): removals were missed, or what publishes on its behalf is not

@@ -310,11 +310,7 @@ async fn check_batch_lengths(
     for (j, tokens) in (1..).zip(lengths) {
         let tokens = truncation.map_or(tokens, |t| t.kept(tokens).len());
         check_prompt_length(tokens, model.max_model_len).map_err(|error| RouteFailure::Client {
-            reason: if tokens == 0 {
-                RejectReason::InvalidRequest
-            } else {
-                RejectReason::PromptTooLong
-            },
+            reason: RejectReason::of_refused_prompt(tokens),
             error: InvalidRequest::bad(
                 format!("prompt[{j}]"),
                 format!("prompt[{j}]: {}", error.message),
@@ -434,12 +430,7 @@ where
     let isl = prompt.as_prompt().isl() as usize;
     check_prompt_length(isl, model.max_model_len).map_err(|error| {
         fail(RouteFailure::Client {
-            // An empty prompt is a malformed request, not a long one.
-            reason: if isl == 0 {
-                RejectReason::InvalidRequest
-            } else {
-                RejectReason::PromptTooLong
-            },
+            reason: RejectReason::of_refused_prompt(isl),
             error,
         })
     })?;

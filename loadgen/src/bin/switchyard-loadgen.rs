@@ -469,10 +469,22 @@ fn compare(args: &CompareArgs) -> Result<()> {
             report.meta.label = format!("{} ({})", report.meta.label, path.display());
         }
     }
-    // Runs given in any order read best grouped by mode, by rising offered load.
+    // Runs given in any order read best grouped by mode, by rising offered load; a closed
+    // loop has no offered rate, so its runs go by how fast their arrivals were played (a
+    // smaller arrival scale is more load).
+    let load = |m: &switchyard_loadgen::report::RunMeta| {
+        m.offered_rps.unwrap_or_else(|| {
+            let factor = m.arrival_scale.factor();
+            if factor > 0.0 {
+                1.0 / factor
+            } else {
+                f64::INFINITY
+            }
+        })
+    };
     runs.sort_by(|a, b| {
-        (a.meta.mode.as_deref(), a.meta.offered_rps.unwrap_or(0.0))
-            .partial_cmp(&(b.meta.mode.as_deref(), b.meta.offered_rps.unwrap_or(0.0)))
+        (a.meta.mode.as_deref(), load(&a.meta))
+            .partial_cmp(&(b.meta.mode.as_deref(), load(&b.meta)))
             .unwrap_or(std::cmp::Ordering::Equal)
     });
     let table = comparison_tables(&runs);

@@ -149,7 +149,7 @@ pub fn plan_deployment(
             ceiling: goodput_ceiling(
                 workload,
                 &perf,
-                base.preset.kv_capacity_tokens(),
+                (base.preset.kv_capacity_tokens(), base.max_model_len),
                 base.arrival_scale.at_level(load_level),
             ),
         })

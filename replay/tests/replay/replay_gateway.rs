@@ -213,7 +213,12 @@ fn prompts_beyond_the_context_are_refused_and_long_outputs_cut() {
         vec![1, 2]
     );
 
-    // Failed open, the worker refuses it alike, under the fail-open label.
+    // Failed open, the worker refuses it alike, under the fail-open label, once it has read
+    // the prompt: a turn that follows it goes out only then.
+    let mut workload = workload;
+    let mut follow_up = cold_prompt(3, 400, 1_000);
+    follow_up.after = vec![0];
+    workload.requests.push(follow_up);
     let mut spec = StackSpec::new(ServingMode::Disagg, 3, 1);
     spec.gateway = GatewayModel {
         route_threads: 2,
@@ -229,4 +234,7 @@ fn prompts_beyond_the_context_are_refused_and_long_outputs_cut() {
         (run.counters.failed_open, run.counters.refused_for_context),
         (1, 1)
     );
+    // Sent at 1,000 ms, failed open at its 100 ms timeout, then 12k tokens read by the worker.
+    let follow_up_sent = run.records[3].sent_ms;
+    assert!(follow_up_sent > 1_150.0, "sent at {follow_up_sent} ms");
 }

@@ -117,7 +117,10 @@ fn the_goodput_ceiling_bounds_every_deployment_and_is_near_an_uncontended_one() 
     let ceiling = goodput_ceiling(
         &workload,
         &PerfPreset::Gb200Fp8Tep4.perf(),
-        PerfPreset::Gb200Fp8Tep4.kv_capacity_tokens(),
+        (
+            PerfPreset::Gb200Fp8Tep4.kv_capacity_tokens(),
+            StackSpec::new(ServingMode::Agg, 1, 0).max_model_len,
+        ),
         StackSpec::new(ServingMode::Agg, 1, 0).arrival_scale,
     )
     .requests_per_s;

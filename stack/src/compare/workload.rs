@@ -89,7 +89,7 @@ pub fn prepare(
         workload.truncate(n);
     }
     if let Some(warning) = workload.span_warning() {
-        tracing::warn!("{warning}");
+        switchyard_support::errln!("{warning}");
     }
     let tokenizer = ModelTokenizer::from_dir(model_dir).map_err(|e| {
         CompareError::Tokenizer(format!(
