@@ -231,6 +231,12 @@ pub async fn watch_readiness(state: ApiState) {
         match readiness(&state).await {
             Ok(()) => {
                 state.metrics.ready.set(1);
+                // A stop may have come meanwhile (it sets the gauge to 0 after marking
+                // itself): checked after the set, so whichever comes last, the gauge says 0.
+                if state.readiness.is_stopping() {
+                    state.metrics.ready.set(0);
+                    return;
+                }
                 tracing::info!("ready for route calls");
                 return;
             }

@@ -808,7 +808,11 @@ async fn shutdown_says_not_ready_and_serves_on_for_the_delay() {
         .unwrap();
     assert!(
         metrics.lines().any(|l| l == "switchyard_ready 0"),
-        "the gauge says it too"
+        "the gauge says it too: {:?}",
+        metrics
+            .lines()
+            .filter(|l| l.contains("ready"))
+            .collect::<Vec<_>>()
     );
     let served = route(
         &base,
