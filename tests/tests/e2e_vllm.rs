@@ -88,7 +88,10 @@ fn pool_file(prefill: &VllmEngine, decode: &VllmEngine) -> String {
         )
     };
     format!(
-        "health: {{ interval_ms: 500, unhealthy_after: 2 }}\nmetrics: {{ interval_ms: 500 }}\nmodels:\n  - name: {MODEL_NAME}\n    block_size: {BLOCK_SIZE}\n    workers:\n{}{}",
+        // A CPU engine computing a whole prompt's logprobs (step 3b) on a loaded machine
+        // answered /health late twice in a row and was withdrawn, its index with it: give
+        // it the defaults' three misses and 2 s each (a killed engine is refused at once).
+        "health: {{ interval_ms: 500, timeout_ms: 2000, unhealthy_after: 3 }}\nmetrics: {{ interval_ms: 500 }}\nmodels:\n  - name: {MODEL_NAME}\n    block_size: {BLOCK_SIZE}\n    workers:\n{}{}",
         worker("prefill-0", "prefill", prefill),
         worker("decode-0", "decode", decode)
     )
