@@ -125,6 +125,7 @@ pub fn route_api(
     let counted = unmatched(state.metrics.clone());
     let route = warp::path!("v1" / "route")
         .and(warp::post())
+        .and(warp::query::raw().or(warp::any().map(String::new)).unify())
         .and(warp::header::headers_cloned())
         .and(warp::body::stream())
         .and(with_state(state.clone()))

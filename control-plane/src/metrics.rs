@@ -227,6 +227,8 @@ pub struct Metrics {
     pub cached_fraction: Histogram,
     /// Route call latency inside the service (body read to verdict), seconds.
     pub route_latency_seconds: Histogram,
+    /// Dry-run route calls answered (`?dry_run=true`): verdicts shown, not decided.
+    pub route_dry_runs: Counter,
     /// Route requests that got no verdict, by error code (`invalid_json`, `no_workers`, ...).
     pub bad_requests: Family<CodeLabels, Counter>,
     /// Live workers, by role.
@@ -348,6 +350,7 @@ impl Default for Metrics {
             cached_fraction: Histogram::new(CACHED_FRACTION_BUCKETS),
             // 50 µs .. ~0.8 s.
             route_latency_seconds: Histogram::new(exponential_buckets(0.000_05, 2.0, 15)),
+            route_dry_runs: Counter::default(),
             bad_requests: Family::default(),
             live_workers: Family::default(),
             model_live_workers: Family::default(),
@@ -475,6 +478,11 @@ impl Metrics {
             "route_latency_seconds",
             "Route call latency in the control plane (body read to verdict)",
             self.route_latency_seconds.clone(),
+        );
+        r.add(
+            "route_dry_runs",
+            "Dry-run route calls answered: verdicts shown, nothing booked or counted as a decision",
+            self.route_dry_runs.clone(),
         );
         r.add(
             "route_bad_requests",

@@ -165,6 +165,10 @@ pub struct RouteRequest {
     /// The declared model it is for: only that model's workers serve it. `None` without
     /// declared models (every worker).
     pub model: Option<String>,
+    /// Only show the verdict: nothing booked, shared or learned ([`Router::preview`]).
+    ///
+    /// [`Router::preview`]: crate::router::Router::preview
+    pub dry_run: bool,
 }
 
 /// A route request's prompt: token ids (the control plane tokenized the body) or the block

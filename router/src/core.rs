@@ -404,6 +404,23 @@ impl ControlCore {
             .route_numbered(request_id, route_call, prompt, choices, model, now_ms)
     }
 
+    /// The verdict a route call would get now, deciding nothing (see [`Router::preview`]).
+    ///
+    /// # Errors
+    /// [`RouteError::NoDecodeWorkers`] when no live worker of `model` can decode.
+    pub fn preview<'a>(
+        &mut self,
+        request_id: &str,
+        prompt: impl Into<Prompt<'a>>,
+        choices: u32,
+        model: Option<&str>,
+        now_ms: u64,
+    ) -> Result<Routed, RouteError> {
+        self.observe(now_ms);
+        self.router
+            .preview(request_id, prompt, choices, model, now_ms)
+    }
+
     /// Whether heartbeats can reach the control plane (its event-bus connection). When they
     /// can again after an outage, every known worker is asked for a resync (rate-limited as
     /// usual): KV batches sent meanwhile may be lost without a later batch to show the gap.

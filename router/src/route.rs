@@ -90,6 +90,13 @@ impl<'a> From<&'a Vec<u32>> for Prompt<'a> {
     }
 }
 
+/// Whether a route call decides the request's route or only shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Intent {
+    Decide,
+    Preview,
+}
+
 /// One live worker considered for this request.
 struct Candidate {
     slot: WorkerSlot,
@@ -192,7 +199,57 @@ impl Router {
         model: Option<&str>,
         now_ms: u64,
     ) -> Result<Routed, RouteError> {
-        let prompt = prompt.into();
+        self.route_as(
+            Intent::Decide,
+            request_id,
+            route_call,
+            prompt.into(),
+            choices,
+            model,
+            now_ms,
+        )
+    }
+
+    /// The verdict [`Router::route_traced`] would give now, without deciding it: nothing is
+    /// booked on the workers, predicted as cached, learned or tracked, and the selection's
+    /// random draw is put back, so the next call decides exactly as it would have without
+    /// this one (an operator asking "where would this go?" changes no answer).
+    ///
+    /// # Errors
+    /// [`RouteError::NoDecodeWorkers`] when no live worker (of `model`) can decode.
+    pub fn preview<'a>(
+        &mut self,
+        request_id: &str,
+        prompt: impl Into<Prompt<'a>>,
+        choices: u32,
+        model: Option<&str>,
+        now_ms: u64,
+    ) -> Result<Routed, RouteError> {
+        let draws = self.rng.clone();
+        let previewed = self.route_as(
+            Intent::Preview,
+            request_id,
+            None,
+            prompt.into(),
+            choices,
+            model,
+            now_ms,
+        );
+        self.rng = draws;
+        previewed
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn route_as(
+        &mut self,
+        intent: Intent,
+        request_id: &str,
+        route_call: Option<u64>,
+        prompt: Prompt<'_>,
+        choices: u32,
+        model: Option<&str>,
+        now_ms: u64,
+    ) -> Result<Routed, RouteError> {
         self.load.expire(now_ms, &self.config.load);
         let mode = self.config.serving_mode;
         let mut by_size: Vec<(u32, Chain)> = Vec::new();
@@ -383,7 +440,7 @@ impl Router {
             slot: c.slot,
             prefill_tokens,
             blocks: by_size[c.hashes].1.clone(),
-            tail_blocks: u64::from(isl % c.block_size.max(1) != 0),
+            tail_blocks: u64::from(!isl.is_multiple_of(c.block_size.max(1))),
         };
         let routed = RoutedLoad {
             decode: leg(d, if p.is_some() { 0 } else { u64::from(eff_isl) }),
@@ -407,6 +464,12 @@ impl Router {
             disagg_request_id: false,
             model: None,
         };
+        if intent == Intent::Preview {
+            return Ok(Routed {
+                verdict,
+                policy: call,
+            });
+        }
         if self.load.take_failed_open(request_id, route_call) {
             // A late call: the filter failed the request open and sent it to a worker of
             // Envoy's choosing already. Nothing here will be freed by a report.

@@ -998,6 +998,43 @@ proptest! {
     }
 }
 
+proptest! {
+    /// A preview between decisions changes none of them: not the load or predicted cache it
+    /// would have booked, nor the random draw of a selection with a temperature.
+    #[test]
+    fn previews_leave_every_decision_as_it_was(
+        temperature in prop_oneof![Just(0.0), 0.1f64..10.0],
+        lens in proptest::collection::vec(1usize..4_000, 1..8), seed in 0u64..1_000,
+    ) {
+        let cfg = RouterConfig::from_json(&serde_json::json!({
+            "selection": {"temperature": temperature},
+        })).unwrap();
+        let fresh = || {
+            let mut r = Router::with_config(cfg.clone(), seed);
+            for (id, role) in [("decode-0", WorkerRole::Decode), ("decode-1", WorkerRole::Decode), ("prefill-0", WorkerRole::Prefill)] {
+                r.upsert_worker(&info(id, role), 3_000, 0);
+            }
+            r
+        };
+        let (mut decided, mut previewed) = (fresh(), fresh());
+        for (i, n) in lens.iter().enumerate() {
+            let id = i.to_string();
+            let tokens = prompt(i as u32 % 3, *n);
+            let now = i as u64 * 10;
+            let shown = previewed.preview(&id, &tokens, 1, None, now).unwrap().verdict;
+            let theirs = previewed.route(&id, &tokens, now).unwrap();
+            let ours = decided.route(&id, &tokens, now).unwrap();
+            prop_assert_eq!(&theirs, &ours);
+            // With no draw to differ by, the preview is the decision.
+            if temperature == 0.0 {
+                prop_assert_eq!(&shown, &ours);
+            }
+        }
+        prop_assert_eq!(previewed.worker_stats(), decided.worker_stats());
+        prop_assert_eq!(previewed.tracked_requests(), decided.tracked_requests());
+    }
+}
+
 #[test]
 fn workers_with_different_block_sizes_are_matched_in_their_own_hashes() {
     let mut r = router_with(&[("decode-0", WorkerRole::Decode)]);

@@ -42,6 +42,9 @@ use crate::service::tokenizer::{TokenizeFailure, Tokenizing};
 use crate::service::{RoutePrompt, RouteRequest};
 use crate::status::DecisionRecord;
 
+/// On a dry run's answer: the verdict was shown, not decided.
+pub const DRY_RUN_HEADER: &str = "x-switchyard-dry-run";
+
 /// Why a route request got no verdict.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum RouteFailure {
@@ -68,6 +71,9 @@ pub enum RouteFailure {
     /// or a [`HashedPrompt`] that does not decode.
     #[error("route input: {0}")]
     BadRouteInput(String),
+    /// A query parameter other than `dry_run=true|false`.
+    #[error("query: {0}")]
+    BadQuery(String),
     /// The tokenizer failed on a valid body.
     #[error("tokenizer failed: {0}")]
     Tokenizer(String),
@@ -96,6 +102,7 @@ impl RouteFailure {
             RouteFailure::UnknownApi(_) => (StatusCode::BAD_REQUEST, "unknown_api"),
             RouteFailure::BadRequestId(_) => (StatusCode::BAD_REQUEST, "invalid_request_id"),
             RouteFailure::BadRouteInput(_) => (StatusCode::BAD_REQUEST, "bad_route_input"),
+            RouteFailure::BadQuery(_) => (StatusCode::BAD_REQUEST, "bad_query"),
             RouteFailure::Client { reason, error } => (
                 StatusCode::from_u16(error.kind.status()).unwrap_or(StatusCode::BAD_REQUEST),
                 reason.as_str(),
@@ -199,6 +206,30 @@ fn request_id(headers: &HeaderMap, ids: &RequestIds) -> Result<String, RouteFail
             }
         }
     }
+}
+
+/// Whether the call asks for a dry run (`?dry_run=true`): the only query parameter. Anything
+/// else is refused rather than ignored, so a misspelt `dry_run` cannot book a real decision.
+fn dry_run(query: &str) -> Result<bool, RouteFailure> {
+    let mut dry_run = false;
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        dry_run = match (key, value) {
+            ("dry_run", "true" | "1") => true,
+            ("dry_run", "false" | "0") => false,
+            ("dry_run", other) => {
+                return Err(RouteFailure::BadQuery(format!(
+                    "dry_run must be true or false, got {other:?}"
+                )))
+            }
+            (other, _) => {
+                return Err(RouteFailure::BadQuery(format!(
+                    "unknown parameter {other:?} (the only one is dry_run)"
+                )))
+            }
+        };
+    }
+    Ok(dry_run)
 }
 
 /// What a route call carries.
@@ -351,15 +382,17 @@ fn truncated_hashes(hashed: HashedPrompt, truncation: Option<Truncation>) -> Rou
 }
 
 async fn decide<S, B>(
+    query: &str,
     headers: &HeaderMap,
     body: S,
     state: &ApiState,
-) -> Result<(Routed, Option<String>), (&'static str, Response)>
+) -> Result<(Routed, Option<String>, bool), (&'static str, Response)>
 where
     S: futures::Stream<Item = Result<B, warp::Error>> + Send,
     B: warp::Buf,
 {
     let fail = |f: RouteFailure| (f.status_and_code().1, f.into_reply());
+    let dry_run = dry_run(query).map_err(fail)?;
     let api = api_kind(headers).map_err(fail)?;
     let request_id = request_id(headers, &state.request_ids).map_err(fail)?;
     let input = route_input(headers).map_err(fail)?;
@@ -449,6 +482,7 @@ where
         prompt,
         choices,
         model: model.name.clone(),
+        dry_run,
     };
     match state.service.route(request).await {
         Ok(Ok(mut routed)) => {
@@ -458,7 +492,7 @@ where
             routed.verdict.disagg_request_id = model.disagg_request_id
                 && routed.verdict.mode == RouteMode::Disagg
                 && routed.verdict.engine == Engine::Trtllm;
-            Ok((routed, model.name.clone()))
+            Ok((routed, model.name.clone(), dry_run))
         }
         Ok(Err(RouteError::NoDecodeWorkers)) => Err(fail(RouteFailure::NoWorkers)),
         Err(_) => Err(fail(RouteFailure::Unavailable)),
@@ -466,16 +500,22 @@ where
 }
 
 /// The handler.
-pub async fn handle<S, B>(headers: HeaderMap, body: S, state: ApiState) -> Response
+pub async fn handle<S, B>(query: String, headers: HeaderMap, body: S, state: ApiState) -> Response
 where
     S: futures::Stream<Item = Result<B, warp::Error>> + Send,
     B: warp::Buf,
 {
     let started = Instant::now();
-    let result = decide(&headers, body, &state).await;
+    let result = decide(&query, &headers, body, &state).await;
     let m = &state.metrics;
     match result {
-        Ok((routed, model)) => {
+        Ok((routed, _, true)) => {
+            // Shown, not decided: none of a decision's figures or records.
+            m.route_dry_runs.inc();
+            warp::reply::with_header(warp::reply::json(&routed.verdict), DRY_RUN_HEADER, "true")
+                .into_response()
+        }
+        Ok((routed, model, false)) => {
             // Verdicts only: a refusal is quick, and counting it would pull the figure an
             // operator reads as "what routing costs a request" below what it costs.
             m.route_latency_seconds

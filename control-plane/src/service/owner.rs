@@ -149,6 +149,15 @@ impl Owner {
                     });
                 }
             }
+            Command::Route { request, reply } if request.dry_run => {
+                let _ = reply.send(self.core.preview(
+                    &request.request_id,
+                    request.prompt.as_prompt(),
+                    request.choices,
+                    request.model.as_deref(),
+                    now_ms,
+                ));
+            }
             Command::Route { request, reply } => {
                 let verdict = self.core.route_numbered(
                     &request.request_id,

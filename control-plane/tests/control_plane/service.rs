@@ -90,6 +90,85 @@ async fn route_picks_a_live_decode_worker_and_503s_without_one() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dry_run_shows_the_verdict_and_decides_nothing() {
+    let (_server, svc, nats) = service_with_nats(Settings::for_tests()).await;
+    register_worker(&svc, &nats, "decode-0", WorkerRole::Decode, 9001).await;
+    let prompt = chat(&"A prompt of several blocks, asked about twice. ".repeat(40));
+    let call = |query: &'static str, id: &'static str| {
+        reqwest::Client::new()
+            .post(format!("{}/v1/route{query}", svc.base))
+            .header(switchyard_protocol::route::API_HEADER, "chat")
+            .header(switchyard_protocol::route::REQUEST_ID_HEADER, id)
+            .body(prompt.clone())
+            .send()
+    };
+    let shown = |resp: reqwest::Response| async move {
+        assert_eq!(resp.status(), 200);
+        assert_eq!(
+            resp.headers()
+                .get("x-switchyard-dry-run")
+                .map(|v| v.as_bytes()),
+            Some(&b"true"[..])
+        );
+        resp.json::<Verdict>().await.unwrap()
+    };
+
+    // Twice in a row: the first booked nothing, so the second sees no predicted cache.
+    let first = shown(call("?dry_run=true", "look-1").await.unwrap()).await;
+    let second = shown(call("?dry_run=1", "look-2").await.unwrap()).await;
+    assert_eq!(first.decode.worker_id.0, "decode-0");
+    assert!(first.isl > 32, "{first:?}");
+    assert_eq!((first.cached_tokens, second.cached_tokens), (0, 0));
+    let m = svc.metrics().await;
+    assert_metric(&m, "switchyard_route_dry_runs_total", 2.0);
+    let decisions: f64 = m
+        .lines()
+        .filter(|l| l.starts_with("switchyard_route_decisions_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert_eq!(decisions, 0.0, "{m}");
+    assert_eq!(
+        metric_value(&m, "switchyard_route_latency_seconds_count"),
+        0.0
+    );
+    let in_flight =
+        "switchyard_worker_in_flight{worker=\"decode-0\",role=\"decode\",model=\"qwen3\"}";
+    assert_eq!(metric_value(&m, in_flight), 0.0, "{m}");
+
+    // A decision (no query, or dry_run=false) books the request and predicts its blocks
+    // cached, which the next dry run shows.
+    let decided = call("?dry_run=false", "real").await.unwrap();
+    assert_eq!(decided.status(), 200);
+    assert!(decided.headers().get("x-switchyard-dry-run").is_none());
+    let after = shown(call("?dry_run=true", "look-3").await.unwrap()).await;
+    assert!(after.cached_tokens > 0, "{after:?}");
+    // One request in flight: the decision, not the three dry runs.
+    eventually(WAIT, "the decision counted in flight", || async {
+        metric_value(&svc.metrics().await, in_flight) == 1.0
+    })
+    .await;
+    let m = svc.metrics().await;
+    assert_metric(&m, "switchyard_route_dry_runs_total", 3.0);
+
+    // Anything else in the query is refused, not ignored: a misspelt dry run decides nothing.
+    for (query, mentions) in [("?dry_run=maybe", "maybe"), ("?dryrun=true", "dryrun")] {
+        let resp = call(query, "bad").await.unwrap();
+        assert_eq!(resp.status(), 400, "{query}");
+        let err: ApiError = resp.json().await.unwrap();
+        assert_eq!(err.code, "bad_query");
+        assert!(err.message.contains(mentions), "{}", err.message);
+    }
+    let m = svc.metrics().await;
+    assert_metric(
+        &m,
+        "switchyard_route_bad_requests_total{code=\"bad_query\"}",
+        2.0,
+    );
+    assert_eq!(metric_value(&m, in_flight), 1.0, "{m}");
+    svc.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_open_report_makes_only_its_own_route_call_late() {
     let (_server, svc, nats) = service_with_nats(Settings::for_tests()).await;
     register_worker(&svc, &nats, "decode-0", WorkerRole::Decode, 9001).await;
