@@ -27,10 +27,18 @@ async fn bind(flag: &str, addr: std::net::SocketAddr) -> Option<tokio::net::TcpL
 
 fn init_logging(format: LogFormat) {
     // async-nats logs every failed reconnect (an ERROR a second while credentials are
-    // refused); the bus's event callback says each connection state once instead.
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,async_nats=off"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    // refused, an INFO a second while no server listens); the bus's event callback says each
+    // connection state once instead, whatever level RUST_LOG asks for.
+    let rust_log = std::env::var("RUST_LOG").ok();
+    let filter = tracing_subscriber::EnvFilter::try_new(switchyard_support::cli::log_filter(
+        rust_log.as_deref(),
+        &["async_nats"],
+    ))
+    .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,async_nats=off"));
+    // Colour codes only on a terminal: a log file or collector would keep them as text.
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()));
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.event_format(JsonLines).init(),

@@ -117,6 +117,7 @@ pub async fn serve(
     tracing::debug!(
         worker = %ctx.id,
         request = id,
+        request_id = request_id.as_deref().unwrap_or("-"),
         api = api.as_str(),
         prompt_tokens = tokens.len(),
         max_tokens = req.max_tokens,

@@ -20,6 +20,26 @@ pub fn parse_args<C: clap::Parser>() -> Result<C, ExitCode> {
     })
 }
 
+/// The log filter directives for `rust_log` (the `RUST_LOG` value, if set): it, or `info`,
+/// then `<target>=off` for each of `quiet` it does not name. A library that logs every retry
+/// stays quiet under `RUST_LOG=info` or `debug` as under the default, since the binary says
+/// each of those states once itself; naming the target (`RUST_LOG=info,async_nats=debug`)
+/// brings its lines back.
+pub fn log_filter(rust_log: Option<&str>, quiet: &[&str]) -> String {
+    let given = rust_log.map(str::trim).filter(|s| !s.is_empty());
+    let mut directives = given.unwrap_or("info").to_string();
+    for target in quiet {
+        let named = given.is_some_and(|g| {
+            g.split(',')
+                .any(|d| d.trim().split(['=', '[']).next() == Some(*target))
+        });
+        if !named {
+            directives.push_str(&format!(",{target}=off"));
+        }
+    }
+    directives
+}
+
 /// Prints like `println!`, but a reader that went away (`| head`) is not a panic: the
 /// binaries print their tables after writing their files, and the run's exit code must not
 /// become 101 and a backtrace because nobody read the rest. Other write errors are said once
@@ -129,6 +149,32 @@ pub fn error_line(error: &(dyn std::error::Error + 'static)) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn noisy_targets_stay_off_unless_rust_log_names_them() {
+        let quiet = ["async_nats", "warp::server"];
+        assert_eq!(
+            log_filter(None, &quiet),
+            "info,async_nats=off,warp::server=off"
+        );
+        assert_eq!(
+            log_filter(Some(" "), &quiet),
+            "info,async_nats=off,warp::server=off"
+        );
+        assert_eq!(
+            log_filter(Some("debug"), &quiet),
+            "debug,async_nats=off,warp::server=off"
+        );
+        assert_eq!(
+            log_filter(Some("info,async_nats=debug"), &quiet),
+            "info,async_nats=debug,warp::server=off"
+        );
+        // A target only sharing a prefix is not named.
+        assert_eq!(
+            log_filter(Some("warp=debug,async_nats_x=info"), &quiet),
+            "warp=debug,async_nats_x=info,async_nats=off,warp::server=off"
+        );
+    }
 
     #[derive(Debug, thiserror::Error)]
     #[error("cannot read trace t.jsonl: {source}")]

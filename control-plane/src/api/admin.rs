@@ -94,6 +94,13 @@ where
     }
     let accepted = batch.events.len();
     state.metrics.lifecycle_events(&batch.events);
+    for event in &batch.events {
+        tracing::debug!(
+            request_id = event.request_id(),
+            event = event.kind(),
+            "lifecycle"
+        );
+    }
     match state.service.lifecycle(batch).await {
         Ok(()) => warp::reply::json(&serde_json::json!({ "accepted": accepted })).into_response(),
         Err(_) => unavailable(&state),

@@ -523,6 +523,16 @@ where
             let record = DecisionRecord::of(&routed, model.clone(), state.now_ms());
             state.recent().record(record);
             let verdict = routed.verdict;
+            tracing::debug!(
+                request_id = %verdict.request_id,
+                mode = verdict.mode.as_str(),
+                reason = verdict.reason.as_str(),
+                decode = %verdict.decode.worker_id.0,
+                prefill = verdict.prefill.as_ref().map_or("-", |p| p.worker_id.0.as_str()),
+                isl = verdict.isl,
+                cached_tokens = verdict.cached_tokens,
+                "verdict"
+            );
             m.decisions
                 .get_or_create(&DecisionLabels::of(verdict.mode, verdict.reason))
                 .inc();
@@ -545,7 +555,14 @@ where
         }
         Err((code, reply)) => {
             m.bad_request(code);
-            tracing::debug!(code, "route request refused");
+            tracing::debug!(
+                code,
+                request_id = headers
+                    .get(REQUEST_ID_HEADER)
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("-"),
+                "route request refused"
+            );
             reply
         }
     }

@@ -142,3 +142,66 @@ fn the_istio_sample_passes_flags_the_binary_takes_and_probes_readiness() {
         "the readiness probe must be /readyz"
     );
 }
+
+/// An operator following one request by its id finds it in the control plane's log at
+/// `RUST_LOG=debug` (its route call, refused or decided, and its lifecycle reports), and
+/// async-nats's line-a-second reconnect chatter stays out of it even at that level: the
+/// control plane says the NATS state once itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_debug_the_log_names_each_request_id_and_not_every_nats_retry() {
+    use std::time::Duration;
+    let (listen, admin, nowhere) = (
+        format!("127.0.0.1:{}", crate::common::free_port()),
+        format!("127.0.0.1:{}", crate::common::free_port()),
+        crate::common::free_port(),
+    );
+    let scratch = crate::common::TempDir::new("cp-debug-log").expect("scratch dir");
+    let log = scratch.path().join("control-plane.log");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_switchyard-control-plane"))
+        .args(["--listen", &listen, "--admin-listen", &admin])
+        .args(["--nats-url", &format!("nats://127.0.0.1:{nowhere}")])
+        .env("SWITCHYARD_ADMIN_TOKEN", "a-long-enough-admin-token")
+        .env("RUST_LOG", "debug")
+        .stdout(std::fs::File::create(&log).expect("log file"))
+        .spawn()
+        .expect("the binary runs");
+    let http = reqwest::Client::new();
+    crate::common::eventually(Duration::from_secs(20), "the control plane serves", || {
+        let url = format!("http://{listen}/healthz");
+        let http = http.clone();
+        async move { http.get(url).send().await.is_ok() }
+    })
+    .await;
+    let refused = http
+        .post(format!("http://{listen}/v1/route"))
+        .header(switchyard_protocol::route::API_HEADER, "chat")
+        .header(switchyard_protocol::route::REQUEST_ID_HEADER, "follow-me-1")
+        .body(crate::common::chat("hello"))
+        .send()
+        .await
+        .expect("route call");
+    assert_eq!(refused.status(), 503, "no workers yet");
+    let reported = http
+        .post(format!("http://{listen}/v1/lifecycle"))
+        .json(&serde_json::json!({"v": 1, "events": [
+            {"event": "done", "request_id": "follow-me-2", "ok": false, "failed_open": true}
+        ]}))
+        .send()
+        .await
+        .expect("lifecycle call");
+    assert!(reported.status().is_success());
+    // Long enough for async-nats to retry the missing server a few times.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let _ = child.kill();
+    let _ = child.wait();
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    for id in ["follow-me-1", "follow-me-2"] {
+        assert!(text.contains(id), "{id} in the log:\n{text}");
+    }
+    let chatter = text.lines().filter(|l| l.contains("async_nats")).count();
+    assert_eq!(chatter, 0, "async-nats lines in:\n{text}");
+    assert!(
+        !text.contains('\u{1b}'),
+        "no colour codes in a file:\n{text}"
+    );
+}

@@ -348,17 +348,22 @@ impl Args {
     }
 }
 
-/// The log filter without `RUST_LOG`. warp's server logs every connection that ends early at
-/// ERROR, and here that is a client leaving mid-stream: an ordinary event, counted in
-/// `switchyard_requests_aborted_total`. async-nats logs every failed reconnect (an ERROR a
-/// second while credentials are refused); the bus's event callback says each state once.
-const DEFAULT_LOG_FILTER: &str = "info,warp::server=off,async_nats=off";
+/// Targets kept quiet unless `RUST_LOG` names them. warp's server logs every connection that
+/// ends early at ERROR, and here that is a client leaving mid-stream: an ordinary event,
+/// counted in `switchyard_requests_aborted_total`. async-nats logs every failed reconnect (an
+/// ERROR a second while credentials are refused); the bus's event callback says each state
+/// once.
+const QUIET_LOG_TARGETS: [&str; 2] = ["warp::server", "async_nats"];
 
 fn main() -> ExitCode {
+    let rust_log = std::env::var("RUST_LOG").ok();
+    let directives = switchyard_support::cli::log_filter(rust_log.as_deref(), &QUIET_LOG_TARGETS);
     tracing_subscriber::fmt()
+        // Colour codes only on a terminal: a log file or collector would keep them as text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(DEFAULT_LOG_FILTER)),
+            tracing_subscriber::EnvFilter::try_new(directives)
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .init();
     let args: Args = match parse_args() {
