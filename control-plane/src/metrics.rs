@@ -29,11 +29,13 @@ mod closed_labels {
     /// `route_bad_requests_total{code}`: the codes of `ApiError`s the API answers.
     pub const BAD_REQUEST_CODES: &[&str] = &[
         "admin_listener",
+        "bad_query",
         "bad_request",
         "bad_route_input",
         "body_read",
         "body_read_timeout",
         "body_too_large",
+        "config_store_unavailable",
         "config_version_mismatch",
         "invalid_config",
         "invalid_json",
@@ -912,6 +914,33 @@ mod tests {
             text.contains("switchyard_route_bad_requests_total{code=\"invalid_json\"} 1"),
             "{text}"
         );
+    }
+
+    /// The error-code tables of docs/control-plane.md (`| status | `code` | ...`) list
+    /// codes the route counter pre-creates (or the admin token's refusals, counted apart).
+    #[test]
+    fn every_error_code_in_the_docs_tables_is_pre_created() {
+        let docs = include_str!("../../docs/control-plane.md");
+        let refusals = ["missing_token", "wrong_token", "admin_token_not_configured"];
+        let mut seen = 0;
+        for line in docs.lines() {
+            let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+            let (Some(status), Some(code)) = (cells.get(1), cells.get(2)) else {
+                continue;
+            };
+            if !(status.len() == 3 && status.starts_with(['4', '5'])) {
+                continue;
+            }
+            let Some(code) = code.strip_prefix('`').and_then(|c| c.split('`').next()) else {
+                continue;
+            };
+            seen += 1;
+            assert!(
+                closed_labels::BAD_REQUEST_CODES.contains(&code) || refusals.contains(&code),
+                "{code} is documented but not pre-created"
+            );
+        }
+        assert!(seen > 20, "the tables were found: {seen} rows");
     }
 
     #[test]
