@@ -260,6 +260,14 @@ async fn the_status_page_renders_workers_and_verdicts_in_chromium() {
                 "{field} {value} missing"
             );
         }
+        // The model beside the request (empty without declared models), then the mode.
+        let (id, model, mode) = (
+            decision["request_id"].as_str().unwrap(),
+            decision["model"].as_str().unwrap_or(""),
+            decision["mode"].as_str().unwrap(),
+        );
+        let cells = format!("<td>{id}</td><td>{model}</td><td class=\"{mode}\">{mode}</td>");
+        assert!(dom.contains(&cells), "no {cells} in\n{dom}");
     }
     assert_eq!(text_of(&dom, "share"), share_text(&status));
     assert_eq!(text_of(&dom, "verdicts"), sent.to_string());
