@@ -147,6 +147,10 @@ impl VllmEngine {
             .env("HF_HOME", scratch.join("hf"))
             .env("HF_HUB_OFFLINE", "1")
             .env("VLLM_NO_USAGE_STATS", "1")
+            // vLLM ranks logprobs with a torch.compile'd function; on CPU the first request
+            // asking for them builds it with g++ inside the engine step (about a minute, in
+            // every fresh TMPDIR, past the client's timeout on a loaded machine): docs/vllm.md.
+            .env("TORCH_COMPILE_DISABLE", "1")
             .env("VLLM_CPU_KVCACHE_SPACE", "1")
             .env("VLLM_CPU_OMP_THREADS_BIND", spec.core.to_string())
             .env("VLLM_NIXL_SIDE_CHANNEL_HOST", "127.0.0.1")

@@ -36,6 +36,9 @@ use switchyard_stack::{Stack, StackBuilder, WorkerSpec};
 use switchyard_support::{free_listen_port, TempDir};
 
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
+/// The warm-up handoff's legs: past the engines' 120 s KV lease, which a stalled first
+/// handshake waits out.
+const WARM_UP_TIMEOUT: Duration = Duration::from_secs(180);
 /// Cold prompts above this many uncached tokens disaggregate; the next turns stay below.
 const THRESHOLD: u32 = 512;
 /// vLLM's prompt-token counter by where the KV came from.
@@ -121,10 +124,11 @@ fn cached_tokens(response: &Observed) -> u64 {
         .unwrap_or(0)
 }
 
-/// The control plane's verdict for `body` (as the filter would ask for it).
+/// The verdict the control plane would give `body` now (a dry run: nothing booked or
+/// predicted, so the requests the test then sends are routed as without it).
 async fn verdict(http: &reqwest::Client, control_plane: &str, body: &Value) -> Value {
     let response = http
-        .post(format!("{control_plane}/v1/route"))
+        .post(format!("{control_plane}/v1/route?dry_run=true"))
         .header("x-switchyard-api", "chat")
         .json(body)
         .send()
@@ -136,6 +140,32 @@ async fn verdict(http: &reqwest::Client, control_plane: &str, body: &Value) -> V
         response.status()
     );
     response.json().await.expect("verdict JSON")
+}
+
+/// One handoff straight between the engines, before anything is measured: a decode engine's
+/// first NIXL handshake after start-up once took two minutes on a loaded machine (vLLM's
+/// own, with no gateway involved; the prefill engine's lease ran out meanwhile), and the
+/// steps below test routing, not that. Its outcome is not checked.
+async fn warm_up_handoff(http: &reqwest::Client, prefill: &VllmEngine, decode: &VllmEngine) {
+    let messages = json!([{"role": "user", "content": cold_prompt("warming up")}]);
+    let mut leg = chat(&messages, 1);
+    leg["stream"] = json!(false);
+    leg.as_object_mut().map(|o| o.remove("stream_options"));
+    leg["kv_transfer_params"] = json!({
+        "do_remote_decode": true, "do_remote_prefill": false, "remote_engine_id": null,
+        "remote_block_ids": null, "remote_host": null, "remote_port": null,
+    });
+    let url = |e: &VllmEngine| format!("http://{}/v1/chat/completions", e.address());
+    let Ok(answer) = post_observed(http, &url(prefill), &leg, &[], WARM_UP_TIMEOUT).await else {
+        return;
+    };
+    let params = serde_json::from_str::<Value>(&answer.body())
+        .ok()
+        .map(|a| a["kv_transfer_params"].clone())
+        .unwrap_or(Value::Null);
+    let mut decode_leg = chat(&messages, 2);
+    decode_leg["kv_transfer_params"] = params;
+    let _ = post_observed(http, &url(decode), &decode_leg, &[], WARM_UP_TIMEOUT).await;
 }
 
 /// Blocks the control plane's index holds for `worker`.
@@ -180,6 +210,7 @@ async fn a_real_vllm_prefill_decode_pair_behind_switchyard() {
     );
     prefill.wait_healthy(&http).await;
     decode.wait_healthy(&http).await;
+    warm_up_handoff(&http, &prefill, &decode).await;
 
     let pools = scratch.path().join("pools.yaml");
     std::fs::write(&pools, pool_file(&prefill, &decode)).expect("pool file");
