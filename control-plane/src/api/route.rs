@@ -381,12 +381,21 @@ fn truncated_hashes(hashed: HashedPrompt, truncation: Option<Truncation>) -> Rou
     }
 }
 
+/// A route call's verdict, with what the handler records beside it.
+struct Decided {
+    routed: Routed,
+    /// The declared model it was routed among (`None` without declared models).
+    model: Option<String>,
+    /// Shown, not decided (`?dry_run=true`).
+    dry_run: bool,
+}
+
 async fn decide<S, B>(
     query: &str,
     headers: &HeaderMap,
     body: S,
     state: &ApiState,
-) -> Result<(Routed, Option<String>, bool), (&'static str, Response)>
+) -> Result<Decided, (&'static str, Response)>
 where
     S: futures::Stream<Item = Result<B, warp::Error>> + Send,
     B: warp::Buf,
@@ -492,7 +501,11 @@ where
             routed.verdict.disagg_request_id = model.disagg_request_id
                 && routed.verdict.mode == RouteMode::Disagg
                 && routed.verdict.engine == Engine::Trtllm;
-            Ok((routed, model.name.clone(), dry_run))
+            Ok(Decided {
+                routed,
+                model: model.name.clone(),
+                dry_run,
+            })
         }
         Ok(Err(RouteError::NoDecodeWorkers)) => Err(fail(RouteFailure::NoWorkers)),
         Err(_) => Err(fail(RouteFailure::Unavailable)),
@@ -509,13 +522,21 @@ where
     let result = decide(&query, &headers, body, &state).await;
     let m = &state.metrics;
     match result {
-        Ok((routed, _, true)) => {
+        Ok(Decided {
+            routed,
+            dry_run: true,
+            ..
+        }) => {
             // Shown, not decided: none of a decision's figures or records.
             m.route_dry_runs.inc();
             warp::reply::with_header(warp::reply::json(&routed.verdict), DRY_RUN_HEADER, "true")
                 .into_response()
         }
-        Ok((routed, model, false)) => {
+        Ok(Decided {
+            routed,
+            model,
+            dry_run: false,
+        }) => {
             // Verdicts only: a refusal is quick, and counting it would pull the figure an
             // operator reads as "what routing costs a request" below what it costs.
             m.route_latency_seconds
