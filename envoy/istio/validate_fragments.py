@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
-# Usage (from the repository root, after building the filter):
-#   python3 envoy/istio/validate_fragments.py . target/wasm32-wasip1/wasm/switchyard_filter.wasm > /tmp/istio-bootstrap.json
+# Usage (from the repository root, after building the filter; scripts/test.sh runs it):
+#   .venv/bin/python envoy/istio/validate_fragments.py . target/wasm32-wasip1/wasm/switchyard_filter.wasm > /tmp/istio-bootstrap.json
 #   .venv/bin/envoy --mode validate --use-dynamic-base-id -c /tmp/istio-bootstrap.json
-# Needs PyYAML. Checks the Envoy parts only; Istio itself is not exercised.
-# Embeds the Envoy fragments of envoy/istio/*.yaml into a standalone bootstrap
+# Needs PyYAML (scripts/setup.sh installs it in .venv). No Istio runs here: what it checks of
+# Istio's side is the route timeout rule below, read in Istio's source, and the project's own
+# proxyVersion rule. Embeds the Envoy fragments of envoy/istio/*.yaml into a standalone bootstrap
 # (Istio cluster names mapped to static clusters) for Envoy to validate: the wasm filter, both
 # pool cluster patches, the listener patch and the connection manager patch. Patches are found
 # by what they apply to, not by position, and every patch must be used. Before printing it

@@ -150,7 +150,9 @@ async fn warm_up_handoff(http: &reqwest::Client, prefill: &VllmEngine, decode: &
     let messages = json!([{"role": "user", "content": cold_prompt("warming up")}]);
     let mut leg = chat(&messages, 1);
     leg["stream"] = json!(false);
-    leg.as_object_mut().map(|o| o.remove("stream_options"));
+    if let Some(fields) = leg.as_object_mut() {
+        fields.remove("stream_options");
+    }
     leg["kv_transfer_params"] = json!({
         "do_remote_decode": true, "do_remote_prefill": false, "remote_engine_id": null,
         "remote_block_ids": null, "remote_host": null, "remote_port": null,
@@ -256,6 +258,9 @@ async fn a_real_vllm_prefill_decode_pair_behind_switchyard() {
     .await;
     let local_before = source_tokens(&http, &decode.address(), "local_compute").await;
     let pulled_before = source_tokens(&http, &decode.address(), "external_kv_transfer").await;
+    // The warm-up's blocks are indexed already (the stack is ready once the engines' caches
+    // are replayed): the next turns wait for more than these.
+    let indexed_before_turn1 = indexed_blocks(&http, &stack, "decode-0").await;
     let turn1 = post(&http, &gateway, &first_body).await;
     assert!(
         turn1.header(ROUTE_HEADER).starts_with("disagg"),
@@ -306,7 +311,8 @@ async fn a_real_vllm_prefill_decode_pair_behind_switchyard() {
     second.push(json!({"role": "assistant", "content": answer}));
     second.push(json!({"role": "user", "content": "And which item comes last?"}));
     let second = Value::Array(second);
-    wait_for_index(&http, &stack, "decode-0").await;
+    wait_for_index(&http, &stack, "decode-0", indexed_before_turn1).await;
+    let indexed_before_turn2 = indexed_blocks(&http, &stack, "decode-0").await;
     let turn2 = post(&http, &gateway, &chat(&second, 8)).await;
     assert!(
         turn2.header(ROUTE_HEADER).starts_with("bypass"),
@@ -321,7 +327,7 @@ async fn a_real_vllm_prefill_decode_pair_behind_switchyard() {
     third.push(json!({"role": "assistant", "content": assistant_text(&turn2)}));
     third.push(json!({"role": "user", "content": "Thanks."}));
     let third = chat(&Value::Array(third), 4);
-    wait_for_index(&http, &stack, "decode-0").await;
+    wait_for_index(&http, &stack, "decode-0", indexed_before_turn2).await;
     let estimate = verdict(&http, &control_plane, &third).await;
     let direct = post(
         &http,
@@ -399,12 +405,13 @@ async fn a_real_vllm_prefill_decode_pair_behind_switchyard() {
     drop(decode);
 }
 
-/// Waits until the index holds blocks for `worker` (KV events are asynchronous).
-async fn wait_for_index(http: &reqwest::Client, stack: &Stack, worker: &str) {
+/// Waits until the index holds more than `above` blocks for `worker`: the last request's KV
+/// events reached it (they are asynchronous).
+async fn wait_for_index(http: &reqwest::Client, stack: &Stack, worker: &str, above: u64) {
     eventually(
-        &format!("KV events from {worker} reach the index"),
+        &format!("KV events from {worker} reach the index (more than {above} blocks)"),
         Duration::from_secs(10),
-        || async { indexed_blocks(http, stack, worker).await > 0 },
+        || async { indexed_blocks(http, stack, worker).await > above },
     )
     .await;
 }

@@ -45,6 +45,9 @@ use crate::status::DecisionRecord;
 /// On a dry run's answer: the verdict was shown, not decided.
 pub const DRY_RUN_HEADER: &str = "x-switchyard-dry-run";
 
+/// The request id of a dry run's verdict when the call names none.
+pub const DRY_RUN_REQUEST_ID: &str = "dry-run";
+
 /// Why a route request got no verdict.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum RouteFailure {
@@ -211,25 +214,29 @@ fn request_id(headers: &HeaderMap, ids: &RequestIds) -> Result<String, RouteFail
 /// Whether the call asks for a dry run (`?dry_run=true`): the only query parameter. Anything
 /// else is refused rather than ignored, so a misspelt `dry_run` cannot book a real decision.
 fn dry_run(query: &str) -> Result<bool, RouteFailure> {
-    let mut dry_run = false;
+    let mut dry_run = None;
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-        dry_run = match (key, value) {
-            ("dry_run", "true" | "1") => true,
-            ("dry_run", "false" | "0") => false,
-            ("dry_run", other) => {
+        if key != "dry_run" {
+            return Err(RouteFailure::BadQuery(format!(
+                "unknown parameter {key:?} (the only one is dry_run)"
+            )));
+        }
+        let asked = match value {
+            "true" | "1" => true,
+            "false" | "0" => false,
+            other => {
                 return Err(RouteFailure::BadQuery(format!(
-                    "dry_run must be true or false, got {other:?}"
-                )))
-            }
-            (other, _) => {
-                return Err(RouteFailure::BadQuery(format!(
-                    "unknown parameter {other:?} (the only one is dry_run)"
+                    "dry_run must be true, false, 1 or 0, got {other:?}"
                 )))
             }
         };
+        // Twice, the later one could turn a dry run into a decision unseen.
+        if dry_run.replace(asked).is_some() {
+            return Err(RouteFailure::BadQuery("dry_run given twice".into()));
+        }
     }
-    Ok(dry_run)
+    Ok(dry_run.unwrap_or(false))
 }
 
 /// What a route call carries.
@@ -403,7 +410,11 @@ where
     let fail = |f: RouteFailure| (f.status_and_code().1, f.into_reply());
     let dry_run = dry_run(query).map_err(fail)?;
     let api = api_kind(headers).map_err(fail)?;
-    let request_id = request_id(headers, &state.request_ids).map_err(fail)?;
+    // A dry run draws no id from the sequence the decisions' made-up ids come from.
+    let request_id = match headers.get(REQUEST_ID_HEADER) {
+        None if dry_run => DRY_RUN_REQUEST_ID.to_string(),
+        _ => request_id(headers, &state.request_ids).map_err(fail)?,
+    };
     let input = route_input(headers).map_err(fail)?;
     let bytes = read_body(body, state.max_route_body_bytes, declared_length(headers)).await?;
     let hashed = match input {
@@ -529,6 +540,14 @@ where
         }) => {
             // Shown, not decided: none of a decision's figures or records.
             m.route_dry_runs.inc();
+            let verdict = &routed.verdict;
+            tracing::debug!(
+                request_id = %verdict.request_id,
+                mode = verdict.mode.as_str(),
+                reason = verdict.reason.as_str(),
+                decode = %verdict.decode.worker_id.0,
+                "dry run"
+            );
             warp::reply::with_header(warp::reply::json(&routed.verdict), DRY_RUN_HEADER, "true")
                 .into_response()
         }
@@ -592,6 +611,31 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_query_asks_for_a_dry_run_or_is_refused() {
+        for (query, want) in [
+            ("", false),
+            ("dry_run=true", true),
+            ("dry_run=1", true),
+            ("dry_run=false", false),
+            ("dry_run=0", false),
+            ("&dry_run=true&", true),
+        ] {
+            assert_eq!(dry_run(query), Ok(want), "{query}");
+        }
+        for (query, mentions) in [
+            ("dry_run", "got \"\""),
+            ("dry_run=yes", "\"yes\""),
+            ("dryrun=true", "\"dryrun\""),
+            ("dry_run=true&dry_run=false", "twice"),
+            ("dry_run=true&n=2", "\"n\""),
+        ] {
+            let err = dry_run(query).unwrap_err();
+            assert_eq!(err.status_and_code().1, "bad_query", "{query}");
+            assert!(err.to_string().contains(mentions), "{query}: {err}");
+        }
+    }
 
     #[test]
     fn api_header_is_required_and_checked() {

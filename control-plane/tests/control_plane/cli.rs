@@ -157,7 +157,7 @@ async fn at_debug_the_log_names_each_request_id_and_not_every_nats_retry() {
     );
     let scratch = crate::common::TempDir::new("cp-debug-log").expect("scratch dir");
     let log = scratch.path().join("control-plane.log");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_switchyard-control-plane"))
+    let child = Command::new(env!("CARGO_BIN_EXE_switchyard-control-plane"))
         .args(["--listen", &listen, "--admin-listen", &admin])
         .args(["--nats-url", &format!("nats://127.0.0.1:{nowhere}")])
         .env("SWITCHYARD_ADMIN_TOKEN", "a-long-enough-admin-token")
@@ -165,6 +165,7 @@ async fn at_debug_the_log_names_each_request_id_and_not_every_nats_retry() {
         .stdout(std::fs::File::create(&log).expect("log file"))
         .spawn()
         .expect("the binary runs");
+    let mut child = KillOnDrop(child);
     let http = reqwest::Client::new();
     crate::common::eventually(Duration::from_secs(20), "the control plane serves", || {
         let url = format!("http://{listen}/healthz");
@@ -192,8 +193,7 @@ async fn at_debug_the_log_names_each_request_id_and_not_every_nats_retry() {
     assert!(reported.status().is_success());
     // Long enough for async-nats to retry the missing server a few times.
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let _ = child.kill();
-    let _ = child.wait();
+    child.stop();
     let text = std::fs::read_to_string(&log).unwrap_or_default();
     for id in ["follow-me-1", "follow-me-2"] {
         assert!(text.contains(id), "{id} in the log:\n{text}");
@@ -204,4 +204,20 @@ async fn at_debug_the_log_names_each_request_id_and_not_every_nats_retry() {
         !text.contains('\u{1b}'),
         "no colour codes in a file:\n{text}"
     );
+}
+
+/// A started binary, killed when the test ends, also by a failed assertion.
+struct KillOnDrop(std::process::Child);
+
+impl KillOnDrop {
+    fn stop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        self.stop();
+    }
 }

@@ -134,6 +134,15 @@ async fn a_dry_run_shows_the_verdict_and_decides_nothing() {
     let in_flight =
         "switchyard_worker_in_flight{worker=\"decode-0\",role=\"decode\",model=\"qwen3\"}";
     assert_eq!(metric_value(&m, in_flight), 0.0, "{m}");
+    // Without an id, a dry run's verdict says what it is and draws none of the made-up ids.
+    let anonymous = reqwest::Client::new()
+        .post(format!("{}/v1/route?dry_run=true", svc.base))
+        .header(switchyard_protocol::route::API_HEADER, "chat")
+        .body(prompt.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(shown(anonymous).await.request_id, "dry-run");
 
     // A decision (no query, or dry_run=false) books the request and predicts its blocks
     // cached, which the next dry run shows.
@@ -148,7 +157,7 @@ async fn a_dry_run_shows_the_verdict_and_decides_nothing() {
     })
     .await;
     let m = svc.metrics().await;
-    assert_metric(&m, "switchyard_route_dry_runs_total", 3.0);
+    assert_metric(&m, "switchyard_route_dry_runs_total", 4.0);
 
     // Anything else in the query is refused, not ignored: a misspelt dry run decides nothing.
     for (query, mentions) in [("?dry_run=maybe", "maybe"), ("?dryrun=true", "dryrun")] {

@@ -358,12 +358,14 @@ const QUIET_LOG_TARGETS: [&str; 2] = ["warp::server", "async_nats"];
 fn main() -> ExitCode {
     let rust_log = std::env::var("RUST_LOG").ok();
     let directives = switchyard_support::cli::log_filter(rust_log.as_deref(), &QUIET_LOG_TARGETS);
+    // A RUST_LOG the filter cannot parse gets the default, quiet targets included.
+    let default = switchyard_support::cli::log_filter(None, &QUIET_LOG_TARGETS);
     tracing_subscriber::fmt()
         // Colour codes only on a terminal: a log file or collector would keep them as text.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_new(directives)
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default)),
         )
         .init();
     let args: Args = match parse_args() {
