@@ -357,6 +357,17 @@ impl Engine {
         u32::try_from(blocks as u64 * u64::from(self.block_size.get())).unwrap_or(u32::MAX)
     }
 
+    /// Tokens of `prompt`'s prefix this engine would read from its cache if it scheduled the
+    /// prompt now: [`Engine::cached_prefix_tokens`], less the last block when that is the
+    /// prompt's end (at least one token is always computed, as in vLLM). What a
+    /// missing-suffix transfer need not move: a decode worker holding a prompt of whole blocks
+    /// still pulls its last one, which it then counts as pulled.
+    pub fn readable_prefix_tokens(&self, prompt: &Prompt) -> u32 {
+        let bs = self.block_size.get();
+        let readable = prompt.len().saturating_sub(1) / bs * bs;
+        self.cached_prefix_tokens(prompt).min(readable)
+    }
+
     /// Load as a vLLM worker's metrics would show it.
     pub fn load(&self) -> LoadSnapshot {
         let queued_prefill_tokens = self

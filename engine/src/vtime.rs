@@ -374,14 +374,12 @@ impl Cluster {
             // A hold nobody waits for (submitted directly): let the lease expire it.
             return;
         };
-        let decode_cached = self
-            .engine(handoff.decode)
-            .cached_prefix_tokens(&handoff.req.prompt);
+        let decode = self.engine(handoff.decode);
+        let decode_cached = decode.cached_prefix_tokens(&handoff.req.prompt);
+        let decode_reads = decode.readable_prefix_tokens(&handoff.req.prompt);
         let model = &self.engine(prefill).config().transfer;
-        let tokens = model.tokens_to_move(
-            u64::from(handoff.req.prompt.len()),
-            u64::from(decode_cached),
-        );
+        let tokens =
+            model.tokens_to_move(u64::from(handoff.req.prompt.len()), u64::from(decode_reads));
         let cached = decode_cached.min(handoff.req.prompt.len());
         let cpu_ms = self.handoff_cpu_ms_per_prompt_token
             * f64::from(handoff.req.prompt.len() - cached)

@@ -257,7 +257,7 @@ async fn remote_decode_request(
         switchyard_engine::TransferMode::WholePrompt => 0,
         switchyard_engine::TransferMode::MissingSuffix => ctx
             .engine
-            .cached_prefix_tokens(prompt.clone())
+            .readable_prefix_tokens(prompt.clone())
             .await
             .unwrap_or(0),
     };

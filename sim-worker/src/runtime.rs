@@ -99,7 +99,7 @@ enum Command {
         id: u64,
         reply: oneshot::Sender<Option<HeldKv>>,
     },
-    CachedPrefix {
+    ReadablePrefix {
         prompt: Prompt,
         reply: oneshot::Sender<u32>,
     },
@@ -124,7 +124,7 @@ impl std::fmt::Debug for Command {
             Command::Submit { .. } => "Submit",
             Command::Abort { .. } => "Abort",
             Command::ReleaseHeld { .. } => "ReleaseHeld",
-            Command::CachedPrefix { .. } => "CachedPrefix",
+            Command::ReadablePrefix { .. } => "ReadablePrefix",
             Command::Resync => "Resync",
         })
     }
@@ -171,14 +171,15 @@ impl EngineHandle {
         answer.await.map_err(|_| EngineStopped)
     }
 
-    /// Tokens of `prompt`'s prefix this worker caches now.
+    /// Tokens of `prompt`'s prefix this worker would read from its cache now (see
+    /// `Engine::readable_prefix_tokens`): what a missing-suffix transfer need not move.
     ///
     /// # Errors
     /// [`EngineStopped`] on shutdown.
-    pub async fn cached_prefix_tokens(&self, prompt: Prompt) -> Result<u32, EngineStopped> {
+    pub async fn readable_prefix_tokens(&self, prompt: Prompt) -> Result<u32, EngineStopped> {
         let (reply, answer) = oneshot::channel();
         self.commands
-            .send(Command::CachedPrefix { prompt, reply })
+            .send(Command::ReadablePrefix { prompt, reply })
             .map_err(|_| EngineStopped)?;
         answer.await.map_err(|_| EngineStopped)
     }
@@ -278,8 +279,8 @@ impl EngineTask {
             Command::ReleaseHeld { id, reply } => {
                 let _ = reply.send(self.core.engine_mut().release_held(id));
             }
-            Command::CachedPrefix { prompt, reply } => {
-                let _ = reply.send(self.core.engine().cached_prefix_tokens(&prompt));
+            Command::ReadablePrefix { prompt, reply } => {
+                let _ = reply.send(self.core.engine().readable_prefix_tokens(&prompt));
             }
             Command::Resync => {
                 self.metrics.kv_resyncs.fetch_add(1, Ordering::Relaxed);

@@ -172,6 +172,52 @@ fn missing_suffix_transfer_moves_only_what_decode_lacks() {
     assert_eq!(cached, Some(4_096));
 }
 
+/// A decode worker that caches a prompt of whole blocks still computes its last token, so it
+/// pulls the last block: the transfer moves what the engine then counts as pulled.
+#[test]
+fn a_decode_worker_holding_the_whole_prompt_pulls_its_last_block() {
+    let mut pcfg = EngineConfig::new(WorkerRole::Prefill);
+    pcfg.transfer.mode = TransferMode::MissingSuffix;
+    let (mut cluster, p, d) = prefill_decode(pcfg, EngineConfig::new(WorkerRole::Decode));
+    let whole = prompt(7, 4_096);
+    let warm = EngineRequest::local(1, whole.clone(), 1);
+    cluster.schedule(
+        0.0,
+        Arrival::Direct {
+            engine: d,
+            req: warm,
+        },
+    );
+    let req = EngineRequest::local(2, whole, 3);
+    cluster.schedule(
+        1_000.0,
+        Arrival::Disaggregated {
+            prefill: p,
+            decode: d,
+            req,
+        },
+    );
+    let events = collect(&mut cluster);
+    let moved = events.iter().find_map(|e| match e {
+        ClusterEvent::TransferStarted { tokens, .. } => Some(*tokens),
+        _ => None,
+    });
+    let pulled = events.iter().find_map(|e| match e {
+        ClusterEvent::Output {
+            engine,
+            output:
+                EngineOutput::Finished {
+                    id: 2,
+                    remote_tokens,
+                    ..
+                },
+        } if *engine == d => Some(u64::from(*remote_tokens)),
+        _ => None,
+    });
+    let block = u64::from(cluster.engine(d).config().block_size);
+    assert_eq!((moved, pulled), (Some(block), Some(block)));
+}
+
 #[test]
 fn events_arrive_in_time_order_and_kv_events_are_forwarded() {
     let mut cluster = Cluster::new();
@@ -434,7 +480,8 @@ fn handoff_cpu_time_charges_the_decode_workers_cached_tokens_their_own_rate() {
         (cold - 40.96 - cluster.engine(p).transfer_time_ms(4_096)).abs() < 1e-9,
         "{cold}"
     );
-    // 4.096 ms of cached-rate tokenization, and no KV left to move.
-    let no_kv = cluster.engine(p).transfer_time_ms(0);
-    assert!((warm - 4.096 - no_kv).abs() < 1e-6, "{warm}");
+    // 4.096 ms of cached-rate tokenization, and only the last block to move (the decode
+    // worker computes the prompt's last token, so it reads every block but that one).
+    let last_block = cluster.engine(p).transfer_time_ms(64);
+    assert!((warm - 4.096 - last_block).abs() < 1e-6, "{warm}");
 }
