@@ -128,13 +128,14 @@ fn disaggregated_request_prefills_transfers_then_decodes() {
     );
 }
 
-#[test]
-fn missing_suffix_transfer_moves_only_what_decode_lacks() {
+/// A missing-suffix handoff of `asked` (request 2) to a decode worker that first served
+/// `warm` itself (request 1): the tokens the transfer moved, and request 2's finish on the
+/// decode worker.
+fn hand_off_after_warming(warm: Prompt, asked: Prompt) -> (Option<u64>, Option<EngineOutput>) {
     let mut pcfg = EngineConfig::new(WorkerRole::Prefill);
     pcfg.transfer.mode = TransferMode::MissingSuffix;
     let (mut cluster, p, d) = prefill_decode(pcfg, EngineConfig::new(WorkerRole::Decode));
-    // Warm the decode worker with the first 4,096 tokens.
-    let warm = EngineRequest::local(1, prompt(9, 4_096), 1);
+    let warm = EngineRequest::local(1, warm, 1);
     cluster.schedule(
         0.0,
         Arrival::Direct {
@@ -142,7 +143,7 @@ fn missing_suffix_transfer_moves_only_what_decode_lacks() {
             req: warm,
         },
     );
-    let req = EngineRequest::local(2, prompt(9, 6_000), 3);
+    let req = EngineRequest::local(2, asked, 3);
     cluster.schedule(
         1_000.0,
         Arrival::Disaggregated {
@@ -156,19 +157,26 @@ fn missing_suffix_transfer_moves_only_what_decode_lacks() {
         ClusterEvent::TransferStarted { tokens, .. } => Some(*tokens),
         _ => None,
     });
-    assert_eq!(moved, Some(6_000 - 4_096));
-    let cached = events.iter().find_map(|e| match e {
-        ClusterEvent::Output {
-            engine,
-            output:
-                EngineOutput::Finished {
-                    id: 2,
-                    cached_tokens,
-                    ..
-                },
-        } if *engine == d => Some(*cached_tokens),
+    let finished = events.into_iter().find_map(|e| match e {
+        ClusterEvent::Output { engine, output }
+            if engine == d && matches!(output, EngineOutput::Finished { id: 2, .. }) =>
+        {
+            Some(output)
+        }
         _ => None,
     });
+    (moved, finished)
+}
+
+#[test]
+fn missing_suffix_transfer_moves_only_what_decode_lacks() {
+    // The decode worker warmed with the first 4,096 tokens.
+    let (moved, finished) = hand_off_after_warming(prompt(9, 4_096), prompt(9, 6_000));
+    assert_eq!(moved, Some(6_000 - 4_096));
+    let cached = match finished {
+        Some(EngineOutput::Finished { cached_tokens, .. }) => Some(cached_tokens),
+        _ => None,
+    };
     assert_eq!(cached, Some(4_096));
 }
 
@@ -176,45 +184,12 @@ fn missing_suffix_transfer_moves_only_what_decode_lacks() {
 /// pulls the last block: the transfer moves what the engine then counts as pulled.
 #[test]
 fn a_decode_worker_holding_the_whole_prompt_pulls_its_last_block() {
-    let mut pcfg = EngineConfig::new(WorkerRole::Prefill);
-    pcfg.transfer.mode = TransferMode::MissingSuffix;
-    let (mut cluster, p, d) = prefill_decode(pcfg, EngineConfig::new(WorkerRole::Decode));
-    let whole = prompt(7, 4_096);
-    let warm = EngineRequest::local(1, whole.clone(), 1);
-    cluster.schedule(
-        0.0,
-        Arrival::Direct {
-            engine: d,
-            req: warm,
-        },
-    );
-    let req = EngineRequest::local(2, whole, 3);
-    cluster.schedule(
-        1_000.0,
-        Arrival::Disaggregated {
-            prefill: p,
-            decode: d,
-            req,
-        },
-    );
-    let events = collect(&mut cluster);
-    let moved = events.iter().find_map(|e| match e {
-        ClusterEvent::TransferStarted { tokens, .. } => Some(*tokens),
+    let (moved, finished) = hand_off_after_warming(prompt(7, 4_096), prompt(7, 4_096));
+    let pulled = match finished {
+        Some(EngineOutput::Finished { remote_tokens, .. }) => Some(u64::from(remote_tokens)),
         _ => None,
-    });
-    let pulled = events.iter().find_map(|e| match e {
-        ClusterEvent::Output {
-            engine,
-            output:
-                EngineOutput::Finished {
-                    id: 2,
-                    remote_tokens,
-                    ..
-                },
-        } if *engine == d => Some(u64::from(*remote_tokens)),
-        _ => None,
-    });
-    let block = u64::from(cluster.engine(d).config().block_size);
+    };
+    let block = u64::from(EngineConfig::new(WorkerRole::Decode).block_size);
     assert_eq!((moved, pulled), (Some(block), Some(block)));
 }
 
