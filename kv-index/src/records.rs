@@ -157,10 +157,24 @@ impl RecordVec {
         }
     }
 
-    /// [`RecordVec::reserve_exact`], and writes the spare capacity once so that its pages
-    /// are faulted in now rather than by the pushes (a mapping is faulted in when created).
+    /// Makes room for `additional` more records; when that moves the vector, it grows by at
+    /// least a quarter. The router reserves once per worker that registers, each time for
+    /// that worker's KV capacity: grown to exactly each request, every registration moved
+    /// (and faulted in) all the records reserved before it again, quadratic in the fleet (a
+    /// 256-worker fleet mapped and copied tens of gigabytes while it registered, and its
+    /// heartbeats waited behind that until workers expired and registered again).
+    pub(crate) fn reserve(&mut self, additional: usize) {
+        let need = self.len() + additional;
+        let have = self.capacity();
+        if need > have {
+            self.grow_to(need.max(have + have / 4));
+        }
+    }
+
+    /// [`RecordVec::reserve`], and writes the spare capacity once so that its pages are
+    /// faulted in now rather than by the pushes (a mapping is faulted in when created).
     pub(crate) fn reserve_and_fault_in(&mut self, additional: usize) {
-        self.reserve_exact(additional);
+        self.reserve(additional);
         if self.map.is_none() {
             let len = self.heap.len();
             self.heap.resize(self.heap.capacity(), Record::dead());
@@ -315,6 +329,32 @@ impl Remap {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Capacity reserved one worker at a time (the router's reservation at each registration)
+    /// moves the vector a logarithmic number of times, not once per worker.
+    #[test]
+    fn reserving_worker_by_worker_moves_the_records_a_few_times_not_once_each() {
+        const WORKERS: usize = 256;
+        // Small enough per worker that the whole stays on the heap, where capacities are
+        // exact and every move is visible.
+        let per_worker = MAP_MIN_BYTES / RECORD_BYTES / WORKERS / 2;
+        let mut records = Records::default();
+        let mut moves = 0;
+        for worker in 1..=WORKERS {
+            let before = records.all.capacity();
+            let missing = worker * per_worker - records.all.len();
+            records.all.reserve_and_fault_in(missing);
+            assert!(records.all.capacity() >= worker * per_worker);
+            moves += usize::from(records.all.capacity() != before);
+            // The worker's blocks arrive before the next one registers.
+            for i in 0..per_worker as u64 {
+                records.push(Record::new(i, PackedSet(0), false));
+            }
+        }
+        assert!(records.all.map.is_none());
+        // Growing by a quarter from one worker's share to 256 of them: ~25 moves.
+        assert!(moves <= 32, "{moves} moves for {WORKERS} reservations");
+    }
 
     /// Records pushed past the mapping threshold move to a mapping and keep their contents;
     /// compaction of a mapped vector keeps the live ones in order.
