@@ -46,14 +46,20 @@ pub enum LifecycleEvent {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         route_call: Option<u64>,
     },
+    /// An event of a kind this build does not know: a newer filter's milestone. It is read as
+    /// this and skipped (the control plane counts it), so that the `done` reports batched
+    /// with it still free their requests' load; refusing the whole batch for it, as before,
+    /// made the filter drop them all.
+    #[serde(other)]
+    Unknown,
 }
 
 impl LifecycleEvent {
     /// Every [`LifecycleEvent::kind`], for labels known before any event arrives.
-    pub const KINDS: [&'static str; 3] = ["first_token", "done", "failed_open"];
+    pub const KINDS: [&'static str; 4] = ["first_token", "done", "failed_open", "unknown"];
 
-    /// What the event reports: `first_token`, `done`, or `failed_open` (a `done` with the
-    /// flag set).
+    /// What the event reports: `first_token`, `done`, `failed_open` (a `done` with the
+    /// flag set), or `unknown` (a kind this build does not know).
     pub fn kind(&self) -> &'static str {
         match self {
             LifecycleEvent::FirstToken { .. } => Self::KINDS[0],
@@ -63,15 +69,17 @@ impl LifecycleEvent {
             LifecycleEvent::Done {
                 failed_open: true, ..
             } => Self::KINDS[2],
+            LifecycleEvent::Unknown => Self::KINDS[3],
         }
     }
 
-    /// The request the event is about.
-    pub fn request_id(&self) -> &str {
+    /// The request the event is about; `None` for an event of an unknown kind.
+    pub fn request_id(&self) -> Option<&str> {
         match self {
             LifecycleEvent::FirstToken { request_id } | LifecycleEvent::Done { request_id, .. } => {
-                request_id
+                Some(request_id)
             }
+            LifecycleEvent::Unknown => None,
         }
     }
 
@@ -160,6 +168,24 @@ mod tests {
     }
 
     #[test]
+    fn a_newer_filters_event_kind_does_not_spoil_its_batch() {
+        let batch = r#"{"v":1,"events":[
+            {"event":"cancelled","request_id":"r-1","at_ms":5},
+            {"event":"done","request_id":"r-2","ok":true,"new_field":[1]}]}"#;
+        let batch: LifecycleBatch = serde_json::from_str(batch).unwrap();
+        assert_eq!(
+            batch.events,
+            vec![LifecycleEvent::Unknown, LifecycleEvent::completed("r-2")]
+        );
+        assert_eq!(batch.events[0].kind(), "unknown");
+        assert_eq!(batch.events[0].request_id(), None);
+        // A known kind that is malformed is still an error, not an unknown event.
+        let broken = r#"{"event":"done","ok":true}"#;
+        let error = serde_json::from_str::<LifecycleEvent>(broken).unwrap_err();
+        assert!(error.to_string().contains("request_id"), "{error}");
+    }
+
+    #[test]
     fn each_event_names_its_kind() {
         let first = LifecycleEvent::FirstToken {
             request_id: "r".into(),
@@ -168,6 +194,7 @@ mod tests {
             first.kind(),
             LifecycleEvent::completed("r").kind(),
             LifecycleEvent::failed_open("r").kind(),
+            LifecycleEvent::Unknown.kind(),
         ];
         assert_eq!(kinds, LifecycleEvent::KINDS);
         assert!(LifecycleEvent::failed_open("r").is_failed_open());

@@ -378,6 +378,8 @@ impl Router {
     /// route comes, which is then not counted.
     pub fn apply_lifecycle(&mut self, event: &LifecycleEvent, now_ms: u64) {
         match event {
+            // A newer filter's milestone: nothing this build can apply.
+            LifecycleEvent::Unknown => {}
             LifecycleEvent::FirstToken { request_id } => {
                 self.load.on_first_token(request_id);
                 if let Some(slot) = self.learning.awaiting_first_token(request_id) {

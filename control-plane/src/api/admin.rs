@@ -4,7 +4,7 @@ use warp::http::{HeaderMap, StatusCode};
 use warp::reply::Response;
 use warp::Reply;
 
-use switchyard_protocol::lifecycle::LifecycleBatch;
+use switchyard_protocol::lifecycle::{LifecycleBatch, LifecycleEvent};
 use switchyard_protocol::route::{is_usable_request_id, MAX_REQUEST_ID_LEN};
 
 use super::auth::{authorize, Refusal};
@@ -67,7 +67,7 @@ where
     S: futures::Stream<Item = Result<B, warp::Error>> + Send,
     B: warp::Buf,
 {
-    let batch: LifecycleBatch = match json_body(body, &state).await {
+    let mut batch: LifecycleBatch = match json_body(body, &state).await {
         Ok(b) => b,
         Err(reply) => return reply,
     };
@@ -80,7 +80,7 @@ where
     if let Some(j) = batch
         .events
         .iter()
-        .position(|e| !is_usable_request_id(e.request_id()))
+        .position(|e| e.request_id().is_some_and(|id| !is_usable_request_id(id)))
     {
         state.metrics.bad_request("invalid_request_id");
         return error_reply(
@@ -92,17 +92,34 @@ where
             ),
         );
     }
-    let accepted = batch.events.len();
     state.metrics.lifecycle_events(&batch.events);
     for event in &batch.events {
         tracing::debug!(
-            request_id = event.request_id(),
+            request_id = event.request_id().unwrap_or("-"),
             event = event.kind(),
             "lifecycle"
         );
     }
+    // Events of a kind this build does not know (a filter newer than this control plane) are
+    // counted above as `unknown` and go no further: not to the router, not to the other
+    // replicas. The batch's other events apply.
+    let received = batch.events.len();
+    batch
+        .events
+        .retain(|event| *event != LifecycleEvent::Unknown);
+    let accepted = batch.events.len();
+    if accepted < received {
+        tracing::debug!(
+            ignored = received - accepted,
+            "lifecycle events of an unknown kind ignored (a newer filter?)"
+        );
+    }
     match state.service.lifecycle(batch).await {
-        Ok(()) => warp::reply::json(&serde_json::json!({ "accepted": accepted })).into_response(),
+        Ok(()) => warp::reply::json(&serde_json::json!({
+            "accepted": accepted,
+            "ignored": received - accepted,
+        }))
+        .into_response(),
         Err(_) => unavailable(&state),
     }
 }

@@ -675,16 +675,45 @@ async fn lifecycle_health_and_metrics_endpoints_answer_and_refuse_bad_input() {
         assert_eq!(err.code, "unsupported_version");
         assert!(err.message.contains(words), "{err:?}");
     }
+    // A newer filter's event kind is skipped and counted, and the `done` batched with it
+    // still applies: refused, the filter dropped the whole batch, and every request in it
+    // stayed counted in flight on its worker for ten minutes.
     let resp = http
         .post(&url)
-        .json(&json!({"events": [{"event": "teleported"}]}))
+        .json(&json!({"events": [
+            {"event": "teleported", "request_id": "r-4", "to": "mars"},
+            {"event": "done", "request_id": "r-4", "ok": true, "new_field": 1}
+        ]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(
+        resp.json::<serde_json::Value>().await.unwrap(),
+        json!({"accepted": 1, "ignored": 1})
+    );
+    let metrics = svc.metrics().await;
+    assert_metric(
+        &metrics,
+        "switchyard_lifecycle_events_total{event=\"unknown\"}",
+        1.0,
+    );
+    assert_metric(
+        &metrics,
+        "switchyard_lifecycle_events_total{event=\"done\"}",
+        2.0,
+    );
+    // A known kind without what it needs is still refused, naming the field.
+    let resp = http
+        .post(&url)
+        .json(&json!({"events": [{"event": "done", "ok": true}]}))
         .send()
         .await
         .unwrap();
     assert_eq!(resp.status(), 400);
     let err: ApiError = resp.json().await.unwrap();
     assert_eq!(err.code, "invalid_json");
-    assert!(err.message.contains("teleported"), "{err:?}");
+    assert!(err.message.contains("request_id"), "{err:?}");
     // A valid batch written as an array is refused, not read field by field.
     let resp = http
         .post(&url)
