@@ -36,7 +36,9 @@ pub(crate) struct SwitchyardRoot {
     context_id: u32,
     /// `None` until `on_configure` succeeds; no request context is made before that.
     shared: Option<Rc<Shared>>,
-    /// Survives reconfiguration, so events queued by requests of the old config are sent.
+    /// Events queued by this context's requests. Envoy gives a new filter configuration (an
+    /// LDS update) a root context of its own; this one's queue is sent before it goes
+    /// (`on_done`).
     reports: Rc<RefCell<LifecycleQueue>>,
     /// The lifecycle POST in flight (token, its events, to requeue if it fails). One at a
     /// time: a slow control plane then backs the queue up to its bound instead of piling calls
@@ -49,6 +51,10 @@ pub(crate) struct SwitchyardRoot {
     tokenizers: Rc<RefCell<Tokenizers>>,
     /// Tokenizer bundle fetches in flight: call token, model.
     tokenizer_fetches: Vec<(u32, ModelKey)>,
+    /// Envoy asked this context to finish (`on_done`): the listener or filter config that made
+    /// it was replaced or removed, and its last request has ended. It sends what is queued,
+    /// each batch once, then tells Envoy it is done.
+    finishing: bool,
 }
 
 impl SwitchyardRoot {
@@ -64,6 +70,47 @@ impl SwitchyardRoot {
             releases_in_flight: Vec::new(),
             tokenizers: Rc::new(RefCell::new(Tokenizers::default())),
             tokenizer_fetches: Vec::new(),
+            finishing: false,
+        }
+    }
+
+    /// Whether a lifecycle report or a hold release is still queued or on its way.
+    fn sending(&self) -> bool {
+        self.in_flight.is_some()
+            || !self.releases_in_flight.is_empty()
+            || self.reports.try_borrow().map_or(true, |q| !q.is_empty())
+            || self.releases.try_borrow().map_or(true, |q| !q.is_empty())
+    }
+
+    /// Sends the queued hold releases and the next lifecycle batch. A batch whose dispatch
+    /// Envoy refuses is dropped (counted), so this tries the next until one is on its way or
+    /// none is left: each try takes a batch off the queue, which bounds the loop.
+    fn send_remaining(&mut self) {
+        let Some(shared) = self.shared.clone() else {
+            return;
+        };
+        self.send_releases(&shared);
+        let queued = self.reports.try_borrow().map_or(0, |q| q.len());
+        for _ in 0..queued {
+            if self.in_flight.is_some() {
+                break;
+            }
+            self.flush_reports(&shared);
+        }
+    }
+
+    /// While finishing, sends what is left and, once nothing is on its way, tells Envoy this
+    /// context may go.
+    fn finish_when_sent(&mut self) {
+        if !self.finishing {
+            return;
+        }
+        self.send_remaining();
+        if !self.sending() {
+            info!("#{} lifecycle reports sent; finished", self.context_id);
+            if let Err(status) = hostcalls::done() {
+                warn!("#{} cannot finish: {status:?}", self.context_id);
+            }
         }
     }
 
@@ -297,6 +344,40 @@ impl Context for SwitchyardRoot {
         body_size: usize,
         _num_trailers: usize,
     ) {
+        self.call_answered(token_id, body_size);
+        self.finish_when_sent();
+    }
+
+    /// Envoy calls this when the listener or filter config that made this context is replaced
+    /// (an LDS update, a listener removed) and its last request has ended, and deletes the
+    /// context, queue and all, when it answers `true`. The requests that ended last queued
+    /// their `done` reports here moments ago (streams that outlived Envoy's drain time, cut
+    /// at its end, among them). Lost, each stayed counted in flight on its worker until the
+    /// worker's load reports had shown it gone for 30 s (`load.stale_in_flight_ms`), the
+    /// router steering turns away from that worker meanwhile, and its usage never reached the
+    /// router. So it answers `false` while anything is queued or on its way, and finishes
+    /// once the last answer came (`hostcalls::done`).
+    fn on_done(&mut self) -> bool {
+        if self.shared.is_none() {
+            return true;
+        }
+        self.finishing = true;
+        self.send_remaining();
+        let sending = self.sending();
+        if sending {
+            info!(
+                "#{} config replaced: sending the queued lifecycle reports before finishing",
+                self.context_id
+            );
+        }
+        !sending
+    }
+}
+
+impl SwitchyardRoot {
+    /// A call of this context's answered: a tokenizer bundle, a hold release or a lifecycle
+    /// batch.
+    fn call_answered(&mut self, token_id: u32, body_size: usize) {
         if let Some(i) = self
             .tokenizer_fetches
             .iter()
@@ -348,6 +429,14 @@ impl Context for SwitchyardRoot {
                 increment(shared.stats.reports_sent_total, count as i64);
                 // Drain a backlog promptly instead of one batch per tick.
                 self.flush_reports(&shared);
+            }
+            Answer::NotTaken if self.finishing => {
+                // This context is going: no timer will send it again.
+                debug!(
+                    "#{} lifecycle batch of {count} not taken ({status:?}) while finishing: dropped",
+                    self.context_id
+                );
+                increment(shared.stats.reports_dropped_total, count as i64);
             }
             Answer::NotTaken => {
                 // The control plane was stopped, busy or gone: the timer sends it again.
