@@ -178,7 +178,12 @@ pub fn classify_route_response(
     }
     if code == 200 {
         return match serde_json::from_slice::<Verdict>(body) {
-            Ok(verdict) if is_valid_endpoint_address(&verdict.decode.address) => {
+            // A verdict of a later protocol version may mean something else by the same
+            // fields ("a meaning never changes within a version"): not one to follow.
+            Ok(verdict)
+                if switchyard_protocol::unsupported_version(verdict.v).is_none()
+                    && is_valid_endpoint_address(&verdict.decode.address) =>
+            {
                 RouteOutcome::Routed {
                     mode: verdict.mode,
                     destination: verdict.decode.address,
@@ -242,6 +247,25 @@ mod tests {
             classify_route_response(Some("200"), None, &verdict_json("bypass", "127.0.0.1:9001"));
         assert_eq!(outcome.destination(), Some("127.0.0.1:9001"));
         assert_eq!(outcome.route_header_value(), "bypass");
+    }
+
+    #[test]
+    fn a_verdict_of_a_later_protocol_version_fails_open() {
+        let mut verdict: serde_json::Value =
+            serde_json::from_slice(&verdict_json("bypass", "127.0.0.1:9001")).unwrap();
+        // Fields a newer control plane adds within the version are ignored.
+        verdict["v"] = 1.into();
+        verdict["added_later"] = serde_json::json!({"x": 1});
+        let outcome = classify_route_response(Some("200"), None, verdict.to_string().as_bytes());
+        assert_eq!(outcome.destination(), Some("127.0.0.1:9001"));
+        for v in [0, switchyard_protocol::PROTOCOL_VERSION + 1] {
+            verdict["v"] = v.into();
+            assert_eq!(
+                classify_route_response(Some("200"), None, verdict.to_string().as_bytes()),
+                RouteOutcome::FailOpen(FailOpenReason::BadVerdict),
+                "v {v}"
+            );
+        }
     }
 
     #[test]
