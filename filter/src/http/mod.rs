@@ -93,6 +93,9 @@ struct ConcurrentPrefill {
 enum Phase {
     /// Not a routed API request: its body (it has one) is buffered to be screened.
     Screening,
+    /// An API request refused on its headers, answered once its small body has arrived
+    /// (`body::refusal_waits_for_body`): the body is read and dropped, never passed on.
+    Refusing(body::InvalidBody),
     /// An API request whose body is buffering.
     Buffering(ApiKind),
     /// Waiting for the answer to route call `token`; `doc` is the body if screening parsed it,
@@ -245,6 +248,21 @@ impl SwitchyardRequest {
         );
     }
 
+    /// Refuses an API request on its headers as `invalid`: at once when its body is large,
+    /// else once the body has arrived (`body::refusal_waits_for_body` says why).
+    fn refuse_on_headers(
+        &mut self,
+        invalid: body::InvalidBody,
+        declared_length: Option<u64>,
+    ) -> Action {
+        if body::refusal_waits_for_body(declared_length) {
+            self.phase = Phase::Refusing(invalid);
+        } else {
+            self.reject_body(invalid);
+        }
+        Action::Pause
+    }
+
     /// Replaces the buffered body (and keeps `content-length` true). False if Envoy refused.
     fn replace_body(&mut self, new_body: &[u8]) -> bool {
         match hostcalls::set_buffer(BufferType::HttpRequestBody, 0, self.body_len, new_body) {
@@ -378,7 +396,8 @@ impl HttpContext for SwitchyardRequest {
         let routable = routable_api(method.as_deref(), Some(&path));
         let content_length = self.request_header("content-length");
         self.had_content_length = content_length.is_some();
-        if let Some(size) = content_length.and_then(|v| v.trim().parse::<u64>().ok()) {
+        let declared_length = content_length.and_then(|v| v.trim().parse::<u64>().ok());
+        if let Some(size) = declared_length {
             // Refuse before buffering a byte of it, with the request id every other answer
             // to an API request carries.
             if size > self.shared.config.max_body_bytes {
@@ -405,14 +424,12 @@ impl HttpContext for SwitchyardRequest {
         if !is_json_content_type(content_type.as_deref()) {
             // vLLM refuses it before reading the body; so does the gateway, before a prefill
             // leg (which the filter sends as JSON) could hold KV for a refused decode leg.
-            self.reject_body(body::InvalidBody::NotJsonContentType);
-            return Action::Pause;
+            return self.refuse_on_headers(body::InvalidBody::NotJsonContentType, declared_length);
         }
         if body::is_encoded(self.request_header("content-encoding").as_deref()) {
             // Compressed, the prompt cannot be read, and the engine would refuse it too; said
-            // before the client uploads (and Envoy buffers) a byte of it.
-            self.reject_body(body::InvalidBody::Encoded);
-            return Action::Pause;
+            // before the client uploads (and Envoy buffers) more than a small body of it.
+            return self.refuse_on_headers(body::InvalidBody::Encoded, declared_length);
         }
         self.path = canonical;
         self.authority = self.request_header(":authority").unwrap_or_default();
@@ -422,6 +439,14 @@ impl HttpContext for SwitchyardRequest {
     }
 
     fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        if let Phase::Refusing(invalid) = self.phase {
+            if end_of_stream || body_size as u64 > body::REFUSED_BODY_READ_LIMIT {
+                self.reject_body(invalid);
+                // The rest of a body past the limit is not kept.
+                return Action::Continue;
+            }
+            return Action::Pause;
+        }
         if !self.buffering() {
             // After a refusal (its reply sent) the rest of the body is not kept: buffered,
             // it could pass Envoy's own limit, whose plain-text 413 then raced the reply.
@@ -440,6 +465,10 @@ impl HttpContext for SwitchyardRequest {
     }
 
     fn on_http_request_trailers(&mut self, _num_trailers: usize) -> Action {
+        if let Phase::Refusing(invalid) = self.phase {
+            self.reject_body(invalid);
+            return Action::Continue;
+        }
         // A body that ends in trailers (HTTP/2 clients may send them) never reaches
         // `end_of_stream` in the body callback; the buffered body is complete now.
         if !self.buffering() {
