@@ -113,6 +113,14 @@ pub fn refusal_waits_for_body(content_length: Option<u64>) -> bool {
     content_length.is_none_or(|length| length <= REFUSED_BODY_READ_LIMIT)
 }
 
+/// Whether a request refused on its headers, whose body is being read, is answered now: its
+/// body ended, or more of it came than the filter reads of a refused body. That is
+/// [`REFUSED_BODY_READ_LIMIT`], or `max_body_bytes` when an operator set it lower: the
+/// gateway keeps no more of any body than that, a refused one included.
+pub fn refused_body_read_enough(received: u64, end_of_stream: bool, max_body_bytes: u64) -> bool {
+    end_of_stream || received > REFUSED_BODY_READ_LIMIT.min(max_body_bytes)
+}
+
 impl fmt::Display for InvalidBody {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
@@ -403,6 +411,26 @@ mod tests {
         assert!(refusal_waits_for_body(Some(REFUSED_BODY_READ_LIMIT)));
         assert!(!refusal_waits_for_body(Some(REFUSED_BODY_READ_LIMIT + 1)));
         assert!(!refusal_waits_for_body(Some(u64::MAX)));
+    }
+
+    #[test]
+    fn a_refused_body_is_read_to_its_end_or_its_limit_whichever_is_lower() {
+        let max = 16 << 20;
+        assert!(!refused_body_read_enough(0, false, max));
+        assert!(refused_body_read_enough(0, true, max));
+        assert!(!refused_body_read_enough(
+            REFUSED_BODY_READ_LIMIT,
+            false,
+            max
+        ));
+        assert!(refused_body_read_enough(
+            REFUSED_BODY_READ_LIMIT + 1,
+            false,
+            max
+        ));
+        // A body limit below the read limit bounds the read too.
+        assert!(!refused_body_read_enough(1024, false, 1024));
+        assert!(refused_body_read_enough(1025, false, 1024));
     }
 
     #[test]

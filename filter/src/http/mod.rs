@@ -440,7 +440,8 @@ impl HttpContext for SwitchyardRequest {
 
     fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
         if let Phase::Refusing(invalid) = self.phase {
-            if end_of_stream || body_size as u64 > body::REFUSED_BODY_READ_LIMIT {
+            let max_body_bytes = self.shared.config.max_body_bytes;
+            if body::refused_body_read_enough(body_size as u64, end_of_stream, max_body_bytes) {
                 self.reject_body(invalid);
                 // The rest of a body past the limit is not kept.
                 return Action::Continue;
