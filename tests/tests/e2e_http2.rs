@@ -22,13 +22,20 @@ use std::time::Duration;
 use bytes::Bytes;
 use serde_json::{json, Value};
 use switchyard_e2e::probe::{disagg_stack, filter_stat, long_prompt, raw_exchange};
-use switchyard_e2e::{chat_body, client, envoy_stats, get_text, prom_sum, sse_data};
+use switchyard_e2e::{
+    chat_body, client, envoy_stats, eventually, eventually_ok, get_text, prom_sum, sse_data,
+};
 use switchyard_protocol::route::ROUTE_HEADER;
 use switchyard_stack::{Component, Signal, Stack};
 use tokio::net::TcpStream;
 
 /// Bound on any one exchange; the simulated workers answer in well under a second.
 const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(60);
+/// Bound on a lifecycle report's effect reaching the control plane. Room for a loaded
+/// machine, yet below the 30 s after which the workers' load reports release a request whose
+/// `done` was lost (`load.stale_in_flight_ms`), so that nothing in flight still means every
+/// report arrived.
+const REPORT_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// What an HTTP/2 client saw of one response.
 struct H2Answer {
@@ -89,7 +96,21 @@ async fn send_body(
     body: &[u8],
     trailers: Option<http::HeaderMap>,
 ) -> Result<(), String> {
-    let mut rest = Bytes::copy_from_slice(body);
+    send_data(stream, body).await?;
+    match trailers {
+        Some(trailers) => stream
+            .send_trailers(trailers)
+            .map_err(|e| format!("sending trailers: {e}")),
+        None => stream
+            .send_data(Bytes::new(), true)
+            .map_err(|e| format!("ending the body: {e}")),
+    }
+}
+
+/// Sends `data` on `stream` in frames the peer's flow-control window allows, leaving the
+/// stream open.
+async fn send_data(stream: &mut h2::SendStream<Bytes>, data: &[u8]) -> Result<(), String> {
+    let mut rest = Bytes::copy_from_slice(data);
     while !rest.is_empty() {
         stream.reserve_capacity(rest.len());
         let granted = std::future::poll_fn(|cx| stream.poll_capacity(cx))
@@ -101,14 +122,7 @@ async fn send_body(
             .send_data(chunk, false)
             .map_err(|e| format!("sending body data: {e}"))?;
     }
-    match trailers {
-        Some(trailers) => stream
-            .send_trailers(trailers)
-            .map_err(|e| format!("sending trailers: {e}")),
-        None => stream
-            .send_data(Bytes::new(), true)
-            .map_err(|e| format!("ending the body: {e}")),
-    }
+    Ok(())
 }
 
 /// Reads a whole response (head and body).
@@ -147,19 +161,22 @@ async fn exchange(
         .map_err(|_| format!("no answer within {EXCHANGE_TIMEOUT:?}"))?
 }
 
-/// A request the filter refuses on its headers while the client still has `body_length`
-/// bytes to send (more than the filter reads of a refused body): the answer is complete
-/// before Envoy resets the rest of the upload.
-async fn refused_on_headers(stack: &Stack, extra: &[(&str, &str)], body_length: usize) -> H2Answer {
+/// A request the filter refuses on its headers while the client still has more body to
+/// send than the filter reads of a refused body: declared (`content_length`), or not declared
+/// and `sent` already past that. The answer is complete before Envoy resets the rest of the
+/// upload, which the client never ends.
+async fn refused_on_headers(
+    stack: &Stack,
+    extra: &[(&str, &str)],
+    content_length: Option<usize>,
+    sent: &[u8],
+) -> H2Answer {
     let work = async {
         let mut send = connect(stack).await;
         let (response, mut stream) = send
-            .send_request(chat_request(Some(body_length), extra), false)
+            .send_request(chat_request(content_length, extra), false)
             .map_err(|e| format!("sending the request head: {e}"))?;
-        // Some of the body, not all: the refusal comes before the upload ends.
-        stream
-            .send_data(Bytes::from_static(b"{\"model\":"), false)
-            .map_err(|e| format!("sending body data: {e}"))?;
+        send_data(&mut stream, sent).await?;
         read_answer(response).await
     };
     tokio::time::timeout(EXCHANGE_TIMEOUT, work)
@@ -314,8 +331,23 @@ async fn http2_clients_are_routed_refused_and_cancelled_cleanly() {
     );
 
     // (5) The gateway's refusals on headers, the upload still going: complete JSON answers.
-    let too_large = refused_on_headers(&stack, &[], 17 << 20).await;
-    let large_gzip = refused_on_headers(&stack, &[("content-encoding", "gzip")], 1 << 20).await;
+    let start = b"{\"model\":";
+    let too_large = refused_on_headers(&stack, &[], Some(17 << 20), start).await;
+    let large_gzip = refused_on_headers(
+        &stack,
+        &[("content-encoding", "gzip")],
+        Some(1 << 20),
+        start,
+    )
+    .await;
+    // No declared length: the filter reads a refused body only so far (64 KiB), then answers.
+    let unsized_gzip = refused_on_headers(
+        &stack,
+        &[("content-encoding", "gzip")],
+        None,
+        &[b' '; 100 << 10],
+    )
+    .await;
     let small_body = chat_body("refused", 4, false).to_string();
     let gzip = refused_small(
         &stack,
@@ -332,6 +364,7 @@ async fn http2_clients_are_routed_refused_and_cancelled_cleanly() {
     for (answer, status, reason) in [
         (&too_large, 413, "rejected;reason=too_large"),
         (&large_gzip, 415, "rejected;reason=encoded"),
+        (&unsized_gzip, 415, "rejected;reason=encoded"),
         (&gzip, 415, "rejected;reason=encoded"),
         (&text_plain, 400, "rejected;reason=not_json_content_type"),
     ] {
@@ -459,21 +492,18 @@ async fn http2_clients_are_routed_refused_and_cancelled_cleanly() {
 
     // The route call the client left was reported failed_open; the prefill leg's client
     // leaving was counted; and nothing stays in flight on any worker.
-    let mut reported = failed_open_before;
-    for _ in 0..100 {
-        reported = prom_sum(
-            &control_plane_metrics(&http, &stack).await,
-            r#"switchyard_lifecycle_events_total{event="failed_open"}"#,
-        );
-        if reported > failed_open_before {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(
-        reported > failed_open_before,
-        "the stream reset during its route call was never reported"
-    );
+    eventually(
+        "the stream reset during its route call reported failed_open",
+        REPORT_TIMEOUT,
+        || async {
+            let reported = prom_sum(
+                &control_plane_metrics(&http, &stack).await,
+                r#"switchyard_lifecycle_events_total{event="failed_open"}"#,
+            );
+            reported > failed_open_before
+        },
+    )
+    .await;
     assert!(
         stat(&http, &stack, "prefill.abandoned_total").await > abandoned_before,
         "the stream reset during its prefill leg was not counted"
@@ -481,21 +511,20 @@ async fn http2_clients_are_routed_refused_and_cancelled_cleanly() {
     // In flight as the control plane counts requests (its lifecycle reports), not the KV the
     // abandoned prefill leg still holds: that stays on its prefill worker until the worker's
     // own lease ends (docs/gateway.md, "The disaggregated path").
-    let mut in_flight = f64::NAN;
-    for _ in 0..100 {
-        in_flight = prom_sum(
-            &control_plane_metrics(&http, &stack).await,
-            "switchyard_worker_in_flight",
-        );
-        if in_flight == 0.0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert_eq!(
-        in_flight, 0.0,
-        "requests left in flight after the cancelled streams"
-    );
+    eventually_ok(
+        "nothing in flight after the cancelled streams",
+        REPORT_TIMEOUT,
+        || async {
+            match prom_sum(
+                &control_plane_metrics(&http, &stack).await,
+                "switchyard_worker_in_flight",
+            ) {
+                0.0 => Ok(()),
+                n => Err(format!("{n} in flight")),
+            }
+        },
+    )
+    .await;
 
     // The connection-level machinery is intact: a new stream is served as before.
     let after = exchange(
