@@ -250,6 +250,13 @@ async fn stat(http: &reqwest::Client, stack: &Stack, name: &str) -> u64 {
     filter_stat(&stats, name)
 }
 
+/// Returns once the filter's stat `name` is above `before` (the caller bounds the wait).
+async fn stat_rises(http: &reqwest::Client, stack: &Stack, name: &str, before: u64) {
+    while stat(http, stack, name).await <= before {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http2_clients_are_routed_refused_and_cancelled_cleanly() {
     let stack = disagg_stack(&[]).await;
@@ -432,16 +439,9 @@ async fn http2_clients_are_routed_refused_and_cancelled_cleanly() {
         &stack,
         &chat_body("Cancelled during the route call", 64, true),
         "h2-cancel-route-call",
-        |_response| async {
-            // The route call went out (Envoy's stats are its own, the control plane is not
-            // needed to read them).
-            loop {
-                if stat(&http, &stack, "route_calls_total").await > calls_before {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        },
+        // The route call went out (Envoy's stats are its own, the control plane is not
+        // needed to read them).
+        |_response| stat_rises(&http, &stack, "route_calls_total", calls_before),
     )
     .await;
     stack
@@ -458,13 +458,13 @@ async fn http2_clients_are_routed_refused_and_cancelled_cleanly() {
         &stack,
         &chat_body(&long_prompt("cancelled dredgers"), 64, true),
         "h2-cancel-prefill",
-        |_response| async {
-            loop {
-                if stat(&http, &stack, "prefill.attempts_total").await > prefill_calls_before {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
+        |_response| {
+            stat_rises(
+                &http,
+                &stack,
+                "prefill.attempts_total",
+                prefill_calls_before,
+            )
         },
     )
     .await;
