@@ -47,7 +47,8 @@ pub(crate) struct SwitchyardRoot {
     /// Release calls in flight.
     releases: Rc<RefCell<VecDeque<Release>>>,
     releases_in_flight: Vec<u32>,
-    /// The models' tokenizers (`tokenize: filter`); survives reconfiguration.
+    /// The models' tokenizers (`tokenize: filter`). This context's own: a new filter
+    /// configuration gets a new root context, which fetches them again.
     tokenizers: Rc<RefCell<Tokenizers>>,
     /// Tokenizer bundle fetches in flight: call token, model.
     tokenizer_fetches: Vec<(u32, ModelKey)>,

@@ -677,7 +677,7 @@ async fn lifecycle_health_and_metrics_endpoints_answer_and_refuse_bad_input() {
     }
     // A newer filter's event kind is skipped and counted, and the `done` batched with it
     // still applies: refused, the filter dropped the whole batch, and every request in it
-    // stayed counted in flight on its worker for ten minutes.
+    // stayed counted in flight on its worker until the workers' load reports showed it gone.
     let resp = http
         .post(&url)
         .json(&json!({"events": [
