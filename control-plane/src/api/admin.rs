@@ -114,7 +114,14 @@ where
             "lifecycle events of an unknown kind ignored (a newer filter?)"
         );
     }
-    match state.service.lifecycle(batch).await {
+    // A batch of unknown kinds only has nothing to apply: not worth the owner's turn, nor a
+    // message to every replica, which would share their bounded queue with real updates.
+    let applied = if batch.events.is_empty() {
+        Ok(())
+    } else {
+        state.service.lifecycle(batch).await
+    };
+    match applied {
         Ok(()) => warp::reply::json(&serde_json::json!({
             "accepted": accepted,
             "ignored": received - accepted,

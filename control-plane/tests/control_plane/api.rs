@@ -692,11 +692,22 @@ async fn lifecycle_health_and_metrics_endpoints_answer_and_refuse_bad_input() {
         resp.json::<serde_json::Value>().await.unwrap(),
         json!({"accepted": 1, "ignored": 1})
     );
+    let resp = http
+        .post(&url)
+        .json(&json!({"events": [{"event": "teleported", "request_id": "r-5"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(
+        resp.json::<serde_json::Value>().await.unwrap(),
+        json!({"accepted": 0, "ignored": 1})
+    );
     let metrics = svc.metrics().await;
     assert_metric(
         &metrics,
         "switchyard_lifecycle_events_total{event=\"unknown\"}",
-        1.0,
+        2.0,
     );
     assert_metric(
         &metrics,
