@@ -78,6 +78,13 @@ impl LifecycleQueue {
         self.max = max.max(1);
     }
 
+    /// Drops every event waiting; returns how many.
+    pub fn clear(&mut self) -> usize {
+        let dropped = self.events.len();
+        self.events.clear();
+        dropped
+    }
+
     /// Events waiting.
     pub fn len(&self) -> usize {
         self.events.len()
@@ -237,6 +244,17 @@ mod tests {
         assert_eq!(queue.take_batch(10).unwrap().events, vec![first("c")]);
         assert!(queue.take_batch(10).is_none());
         assert!(queue.is_empty());
+    }
+
+    #[test]
+    fn clearing_drops_every_waiting_event_and_says_how_many() {
+        let mut queue = LifecycleQueue::new(4);
+        assert_eq!(queue.clear(), 0);
+        assert!(queue.push(first("a")));
+        assert!(queue.push(LifecycleEvent::completed("b")));
+        assert_eq!(queue.clear(), 2);
+        assert!(queue.is_empty());
+        assert!(queue.take_batch(10).is_none());
     }
 
     #[test]

@@ -432,12 +432,16 @@ impl SwitchyardRoot {
                 self.flush_reports(&shared);
             }
             Answer::NotTaken if self.finishing => {
-                // This context is going: no timer will send it again.
+                // This context is going: no timer will send it again. The rest of the queue
+                // goes too: a control plane that is down or hung would fail each batch in
+                // turn, one route timeout after another, and hold the old context that long.
+                let rest = self.reports.try_borrow_mut().map_or(0, |mut q| q.clear());
                 debug!(
-                    "#{} lifecycle batch of {count} not taken ({status:?}) while finishing: dropped",
+                    "#{} lifecycle batch of {count} not taken ({status:?}) while finishing: \
+                     dropped with the {rest} queued behind it",
                     self.context_id
                 );
-                increment(shared.stats.reports_dropped_total, count as i64);
+                increment(shared.stats.reports_dropped_total, (count + rest) as i64);
             }
             Answer::NotTaken => {
                 // The control plane was stopped, busy or gone: the timer sends it again.
