@@ -16,7 +16,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use switchyard_protocol::kv::KvEventBatch;
+use switchyard_protocol::kv::{KvEvent, KvEventBatch};
 use switchyard_protocol::lifecycle::LifecycleEvent;
 use switchyard_protocol::route::Verdict;
 use switchyard_protocol::worker::{LoadReport, WorkerHeartbeat, WorkerId, WorkerInfo};
@@ -117,6 +117,10 @@ pub struct ControlCore {
     resyncs: HashMap<WorkerId, (u64, u64)>,
     /// New workers asked for their first KV dump, and when; left when a dump batch arrives.
     awaiting_dump: HashMap<WorkerId, u64>,
+    /// Resyncs the rate limit held back: worker -> (instance, reason, the sequence number the
+    /// need was seen at, if a batch showed it). Asked with the worker's next heartbeat or
+    /// batch once [`RESYNC_MIN_INTERVAL_MS`] has passed, unless a dump numbered after it came.
+    deferred: HashMap<WorkerId, (u64, ResyncReason, Option<u64>)>,
     /// The ids the pool file declares, healthy or not ([`ControlCore::set_declared_ids`], and
     /// every worker registered by [`ControlCore::declared`]): a heartbeat under one is refused,
     /// so a self-registering process never stands in for a declared engine that is down.
@@ -136,6 +140,7 @@ impl ControlCore {
             heartbeat_misses: heartbeat_misses.max(1),
             resyncs: HashMap::new(),
             awaiting_dump: HashMap::new(),
+            deferred: HashMap::new(),
             declared_ids: HashSet::new(),
             reachable: true,
             last_active_ms: None,
@@ -211,6 +216,12 @@ impl ControlCore {
             self.awaiting_dump
                 .insert(hb.worker.worker_id.clone(), now_ms);
         }
+        if outcome.resync.is_none() && outcome.change == WorkerChange::Refreshed {
+            return HeartbeatOutcome {
+                resync: self.deferred_due(&hb.worker.worker_id, now_ms),
+                ..outcome
+            };
+        }
         outcome
     }
 
@@ -255,6 +266,7 @@ impl ControlCore {
         for id in &taken {
             self.resyncs.remove(id);
             self.awaiting_dump.remove(id);
+            self.deferred.remove(id);
             self.router.remove_worker(id);
         }
         self.declared_ids = ids;
@@ -303,6 +315,7 @@ impl ControlCore {
         // for, never rate-limited: a resync asked just before (for a gap of the instance it
         // replaces, say) must not hold back the dump that rebuilds it.
         let resync = reason.map(|reason| {
+            self.deferred.remove(&worker.worker_id);
             self.resyncs
                 .insert(worker.worker_id.clone(), (worker.instance_id, now_ms));
             Resync::Send {
@@ -319,6 +332,7 @@ impl ControlCore {
         self.observe(now_ms);
         self.resyncs.remove(worker);
         self.awaiting_dump.remove(worker);
+        self.deferred.remove(worker);
         let known = self.router.knows(worker);
         self.router.remove_worker(worker);
         known
@@ -330,14 +344,30 @@ impl ControlCore {
         let result = self.router.apply_kv_batch(batch);
         if batch.resync && result.is_ok() {
             self.awaiting_dump.remove(&batch.worker_id);
+            // A dump numbered after the need was seen carries the worker's state since.
+            let rebuild = matches!(batch.events.first(), Some(KvEvent::Cleared));
+            if let Some((instance, _, Some(seen))) = self.deferred.get(&batch.worker_id) {
+                if rebuild && *instance == batch.instance_id && batch.seq > *seen {
+                    self.deferred.remove(&batch.worker_id);
+                }
+            }
         }
         let reason = match result {
             Ok(KvApplyOutcome::NeedsResync) => Some(ResyncReason::Gap),
             Ok(KvApplyOutcome::OverCapacity { .. }) => Some(ResyncReason::OverCapacity),
             _ => None,
         };
-        let resync =
-            reason.map(|reason| self.resync(&batch.worker_id, batch.instance_id, reason, now_ms));
+        let resync = match reason {
+            Some(reason) => Some(self.resync(
+                &batch.worker_id,
+                batch.instance_id,
+                reason,
+                Some(batch.seq),
+                now_ms,
+            )),
+            None if result.is_ok() => self.deferred_due(&batch.worker_id, now_ms),
+            None => None,
+        };
         KvBatchOutcome { result, resync }
     }
 
@@ -440,6 +470,7 @@ impl ControlCore {
                     &w.info.worker_id,
                     w.info.instance_id,
                     ResyncReason::Reconnected,
+                    None,
                     now_ms,
                 )
             })
@@ -455,6 +486,7 @@ impl ControlCore {
         for id in &expired {
             self.resyncs.remove(id);
             self.awaiting_dump.remove(id);
+            self.deferred.remove(id);
         }
         expired
     }
@@ -462,21 +494,35 @@ impl ControlCore {
     /// The resync decision for `worker`'s `instance`: the first request to a new instance
     /// always goes (its cache is another process's); repeats to the same instance wait
     /// [`RESYNC_MIN_INTERVAL_MS`], so neither a burst of gapped batches nor a worker flapping
-    /// between live and expired becomes a burst of dumps.
+    /// between live and expired becomes a burst of dumps. One held back is kept (`seen`: the
+    /// batch number that showed the need) and asked later ([`ControlCore::deferred_due`]):
+    /// batches after a gap continue from its number, so nothing else would ask again.
     fn resync(
         &mut self,
         worker: &WorkerId,
         instance: u64,
         reason: ResyncReason,
+        seen: Option<u64>,
         now_ms: u64,
     ) -> Resync {
         match self.resyncs.get(worker) {
             Some((asked, at))
                 if *asked == instance && now_ms.saturating_sub(*at) < RESYNC_MIN_INTERVAL_MS =>
             {
+                let seen = match self.deferred.get(worker) {
+                    // The earliest need held back: a dump must be numbered after it.
+                    Some((held, _, earlier)) if *held == instance => match (*earlier, seen) {
+                        (Some(a), Some(b)) => Some(a.min(b)),
+                        _ => None,
+                    },
+                    _ => seen,
+                };
+                self.deferred
+                    .insert(worker.clone(), (instance, reason, seen));
                 Resync::Suppressed
             }
             _ => {
+                self.deferred.remove(worker);
                 self.resyncs.insert(worker.clone(), (instance, now_ms));
                 Resync::Send {
                     worker: worker.clone(),
@@ -484,6 +530,23 @@ impl ControlCore {
                 }
             }
         }
+    }
+}
+
+impl ControlCore {
+    /// The resync the rate limit held back for `worker`, once its interval has passed (and
+    /// the worker is still the instance it was held back for).
+    fn deferred_due(&mut self, worker: &WorkerId, now_ms: u64) -> Option<Resync> {
+        let (instance, reason, _) = *self.deferred.get(worker)?;
+        let asked_at = self.resyncs.get(worker).map(|(_, at)| *at);
+        if asked_at.is_some_and(|at| now_ms.saturating_sub(at) < RESYNC_MIN_INTERVAL_MS) {
+            return None;
+        }
+        self.deferred.remove(worker);
+        if !self.router.knows(worker) {
+            return None;
+        }
+        Some(self.resync(worker, instance, reason, None, now_ms))
     }
 }
 
@@ -564,6 +627,55 @@ mod tests {
             sent(ResyncReason::Restarted, "a"),
             "a new instance always"
         );
+    }
+
+    /// A gap seen less than [`RESYNC_MIN_INTERVAL_MS`] after the last resync request is held
+    /// back, not forgotten: later batches continue from the gapped number and show no gap, so
+    /// without a deferred request the lost removals (or the lost rest of a dump) stayed in the
+    /// index until some other gap. It goes with the worker's next heartbeat or batch once the
+    /// interval has passed, unless a dump taken after the gap arrived first.
+    #[test]
+    fn a_gap_held_back_by_the_rate_limit_is_asked_once_the_interval_passes() {
+        let mut core = ControlCore::new(Router::new(), 3);
+        core.heartbeat(&hb("a", 1), 0);
+        let mut dump = batch("a", 1, 1);
+        dump.resync = true;
+        assert_eq!(core.kv_batch(&dump, 300).resync, None);
+        // Batch 2 is lost (a dropped message): 3 shows the gap, too soon after the request.
+        assert_eq!(
+            core.kv_batch(&batch("a", 1, 3), 500).resync,
+            Some(Resync::Suppressed)
+        );
+        assert_eq!(
+            core.kv_batch(&batch("a", 1, 4), 900).resync,
+            None,
+            "in order"
+        );
+        assert_eq!(
+            core.heartbeat(&hb("a", 1), 950).resync,
+            None,
+            "still too soon"
+        );
+        assert_eq!(
+            core.heartbeat(&hb("a", 1), 1_100).resync,
+            sent(ResyncReason::Gap, "a"),
+            "held back, then asked"
+        );
+        assert_eq!(core.heartbeat(&hb("a", 1), 2_200).resync, None, "once");
+        assert_eq!(core.kv_batch(&batch("a", 1, 5), 2_300).resync, None);
+
+        // A dump taken after the gap answers it: nothing more is asked.
+        let mut core = ControlCore::new(Router::new(), 3);
+        core.heartbeat(&hb("b", 1), 0);
+        assert_eq!(
+            core.kv_batch(&batch("b", 1, 3), 200).resync,
+            Some(Resync::Suppressed)
+        );
+        let mut dump = batch("b", 1, 4);
+        dump.resync = true;
+        assert_eq!(core.kv_batch(&dump, 400).resync, None);
+        assert_eq!(core.heartbeat(&hb("b", 1), 1_500).resync, None);
+        assert_eq!(core.kv_batch(&batch("b", 1, 5), 1_600).resync, None);
     }
 
     #[test]
