@@ -4,6 +4,7 @@
 mod worker_support;
 
 mod worker_cli;
+mod worker_disconnect;
 mod worker_handoff;
 mod worker_http;
 mod worker_parsing;
