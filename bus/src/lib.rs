@@ -19,7 +19,7 @@
 pub mod echo;
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::time::Duration;
 
 use switchyard_protocol::registration::{RegistrationError, RegistrationSecret};
@@ -393,7 +393,28 @@ pub fn log_event(event: async_nats::Event) {
                 tracing::warn!(error = %e, "NATS unreachable; retrying every second or so, said once until it connects (HTTP keeps serving)");
             }
         }
+        async_nats::Event::SlowConsumer(sid) => slow_consumer(sid),
         other => tracing::info!(event = %other, "NATS"),
+    }
+}
+
+/// Times the client reported a subscription whose buffer was full ([`log_event`]): each is a
+/// message async-nats dropped without delivering it (at least: a report that finds the event
+/// queue full is lost too). Read with [`slow_consumer_events`].
+static SLOW_CONSUMER_EVENTS: AtomicU64 = AtomicU64::new(0);
+
+/// How many dropped-message reports [`log_event`] has seen in this process (see
+/// [`SLOW_CONSUMER_EVENTS`]); a caller folds it into its metrics.
+pub fn slow_consumer_events() -> u64 {
+    SLOW_CONSUMER_EVENTS.load(Ordering::Relaxed)
+}
+
+/// Counts a dropped-message report, and says it at the 1st, 2nd, 4th, 8th… (each drop is one
+/// report, so a flood of them must not flood the log).
+fn slow_consumer(sid: u64) {
+    let n = SLOW_CONSUMER_EVENTS.fetch_add(1, Ordering::Relaxed) + 1;
+    if n.is_power_of_two() {
+        tracing::warn!(subscription = sid, dropped_so_far = n, "NATS messages dropped: a subscription's buffer was full (the consumer fell behind; KV gaps this leaves are resynced)");
     }
 }
 
@@ -514,6 +535,15 @@ async fn next_message(subscriber: &mut async_nats::Subscriber) -> Option<async_n
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_full_subscription_buffer_is_counted() {
+        let before = slow_consumer_events();
+        log_event(async_nats::Event::SlowConsumer(3));
+        log_event(async_nats::Event::SlowConsumer(3));
+        // Other tests may log events meanwhile, but none of this kind.
+        assert_eq!(slow_consumer_events(), before + 2);
+    }
 
     fn file(dir: &Path, name: &str, text: &str) -> PathBuf {
         let path = dir.join(name);

@@ -245,6 +245,9 @@ pub struct Metrics {
     /// Times the control plane found it had not run for a while (stopped, starved) and gave
     /// every worker a fresh heartbeat window.
     pub stalls: Counter,
+    /// NATS messages the client dropped because a subscription's buffer was full
+    /// (`switchyard_bus::slow_consumer_events`).
+    pub nats_dropped_messages: Counter,
     /// (worker, block) pairs held in the KV index.
     pub index_blocks: Gauge,
     /// (worker, block) pairs held in the KV index, by the workers' model.
@@ -359,6 +362,7 @@ impl Default for Metrics {
             workers_expired: Counter::default(),
             workers_rejected: Family::default(),
             stalls: Counter::default(),
+            nats_dropped_messages: Counter::default(),
             index_blocks: Gauge::default(),
             model_index_blocks: Family::default(),
             index_hashes: Gauge::default(),
@@ -685,6 +689,11 @@ impl Metrics {
             "tokenizer_cache_misses",
             "Tokenizer segment-cache misses",
             self.tokenizer_cache_misses.clone(),
+        );
+        r.add(
+            "nats_dropped_messages",
+            "NATS messages the client dropped undelivered because a subscription's buffer was full (the consumer fell behind; KV gaps are resynced)",
+            self.nats_dropped_messages.clone(),
         );
         r.add(
             "nats_connected",

@@ -29,6 +29,7 @@ pub(super) struct Owner {
     late_routes_seen: u64,
     stale_released_seen: u64,
     stalls_seen: u64,
+    nats_dropped_seen: u64,
     /// Per-model gauges set so far (removed once their model has no live worker).
     model_workers_seen: BTreeSet<ModelRoleLabels>,
     model_blocks_seen: BTreeSet<ModelLabels>,
@@ -56,6 +57,7 @@ impl Owner {
             late_routes_seen: 0,
             stale_released_seen: 0,
             stalls_seen: 0,
+            nats_dropped_seen: 0,
             model_workers_seen: BTreeSet::new(),
             model_blocks_seen: BTreeSet::new(),
             workers_seen: BTreeSet::new(),
@@ -401,6 +403,13 @@ impl Owner {
             tracing::warn!("the control plane did not run for a while (stopped or starved); workers got a fresh heartbeat window");
             self.metrics.stalls.inc_by(stalls - self.stalls_seen);
             self.stalls_seen = stalls;
+        }
+        let dropped = switchyard_bus::slow_consumer_events();
+        if dropped > self.nats_dropped_seen {
+            self.metrics
+                .nats_dropped_messages
+                .inc_by(dropped - self.nats_dropped_seen);
+            self.nats_dropped_seen = dropped;
         }
     }
 
