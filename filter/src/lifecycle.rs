@@ -5,9 +5,11 @@
 //! context's timer drains the queue in batches. A batch the control plane did not take (no
 //! answer, a 502, 503 or 504: [`answer`]) goes back to the front and is sent again: a `done`
 //! lost there would leave its request counted in flight until the control plane's request
-//! timeout, minutes later. When the control plane is away the queue fills up to its bound and
-//! further events are dropped and counted: a filter that grows without bound is worse than
-//! load expired late.
+//! timeout, minutes later. A root context finishing after a configuration swap has no timer
+//! left to send it again, so there such a batch is dropped with the rest of the queue
+//! ([`LifecycleQueue::clear`]). When the control plane is away the queue fills up to its
+//! bound and further events are dropped and counted: a filter that grows without bound is
+//! worse than load expired late.
 
 use std::collections::VecDeque;
 

@@ -434,7 +434,8 @@ impl SwitchyardRoot {
             Answer::NotTaken if self.finishing => {
                 // This context is going: no timer will send it again. The rest of the queue
                 // goes too: a control plane that is down or hung would fail each batch in
-                // turn, one route timeout after another, and hold the old context that long.
+                // turn, one `lifecycle_timeout_ms` after another, and hold the old context
+                // that long.
                 let rest = self.reports.try_borrow_mut().map_or(0, |mut q| q.clear());
                 debug!(
                     "#{} lifecycle batch of {count} not taken ({status:?}) while finishing: \
