@@ -57,7 +57,9 @@ impl Owner {
             late_routes_seen: 0,
             stale_released_seen: 0,
             stalls_seen: 0,
-            nats_dropped_seen: 0,
+            // The count is the process's: drops before this owner began are not its own (a
+            // test process runs several control planes).
+            nats_dropped_seen: switchyard_bus::slow_consumer_events(),
             model_workers_seen: BTreeSet::new(),
             model_blocks_seen: BTreeSet::new(),
             workers_seen: BTreeSet::new(),
@@ -317,6 +319,7 @@ impl Owner {
             }
         }
         self.fold_stalls();
+        self.fold_nats_drops();
         // The router's block counters are cumulative; fold in what changed since last tick.
         let kv = self.router().kv_counters();
         let seen = std::mem::replace(&mut self.kv_seen, kv);
@@ -404,6 +407,11 @@ impl Owner {
             self.metrics.stalls.inc_by(stalls - self.stalls_seen);
             self.stalls_seen = stalls;
         }
+    }
+
+    /// Counts the NATS messages the client dropped since the last call (see
+    /// [`switchyard_bus::slow_consumer_events`]).
+    fn fold_nats_drops(&mut self) {
         let dropped = switchyard_bus::slow_consumer_events();
         if dropped > self.nats_dropped_seen {
             self.metrics
@@ -529,6 +537,19 @@ mod tests {
             "expired after the window"
         );
         assert_eq!(metrics.stalls.get(), 1, "ticks 200 ms apart are no stall");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn nats_drops_are_counted_from_the_owners_start() {
+        // Before this control plane began (another in the same process, say): not counted.
+        switchyard_bus::log_event(async_nats::Event::SlowConsumer(7));
+        let metrics = Metrics::default();
+        let mut owner = Owner::new(Router::new(), metrics.clone(), 3, Instant::now(), None);
+        owner.tick();
+        assert_eq!(metrics.nats_dropped_messages.get(), 0);
+        switchyard_bus::log_event(async_nats::Event::SlowConsumer(7));
+        owner.tick();
+        assert_eq!(metrics.nats_dropped_messages.get(), 1);
     }
 
     #[tokio::test(start_paused = true)]
