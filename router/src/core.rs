@@ -510,7 +510,10 @@ impl ControlCore {
                 if *asked == instance && now_ms.saturating_sub(*at) < RESYNC_MIN_INTERVAL_MS =>
             {
                 let seen = match self.deferred.get(worker) {
-                    // The earliest need held back: a dump must be numbered after it.
+                    // The earliest need held back: batches arrive in order, so a dump that
+                    // comes after both is numbered after both anyway, and the earliest lets the
+                    // dump answering a real gap clear it when a later number ran ahead (a bad
+                    // batch; a rebuild is taken whatever its number).
                     Some((held, _, earlier)) if *held == instance => match (*earlier, seen) {
                         (Some(a), Some(b)) => Some(a.min(b)),
                         _ => None,
