@@ -127,6 +127,11 @@ pub struct ControlCore {
     declared_ids: HashSet<WorkerId>,
     /// Whether the event bus was reachable at the last report of it.
     reachable: bool,
+    /// Whether it has been reported reachable since the core started. The first connection is
+    /// no return from an outage: the service's connection watch may report it a moment after
+    /// the first heartbeats came through it, and asking those workers for a resync then would
+    /// double the dumps they were just asked for.
+    reached: bool,
     /// When the core was last called.
     last_active_ms: Option<u64>,
     stalls: u64,
@@ -143,6 +148,7 @@ impl ControlCore {
             deferred: HashMap::new(),
             declared_ids: HashSet::new(),
             reachable: true,
+            reached: false,
             last_active_ms: None,
             stalls: 0,
         }
@@ -456,8 +462,9 @@ impl ControlCore {
     /// usual): KV batches sent meanwhile may be lost without a later batch to show the gap.
     pub fn heartbeats_reachable(&mut self, reachable: bool, now_ms: u64) -> Vec<Resync> {
         self.observe(now_ms);
-        let returned = reachable && !self.reachable;
+        let returned = reachable && !self.reachable && self.reached;
         self.reachable = reachable;
+        self.reached |= reachable;
         self.router.set_heartbeats_reachable(reachable, now_ms);
         if !returned {
             return Vec::new();
@@ -752,6 +759,28 @@ mod tests {
         assert!(
             core.heartbeats_reachable(true, 5_100).is_empty(),
             "once per outage"
+        );
+    }
+
+    #[test]
+    fn the_first_connection_is_no_return_from_an_outage() {
+        let mut core = ControlCore::new(Router::new(), 3);
+        // The connection watch says "not yet" at start and notices the connection only after
+        // a worker's first heartbeat came through it.
+        assert!(core.heartbeats_reachable(false, 0).is_empty());
+        assert_eq!(
+            core.heartbeat(&hb("a", 1), 50).resync,
+            sent(ResyncReason::NewWorker, "a")
+        );
+        assert!(
+            core.heartbeats_reachable(true, 100).is_empty(),
+            "the first connection asks nothing more"
+        );
+        assert!(core.heartbeats_reachable(false, 2_000).is_empty());
+        assert_eq!(
+            core.heartbeats_reachable(true, 5_000),
+            vec![sent(ResyncReason::Reconnected, "a").unwrap()],
+            "a later return does"
         );
     }
 
